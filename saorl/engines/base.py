@@ -1,0 +1,78 @@
+"""The inference-engine seam: token ids in, sampled token ids and their logprobs out.
+
+Every engine (the local torch engine, the HTTP client that drives ``saorl serve``, vLLM or
+SGLang) implements :class:`InferenceEngine`. The contract that DIS relies on:
+``GenerationResult.logprobs[i]`` is log p(token_ids[i]) under the distribution the token was
+*actually sampled from* (after temperature / top-k / top-p), and ``versions[i]`` is the weight
+version that produced it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    """0 means greedy; logprobs are then those of the untempered distribution."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends on the first token whose decoded text completes one.
+    The sampled tokens are kept as sampled (the last one may run past the stop string)."""
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    versions: list[int]
+    """Weight version per generated token (a request can span a weight update)."""
+    stop_reason: str | int | None = None
+    """The stop string or stop token id that ended generation, if any."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request (server died, timed out, bad response)."""
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    @property
+    def version(self) -> int: ...
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """Blocking batched generation, one result per prompt, in order."""
+        ...
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """One request; many may be awaited concurrently (continuous batching batches them)."""
+        ...
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
+        """Load new policy weights (a state dict or a safetensors path) tagged with ``version``."""
+        ...
+
+    def close(self) -> None: ...
