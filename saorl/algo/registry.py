@@ -1,0 +1,296 @@
+"""Named algorithms as data, and the registries the trainer dispatches through.
+
+An ``AlgoPreset`` says which advantage estimator, which policy loss and which defaults an
+algorithm uses; the trainer looks the estimator up in ``ADVANTAGE_ESTIMATORS`` and the loss in
+``POLICY_LOSSES`` by the preset's strings and never branches on the algorithm's name.
+
+Presets (choices the paper or DESIGN.md leave open are marked *chosen*):
+
+- ``sao``: async single rollout, skip-observation GAE, DIS with the band ε = 0.3 / 5.0 that a
+  public reproduction reported for math (*reported, unverified*), critic with frozen attention,
+  K = 2 critic steps per policy step on λ_critic = 1 returns, value pretraining, γ = 1.
+  λ_policy = 0.95 (*chosen*: the usual PPO value; DESIGN.md gives none).
+- ``grpo``: sync groups of 8, group-normalised advantage, PPO clip 0.2 / 0.2 against the rollout
+  policy, no critic.
+- ``grpo_dis``: ``grpo`` with SAO's DIS loss and band, so only the loss differs.
+- ``vapo``: sync groups of 8, value-based PPO with clip-higher 0.2 / 0.28, decoupled GAE
+  (λ_critic = 1, length-adaptive λ_policy with α = 0.05), value pretraining, positive-example LM
+  loss with coefficient 0.1, K = 1. ``skip_observation = False`` (*chosen*): VAPO as published
+  runs plain token-level GAE (it was defined for single-turn math and says nothing about
+  observation tokens), so the comparison isolates what SAO adds. No attention freezing.
+- ``ppo``: textbook PPO on single rollouts, sync: GAE with λ = 0.95 for both advantages and
+  critic targets, PPO clip 0.2 / 0.2, value clip 0.2 (*chosen*, common in LLM PPO), K = 1,
+  plain token GAE, no freezing, no value pretraining.
+- ``reinforce_rm``: async single rollout, REINFORCE with a running-mean baseline (momentum 0.9,
+  *chosen*). It uses the DIS loss with SAO's band (*chosen*) so that only the baseline differs
+  from ``sao``.
+
+Fields that an algorithm does not use keep neutral values (``critic_updates = 0`` without a
+critic, ``skip_observation = False`` without GAE); ``lam_policy`` is ignored when ``vapo_alpha``
+is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import torch
+
+from saorl.algo.advantages import RunningMeanBaseline, broadcast_to_tokens, grpo_advantages
+from saorl.algo.gae import check_bt, length_adaptive_lambda, skip_observation_gae, token_gae
+from saorl.algo.losses import dis_policy_loss, ppo_clip_loss
+
+Tensor = torch.Tensor
+Mode = Literal["async", "sync"]
+AdvantageKind = Literal["gae", "grpo", "running_mean"]
+PolicyLossKind = Literal["dis", "ppo"]
+
+
+@dataclass(frozen=True)
+class AlgoPreset:
+    """One algorithm's choices and defaults. Construction validates every field."""
+
+    name: str
+    mode: Mode
+    """``async``: single-rollout asynchronous loop; ``sync``: generate a batch, then train."""
+    advantage: AdvantageKind
+    """Key into ``ADVANTAGE_ESTIMATORS``."""
+    policy_loss: PolicyLossKind
+    """Key into ``POLICY_LOSSES``."""
+    group_size: int
+    """Rollouts per prompt (1 = single rollout; ``grpo`` needs at least 2)."""
+    use_critic: bool
+    """Train a value model (required by ``advantage = "gae"``)."""
+    critic_updates: int
+    """K: critic optimiser steps per policy step, on the same batch (≥ 1 with a critic)."""
+    freeze_critic_attention: bool
+    """Train only the MLP / expert projections and the value head of the critic."""
+    skip_observation: bool
+    """GAE chain over action tokens only (True) or through every response token (False)."""
+    value_pretrain: bool
+    """Fit the critic on rollouts of the initial policy before RL."""
+    gamma: float
+    """Discount per chain step, in [0, 1]."""
+    lam_policy: float
+    """GAE λ for the policy's advantages, in [0, 1] (ignored when ``vapo_alpha`` is set)."""
+    lam_critic: float
+    """GAE λ for the critic's targets, in [0, 1] (1 = Monte-Carlo returns)."""
+    vapo_alpha: float | None
+    """When set (> 0), λ_policy = 1 − 1/(α·l) per trajectory, l = its action-token count."""
+    eps_low: float
+    """Lower band / clip: ratios below 1 − eps_low are masked (DIS) or clipped (PPO); [0, 1)."""
+    eps_high: float
+    """Upper band / clip: ratios above 1 + eps_high are masked (DIS) or clipped (PPO); > 0."""
+    value_clip: float | None
+    """PPO value clipping range (> 0), or None for the plain squared error."""
+    lm_loss_coef: float
+    """Weight of the positive-example LM loss (0 disables it); ≥ 0."""
+    entropy_coef: float
+    """Weight of the entropy bonus (0 disables it); ≥ 0."""
+    baseline_momentum: float
+    """EMA momentum of the running-mean baseline, in [0, 1)."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def with_overrides(self, **overrides: object) -> AlgoPreset:
+        """A copy with some fields replaced; unknown names or bad values raise ``ValueError``."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"AlgoPreset has no field(s) {unknown}; known fields: {sorted(known)}")
+        return dataclasses.replace(self, **overrides)
+
+
+_LITERALS = {"mode": Mode, "advantage": AdvantageKind, "policy_loss": PolicyLossKind}
+_BOOLS = ("use_critic", "freeze_critic_attention", "skip_observation", "value_pretrain")
+_INTS = ("group_size", "critic_updates")
+_FLOATS = ("gamma", "lam_policy", "lam_critic", "eps_low", "eps_high", "lm_loss_coef", "entropy_coef",
+           "baseline_momentum")
+_OPTIONAL_FLOATS = ("vapo_alpha", "value_clip")
+
+
+def _check_types(p: AlgoPreset) -> None:
+    if not isinstance(p.name, str) or not p.name:
+        raise ValueError(f"name must be a non-empty string, got {p.name!r}")
+    for name, lit in _LITERALS.items():
+        if getattr(p, name) not in get_args(lit):
+            raise ValueError(f"{name} must be one of {get_args(lit)}, got {getattr(p, name)!r}")
+    for name in _BOOLS:
+        if not isinstance(getattr(p, name), bool):
+            raise ValueError(f"{name} must be a bool, got {getattr(p, name)!r}")
+    for name in _INTS:
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    for name in _FLOATS + _OPTIONAL_FLOATS:
+        value = getattr(p, name)
+        if value is None and name in _OPTIONAL_FLOATS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _validate(p: AlgoPreset) -> None:
+    _check_types(p)
+    checks: list[tuple[str, bool, str]] = [
+        ("group_size", p.group_size >= 1, ">= 1"),
+        ("critic_updates", p.critic_updates >= (1 if p.use_critic else 0),
+         ">= 1 when use_critic" if p.use_critic else ">= 0"),
+        ("gamma", 0.0 <= p.gamma <= 1.0, "in [0, 1]"),
+        ("lam_policy", 0.0 <= p.lam_policy <= 1.0, "in [0, 1]"),
+        ("lam_critic", 0.0 <= p.lam_critic <= 1.0, "in [0, 1]"),
+        ("vapo_alpha", p.vapo_alpha is None or p.vapo_alpha > 0, "> 0 or None"),
+        ("eps_low", 0.0 <= p.eps_low < 1.0, "in [0, 1)"),
+        ("eps_high", p.eps_high > 0.0, "> 0"),
+        ("value_clip", p.value_clip is None or p.value_clip > 0, "> 0 or None"),
+        ("lm_loss_coef", p.lm_loss_coef >= 0.0, ">= 0"),
+        ("entropy_coef", p.entropy_coef >= 0.0, ">= 0"),
+        ("baseline_momentum", 0.0 <= p.baseline_momentum < 1.0, "in [0, 1)"),
+        ("use_critic", p.use_critic or p.advantage != "gae", "True when advantage='gae'"),
+        ("group_size", p.group_size >= 2 or p.advantage != "grpo", ">= 2 when advantage='grpo'"),
+    ]
+    for name, ok, rule in checks:
+        if not ok:
+            raise ValueError(f"AlgoPreset {p.name!r}: {name} must be {rule}, got {getattr(p, name)!r}")
+
+
+_SAO = AlgoPreset(
+    name="sao", mode="async", advantage="gae", policy_loss="dis", group_size=1, use_critic=True,
+    critic_updates=2, freeze_critic_attention=True, skip_observation=True, value_pretrain=True,
+    gamma=1.0, lam_policy=0.95, lam_critic=1.0, vapo_alpha=None, eps_low=0.3, eps_high=5.0,
+    value_clip=None, lm_loss_coef=0.0, entropy_coef=0.0, baseline_momentum=0.9,
+)
+_GRPO = _SAO.with_overrides(
+    name="grpo", mode="sync", advantage="grpo", policy_loss="ppo", group_size=8, use_critic=False,
+    critic_updates=0, freeze_critic_attention=False, skip_observation=False, value_pretrain=False,
+    lam_policy=1.0, eps_low=0.2, eps_high=0.2,
+)
+PRESETS: dict[str, AlgoPreset] = {
+    p.name: p
+    for p in (
+        _SAO,
+        _GRPO,
+        _GRPO.with_overrides(name="grpo_dis", policy_loss="dis", eps_low=0.3, eps_high=5.0),
+        _SAO.with_overrides(
+            name="vapo", mode="sync", policy_loss="ppo", group_size=8, critic_updates=1,
+            freeze_critic_attention=False, skip_observation=False, vapo_alpha=0.05, eps_low=0.2,
+            eps_high=0.28, lm_loss_coef=0.1,
+        ),
+        _SAO.with_overrides(
+            name="ppo", mode="sync", policy_loss="ppo", critic_updates=1, freeze_critic_attention=False,
+            skip_observation=False, value_pretrain=False, lam_critic=0.95, eps_low=0.2, eps_high=0.2,
+            value_clip=0.2,
+        ),
+        _SAO.with_overrides(
+            name="reinforce_rm", advantage="running_mean", use_critic=False, critic_updates=0,
+            freeze_critic_attention=False, skip_observation=False, value_pretrain=False, lam_policy=1.0,
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> AlgoPreset:
+    """The preset called ``name``; ``ValueError`` listing the known names otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; known: {list_presets()}") from None
+
+
+def list_presets() -> list[str]:
+    return sorted(PRESETS)
+
+
+# ----------------------------------------------------------------------------- advantage estimators
+@dataclass
+class AdvantageInputs:
+    """Everything any advantage estimator may read, for one batch of B trajectories.
+
+    Shapes: ``rewards``, ``action_mask``, ``values``, ``response_mask`` are ``[B, T]``;
+    ``group_ids`` is ``[B]``. ``values`` at non-chain positions are never read.
+    """
+
+    rewards: Tensor
+    action_mask: Tensor
+    gamma: float = 1.0
+    lam: float | Tensor = 1.0
+    """GAE λ (float or ``[B]``); replaced by the length-adaptive λ when ``lam_alpha`` is set."""
+    lam_alpha: float | None = None
+    values: Tensor | None = None
+    """Critic values; required by ``gae``."""
+    response_mask: Tensor | None = None
+    """Action + observation tokens; required by ``gae`` with ``skip_observation = False``."""
+    skip_observation: bool = True
+    group_ids: Tensor | None = None
+    """Prompt-group id per trajectory; required by ``grpo``."""
+    grpo_eps: float = 1e-6
+    grpo_normalize_std: bool = True
+    baseline: RunningMeanBaseline | None = field(default=None, repr=False)
+    """Running baseline, updated in place by ``running_mean``."""
+
+    def scores(self) -> Tensor:
+        """``[B]`` undiscounted total reward per trajectory (the critic-free estimators' score)."""
+        check_bt(rewards=self.rewards, action_mask=self.action_mask)
+        return self.rewards.sum(dim=1)
+
+
+AdvantageEstimator = Callable[[AdvantageInputs], tuple[Tensor, Tensor | None]]
+"""``(inputs) -> (advantages [B, T], returns [B, T] or None)``; both 0 off the chain / off action tokens."""
+
+
+def _require(value: object, what: str, estimator: str) -> None:
+    if value is None:
+        raise ValueError(f"advantage estimator {estimator!r} needs AdvantageInputs.{what}")
+
+
+def _gae_estimator(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
+    _require(x.values, "values", "gae")
+    chain = x.action_mask if x.skip_observation else x.response_mask
+    _require(chain, "response_mask (skip_observation=False)", "gae")
+    assert chain is not None and x.values is not None
+    lam = x.lam if x.lam_alpha is None else length_adaptive_lambda(chain, x.lam_alpha)
+    fn = skip_observation_gae if x.skip_observation else token_gae
+    return fn(x.rewards, x.values, chain, x.gamma, lam)
+
+
+def _grpo_estimator(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
+    _require(x.group_ids, "group_ids", "grpo")
+    assert x.group_ids is not None
+    adv = grpo_advantages(x.scores(), x.group_ids, x.action_mask, eps=x.grpo_eps,
+                          normalize_std=x.grpo_normalize_std)
+    return adv, None
+
+
+def _running_mean_estimator(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
+    _require(x.baseline, "baseline", "running_mean")
+    assert x.baseline is not None
+    return broadcast_to_tokens(x.baseline.update(x.scores()), x.action_mask), None
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "gae": _gae_estimator,
+    "grpo": _grpo_estimator,
+    "running_mean": _running_mean_estimator,
+}
+
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, float, float], tuple[Tensor, dict[str, float]]]
+"""``(logprobs, behaviour_logprobs, advantages, action_mask, eps_low, eps_high) -> (loss, metrics)``."""
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {"dis": dis_policy_loss, "ppo": ppo_clip_loss}
+
+
+def get_advantage_estimator(kind: str) -> AdvantageEstimator:
+    if kind not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {kind!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
+    return ADVANTAGE_ESTIMATORS[kind]
+
+
+def get_policy_loss(kind: str) -> PolicyLoss:
+    if kind not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {kind!r}; known: {sorted(POLICY_LOSSES)}")
+    return POLICY_LOSSES[kind]
