@@ -1,0 +1,22 @@
+"""Environments: the :class:`Env` protocol, the built-in envs and the registry that names them.
+
+Built-ins (see :data:`saorl.envs.registry.BUILTIN_ENVS`): ``math_tool`` (multi-turn arithmetic and
+countdown with a Python tool), ``code_repair`` (fix a function until its tests pass) and
+``style_shift`` (online learning: the rewarded writing style switches during training).
+Importing this package imports no env module; :func:`resolve_env` does that lazily.
+"""
+
+from saorl.envs.base import Env, Progress, Split, StepResult, Task
+from saorl.envs.registry import BUILTIN_ENVS, load_tasks, make_env_factory, resolve_env
+
+__all__ = [
+    "BUILTIN_ENVS",
+    "Env",
+    "Progress",
+    "Split",
+    "StepResult",
+    "Task",
+    "load_tasks",
+    "make_env_factory",
+    "resolve_env",
+]

@@ -1,0 +1,181 @@
+"""``saorl envs``: list the environments, show sample tasks and play demonstrations through them.
+
+    saorl envs list
+    saorl envs sample math_tool --n 3 --split test --seed 0 --option family=countdown
+
+``sample`` prints each task's prompt and a demonstration episode played through the env (the
+env computes the observations and the reward), with token counts from the shipped tokenizer.
+Actions and observations are coloured on a terminal and marked ``ACT |`` / ``OBS |`` otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from saorl.envs.base import Env, Progress, Task
+from saorl.envs.registry import BUILTIN_ENVS, EnvResolveError, load_tasks, make_env_factory, resolve_env
+
+_STYLES = {"PROMPT": "bold", "ACT": "green", "OBS": "cyan", "INFO": "yellow"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="envs_command", metavar="ACTION")
+    sub.add_parser("list", help="list the built-in environments")
+    p = sub.add_parser("sample", help="print sample tasks and a demonstration episode for each")
+    p.add_argument("env", help="built-in name (see 'saorl envs list') or 'module.path:ClassName'")
+    p.add_argument("--n", type=int, default=3, help="number of tasks (default 3)")
+    p.add_argument("--split", choices=("train", "test"), default="train")
+    p.add_argument("--seed", type=int, default=0, help="task and demonstration seed (default 0)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="env option, repeatable; VALUE is parsed as YAML (2, true, [a, b])")
+    p.add_argument("--tasks-file", default=None, help="read tasks from a JSONL file instead")
+    p.add_argument("--progress-step", type=int, default=0,
+                   help="trainer step passed to reset (matters for style_shift)")
+    p.add_argument("--no-color", action="store_true", help="plain markers even on a terminal")
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``["family=countdown", "difficulty=2"]`` -> ``{"family": "countdown", "difficulty": 2}``."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option must look like KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            options[key.strip()] = value
+    return options
+
+
+@dataclass
+class Episode:
+    prompt: str
+    turns: list[tuple[str, str]] = field(default_factory=list)
+    """(action, observation) pairs in order."""
+    reward: float = 0.0
+    success: bool = False
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def play_demonstration(env: Env, task: Task, rng: random.Random, progress: Progress | None = None) -> Episode:
+    """Reset ``env`` on ``task`` and step the demonstration's actions until the episode ends."""
+    ep = Episode(env.reset(task, progress))
+    for action in env.demonstration(task, rng):
+        result = env.step(action)
+        ep.turns.append((action, result.observation))
+        ep.reward += result.reward
+        if result.done:
+            ep.done, ep.info = True, result.info
+            ep.success = bool(result.info.get("success", False))
+            break
+    return ep
+
+
+def token_counts(ep: Episode, tokenizer: Any) -> dict[str, int]:
+    def n(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+    counts = {"prompt": n(ep.prompt), "actions": sum(n(a) for a, _ in ep.turns),
+              "observations": sum(n(o) for _, o in ep.turns)}
+    counts["max_action"] = max((n(a) for a, _ in ep.turns), default=0)
+    counts["total"] = counts["prompt"] + counts["actions"] + counts["observations"]
+    return counts
+
+
+class _Printer:
+    def __init__(self, color: bool) -> None:
+        self.console = None
+        if color:
+            from rich.console import Console
+
+            self.console = Console(highlight=False)
+
+    def line(self, kind: str, text: str) -> None:
+        body = text[:-1] if text.endswith("\n") else text
+        lines = body.split("\n") or [""]
+        if self.console is None:
+            for ln in lines:
+                print(f"{kind:<6}| {ln}")
+            return
+        from rich.text import Text
+
+        for ln in lines:
+            self.console.print(Text(f"{kind:<6}| ", style="dim") + Text(ln, style=_STYLES.get(kind, "")))
+
+    def plain(self, text: str) -> None:
+        if self.console is None:
+            print(text)
+        else:
+            from rich.text import Text
+
+            self.console.print(Text(text, style="bold magenta"))
+
+
+def _run_list() -> int:
+    for name, target in BUILTIN_ENVS.items():
+        try:
+            cls = resolve_env(name)
+        except EnvResolveError as e:
+            print(f"{name:<12} {target}  (unavailable: {e})")
+            continue
+        module = importlib.import_module(cls.__module__)
+        summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+        print(f"{name:<12} {target}  stop={list(cls.stop_strings)}\n{'':<12} {summary}")
+    return 0
+
+
+def _run_sample(args: argparse.Namespace) -> int:
+    from saorl.models.tokenizer import load_tokenizer
+
+    factory = make_env_factory(args.env, parse_options(args.option))
+    tasks = load_tasks(factory(), args.split, args.n, args.seed, args.tasks_file)
+    tokenizer = load_tokenizer()
+    out = _Printer(color=sys.stdout.isatty() and not args.no_color)
+    rng = random.Random(args.seed)
+    progress = Progress(trainer_step=args.progress_step, episode=args.progress_step)
+    for task in tasks:
+        env = factory()
+        out.plain(f"=== {task.id} ({args.split}) ===")
+        try:
+            ep = play_demonstration(env, task, rng, progress)
+        except NotImplementedError as e:
+            out.line("PROMPT", env.reset(task, progress))
+            out.line("INFO", f"no demonstration: {e}")
+            continue
+        out.line("PROMPT", ep.prompt)
+        for action, obs in ep.turns:
+            out.line("ACT", action)
+            if obs:
+                out.line("OBS", obs)
+        c = token_counts(ep, tokenizer)
+        status = "" if ep.done else "  (demonstration ended before the episode did)"
+        extra = {k: v for k, v in ep.info.items() if k != "success" and isinstance(v, (str, int, float))}
+        if extra:
+            out.line("INFO", "  ".join(f"{k}={v}" for k, v in extra.items()))
+        out.line("INFO", f"reward {ep.reward:g}  success {ep.success}  tokens: prompt {c['prompt']}, "
+                         f"actions {c['actions']} (max {c['max_action']}), observations "
+                         f"{c['observations']}, total {c['total']}{status}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    command = getattr(args, "envs_command", None)
+    if command == "list":
+        return _run_list()
+    if command == "sample":
+        try:
+            return _run_sample(args)
+        except (ValueError, TypeError) as e:
+            print(f"saorl envs sample: {e}", file=sys.stderr)
+            return 2
+    print("usage: saorl envs {list,sample} ...  (see saorl envs --help)", file=sys.stderr)
+    return 2

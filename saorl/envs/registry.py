@@ -1,0 +1,91 @@
+"""Names for environments: built-ins by short name, anything else by ``"module.path:ClassName"``.
+
+``resolve_env`` imports lazily, so listing the built-ins costs nothing and a broken third-party
+env only fails when it is asked for. ``make_env_factory`` builds one instance up front so that a
+bad option fails at config time, with the option's name, not inside a rollout worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from saorl.envs.base import Env, Split, Task
+
+BUILTIN_ENVS: dict[str, str] = {
+    "math_tool": "saorl.envs.math_tool:MathToolEnv",
+    "code_repair": "saorl.envs.code_repair:CodeRepairEnv",
+    "style_shift": "saorl.envs.style_shift:StyleShiftEnv",
+}
+
+
+class EnvResolveError(ValueError):
+    """An env type string that names no usable Env subclass."""
+
+
+def resolve_env(type_str: str) -> type[Env]:
+    """The Env class for a built-in name (``"math_tool"``) or a ``"module.path:ClassName"``."""
+    if not isinstance(type_str, str) or not type_str.strip():
+        raise EnvResolveError(f"env type must be a non-empty string, got {type_str!r}")
+    target = BUILTIN_ENVS.get(type_str, type_str)
+    if ":" not in target:
+        raise EnvResolveError(
+            f"unknown env {type_str!r}: not a built-in ({', '.join(sorted(BUILTIN_ENVS))}) "
+            "and not of the form 'module.path:ClassName'"
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise EnvResolveError(f"env {type_str!r}: cannot import module {module_name!r}: {e}") from e
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise EnvResolveError(f"env {type_str!r}: module {module_name!r} has no attribute {class_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise EnvResolveError(f"env {type_str!r}: {target} is not a subclass of saorl.envs.base.Env")
+    return cls
+
+
+def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None) -> Callable[[], Env]:
+    """A zero-argument callable that builds a fresh env with ``options``.
+
+    One instance is built here to validate the options: an unknown option or a bad value raises
+    ``ValueError`` naming the env and the option.
+    """
+    cls = resolve_env(type_str)
+    opts = dict(options or {})
+    try:
+        cls(**opts)
+    except TypeError as e:
+        raise ValueError(f"env {type_str!r}: bad options {opts}: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"env {type_str!r}: {e}") from e
+
+    def factory() -> Env:
+        return cls(**opts)
+
+    factory.env_class = cls  # type: ignore[attr-defined]
+    factory.options = opts  # type: ignore[attr-defined]
+    return factory
+
+
+def load_tasks(
+    env: Env, split: Split, n: int | None, seed: int, tasks_file: str | Path | None = None
+) -> list[Task]:
+    """Tasks for ``split``: ``env.generate_tasks(split, n, seed)``, or the first ``n`` tasks of
+    a JSONL file (all of them when ``n`` is None) when ``tasks_file`` is given.
+
+    A file is taken to hold tasks of the requested split already; ``seed`` does not apply to it.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if tasks_file is not None:
+        from saorl.data.tasks import load_tasks_jsonl
+
+        tasks = load_tasks_jsonl(tasks_file)
+        return tasks if n is None else tasks[:n]
+    if n is None or n < 0:
+        raise ValueError(f"n must be a non-negative number of tasks to generate, got {n!r}")
+    return env.generate_tasks(split, n, seed)
