@@ -1,0 +1,83 @@
+"""Load a policy: a tiny kind built offline, or an HF causal LM from a local directory.
+
+``load_policy("tiny-moe")`` builds a freshly initialised tiny model (see ``saorl.models.tiny``);
+``load_policy("/path/to/dir")`` loads ``config.json`` + safetensors with ``local_files_only`` —
+the model hub is never contacted. MoE models run their experts with ``grouped_mm`` on CPU
+(``batched_mm``/``eager`` are far slower there), whatever the saved config asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from saorl.models.tiny import TINY_KINDS, build_tiny
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` (or a torch dtype) → torch dtype; clear error otherwise."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; expected one of {sorted(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def is_moe(model: PreTrainedModel) -> bool:
+    """Whether the model has fused MoE experts (an ``experts`` module with ``gate_up_proj``)."""
+    return any(name.endswith("experts.gate_up_proj") for name, _ in model.named_parameters())
+
+
+def ensure_cpu_experts(model: PreTrainedModel, device: str | torch.device) -> PreTrainedModel:
+    """On CPU, switch an MoE model's experts to ``grouped_mm``; other models are returned as is."""
+    on_cpu = torch.device(device).type == "cpu"
+    if on_cpu and is_moe(model) and model.config._experts_implementation != "grouped_mm":
+        model.set_experts_implementation("grouped_mm")
+    return model
+
+
+def check_model_dir(path: Path, what: str = "policy") -> None:
+    """Raise a clear error unless ``path`` is a directory with ``config.json`` and safetensors weights."""
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{what} path {str(path)!r} does not exist; expected a tiny kind {TINY_KINDS} "
+            "or a local directory holding an HF causal LM (config.json + *.safetensors)"
+        )
+    if not path.is_dir():
+        raise NotADirectoryError(f"{what} path {str(path)!r} is a file; expected a model directory")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{what} directory {str(path)!r} has no config.json; it holds no HF model")
+    if not any(path.glob("*.safetensors")):
+        raise FileNotFoundError(
+            f"{what} directory {str(path)!r} has config.json but no *.safetensors weights"
+        )
+
+
+def load_policy(
+    spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu", seed: int = 0,
+) -> PreTrainedModel:
+    """The policy named by ``spec``, in eval mode, on ``device`` in ``dtype``.
+
+    ``spec``: a tiny kind (``"tiny-moe"``, ``"tiny-dense"``; initialised from ``seed``) or a local
+    directory with an HF causal LM (``seed`` is then unused: the weights come from disk).
+    """
+    torch_dtype = resolve_dtype(dtype)
+    if spec in TINY_KINDS:
+        model = build_tiny(spec, seed=seed).to(device=device, dtype=torch_dtype)
+        return ensure_cpu_experts(model, device).eval()
+    path = Path(spec).expanduser()
+    check_model_dir(path)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), config=config, dtype=torch_dtype, local_files_only=True,
+    )
+    model = model.to(device)
+    return ensure_cpu_experts(model, device).eval()

@@ -1,0 +1,92 @@
+"""Per-token log-probabilities (and entropies) of a sequence under a causal LM.
+
+``logprobs[:, t] = log softmax(logits[:, t-1] / temperature)[x_t]``, i.e. log p(x_t | x_<t) — the
+quantity the rollout engine records as ``rollout_logprobs[t]`` and the DIS ratio compares against.
+
+Padding. Position ids are always derived from the mask (``cumsum(mask) - 1``), so both layouts
+work: right padding (what ``saorl.data`` collate produces, and what the trainer should use) and
+left padding. A token is scored only when it and the token before it are real (``mask[t] = 1``
+and ``mask[t-1] = 1``); every other position holds 0 — position 0, the first real token of a
+left-padded row, and all padding. Masks with holes (padding between real tokens) are not supported.
+
+Memory. Beyond the model's own ``[B, T, V]`` logits, the log-probability is ``x_t``'s logit minus
+the row's logsumexp (``[B, T]`` results), not a gathered full ``log_softmax``. A temperature other
+than 1 and a low-precision model each cost one scaled/upcast ``[B, T, V]`` copy; the entropy costs
+one softmax ``[B, T, V]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def check_batch(input_ids: Tensor, attention_mask: Tensor) -> None:
+    """Clear errors for a malformed ``[B, T]`` batch."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+        )
+    if input_ids.dtype not in (torch.long, torch.int32):
+        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+
+
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """``[B, T]`` position ids: 0 at each row's first real token, counting up; padding gets 0 or the last."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def scored_mask(attention_mask: Tensor) -> Tensor:
+    """``[B, T]`` bool: True where token t and token t-1 are both real (False at t = 0)."""
+    mask = attention_mask.bool()
+    out = torch.zeros_like(mask)
+    out[:, 1:] = mask[:, 1:] & mask[:, :-1]
+    return out
+
+
+def token_logprobs(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Per-token log p(x_t | x_<t) under ``softmax(logits / temperature)``.
+
+    Args:
+        model: an HF causal LM (``model(input_ids, attention_mask, position_ids).logits``).
+        input_ids: ``[B, T]`` token ids; padding may hold any id.
+        attention_mask: ``[B, T]``, 1 for real tokens, 0 for padding (right or left).
+        temperature: the sampling temperature; 0 (greedy) is treated as 1.
+        return_entropy: also return the entropy of the next-token distribution.
+
+    Returns:
+        ``logprobs [B, T]`` float32, and with ``return_entropy`` also ``entropy [B, T]`` float32 where
+        ``entropy[:, t]`` is the entropy of the distribution x_t was drawn from. Both hold 0 at
+        t = 0, at padding, and wherever token t-1 is padding. Gradients flow to the model.
+    """
+    check_batch(input_ids, attention_mask)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    temperature = 1.0 if temperature == 0 else float(temperature)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask), use_cache=False,
+    )
+    logits = out.logits[:, :-1]  # [B, T-1, V]: logits[:, t-1] predicts x_t
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)  # [B, T-1]
+    picked = logits.gather(-1, input_ids[:, 1:].long().unsqueeze(-1)).squeeze(-1)
+    keep = scored_mask(attention_mask)
+    zero = logits.new_zeros(())
+    logprobs = torch.cat([logits.new_zeros(input_ids.shape[0], 1), picked - lse], dim=1)
+    # where, not multiply: a fully masked (left-padding) row may hold non-finite values.
+    logprobs = torch.where(keep, logprobs, zero)
+    if not return_entropy:
+        return logprobs
+    probs = torch.softmax(logits, dim=-1)
+    entropy = lse - (probs * logits).sum(-1)
+    entropy = torch.cat([logits.new_zeros(input_ids.shape[0], 1), entropy], dim=1)
+    return logprobs, torch.where(keep, entropy, zero)
