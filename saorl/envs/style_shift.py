@@ -33,21 +33,28 @@ from typing import Any, ClassVar
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
 from saorl.envs.tags import content_hash, split_of
 
+
+def _wordset(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 STYLES = ("sweet", "youthful", "classical")
 LEXICONS: dict[str, frozenset[str]] = {
-    "sweet": frozenset("sweet love lovely dear darling gentle soft warm heart honey tender kind hug "
-                       "smile cozy sugar cuddle adore".split()),
-    "youthful": frozenset("cool awesome wow hey super totally vibes vibe epic lit omg yay fun crazy "
-                          "dude literally yo lol".split()),
-    "classical": frozenset("thee thou thy thine doth hath art ere yon whence thus behold shalt "
-                           "wherefore nay o oft tis".split()),
+    "sweet": _wordset("sweet love lovely dear darling gentle soft warm heart honey tender kind hug "
+                      "smile cozy sugar cuddle adore"),
+    "youthful": _wordset("cool awesome wow hey super totally vibes vibe epic lit omg yay fun crazy "
+                         "dude literally yo lol"),
+    "classical": _wordset("thee thou thy thine doth hath art ere yon whence thus behold shalt "
+                          "wherefore nay o oft tis"),
 }
-FUNCTION_WORDS = frozenset("the a an is of to and in on it my your our you i we so with at for this "
-                           "that as by be are was all its upon which no not but or from has have me his her their when "
-                           "where".split())
-TOPICS = ("moon sea rain city spring forest river night star coffee school summer snow song friend "
-          "garden sun wind road mountain cat dog book train winter morning flower ocean sky autumn "
-          "candle bird cloud lake bridge storm tea window park beach").split()
+FUNCTION_WORDS = _wordset("the a an is of to and in on it my your our you i we so with at for this "
+                          "that as by be are was all its upon which no not but or from has have me his "
+                          "her their when where")
+TOPICS = tuple(sorted(_wordset(
+    "moon sea rain city spring forest river night star coffee school summer snow song friend garden "
+    "sun wind road mountain cat dog book train winter morning flower ocean sky autumn candle bird "
+    "cloud lake bridge storm tea window park beach"
+)))
 REQUESTS = ("Write a line about the {t}.", "Describe the {t} in one line.",
             "Say something about the {t}.", "One line on the {t}, please.")
 TEST_FRACTION = 0.2
