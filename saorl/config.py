@@ -1,0 +1,532 @@
+"""The one config tree: pydantic models per component, YAML presets, dotted overrides.
+
+A run's configuration is :class:`SaorlConfig`. It is built from, in order: the defaults below
+(which work on a laptop CPU), a YAML file (``configs/*.yaml``), then command-line overrides of
+the form ``section.field=value`` whose values are parsed by YAML rules (``algo.eps_high=3.0``,
+``model.critic=null``, ``env.options.difficulty=2``, ``run.name='[a, b]'``).
+
+Every bad value fails at load, never mid-run, with :class:`ConfigError`: one paragraph naming the
+file, the dotted path of the field and the reason (unknown keys get a "did you mean" hint).
+
+The ``algo`` section holds a preset name plus optional overrides (``None`` = the preset's value);
+:meth:`AlgoConfig.resolve` returns the frozen :class:`saorl.algo.registry.AlgoPreset` the trainer
+uses. Because ``None`` means "keep the preset's value", the preset fields that are themselves
+optional (``vapo_alpha``, ``value_clip``) can be changed to another number here but not switched
+off; pick a preset that has them off instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(Exception):
+    """A config that cannot be loaded; the message is one paragraph naming file, field and reason."""
+
+
+class _FieldError(ValueError):
+    """A cross-field check that failed on ``field`` (a dotted path relative to the model raising it)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+# ------------------------------------------------------------------------------------- sections
+class RunConfig(_Section):
+    out_dir: str = "runs"
+    """Directory under which the run directory ``<out_dir>/<name>`` is created."""
+    name: str = "sao-math_tool"
+    """Run name: the run directory's name (no path separators)."""
+    eval_every: int = Field(25, ge=1)
+    """Evaluate on the test split every this many trainer steps."""
+    eval_tasks: int = Field(64, ge=1)
+    """Test tasks per evaluation (at most ``env.num_test_tasks`` are available)."""
+    checkpoint_every: int = Field(50, ge=1)
+    """Write a checkpoint every this many trainer steps (and at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept on disk; older ones are deleted."""
+    samples_every: int = Field(25, ge=1)
+    """Write a few decoded trajectories to the run directory every this many trainer steps."""
+    progress: bool = True
+    """Show a live progress display on the terminal."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not v or "/" in v or "\\" in v or v in (".", ".."):
+            raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
+        return v
+
+
+class ModelConfig(_Section):
+    policy: str = "tiny-moe"
+    """Policy: a tiny built-in kind (``tiny-moe``, ``tiny-dense``) or a local Hugging Face model directory."""
+    critic: str | None = None
+    """Directory of a value-pretrained critic; None initialises the critic from the policy."""
+    tokenizer: str | None = None
+    """Tokenizer directory; None uses the policy directory's tokenizer, or the shipped one for tiny kinds."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of policy and critic."""
+    device: str = "cpu"
+    """Torch device for the trainer and the local engine: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
+
+    @field_validator("policy")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a tiny kind or a model directory")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", v):
+            raise ValueError(f"must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {v!r}")
+        return v
+
+
+class EnvConfig(_Section):
+    type: str = "math_tool"
+    """Environment: a built-in name (``math_tool``, ``code_repair``, ``style_shift``) or
+    ``module.path:ClassName``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the env class (e.g. ``difficulty: 2``); checked when the env is built."""
+    tasks_file: str | None = None
+    """JSONL file of tasks (format: ``saorl.data.tasks``) used instead of the env's task generator."""
+    num_train_tasks: int = Field(5000, ge=1)
+    """Training tasks drawn from the env's generator (cycled when exhausted)."""
+    num_test_tasks: int = Field(128, ge=1)
+    """Held-out test tasks drawn from the env's generator."""
+
+    @field_validator("type")
+    @classmethod
+    def _env_type(cls, v: str) -> str:
+        if ":" in v:
+            module, _, name = v.partition(":")
+            if not module or not name:
+                raise ValueError(f"must be a built-in name or 'module.path:ClassName', got {v!r}")
+            return v
+        try:
+            from saorl.envs.registry import BUILTIN_ENVS
+        except ImportError:  # pragma: no cover - the env package is part of saorl
+            return v
+        if v not in BUILTIN_ENVS:
+            raise ValueError(
+                f"unknown env {v!r}; built-ins: {sorted(BUILTIN_ENVS)}, or use 'module.path:ClassName'"
+            )
+        return v
+
+
+class RolloutConfig(_Section):
+    num_workers: int = Field(1, ge=1)
+    """Rollout worker processes, each with its own inference engine."""
+    concurrent_episodes: int = Field(16, ge=1)
+    """Episodes in flight per worker (their turns are batched by the engine)."""
+    engine_slots: int = Field(16, ge=1)
+    """Sequences the local engine decodes together (its batch size)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature (0 = greedy). RL needs samples from the policy itself: keep 1.0 for training."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold in (0, 1] (1 disables)."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling (0 disables)."""
+    max_new_tokens: int = Field(48, ge=1)
+    """Tokens the policy may sample per turn."""
+    max_total_tokens: int = Field(384, ge=2)
+    """Tokens per trajectory (prompt + all turns); the episode is truncated past it."""
+    engine: Literal["local", "http"] = "local"
+    """``local``: the in-process torch engine; ``http``: an OpenAI-compatible server at ``http_url``."""
+    http_url: str | None = None
+    """Base URL of the inference server (required when ``engine`` is ``http``)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RolloutConfig:
+        if self.engine == "http" and not self.http_url:
+            raise _FieldError("http_url", "required when engine is 'http'")
+        if self.max_new_tokens >= self.max_total_tokens:
+            raise _FieldError(
+                "max_new_tokens",
+                f"max_new_tokens ({self.max_new_tokens}) must be smaller than max_total_tokens "
+                f"({self.max_total_tokens}), which also holds the prompt",
+            )
+        return self
+
+
+class AlgoConfig(_Section):
+    name: str = "sao"
+    """Algorithm preset: ``sao``, ``grpo``, ``grpo_dis``, ``vapo``, ``ppo`` or ``reinforce_rm``."""
+    group_size: int | None = Field(None, ge=1)
+    """Rollouts per prompt (None: the preset's; 1 = single rollout)."""
+    critic_updates: int | None = Field(None, ge=1)
+    """K: critic steps per policy step, on the same batch (None: the preset's)."""
+    freeze_critic_attention: bool | None = None
+    """Train only the critic's MLP / expert projections and value head (None: the preset's)."""
+    skip_observation: bool | None = None
+    """GAE over action tokens only, skipping observation tokens (None: the preset's)."""
+    value_pretrain: bool | None = None
+    """Fit the critic on rollouts of the initial policy before RL (None: the preset's)."""
+    gamma: float | None = Field(None, ge=0.0, le=1.0)
+    """Discount per chain step, in [0, 1] (None: the preset's)."""
+    lam_policy: float | None = Field(None, ge=0.0, le=1.0)
+    """GAE λ for the policy's advantages, in [0, 1] (None: the preset's)."""
+    lam_critic: float | None = Field(None, ge=0.0, le=1.0)
+    """GAE λ for the critic's targets, in [0, 1]; 1 = Monte-Carlo returns (None: the preset's)."""
+    vapo_alpha: float | None = Field(None, gt=0.0)
+    """Length-adaptive λ_policy = 1 − 1/(α·l) when set (None: the preset's)."""
+    eps_low: float | None = Field(None, ge=0.0, lt=1.0)
+    """Lower DIS band / PPO clip: ratios below 1 − eps_low are masked or clipped; in [0, 1)
+    (None: the preset's)."""
+    eps_high: float | None = Field(None, gt=0.0)
+    """Upper DIS band / PPO clip: ratios above 1 + eps_high are masked or clipped; > 0
+    (None: the preset's)."""
+    value_clip: float | None = Field(None, gt=0.0)
+    """PPO value clipping range, > 0 (None: the preset's)."""
+    lm_loss_coef: float | None = Field(None, ge=0.0)
+    """Weight of the positive-example LM loss, ≥ 0 (None: the preset's)."""
+    entropy_coef: float | None = Field(None, ge=0.0)
+    """Weight of the entropy bonus, ≥ 0 (None: the preset's)."""
+    baseline_momentum: float | None = Field(None, ge=0.0, lt=1.0)
+    """EMA momentum of the running-mean baseline, in [0, 1) (None: the preset's)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_preset(cls, v: str) -> str:
+        names = _preset_names()
+        if names is not None and v not in names:
+            hint = difflib.get_close_matches(v, names, n=1)
+            raise ValueError(f"unknown algorithm {v!r}" + (f" (did you mean {hint[0]}?)" if hint else "")
+                             + f"; known: {', '.join(names)}")
+        return v
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> AlgoConfig:
+        if _preset_names() is None:
+            return self
+        try:
+            self.resolve()  # the preset's own cross-field checks (e.g. grpo needs group_size >= 2)
+        except ValueError as e:
+            m = re.match(r"AlgoPreset '[^']*': (\w+) (must .*)", str(e))
+            if m and m.group(1) in type(self).model_fields:
+                raise _FieldError(m.group(1), f"algorithm {self.name!r}: {m.group(2)}") from None
+            raise
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields set here (not None), i.e. what changes relative to the preset."""
+        return {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
+
+    def resolve(self) -> Any:
+        """The preset ``name`` with the non-None overrides applied (an ``AlgoPreset``)."""
+        from saorl.algo.registry import get_preset
+
+        return get_preset(self.name).with_overrides(**self.overrides())
+
+
+def _preset_names() -> list[str] | None:
+    """Known preset names, or None when the algo registry is not importable (partial installs)."""
+    try:
+        from saorl.algo.registry import list_presets
+    except ModuleNotFoundError as e:
+        if e.name in ("saorl.algo.registry", "saorl.algo"):
+            return None
+        raise
+    return list_presets()
+
+
+class TrainerConfig(_Section):
+    batch_size: int = Field(4, ge=1)
+    """Trajectories per policy update (a multiple of the preset's group size)."""
+    steps: int = Field(200, ge=1)
+    """Policy updates to run."""
+    max_wall_s: float | None = Field(None, gt=0.0)
+    """Stop (with a final checkpoint) after this many seconds; None = no limit."""
+    policy_lr: float = Field(3e-4, gt=0.0)
+    """AdamW learning rate of the policy."""
+    critic_lr: float = Field(1e-3, gt=0.0)
+    """AdamW learning rate of the critic."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay (policy and critic)."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value (policy and critic separately)."""
+    max_staleness: int | None = Field(None, ge=0)
+    """Drop trajectories whose oldest action token is more than this many versions old (counted
+    in the metrics); None = no limit."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over this many steps (0 = none)."""
+
+
+class RuntimeConfig(_Section):
+    backend: Literal["local", "ray"] = "local"
+    """``local``: processes on this machine; ``ray``: actors on a Ray cluster."""
+    mode: Literal["auto", "async", "sync"] = "auto"
+    """Rollout/training schedule; ``auto`` uses the algorithm preset's mode."""
+    queue_size: int = Field(64, ge=1)
+    """Finished trajectories buffered between rollout workers and the trainer."""
+
+
+class SaorlConfig(_Section):
+    """Everything a run needs. Defaults = ``configs/sao_math_tool.yaml``, SAO on math_tool, CPU."""
+
+    seed: int = 0
+    """Seed for task generation, sampling and initialisation."""
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Run directory, evaluation, checkpoint and logging cadence."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Policy, critic and tokenizer."""
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    """Environment and task source."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Rollout workers, inference engine and sampling."""
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    """Algorithm preset and overrides of its defaults."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Optimisation: batch, steps, learning rates, staleness limit."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Orchestration backend and schedule."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> SaorlConfig:
+        if _preset_names() is None:
+            return self
+        group = self.algo.resolve().group_size
+        if self.trainer.batch_size % group:
+            raise _FieldError(
+                "trainer.batch_size",
+                f"{self.trainer.batch_size} is not a multiple of the group size "
+                f"({group}, algo {self.algo.name!r}): every update takes whole groups"
+            )
+        return self
+
+    def resolved_mode(self) -> Literal["async", "sync"]:
+        """``runtime.mode``, with ``auto`` replaced by the algorithm preset's mode."""
+        return self.algo.resolve().mode if self.runtime.mode == "auto" else self.runtime.mode
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+
+# --------------------------------------------------------------------------------- overrides
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"a.b=1"`` → ``(["a", "b"], 1)``; the value is parsed by YAML rules."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"bad override {item!r}: expected 'section.field=value'")
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"bad override {item!r}: empty name in the dotted path {key!r}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"bad override {item!r}: value is not valid YAML ({_one_line(str(e))})") from None
+    return parts, value
+
+
+def apply_overrides(
+    data: Mapping[str, Any], overrides: Iterable[str], schema: type[BaseModel] | None = SaorlConfig
+) -> dict[str, Any]:
+    """A deep copy of ``data`` with each ``"a.b=value"`` applied, in order.
+
+    With a ``schema`` (default :class:`SaorlConfig`), each dotted path is checked against it
+    first, so a typo fails here, naming the override. Free-form dict fields (``env.options``)
+    accept any key below them.
+    """
+    out = copy.deepcopy(dict(data))
+    for item in overrides:
+        parts, value = parse_override(item)
+        if schema is not None:
+            _check_path(schema, parts, item)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(f"bad override {item!r}: {where} is a value ({child!r}), not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _check_path(schema: type[BaseModel], parts: list[str], item: str) -> None:
+    model: type[BaseModel] | None = schema
+    for i, part in enumerate(parts):
+        where = ".".join(parts[: i + 1])
+        if model is None:
+            raise ConfigError(f"bad override {item!r}: {'.'.join(parts[:i])} is a value, not a section")
+        fields = model.model_fields
+        if part not in fields:
+            raise ConfigError(f"bad override {item!r}: {where}: {_unknown(part, list(fields))}")
+        annotation = fields[part].annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif _is_free_dict(annotation):
+            return
+        else:
+            model = None
+
+
+def _is_free_dict(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is dict or annotation is dict
+
+
+def _unknown(name: str, known: list[str]) -> str:
+    hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if hint:
+        return f"unknown field (did you mean {hint[0]}?)"
+    return f"unknown field; known fields: {', '.join(known)}"
+
+
+# ------------------------------------------------------------------------------------- loading
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated in one mapping (PyYAML silently keeps the last)."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config error: file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"config error: cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = " ".join(x for x in (e.context, e.problem) if x)
+        raise ConfigError(f"config error in {path}: YAML syntax error{where}: {_one_line(reason)}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config error in {path}: YAML error: {_one_line(str(e))}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config error in {path}: the top level must be a mapping of sections, "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = ()) -> SaorlConfig:
+    """Defaults ← YAML file at ``path`` (None: defaults only) ← dotted ``overrides``."""
+    source = str(path) if path is not None else "<defaults>"
+    data = _read_yaml(Path(path)) if path is not None else {}
+    overrides = list(overrides)
+    try:
+        data = apply_overrides(data, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"config error in {source}: {e}") from None
+    return config_from_dict(data, source + (" with overrides" if overrides else ""))
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> SaorlConfig:
+    """Validate a plain dict; ``ConfigError`` (naming ``source``) on any problem."""
+    try:
+        return SaorlConfig.model_validate(dict(data))
+    except ValidationError as e:
+        reasons = "; ".join(_describe(err) for err in e.errors())
+        raise ConfigError(f"config error in {source}: {reasons}") from None
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    loc = [str(x) for x in err["loc"]]
+    error = err.get("ctx", {}).get("error")
+    if isinstance(error, _FieldError):
+        loc = [*loc, error.field]
+    path = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{path}: {_unknown(loc[-1], _known_fields(loc[:-1]))}"
+    if err["type"] == "value_error":
+        return f"{path}: {_one_line(str(error))}"
+    if err["type"] == "missing":
+        return f"{path}: required field missing"
+    return f"{path}: {_one_line(err['msg'])} (got {_short(err.get('input'))})"
+
+
+def _known_fields(loc: list[str]) -> list[str]:
+    model: type[BaseModel] = SaorlConfig
+    for part in loc:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ------------------------------------------------------------------------------------- output
+def config_to_dict(cfg: SaorlConfig) -> dict[str, Any]:
+    """Plain, YAML/JSON-safe dict of the config, in field order."""
+    return cfg.model_dump(mode="json")
+
+
+def config_to_yaml(cfg: SaorlConfig) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+def resolved_algo_dict(cfg: SaorlConfig) -> dict[str, Any] | None:
+    """The resolved algorithm preset as a dict, or None when the algo registry is unavailable."""
+    if _preset_names() is None:
+        return None
+    return dataclasses.asdict(cfg.algo.resolve())
+
+
+def save_resolved(cfg: SaorlConfig, run_dir: str | os.PathLike) -> Path:
+    """Write ``config.yaml`` (loadable by :func:`load_config`) and ``algo_resolved.yaml`` to ``run_dir``.
+
+    Returns the path of ``config.yaml``. Files are written atomically (temp file + rename).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    _write_atomic(path, config_to_yaml(cfg))
+    algo = resolved_algo_dict(cfg)
+    if algo is not None:
+        header = "# The algorithm preset after overrides (informational; config.yaml is the source).\n"
+        _write_atomic(run_dir / "algo_resolved.yaml", header + yaml.safe_dump(algo, sort_keys=False))
+    return path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
