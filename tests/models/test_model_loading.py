@@ -44,10 +44,10 @@ def test_seed_and_dtype():
 def test_missing_or_empty_path_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_policy(str(tmp_path / "nope"))
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         load_policy(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
         load_policy(str(tmp_path))
     f = tmp_path / "file.txt"
     f.write_text("x")
