@@ -72,7 +72,9 @@ def grpo_advantages(
     if normalize_std:
         sq = torch.zeros_like(n).index_add_(0, inverse, centred**2)
         std = torch.sqrt(sq / (n - 1).clamp(min=1))
-        centred = centred / (std[inverse] + eps)
+        denom = std[inverse] + eps
+        # denom == 0 only when eps == 0 and the group is constant, where centred is 0 too.
+        centred = torch.where(denom > 0, centred / denom.clamp(min=torch.finfo(denom.dtype).tiny), 0.0)
     dtype = scores.dtype if scores.dtype.is_floating_point else torch.float32
     return broadcast_to_tokens(centred.to(dtype), action_mask)
 
