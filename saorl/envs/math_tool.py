@@ -146,10 +146,13 @@ def _arith_problem(rng: random.Random, difficulty: int) -> dict[str, Any]:
 
 
 def _countdown_problem(rng: random.Random, difficulty: int) -> dict[str, Any]:
+    """Difficulty 1: 3 numbers in 1..20, target in 1..200. 2 and 3: 4 or 5 numbers in 1..10 (often
+    one of 25/50/75/100), target in 10..999. The target is built from 2+ of the numbers, so every
+    task is solvable; it never equals a single given number."""
     count = difficulty + 2
     lo, hi = (1, 200) if difficulty == 1 else (10, 999)
     while True:
-        numbers = [rng.randint(1, 10) for _ in range(count)]
+        numbers = [rng.randint(1, 20 if difficulty == 1 else 10) for _ in range(count)]
         if difficulty > 1 and rng.random() < 0.6:
             numbers[0] = rng.choice(_LARGE)
         used = rng.sample(numbers, rng.randint(max(2, count - 1), count))
