@@ -38,8 +38,10 @@ def _corpus(max_bytes: int = 3_000_000) -> list[str]:
         total += len(t)
         if total > max_bytes:
             break
-    words = ("the a of to and is in that it for you was with on as have be at one this"
-             " sweet love heart young cool wow hey old thee thou doth hath spring moon").split()
+    words = (
+        "the a of to and is in that it for you was with on as have be at one this"
+        " sweet love heart young cool wow hey old thee thou doth hath spring moon"
+    ).split()
     for _ in range(20000):
         texts.append(" ".join(rng.choice(words) for _ in range(12)) + ".\n")
     return texts
