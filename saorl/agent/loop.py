@@ -1,0 +1,295 @@
+"""The agent loop: turns between an inference engine and an environment → one :class:`Trajectory`.
+
+One episode::
+
+    ids  = encode(env.reset(task, progress))                 # prompt, action_mask 0
+    loop up to max_turns:
+        r    = await engine.agenerate(ids, params)           # stop = sampling.stop + env.stop_strings
+        ids += r.token_ids                                   # action_mask 1, r.logprobs, r.versions
+        out  = env.step(decode(r.token_ids minus a final eos))
+        rewards[last action token of this turn] += out.reward
+        if out.done or a limit is hit: stop
+        ids += encode(out.observation)                       # action_mask 0, logprob 0, version -1
+
+Token exactness: earlier text is NEVER re-tokenized. ``traj.token_ids`` is exactly the prompt ids,
+then each turn's sampled ids as the engine returned them, then each observation's ids encoded on
+their own. Because the shipped tokenizer decodes concatenatively (byte level),
+``decode(traj.token_ids)`` equals prompt + actions + observations as text, even where the sampled
+ids are not the canonical tokenization of the action text.
+
+Decisions that the trainer and the env authors rely on:
+
+- **eos stays in the trajectory.** A turn that ends on the eos token keeps it (it was sampled,
+  has a logprob, and learning *when* to stop is part of the policy); only the text handed to
+  ``env.step`` drops it. The eos id is added to the request's ``stop_token_ids``.
+- **Rewards** go on the last action token of the turn that earned them (DESIGN.md §1 credits a
+  reward on a non-action position to the last action position before it; this places it there
+  directly). Turns whose action was cut by a length limit are still stepped: the env decides
+  what a cut action is worth.
+- **The last observation is not tokenized.** Nothing is sampled after it, so it carries no
+  training signal; it is kept as text in ``metadata["final_observation"]`` (for rendering).
+- **Limits.** ``max_turns`` (``env.max_turns`` when None) and ``max_total_tokens`` (prompt +
+  actions + observations). Each turn's ``max_new_tokens`` is capped by the tokens left. When an
+  observation does not fit with room for at least one more action token, the episode ends
+  there (the observation is never cut: a garbled tool output would teach the wrong thing).
+  Ending by a limit rather than by ``done`` sets ``truncated=True`` and
+  ``metadata["truncation"]`` to ``"turns"`` or ``"tokens"``. A prompt that leaves no room for a
+  single action token raises :class:`PromptTooLongError`.
+- **Errors.** :class:`EngineError` propagates with the task id prefixed; an aborted or empty
+  generation is an :class:`EngineError` too. Any exception from the env (``reset`` or ``step``)
+  is an env bug and surfaces as :class:`EpisodeError` naming the env and the task.
+
+``env.reset`` and ``env.step`` run in a thread executor so that sandboxed tool calls of one
+episode overlap decoding of the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from saorl.data.trajectory import Trajectory
+from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
+from saorl.envs.base import Env, Progress, StepResult, Task
+
+ProgressSource = Progress | Callable[[], Progress] | None
+
+
+class EpisodeError(RuntimeError):
+    """The environment raised during an episode (an env bug, not a policy failure)."""
+
+
+class PromptTooLongError(EpisodeError):
+    """The prompt alone leaves no room for an action under ``max_total_tokens``."""
+
+
+@dataclass
+class _Builder:
+    """Per-token lists of the trajectory under construction, plus per-turn bookkeeping."""
+
+    token_ids: list[int] = field(default_factory=list)
+    action_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turn_spans: list[list[int]] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+
+    def add_context(self, ids: list[int]) -> None:
+        n = len(ids)
+        self.token_ids += ids
+        self.action_mask += [0] * n
+        self.logprobs += [0.0] * n
+        self.rewards += [0.0] * n
+        self.versions += [-1] * n
+
+    def add_action(self, res: GenerationResult) -> None:
+        start = len(self.token_ids)
+        n = len(res.token_ids)
+        self.token_ids += list(res.token_ids)
+        self.action_mask += [1] * n
+        self.logprobs += [float(x) for x in res.logprobs]
+        self.rewards += [0.0] * n
+        self.versions += [int(v) for v in res.versions]
+        self.turn_spans.append([start, start + n])
+        self.finish_reasons.append(res.finish_reason)
+
+    def add_reward(self, reward: float) -> None:
+        self.rewards[self.turn_spans[-1][1] - 1] += float(reward)
+        self.turn_rewards.append(float(reward))
+
+
+def _check_result(res: GenerationResult, params: SamplingParams) -> None:
+    n = len(res.token_ids)
+    if len(res.logprobs) != n or len(res.versions) != n:
+        raise EngineError(f"engine returned {n} tokens but {len(res.logprobs)} logprobs and "
+                          f"{len(res.versions)} versions")
+    if res.finish_reason == "abort":
+        raise EngineError("generation was aborted")
+    if n == 0:
+        raise EngineError("engine returned no tokens")
+    if n > params.max_new_tokens:
+        raise EngineError(f"engine returned {n} tokens, more than max_new_tokens={params.max_new_tokens}")
+
+
+def _turn_params(sampling: SamplingParams, env: Env, eos_id: int | None, left: int) -> SamplingParams:
+    stop = tuple(dict.fromkeys((*sampling.stop, *env.stop_strings)))
+    stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *(() if eos_id is None else (eos_id,)))))
+    return replace(sampling, stop=stop, stop_token_ids=stop_ids,
+                   max_new_tokens=min(sampling.max_new_tokens, left))
+
+
+async def _call_env(fn: Callable[..., Any], *args: Any, env: Env, task: Task, what: str,
+                    executor: Executor | None) -> Any:
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(executor, fn, *args)
+    except Exception as e:
+        raise EpisodeError(f"env {env.name!r} raised in {what} on task {task.id!r}: "
+                           f"{type(e).__name__}: {e}") from e
+
+
+async def _generate(engine: InferenceEngine, ids: list[int], params: SamplingParams,
+                    task: Task) -> GenerationResult:
+    try:
+        res = await engine.agenerate(list(ids), params)
+        _check_result(res, params)
+    except EngineError as e:
+        raise EngineError(f"task {task.id!r}: {e}") from e
+    return res
+
+
+def _action_text(tokenizer: Any, ids: list[int]) -> str:
+    eos = tokenizer.eos_token_id
+    if eos is not None and ids and ids[-1] == eos:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: Any, *,
+                      sampling: SamplingParams, max_turns: int | None = None,
+                      max_total_tokens: int = 512, progress: Progress | None = None,
+                      env_executor: Executor | None = None) -> Trajectory:
+    """Play one episode of ``env`` on ``task`` with ``engine``; see the module docstring.
+
+    ``env`` must be fresh (one episode per instance). ``env_executor`` runs ``reset``/``step``
+    (the event loop's default thread pool when None).
+    """
+    max_turns = env.max_turns if max_turns is None else max_turns
+    if max_turns < 1 or max_total_tokens < 2:
+        raise ValueError(f"need max_turns >= 1 and max_total_tokens >= 2, "
+                         f"got max_turns={max_turns}, max_total_tokens={max_total_tokens}")
+    kw = dict(env=env, task=task, executor=env_executor)
+    t0 = time.perf_counter()
+    prompt = await _call_env(env.reset, task, progress, what="reset", **kw)
+    env_s, gen_s = time.perf_counter() - t0, 0.0
+    b = _Builder()
+    b.add_context(tokenizer.encode(prompt, add_special_tokens=False))
+    prompt_len = len(b.token_ids)
+    if prompt_len >= max_total_tokens:
+        raise PromptTooLongError(f"env {env.name!r} task {task.id!r}: prompt has {prompt_len} tokens, "
+                                 f"max_total_tokens={max_total_tokens} leaves no room for an action")
+    truncation: str | None = None
+    out = StepResult("", 0.0, False)
+    while True:
+        params = _turn_params(sampling, env, tokenizer.eos_token_id, max_total_tokens - len(b.token_ids))
+        t0 = time.perf_counter()
+        res = await _generate(engine, b.token_ids, params, task)
+        gen_s += time.perf_counter() - t0
+        b.add_action(res)
+        t0 = time.perf_counter()
+        out = await _call_env(env.step, _action_text(tokenizer, res.token_ids), what="step", **kw)
+        env_s += time.perf_counter() - t0
+        b.add_reward(out.reward)
+        if out.done:
+            break
+        if len(b.turn_spans) >= max_turns:
+            truncation = "turns"
+            break
+        obs_ids = tokenizer.encode(out.observation, add_special_tokens=False)
+        if len(b.token_ids) + len(obs_ids) + 1 > max_total_tokens:
+            truncation = "tokens"
+            break
+        b.add_context(obs_ids)
+    metadata = {
+        "env": env.name, "turns": len(b.turn_spans), "success": bool(out.info.get("success", False)),
+        "final_reward": float(out.reward), "turn_rewards": b.turn_rewards, "turn_spans": b.turn_spans,
+        "finish_reasons": b.finish_reasons, "final_observation": out.observation,
+        "gen_seconds": gen_s, "env_seconds": env_s,
+    }
+    if truncation is not None:
+        metadata["truncation"] = truncation
+    return Trajectory(token_ids=b.token_ids, action_mask=b.action_mask, rollout_logprobs=b.logprobs,
+                      rewards=b.rewards, versions=b.versions, prompt_len=prompt_len, task_id=task.id,
+                      truncated=truncation is not None, metadata=metadata)
+
+
+def _resolve_progress(progress: ProgressSource) -> Progress | None:
+    return progress() if callable(progress) else progress
+
+
+async def _stream_indexed(engine: InferenceEngine, env_factory: Callable[[], Env], tasks: Iterable[Task],
+                          tokenizer: Any, *, concurrency: int, progress: ProgressSource,
+                          env_executor: Executor | None, **episode_kw: Any,
+                          ) -> AsyncIterator[tuple[int, Trajectory]]:
+    """(position in ``tasks``, trajectory) pairs in finishing order; see :func:`stream_episodes`."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    own = ThreadPoolExecutor(concurrency, thread_name_prefix="saorl-env") if env_executor is None else None
+    executor = env_executor or own
+    it = enumerate(tasks)
+    running: dict[asyncio.Task[Trajectory], int] = {}
+
+    def launch() -> bool:
+        nxt = next(it, None)
+        if nxt is None:
+            return False
+        fut = asyncio.ensure_future(run_episode(
+            engine, env_factory(), nxt[1], tokenizer, progress=_resolve_progress(progress),
+            env_executor=executor, **episode_kw))
+        running[fut] = nxt[0]
+        return True
+
+    try:
+        while len(running) < concurrency and launch():
+            pass
+        while running:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for fut in sorted(done, key=running.__getitem__):
+                index = running.pop(fut)
+                traj = fut.result()  # raises the episode's error; `finally` cancels the rest
+                launch()
+                yield index, traj
+    finally:
+        for fut in running:
+            fut.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        if own is not None:
+            own.shutdown(wait=False, cancel_futures=True)
+
+
+async def stream_episodes(engine: InferenceEngine, env_factory: Callable[[], Env], tasks: Iterable[Task],
+                          tokenizer: Any, *, concurrency: int, sampling: SamplingParams,
+                          max_turns: int | None = None, max_total_tokens: int = 512,
+                          progress: ProgressSource = None,
+                          env_executor: Executor | None = None) -> AsyncIterator[Trajectory]:
+    """Yield one trajectory per task, in the order episodes finish, ``concurrency`` at a time.
+
+    ``tasks`` is read lazily, so it may be infinite (the rollout worker: one rollout per prompt,
+    forever). ``env_factory()`` makes a fresh env per episode. ``progress`` may be a callable,
+    read when each episode starts (so envs see the trainer step at their start). The first
+    episode error cancels the episodes in flight and is raised; ``aclose()`` on the generator
+    cancels them too. Without ``env_executor`` a private pool of ``concurrency`` threads runs
+    the env calls, so ``concurrency`` slow ``step`` calls really overlap (the event loop's
+    default pool can be smaller than that).
+    """
+    async for _, traj in _stream_indexed(
+            engine, env_factory, tasks, tokenizer, concurrency=concurrency, progress=progress,
+            env_executor=env_executor, sampling=sampling, max_turns=max_turns,
+            max_total_tokens=max_total_tokens):
+        yield traj
+
+
+async def run_episodes(engine: InferenceEngine, env_factory: Callable[[], Env], tasks: Iterable[Task],
+                       tokenizer: Any, *, concurrency: int, sampling: SamplingParams,
+                       max_turns: int | None = None, max_total_tokens: int = 512,
+                       progress: ProgressSource = None,
+                       env_executor: Executor | None = None) -> list[Trajectory]:
+    """Run one episode per task, ``concurrency`` at a time on one engine; results in task order.
+
+    The same task may appear more than once (e.g. several samples per prompt for evaluation).
+    """
+    tasks = list(tasks)
+    out: list[Trajectory | None] = [None] * len(tasks)
+    async for index, traj in _stream_indexed(
+            engine, env_factory, tasks, tokenizer, concurrency=concurrency, progress=progress,
+            env_executor=env_executor, sampling=sampling, max_turns=max_turns,
+            max_total_tokens=max_total_tokens):
+        out[index] = traj
+    return [t for t in out if t is not None]

@@ -1,0 +1,84 @@
+"""Pretty-printing of one episode: prompt, actions and observations visually distinct.
+
+Used by ``saorl eval --show N`` and ``saorl envs sample``. The text comes from decoding the
+trajectory's own token ids span by span (so what is shown is exactly what the trainer sees),
+plus ``metadata["final_observation"]``, the last env message, which the agent loop does not
+tokenize. Turns come from ``metadata["turn_spans"]`` when present (the agent loop writes it),
+else from the runs of ``action_mask == 1``.
+
+With ``color`` the parts are ANSI-coloured (prompt dim, actions green, observations yellow,
+rewards magenta) and carry no markers; without it they are labelled ``[prompt]``, ``[act k]``,
+``[obs k]`` and ``[reward k]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saorl.data.trajectory import Trajectory
+
+_ANSI = {"prompt": "\x1b[2m", "act": "\x1b[32m", "obs": "\x1b[33m", "reward": "\x1b[35m",
+         "header": "\x1b[1m"}
+_RESET = "\x1b[0m"
+
+
+def _action_spans(traj: Trajectory) -> list[tuple[int, int]]:
+    spans = traj.metadata.get("turn_spans")
+    if spans:
+        return [(int(a), int(b)) for a, b in spans]
+    out: list[tuple[int, int]] = []
+    start = None
+    for t, m in enumerate([*traj.action_mask, 0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            out.append((start, t))
+            start = None
+    return out
+
+
+def _part(kind: str, label: str, text: str, color: bool) -> str:
+    text = text[:-1] if text.endswith("\n") else text  # blocks are joined by newlines
+    return f"{_ANSI[kind]}{text}{_RESET}" if color else f"[{label}]\n{text}"
+
+
+def _header(traj: Trajectory, turns: int) -> str:
+    md = traj.metadata
+    bits = [f"task {traj.task_id}"]
+    if "env" in md:
+        bits.append(f"env {md['env']}")
+    bits.append(f"turns {turns}")
+    if "success" in md:
+        bits.append(f"success {bool(md['success'])}")
+    bits.append(f"reward {traj.total_reward:g}")
+    if traj.truncated:
+        bits.append(f"truncated ({md.get('truncation', '?')})")
+    return " | ".join(bits)
+
+
+def render_trajectory(traj: Trajectory, tokenizer: Any, *, color: bool) -> str:
+    """One episode as text: a header line, the prompt, then per turn action, reward, observation."""
+
+    def dec(a: int, b: int) -> str:
+        return tokenizer.decode(traj.token_ids[a:b], skip_special_tokens=False,
+                                clean_up_tokenization_spaces=False)
+
+    spans = _action_spans(traj)
+    head = _header(traj, len(spans))
+    parts = [f"{_ANSI['header']}{head}{_RESET}" if color else f"== {head} =="]
+    parts.append(_part("prompt", "prompt", dec(0, traj.prompt_len), color))
+    pos = traj.prompt_len
+    for k, (a, b) in enumerate(spans, 1):
+        if a > pos:  # context between turns: the previous turn's observation
+            parts.append(_part("obs", f"obs {k - 1}", dec(pos, a), color))
+        parts.append(_part("act", f"act {k}", dec(a, b), color))
+        reward = sum(traj.rewards[a:b])
+        label = f"reward {k}: {reward:g}"
+        parts.append(f"{_ANSI['reward']}[{label}]{_RESET}" if color else f"[{label}]")
+        pos = b
+    if pos < len(traj.token_ids):
+        parts.append(_part("obs", f"obs {len(spans)}", dec(pos, len(traj.token_ids)), color))
+    final = traj.metadata.get("final_observation")
+    if final:
+        parts.append(_part("obs", f"obs {len(spans)} (final, not in tokens)", final, color))
+    return "\n".join(parts) + "\n"
