@@ -1,0 +1,79 @@
+"""A ragged, left-padded KV cache for continuous batching on top of HF's ``DynamicCache``.
+
+Layout: every layer holds keys / values of shape ``[B, H, L, D]``; row ``b``'s real tokens sit
+at the *right* end of the ``L`` columns, ``mask[b, l] = 1`` marks them, padding columns on the
+left hold zeros (never NaN: fully-masked padding queries in a prefill may produce NaN, which
+would survive ``0 * NaN`` in a later attention matmul, so they are zeroed). Positions (RoPE) are
+passed explicitly per row, so a row's padding does not shift its positions.
+
+Operations between decode steps: :func:`merge` (append newly prefilled rows, padding both sides
+on the left to a common ``L``), :func:`select_rows` (drop finished rows) and :func:`trim` (drop
+leading columns that are padding in every row). Only full-attention ``DynamicLayer`` caches are
+supported (no sliding window layers).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+def check_supported(cache: DynamicCache) -> None:
+    kinds = {type(layer).__name__ for layer in cache.layers}
+    if kinds - {"DynamicLayer"}:
+        raise ValueError(f"LocalEngine supports full-attention DynamicLayer caches only, got {sorted(kinds)}")
+
+
+def _set(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    layer.keys, layer.values = keys, values
+    layer.device = keys.device
+    layer.is_initialized = True
+
+
+def zero_padding(cache: DynamicCache, mask: torch.Tensor) -> None:
+    """Zero keys / values where ``mask`` ([B, L]) is 0, in place."""
+    keep = mask.bool()[:, None, :, None]
+    for layer in cache.layers:
+        _set(layer, torch.where(keep, layer.keys, 0.0), torch.where(keep, layer.values, 0.0))
+
+
+def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:
+    extra = length - t.shape[-2]
+    return F.pad(t, (0, 0, extra, 0)) if extra else t
+
+
+def merge(
+    cache: DynamicCache, mask: torch.Tensor, new_cache: DynamicCache, new_mask: torch.Tensor
+) -> tuple[DynamicCache, torch.Tensor]:
+    """Rows of ``new_cache`` appended after those of ``cache``; returns (cache, mask [B+b, L'])."""
+    length = max(mask.shape[1], new_mask.shape[1])
+    for layer, new in zip(cache.layers, new_cache.layers):
+        _set(
+            layer,
+            torch.cat([_left_pad(layer.keys, length), _left_pad(new.keys, length)]),
+            torch.cat([_left_pad(layer.values, length), _left_pad(new.values, length)]),
+        )
+    mask = torch.cat(
+        [F.pad(mask, (length - mask.shape[1], 0)), F.pad(new_mask, (length - new_mask.shape[1], 0))]
+    )
+    return cache, mask
+
+
+def select_rows(cache: DynamicCache, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Keep only ``rows`` (long [b]) of the cache, in place; returns the matching mask."""
+    for layer in cache.layers:
+        _set(layer, layer.keys[rows], layer.values[rows])
+    return mask[rows]
+
+
+def trim(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
+    """Drop leading columns that are padding in every row, in place; returns the new mask."""
+    used = mask.any(dim=0).nonzero()
+    start = int(used[0]) if used.numel() else mask.shape[1]
+    if start == 0:
+        return mask
+    for layer in cache.layers:
+        _set(layer, layer.keys[:, :, start:], layer.values[:, :, start:])
+    return mask[:, start:]

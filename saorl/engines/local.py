@@ -1,0 +1,380 @@
+"""The local torch inference engine: KV cache, continuous batching, per-token logprobs.
+
+One background thread owns the model and a running batch of at most ``max_batch_size``
+sequences. Each iteration of its loop:
+
+1. applies a pending weight update, if any (between steps, never inside one);
+2. admits waiting requests into free slots: their prompts are prefilled together (left-padded,
+   explicit positions), the first token is sampled from the prefill logits, and their KV rows
+   are merged into the running batch cache (see :mod:`saorl.engines.kv`);
+3. runs one decode step for every running sequence (one new token each, per-row sampling
+   parameters, see :mod:`saorl.engines.sampling`);
+4. retires finished sequences, resolving their futures, and trims all-padding cache columns.
+
+So a finished sequence's slot is refilled on the very next iteration and a long straggler
+never idles the other slots (continuous batching, as in vLLM / SGLang, without paged memory).
+
+Weight updates follow asynchronous-RL engines (AReaL, slime, PipelineRL): in-flight sequences
+keep their KV cache, computed by the old weights, and continue with the new ones; each token
+records the version of the weights that sampled it (``GenerationResult.versions``). The
+prompt's KV is *not* recomputed — a departure from strict on-policy sampling that the DIS mask
+is there to absorb.
+
+Stop conditions, checked after each sampled token (which is always kept): a stop token id (EOS
+included unless ``stop_on_eos=False``), a stop string completed by the newly decoded text of the
+response, ``max_new_tokens``, or ``max_seq_len`` (prompt + response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from saorl.engines import kv
+from saorl.engines.base import EngineError, FinishReason, GenerationResult, SamplingParams
+from saorl.engines.sampling import sample_rows
+
+Deliver = Callable[[Any], None]
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    deliver: Deliver
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    submitted: float = field(default_factory=time.perf_counter)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: tuple[FinishReason, str | int | None] | None = None
+    cancelled: bool = False
+
+
+class LocalEngine:
+    """Continuous-batching engine over an HF causal LM (see the module docstring)."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_batch_size: int = 16,
+        device: str = "cpu",
+        version: int = 0,
+        max_seq_len: int | None = None,
+        stop_on_eos: bool = True,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = int(max_seq_len or model.config.max_position_embeddings)
+        self.vocab_size = int(model.config.vocab_size)
+        eos = tokenizer.eos_token_id
+        self._eos = frozenset([eos]) if (stop_on_eos and eos is not None) else frozenset()
+        self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
+        kv.check_supported(DynamicCache(config=model.config))
+        self._version = version
+        self._cond = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._updates: deque[tuple[dict[str, torch.Tensor], int, threading.Event]] = deque()
+        self._closed = False
+        self._seed_rng = torch.Generator().manual_seed(torch.initial_seed() % (2**63))
+        self._active: list[_Request] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None
+        self._stats = dict(
+            decode_steps=0,
+            tokens_generated=0,
+            busy_slot_steps=0,
+            prefills=0,
+            prefill_batches=0,
+            weight_updates=0,
+            requests_finished=0,
+        )
+        self._thread = threading.Thread(target=self._loop, name="saorl-local-engine", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- public API
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        futures = []
+        for p in prompts:
+            self._validate(p, params)
+        for p in prompts:
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            futures.append(fut)
+            self._submit(
+                p,
+                params,
+                lambda r, f=fut: f.set_exception(r) if isinstance(r, BaseException) else f.set_result(r),
+            )
+        return [f.result() for f in futures]
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        self._validate(prompt_ids, params)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def resolve(r: Any) -> None:
+            if fut.done():
+                return
+            if isinstance(r, BaseException):
+                fut.set_exception(r)
+            else:
+                fut.set_result(r)
+
+        req = self._submit(prompt_ids, params, lambda r: loop.call_soon_threadsafe(resolve, r))
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            req.cancelled = True
+            raise
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
+        """Load weights (state dict or safetensors file) between decode steps; blocks until applied."""
+        if isinstance(weights, str):
+            from safetensors.torch import load_file
+
+            weights = load_file(weights)
+        own = self.model.state_dict()
+        unknown = sorted(set(weights) - set(own))
+        if unknown:
+            raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
+        for name, t in weights.items():
+            if tuple(t.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}"
+                )
+        done = threading.Event()
+        with self._cond:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._updates.append((weights, int(version), done))
+            self._cond.notify()
+        done.wait()
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction; ``utilisation`` = busy slot-steps / (decode steps × slots)."""
+        s: dict[str, float] = dict(self._stats)
+        total = s["decode_steps"] * self.max_batch_size
+        s["utilisation"] = s["busy_slot_steps"] / total if total else 0.0
+        s["version"] = self._version
+        return s
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- submission
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not prompt:
+            raise ValueError("prompt must contain at least one token id")
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be ints in [0, {self.vocab_size}), got {bad[:5]}")
+        if len(prompt) >= self.max_seq_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len}")
+        if any(not isinstance(s, str) or not s for s in params.stop):
+            raise ValueError(f"stop must be a tuple of non-empty strings, got {params.stop!r}")
+        bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be ints in [0, {self.vocab_size}), got {bad}")
+        if params.seed is not None and not isinstance(params.seed, int):
+            raise ValueError(f"seed must be an int or None, got {params.seed!r}")
+
+    def _submit(self, prompt: list[int], params: SamplingParams, deliver: Deliver) -> _Request:
+        gen = None
+        if params.temperature > 0:
+            with self._cond:
+                seed = (
+                    params.seed
+                    if params.seed is not None
+                    else int(torch.randint(0, 2**62, (), generator=self._seed_rng))
+                )
+            gen = torch.Generator().manual_seed(seed)
+        req = _Request(list(prompt), params, deliver, frozenset(params.stop_token_ids) | self._eos, gen)
+        with self._cond:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._waiting.append(req)
+            self._cond.notify()
+        return req
+
+    # ----------------------------------------------------------------- the loop
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._updates or self._waiting or self._active):
+                    self._cond.wait()
+                if self._closed:
+                    break
+                updates = list(self._updates)
+                self._updates.clear()
+                free = self.max_batch_size - len(self._active)
+                admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+            for weights, version, done in updates:
+                self._apply_update(weights, version)
+                done.set()
+            try:
+                with torch.inference_mode():
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._active:
+                        self._decode_step()
+            except Exception as e:  # a failed step fails its requests, not the engine
+                self._fail_all(admitted, EngineError(f"local engine step failed: {e!r}"))
+        with self._cond:
+            pending = list(self._waiting) + self._active
+            self._waiting.clear()
+            updates = list(self._updates)
+        self._fail_all(pending, EngineError("engine closed before the request finished"))
+        for *_, done in updates:
+            done.set()
+
+    def _apply_update(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, t in weights.items():
+                own[name].copy_(t.to(own[name].device, own[name].dtype))
+        self._version = version
+        self._stats["weight_updates"] += 1
+
+    def _fail_all(self, extra: list[_Request], err: EngineError) -> None:
+        for r in {id(r): r for r in [*self._active, *extra]}.values():
+            if r.finish is None:
+                r.finish = ("abort", None)
+                r.deliver(err)
+        self._active, self._cache, self._mask = [], None, None
+
+    def _prefill(self, reqs: list[_Request]) -> None:
+        length = max(len(r.prompt) for r in reqs)
+        ids = torch.full((len(reqs), length), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(reqs), length), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            ids[i, length - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[i, length - len(r.prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        kv.zero_padding(cache, mask)
+        self._stats["prefills"] += len(reqs)
+        self._stats["prefill_batches"] += 1
+        keep = self._sample_and_retire(reqs, out.logits[:, -1])
+        if not keep:
+            return
+        rows = torch.tensor(keep, device=self.device)
+        mask = kv.select_rows(cache, mask, rows)
+        mask = kv.trim(cache, mask)
+        if self._cache is None:
+            self._cache, self._mask = cache, mask
+        else:
+            self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
+        self._active.extend(reqs[i] for i in keep)
+
+    def _decode_step(self) -> None:
+        reqs = self._active
+        ids = torch.tensor([[r.tokens[-1]] for r in reqs], device=self.device)
+        pos = self._mask.sum(dim=1, keepdim=True)
+        self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self._mask,
+            position_ids=pos,
+            cache=self._cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._stats["decode_steps"] += 1
+        self._stats["busy_slot_steps"] += len(reqs)
+        keep = self._sample_and_retire(reqs, out.logits[:, -1])
+        if len(keep) == len(reqs):
+            return
+        if not keep:
+            self._active, self._cache, self._mask = [], None, None
+            return
+        rows = torch.tensor(keep, device=self.device)
+        self._mask = kv.select_rows(self._cache, self._mask, rows)
+        self._mask = kv.trim(self._cache, self._mask)
+        self._active = [reqs[i] for i in keep]
+
+    def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
+        """Sample one token per request, record it, deliver finished ones; returns kept indices."""
+        dev = logits.device
+        temp = torch.tensor([r.params.temperature for r in reqs], device=dev)
+        top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
+        top_p = torch.tensor([r.params.top_p for r in reqs], device=dev)
+        tokens, logprobs = sample_rows(logits, temp, top_k, top_p, [r.generator for r in reqs])
+        version = self._version
+        keep = []
+        for i, (r, t, lp) in enumerate(zip(reqs, tokens.tolist(), logprobs.tolist())):
+            r.tokens.append(t)
+            r.logprobs.append(lp)
+            r.versions.append(version)
+            self._stats["tokens_generated"] += 1
+            r.finish = self._finish_reason(r, t)
+            if r.finish is None:
+                keep.append(i)
+            else:
+                self._deliver(r)
+        return keep
+
+    def _finish_reason(self, r: _Request, token: int) -> tuple[FinishReason, str | int | None] | None:
+        if r.cancelled:
+            return ("abort", None)
+        if token in r.stop_ids:
+            return ("stop", token)
+        if r.params.stop:
+            longest = max(len(s) for s in r.params.stop)
+            # a string of c chars spans at most 4c bytes, hence at most 4c byte-level tokens
+            text = self.tokenizer.decode(r.tokens[-(4 * longest + 1) :], skip_special_tokens=False)
+            hits = [(text.find(s), s) for s in r.params.stop if s in text]
+            if hits:
+                return ("stop", min(hits)[1])
+        if len(r.tokens) >= r.params.max_new_tokens or len(r.prompt) + len(r.tokens) >= self.max_seq_len:
+            return ("length", None)
+        return None
+
+    def _deliver(self, r: _Request) -> None:
+        reason, stop = r.finish
+        self._stats["requests_finished"] += 1
+        metrics = dict(
+            prompt_tokens=len(r.prompt),
+            completion_tokens=len(r.tokens),
+            latency_s=time.perf_counter() - r.submitted,
+        )
+        r.deliver(GenerationResult(list(r.tokens), list(r.logprobs), reason, list(r.versions), stop, metrics))
