@@ -114,29 +114,35 @@ _FLOATS = ("gamma", "lam_policy", "lam_critic", "eps_low", "eps_high", "lm_loss_
 _OPTIONAL_FLOATS = ("vapo_alpha", "value_clip")
 
 
-def _check_types(p: AlgoPreset) -> None:
+def _type_error(p: AlgoPreset) -> tuple[str, str] | None:
+    """The first field with a wrong type, as ``(field, rule)``, or None."""
     if not isinstance(p.name, str) or not p.name:
-        raise ValueError(f"name must be a non-empty string, got {p.name!r}")
+        return "name", "a non-empty string"
     for name, lit in _LITERALS.items():
         if getattr(p, name) not in get_args(lit):
-            raise ValueError(f"{name} must be one of {get_args(lit)}, got {getattr(p, name)!r}")
+            return name, f"one of {get_args(lit)}"
     for name in _BOOLS:
         if not isinstance(getattr(p, name), bool):
-            raise ValueError(f"{name} must be a bool, got {getattr(p, name)!r}")
+            return name, "a bool"
     for name in _INTS:
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an int, got {value!r}")
+            return name, "an int"
     for name in _FLOATS + _OPTIONAL_FLOATS:
         value = getattr(p, name)
         if value is None and name in _OPTIONAL_FLOATS:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
+            return name, "a finite number" + (" or None" if name in _OPTIONAL_FLOATS else "")
+    return None
 
 
 def _validate(p: AlgoPreset) -> None:
-    _check_types(p)
+    """Raise ``ValueError("AlgoPreset '<name>': <field> must be <rule>, got <value>")`` on the first
+    bad field (``saorl.config`` parses this form to report the config path)."""
+    bad = _type_error(p)
+    if bad is not None:
+        raise ValueError(f"AlgoPreset {p.name!r}: {bad[0]} must be {bad[1]}, got {getattr(p, bad[0])!r}")
     checks: list[tuple[str, bool, str]] = [
         ("group_size", p.group_size >= 1, ">= 1"),
         ("critic_updates", p.critic_updates >= (1 if p.use_critic else 0),

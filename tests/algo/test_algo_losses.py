@@ -170,6 +170,18 @@ def test_ppo_matches_naive_loop_value_and_grad(seed):
     assert 0 < m["policy/clip_frac"] < 1
 
 
+def test_ppo_off_mask_garbage_gets_exactly_zero_grad():
+    logprobs, old, adv, mask = random_policy_batch(5)
+    with torch.no_grad():
+        logprobs[mask == 0] = 500.0
+        old = torch.where(mask.bool(), old, torch.full_like(old, -500.0))
+        adv = torch.where(mask.bool(), adv, torch.full_like(adv, float("inf")))
+    loss, m = ppo_clip_loss(logprobs, old, adv, mask, 0.2, 0.2)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    assert torch.all(logprobs.grad[mask == 0] == 0) and math.isfinite(m["policy/ratio_max"])
+
+
 def test_ppo_on_policy_has_no_clipping():
     _logprobs, old, adv, mask = random_policy_batch(2)
     loss, m = ppo_clip_loss(old.clone().requires_grad_(True), old, adv, mask, 0.2, 0.2)
