@@ -17,11 +17,11 @@ Families (option ``family``):
   (integer literals, ``+ - *`` and parentheses only), never ``eval``.
 - ``mix``: each task is drawn from one of the two.
 
-Tool code that is a single Python expression is printed (``<tool>3*4</tool>`` shows ``12``), so
-actions stay short; statements run as written. Malformed actions, tool errors and timeouts
-produce a short ``<out>error: ...</out>`` observation and cost a turn; running out of turns or a
-malformed final turn ends the episode with reward 0. Train and test tasks are separated by a
-hash of the problem content, so no problem appears in both splits whatever the seeds.
+Tool code runs in :func:`saorl.envs.sandbox.run_python`; a final expression statement is printed,
+as in a REPL (``<tool>3*4</tool>`` shows ``12``), so actions stay short. Malformed actions, tool
+errors and timeouts produce a short ``<out>error: ...</out>`` observation and cost a turn; running
+out of turns or a malformed final turn ends the episode with reward 0. Train and test tasks are
+separated by a hash of the problem content, so no problem appears in both splits whatever the seeds.
 """
 
 from __future__ import annotations
@@ -94,6 +94,28 @@ def check_countdown(answer: str, numbers: list[int], target: int) -> tuple[bool,
     if value != target:
         return False, f"evaluates to {value}, not {target}"
     return True, None
+
+
+def repl_code(code: str) -> str:
+    """``code`` with its last statement printed if it is an expression (as a REPL would).
+
+    ``3*4`` becomes ``_ = 3*4`` plus ``print(_)`` when not None; ``print(5)`` still prints once.
+    Code that does not parse is returned unchanged so the sandbox reports the SyntaxError.
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return code
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return code
+    last = tree.body[-1]
+    show = ast.parse("_ = None\nif _ is not None:\n    print(_)").body
+    show[0].value = last.value  # type: ignore[attr-defined]
+    tree.body[-1:] = show
+    try:
+        return ast.unparse(ast.fix_missing_locations(tree))
+    except (RecursionError, ValueError):
+        return code
 
 
 # --------------------------------------------------------------------------- problem generation
@@ -292,12 +314,7 @@ class MathToolEnv(Env):
         code = code.strip()
         if not code:
             return "<out>error: empty code</out>\n"
-        try:
-            ast.parse(code, mode="eval")
-            code = f"print({code})"
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            pass
-        res = run_python(code, timeout_s=self.tool_timeout_s)
+        res = run_python(repl_code(code), timeout_s=self.tool_timeout_s)
         if res.timed_out:
             text = f"error: timeout after {self.tool_timeout_s:g}s"
         elif res.returncode != 0:

@@ -14,6 +14,7 @@ from saorl.envs.math_tool import (
     _value,
     check_countdown,
     evaluate_expression,
+    repl_code,
 )
 from saorl.models.tokenizer import load_tokenizer
 
@@ -88,6 +89,16 @@ def test_render_round_trips_through_the_verifier(numbers, seed):
     tree = _random_tree(random.Random(seed), numbers)
     value, literals = evaluate_expression(_render(tree))
     assert value == _value(tree) and sorted(literals) == sorted(numbers)
+
+
+@pytest.mark.parametrize("code, printed", [
+    ("3*4", "12\n"), ("print(5)", "5\n"), ("x = 3; x * 2", "6\n"), ("x = 3", ""),
+    ("1+1  # comment", "2\n"), ("None", ""), ("for i in range(2): print(i)", "0\n1\n"),
+])
+def test_repl_code_prints_a_final_expression_once(code, printed, capsys):
+    exec(repl_code(code), {})  # trusted test inputs; the env runs this in the sandbox
+    assert capsys.readouterr().out == printed
+    assert repl_code("1+") == "1+"
 
 
 # ---------------------------------------------------------------- episodes without tool execution
