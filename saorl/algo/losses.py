@@ -89,7 +89,8 @@ def dis_policy_loss(
         ``(loss, metrics)``: scalar loss; metrics ``policy/dis_kept_frac``,
         ``policy/dis_masked_low_frac``, ``policy/dis_masked_high_frac`` (fractions of action tokens;
         they sum to 1), ``policy/ratio_mean``, ``policy/ratio_max``, ``policy/ratio_min`` (over
-        action tokens, before masking). Tokens outside the band or the mask get zero gradient.
+        action tokens, before masking; ``ratio_max`` is inf if a log-ratio overflows ``exp``).
+        Tokens outside the band or the mask get exactly zero gradient.
     """
     check_bt(logprobs=logprobs, rollout_logprobs=rollout_logprobs, advantages=advantages,
              action_mask=action_mask)
