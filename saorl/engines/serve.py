@@ -28,17 +28,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed for tiny models")
+    parser.add_argument(
+        "--no-stop-on-eos", action="store_true", help="do not stop at EOS (benchmarks, fixed-length tests)"
+    )
     parser.add_argument("--verbose", action="store_true", help="log every HTTP request")
 
 
-def load_model(name: str, seed: int = 0):
+def load_model(name: str, seed: int = 0, device: str = "cpu"):
     """A tiny model by kind, or an HF causal LM from a local directory (no hub access)."""
     try:
         from saorl.models.loading import load_policy
-    except ImportError:
+    except ImportError:  # older trees without the loader
         load_policy = None
     if load_policy is not None:
-        return load_policy(name)
+        return load_policy(name, seed=seed, device=device)
     if name in TINY_KINDS:
         from saorl.models.tiny import build_tiny
 
@@ -69,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     tokenizer = _load_tokenizer(args)
     engine = LocalEngine(
-        load_model(args.model, args.seed), tokenizer, max_batch_size=args.max_batch_size, device=args.device
+        load_model(args.model, args.seed, args.device),
+        tokenizer,
+        max_batch_size=args.max_batch_size,
+        device=args.device,
+        stop_on_eos=not args.no_stop_on_eos,
     )
     server = make_server(
         engine, args.host, args.port, tokenizer=tokenizer, model_name=args.model, verbose=args.verbose
