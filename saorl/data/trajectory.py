@@ -48,9 +48,11 @@ class Trajectory:
         for name in ("action_mask", "rollout_logprobs", "rewards", "versions"):
             got = len(getattr(self, name))
             if got != n:
-                raise TrajectoryError(f"trajectory {self.task_id!r}: {name} has {got} entries, token_ids has {n}")
+                raise TrajectoryError(f"trajectory {self.task_id!r}: {name} has {got} entries, "
+                                      f"token_ids has {n}")
         if not 0 <= self.prompt_len <= n:
-            raise TrajectoryError(f"trajectory {self.task_id!r}: prompt_len={self.prompt_len} outside [0, {n}]")
+            raise TrajectoryError(f"trajectory {self.task_id!r}: prompt_len={self.prompt_len} "
+                                  f"outside [0, {n}]")
         if any(m not in (0, 1) for m in self.action_mask):
             raise TrajectoryError(f"trajectory {self.task_id!r}: action_mask must hold only 0 and 1")
         if any(self.action_mask[: self.prompt_len]):

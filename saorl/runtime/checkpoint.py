@@ -1,0 +1,144 @@
+"""Run checkpoints: written atomically, never loaded half-written.
+
+``RUN/checkpoints/step-00000050/`` holds ``policy.safetensors``, ``critic.safetensors``,
+``optim.safetensors`` (both optimizers' tensors, flattened), ``rng.safetensors`` (torch RNG
+state), ``pending.jsonl`` (trajectories finished but not yet trained) and ``manifest.json``
+(step, policy version, optimizer hyper-parameters, Python RNG state, the finished-rollout
+ranges, the journal segment the checkpoint continues from, counters). Everything is written into
+a temporary directory that is renamed into place at the end; ``RUN/checkpoints/latest`` (a file
+holding the directory name) is then replaced atomically. A directory without a manifest, or
+not named by ``latest``, is never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from saorl.data.trajectory import Trajectory
+from saorl.models.checkpoint import load_safetensors, save_safetensors_atomic
+
+MANIFEST = "manifest.json"
+
+
+def _flatten_optimizer(opt: torch.optim.Optimizer, prefix: str) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, state in sd["state"].items():
+        for k, v in state.items():
+            if torch.is_tensor(v):
+                tensors[f"{prefix}.{pid}.{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{k}"] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict, prefix: str) -> dict:
+    state: dict[int, dict[str, Any]] = {}
+    for key, v in tensors.items():
+        head, pid, name = key.split(".", 2)
+        if head == prefix:
+            state.setdefault(int(pid), {})[name] = v
+    for key, v in meta["scalars"].items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = v
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
+                    pending: list[tuple[int, Trajectory]], keep: int = 2) -> Path:
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:08d}"
+    final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_safetensors_atomic(learner.policy_state(), tmp / "policy.safetensors")
+    optim_tensors, meta = _flatten_optimizer(learner.policy_opt, "policy")
+    optim_meta = {"policy": meta}
+    if learner.critic is not None:
+        save_safetensors_atomic({k: v.detach() for k, v in learner.critic.state_dict().items()},
+                                tmp / "critic.safetensors")
+        t, meta = _flatten_optimizer(learner.critic_opt, "critic")
+        optim_tensors |= t
+        optim_meta["critic"] = meta
+    if optim_tensors:
+        save_safetensors_atomic(optim_tensors, tmp / "optim.safetensors")
+    save_safetensors_atomic({"torch": torch.get_rng_state()}, tmp / "rng.safetensors")
+    with open(tmp / "pending.jsonl", "w", encoding="utf-8") as f:
+        for rid, traj in pending:
+            f.write(json.dumps({"rid": rid, "traj": traj.to_dict()}) + "\n")
+    manifest = {
+        "step": step, "version": learner.version, "nonfinite_skips": learner.nonfinite_skips,
+        "optim": optim_meta, "python_rng": _py_rng_to_json(random.getstate()),
+        "baseline": learner.baseline.state_dict(), **extra,
+    }
+    with open(tmp / MANIFEST, "w") as f:
+        json.dump(manifest, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    latest_tmp = ckpt_root / f".latest.tmp{os.getpid()}"
+    latest_tmp.write_text(name)
+    os.replace(latest_tmp, ckpt_root / "latest")
+    _fsync_dir(ckpt_root)
+    _prune(ckpt_root, keep)
+    return final
+
+
+def _prune(ckpt_root: Path, keep: int) -> None:
+    dirs = sorted(d for d in ckpt_root.glob("step-*") if d.is_dir())
+    for d in dirs[: -max(1, keep)]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _py_rng_to_json(state) -> list:
+    return [state[0], list(state[1]), state[2]]
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    pointer = ckpt_root / "latest"
+    if not pointer.exists():
+        return None
+    d = ckpt_root / pointer.read_text().strip()
+    return d if (d / MANIFEST).exists() else None
+
+
+def load_checkpoint(ckpt_dir: Path, learner) -> tuple[dict[str, Any], list[tuple[int, Trajectory]]]:
+    """Restore the learner in place; return the manifest and the pending trajectories."""
+    manifest = json.loads((ckpt_dir / MANIFEST).read_text())
+    learner.policy.load_state_dict(load_safetensors(ckpt_dir / "policy.safetensors"))
+    optim_path = ckpt_dir / "optim.safetensors"
+    optim = load_safetensors(optim_path) if optim_path.exists() else {}
+    learner.policy_opt.load_state_dict(_unflatten_optimizer(optim, manifest["optim"]["policy"], "policy"))
+    if learner.critic is not None and (ckpt_dir / "critic.safetensors").exists():
+        learner.critic.load_state_dict(load_safetensors(ckpt_dir / "critic.safetensors"))
+        learner.critic_opt.load_state_dict(_unflatten_optimizer(optim, manifest["optim"]["critic"], "critic"))
+    torch.set_rng_state(load_safetensors(ckpt_dir / "rng.safetensors")["torch"])
+    s = manifest["python_rng"]
+    random.setstate((s[0], tuple(s[1]), s[2]))
+    learner.version = int(manifest["version"])
+    learner.nonfinite_skips = int(manifest["nonfinite_skips"])
+    learner.baseline.load_state_dict(manifest["baseline"])
+    pending = []
+    with open(ckpt_dir / "pending.jsonl", encoding="utf-8") as f:
+        for line in f:
+            d = json.loads(line)
+            pending.append((int(d["rid"]), Trajectory.from_dict(d["traj"])))
+    return manifest, pending

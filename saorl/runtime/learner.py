@@ -1,0 +1,176 @@
+"""One trainer update on a batch of finished trajectories: the SAO step and its baselines.
+
+For a batch of ``B`` trajectories (padded to ``[B, T]``), with the algorithm preset ``p``:
+
+1. critic (``p.use_critic``): ``p.critic_updates`` (K, default 2) optimizer steps on the same
+   batch, regressing V on λ_critic returns (λ_critic = 1: Monte-Carlo along the action chain,
+   independent of V). The critic's attention may be frozen (``p.freeze_critic_attention``).
+2. values are recomputed with the *updated* critic, then advantages come from the estimator the
+   preset names (skip-observation or token GAE with λ_policy / VAPO's length-adaptive λ, GRPO's
+   group normalisation, or a running-mean baseline).
+3. one policy step on the loss the preset names (DIS against the rollout logprobs, or PPO clip
+   against them), plus VAPO's positive-example LM loss and an optional entropy bonus.
+
+A loss or gradient that is not finite skips that optimizer step (counted in
+``train/nonfinite_skips``) and never reaches the weights. The policy version advances only when
+the policy weights change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from saorl.algo.advantages import RunningMeanBaseline
+from saorl.algo.gae import mc_returns, skip_observation_gae, token_gae
+from saorl.algo.losses import lm_loss, masked_mean, value_loss
+from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
+from saorl.data.batch import Batch, collate
+from saorl.data.trajectory import Trajectory
+from saorl.models.logprobs import token_logprobs
+
+
+@dataclass
+class OptimConfig:
+    policy_lr: float = 3e-4
+    critic_lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+def critic_targets(batch: Batch, values: torch.Tensor, p: AlgoPreset) -> torch.Tensor:
+    """λ_critic returns along the preset's chain; λ_critic = 1 on the action chain is Monte-Carlo."""
+    if p.skip_observation:
+        if p.lam_critic == 1.0:
+            return mc_returns(batch.rewards, batch.action_mask, p.gamma)
+        return skip_observation_gae(batch.rewards, values, batch.action_mask, p.gamma, p.lam_critic)[1]
+    return token_gae(batch.rewards, values, batch.response_mask, p.gamma, p.lam_critic)[1]
+
+
+def _finite_step(params, optimizer: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> float | None:
+    """Backward + clipped step; returns the grad norm, or None if anything was not finite."""
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return None
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+    if not torch.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+class Learner:
+    """Holds the policy, the critic and their optimizers; ``step`` is one trainer update."""
+
+    def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module | None, preset: AlgoPreset,
+                 optim: OptimConfig, *, pad_id: int, temperature: float = 1.0, device: str = "cpu") -> None:
+        self.policy, self.critic, self.preset, self.optim = policy, critic, preset, optim
+        self.pad_id, self.device = pad_id, device
+        self.temperature = temperature if temperature > 0 else 1.0
+        if preset.use_critic and critic is None:
+            raise ValueError(f"algorithm {preset.name!r} needs a critic")
+        self.policy_params = [p for p in policy.parameters() if p.requires_grad]
+        self.policy_opt = torch.optim.AdamW(self.policy_params, lr=optim.policy_lr,
+                                            weight_decay=optim.weight_decay)
+        self.critic_opt = None
+        if preset.use_critic:
+            critic.set_frozen_attention(preset.freeze_critic_attention)
+            self.critic_params = [p for p in critic.parameters() if p.requires_grad]
+            self.critic_opt = torch.optim.AdamW(self.critic_params, lr=optim.critic_lr,
+                                                weight_decay=optim.weight_decay)
+        self.baseline = RunningMeanBaseline(preset.baseline_momentum)
+        self.version = 0
+        self.nonfinite_skips = 0
+
+    # ----------------------------------------------------------------- critic
+    def _values(self, batch: Batch) -> torch.Tensor:
+        with torch.no_grad():
+            return self.critic(batch.input_ids, batch.attention_mask)
+
+    def _critic_updates(self, batch: Batch) -> dict[str, float]:
+        p = self.preset
+        mask = batch.action_mask if p.skip_observation else batch.response_mask
+        old_values = self._values(batch)
+        targets = critic_targets(batch, old_values, p)
+        clip = {"old_values": old_values, "clip": p.value_clip} if p.value_clip else {}
+        self.critic.train()
+        metrics: dict[str, float] = {}
+        first_loss = None
+        for _ in range(p.critic_updates):
+            values = self.critic(batch.input_ids, batch.attention_mask)
+            loss, metrics = value_loss(values, targets, mask, **clip)
+            first_loss = metrics["critic/value_loss"] if first_loss is None else first_loss
+            if _finite_step(self.critic_params, self.critic_opt, loss, self.optim.grad_clip) is None:
+                self.nonfinite_skips += 1
+        self.critic.eval()
+        after = self._values(batch)
+        _, after_metrics = value_loss(after, targets, mask)
+        return {
+            "critic/value_loss": float(first_loss),
+            "critic/value_loss_after": after_metrics["critic/value_loss"],
+            "critic/explained_var": metrics["critic/explained_var"],
+            "critic/explained_var_after": after_metrics["critic/explained_var"],
+            "critic/value_mean": after_metrics["critic/value_mean"],
+            "critic/return_mean": float(masked_mean(targets, mask)),
+        }
+
+    # ----------------------------------------------------------------- policy
+    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
+        if not trajectories:
+            raise ValueError("Learner.step needs at least one trajectory")
+        p = self.preset
+        batch = collate(trajectories, self.pad_id).to(self.device)
+        metrics: dict[str, float] = {}
+        values = None
+        if p.use_critic:
+            metrics |= self._critic_updates(batch)
+            values = self._values(batch)
+        gids = torch.tensor(group_ids if group_ids is not None else range(len(trajectories)),
+                            device=batch.input_ids.device)
+        advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
+            rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
+            lam_alpha=p.vapo_alpha, values=values, response_mask=batch.response_mask,
+            skip_observation=p.skip_observation, group_ids=gids, baseline=self.baseline))
+        advantages = advantages * batch.action_mask
+        adv_mean = masked_mean(advantages, batch.action_mask)
+        metrics["advantage/mean"] = float(adv_mean)
+        metrics["advantage/std"] = float(masked_mean((advantages - adv_mean) ** 2, batch.action_mask).sqrt())
+        if p.advantage == "running_mean":
+            metrics["advantage/baseline"] = float(self.baseline.value)
+
+        self.policy.train()
+        logprobs, entropy = token_logprobs(self.policy, batch.input_ids, batch.attention_mask,
+                                           temperature=self.temperature, return_entropy=True)
+        loss, pol_metrics = POLICY_LOSSES[p.policy_loss](
+            logprobs, batch.rollout_logprobs, advantages, batch.action_mask, p.eps_low, p.eps_high)
+        metrics |= pol_metrics
+        mean_entropy = masked_mean(entropy, batch.action_mask)
+        if p.entropy_coef:
+            loss = loss - p.entropy_coef * mean_entropy
+        if p.lm_loss_coef:
+            positive = torch.tensor([float(t.metadata.get("success", t.total_reward > 0))
+                                     for t in trajectories], device=logprobs.device)
+            lm = lm_loss(logprobs, batch.action_mask, positive)
+            loss = loss + p.lm_loss_coef * lm
+            metrics["policy/lm_loss"] = float(lm.detach())
+        norm = _finite_step(self.policy_params, self.policy_opt, loss, self.optim.grad_clip)
+        self.policy.eval()
+        if norm is None:
+            self.nonfinite_skips += 1
+        else:
+            self.version += 1
+            metrics["policy/grad_norm"] = norm
+        metrics["policy/loss"] = float(loss.detach()) if torch.isfinite(loss) else math.nan
+        metrics["policy/entropy"] = float(mean_entropy.detach())
+        metrics["policy/version"] = self.version
+        metrics["train/nonfinite_skips"] = self.nonfinite_skips
+        return metrics
+
+    # ------------------------------------------------------------- checkpoint
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.policy.state_dict().items()}

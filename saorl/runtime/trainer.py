@@ -1,0 +1,209 @@
+"""The training run: rollout workers feed finished trajectories to the learner, forever.
+
+The top-level loop (:meth:`Run.loop`) is the whole algorithm at the systems level::
+
+    while not done:
+        batch = feed.next_batch(version)   # async: first B to finish; sync: one barriered batch
+        metrics = learner.step(batch)      # K critic steps, GAE, DIS / PPO loss, one policy step
+        weights.publish(policy, version)   # workers pick it up between decode steps
+        log, evaluate, checkpoint
+
+Everything else here is set-up (run directory, models, env, backend) and bookkeeping
+(metrics, samples, checkpoints, Ctrl-C, resume).
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from saorl.config import SaorlConfig, save_resolved
+from saorl.envs.base import Progress
+from saorl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
+from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.metrics import MetricsLogger
+from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
+from saorl.runtime.setup import RunParts, build_parts
+from saorl.runtime.weights import FileWeightSync
+
+
+def new_run_dir(cfg: SaorlConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}"
+    n = 1
+    while d.exists():
+        d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}-{n}"
+        n += 1
+    d.mkdir(parents=True)
+    return d
+
+
+class Run:
+    def __init__(self, cfg: SaorlConfig, run_dir: Path, *, resume: bool = False) -> None:
+        self.cfg, self.dir = cfg, run_dir
+        self.parts: RunParts = build_parts(cfg, run_dir)
+        p = self.parts
+        self.preset = p.preset
+        self.learner = Learner(p.policy, p.critic, p.preset,
+                               OptimConfig(cfg.trainer.policy_lr, cfg.trainer.critic_lr,
+                                           cfg.trainer.weight_decay, cfg.trainer.grad_clip),
+                               pad_id=p.tokenizer.pad_token_id, temperature=cfg.rollout.temperature,
+                               device=cfg.model.device)
+        self.journal = Journal(run_dir / "journal")
+        self.weights = FileWeightSync(run_dir / "weights")
+        self.step = 0
+        finished, pending = RangeSet(), []
+        if resume:
+            finished, pending = self._restore()
+        else:
+            save_resolved(cfg, run_dir)
+        self.weights.publish(self.learner.policy_state(), self.learner.version)
+        mode = p.mode
+        self.feed = RolloutFeed(p.backend, p.train_tasks, RolloutCursor(finished), self.journal,
+                                AsyncDispatch() if mode == "async" else SyncDispatch(),
+                                group_size=p.preset.group_size, batch_size=cfg.trainer.batch_size,
+                                max_staleness=cfg.trainer.max_staleness, log=self._message)
+        self.feed.restore_pending(pending)
+        self.logger = MetricsLogger(run_dir, progress=cfg.run.progress, total_steps=cfg.trainer.steps)
+        self._stop = False
+        self.trained_rids: list[int] = []
+
+    def _message(self, text: str) -> None:
+        self.logger.message(text) if hasattr(self, "logger") else print(text)
+
+    # ----------------------------------------------------------------- resume
+    def _restore(self) -> tuple[RangeSet, list]:
+        ckpt = latest_checkpoint(self.dir / "checkpoints")
+        finished, pending, seg = RangeSet(), [], 0
+        if ckpt is not None:
+            manifest, pending = load_checkpoint(ckpt, self.learner)
+            self.step = int(manifest["step"])
+            finished = RangeSet.from_ranges(manifest["finished"])
+            seg = int(manifest["journal_segment"])
+        for rid, traj in self.journal.read_from(seg):
+            if rid not in finished:
+                finished.add(rid)
+                pending.append((rid, traj))
+        return finished, pending
+
+    # ------------------------------------------------------------------- loop
+    def loop(self) -> dict:
+        cfg, p = self.cfg, self.parts
+        p.backend.start()
+        t_start, last = time.monotonic(), time.monotonic()
+        deadline = t_start + cfg.trainer.max_wall_s if cfg.trainer.max_wall_s else None
+        metrics: dict = {}
+        try:
+            while self.step < cfg.trainer.steps and not self._stop:
+                if deadline and time.monotonic() > deadline:
+                    self._message(f"wall-clock budget of {cfg.trainer.max_wall_s:.0f}s reached")
+                    break
+                got = self.feed.next_batch(self.learner.version, self._progress(), lambda: self._stop)
+                if got is None:
+                    break
+                trajs, gids, wait_s = got
+                t_train, version = time.monotonic(), self.learner.version
+                metrics = self.learner.step(trajs, gids)
+                self.step += 1
+                self.weights.publish(self.learner.policy_state(), self.learner.version)
+                self.feed.keep_busy(self.learner.version, self._progress())
+                now = time.monotonic()
+                metrics |= self._step_metrics(trajs, version, wait_s, now - t_train,
+                                              now - last, now - t_start)
+                last = now
+                self._periodic(metrics, trajs)
+                self.logger.log(metrics)
+        finally:
+            self._finish()
+        return metrics
+
+    def _progress(self) -> Progress:
+        return Progress(trainer_step=self.step, episode=self.feed.stats.finished)
+
+    def _step_metrics(self, trajs, version, wait_s, train_s, window_s, elapsed_s) -> dict:
+        stale = [t.staleness(version) for t in trajs]
+        versions = {v for t in trajs for v in t.action_versions}
+        tokens = sum(t.num_action_tokens for t in trajs)
+        s = self.feed.stats
+        m = {
+            "step": self.step, "time/elapsed_s": elapsed_s, "time/wait_s": wait_s, "time/train_s": train_s,
+            "time/trainer_idle_frac": wait_s / window_s if window_s > 0 else 0.0,
+            "time/trainer_idle_frac_total": s.wait_s / elapsed_s if elapsed_s > 0 else 0.0,
+            "reward/mean": statistics.fmean(t.total_reward for t in trajs),
+            "reward/success_frac": statistics.fmean(float(bool(t.metadata.get("success"))) for t in trajs),
+            "rollout/staleness_mean": statistics.fmean(stale), "rollout/staleness_max": max(stale),
+            "rollout/versions_in_batch": len(versions),
+            "rollout/action_tokens_mean": tokens / len(trajs),
+            "rollout/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
+            "rollout/dropped_stale": s.dropped_stale, "rollout/requeued": s.requeued,
+            "rollout/finished": s.finished, "rollout/trained": len(trajs),
+            "throughput/trajectories_per_s": len(trajs) / window_s if window_s > 0 else 0.0,
+            "throughput/action_tokens_per_s": tokens / window_s if window_s > 0 else 0.0,
+        }
+        m |= self._slot_utilisation()
+        m.setdefault("policy/dis_kept_frac", 1.0)
+        m.setdefault("critic/value_loss", 0.0)
+        m.setdefault("critic/explained_var", 0.0)
+        for t in trajs:
+            self.trained_rids.append(int(t.metadata.get("rid", -1)))
+        return m
+
+    def _slot_utilisation(self) -> dict:
+        stats = self.parts.backend.engine_stats()
+        busy = sum(s.get("busy_slot_steps", 0) for s in stats.values())
+        total = sum(s.get("total_slot_steps", 0) for s in stats.values())
+        return {"rollout/slot_util": busy / total} if total else {}
+
+    def _periodic(self, metrics: dict, trajs) -> None:
+        cfg = self.cfg
+        if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+            metrics |= self.parts.evaluate(self.learner.policy, self._progress())
+        if cfg.run.samples_every and self.step % cfg.run.samples_every == 0:
+            self.parts.write_samples(self.dir / "samples", self.step, trajs)
+        if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
+            self.checkpoint()
+
+    def checkpoint(self) -> Path:
+        seg = self.journal.rotate()
+        path = save_checkpoint(self.dir / "checkpoints", self.step, self.learner,
+                               {"finished": self.feed.cursor.finished.ranges(), "journal_segment": seg},
+                               self.feed.pending(), keep=self.cfg.run.keep_checkpoints)
+        self.journal.prune_before(seg)
+        return path
+
+    def request_stop(self, *_args) -> None:
+        if self._stop:  # second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self._stop = True
+        self._message("stopping: finishing the current step and writing a checkpoint (Ctrl-C again to abort)")
+
+    def _finish(self) -> None:
+        try:
+            if self.step > 0:
+                self.checkpoint()
+                self.parts.export_final(self.dir / "final", self.learner)
+        finally:
+            self.parts.backend.shutdown()
+            self.journal.close()
+            self.logger.close()
+
+
+def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False) -> tuple[Path, dict]:
+    torch.manual_seed(cfg.seed)
+    run_dir = run_dir if run_dir is not None else new_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run = Run(cfg, run_dir, resume=resume)
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, run.request_stop)
+    signal.signal(signal.SIGTERM, run.request_stop)
+    try:
+        final = run.loop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return run_dir, final
