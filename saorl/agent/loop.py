@@ -35,6 +35,15 @@ Decisions that the trainer and the env authors rely on:
   Ending by a limit rather than by ``done`` sets ``truncated=True`` and
   ``metadata["truncation"]`` to ``"turns"`` or ``"tokens"``. A prompt that leaves no room for a
   single action token raises :class:`PromptTooLongError`.
+- **Action text.** ``env.step`` gets the decoded text of all sampled ids of the turn (minus a
+  final eos). Engines keep the token that completes a stop string whole, so the text may run a
+  few characters past the stop string; envs should search for it, not assume it ends the text.
+  A multi-byte character split across a turn boundary decodes to U+FFFD in that turn's text
+  (the ids, and so the trajectory, are unaffected).
+- **Seeds.** With ``sampling.seed`` set, each request gets a seed derived from it, the task id,
+  ``sample_index`` and the turn number: reproducible, yet episodes and turns do not replay one
+  random stream. :func:`run_episodes` / :func:`stream_episodes` pass a task's position as
+  ``sample_index``, so a task listed twice gets two different samples.
 - **Errors.** :class:`EngineError` propagates with the task id prefixed; an aborted or empty
   generation is an :class:`EngineError` too. Any exception from the env (``reset`` or ``step``)
   is an env bug and surfaces as :class:`EpisodeError` naming the env and the task.
@@ -47,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -117,10 +127,12 @@ def _check_result(res: GenerationResult, params: SamplingParams) -> None:
         raise EngineError(f"engine returned {n} tokens, more than max_new_tokens={params.max_new_tokens}")
 
 
-def _turn_params(sampling: SamplingParams, env: Env, eos_id: int | None, left: int) -> SamplingParams:
+def _turn_params(sampling: SamplingParams, env: Env, eos_id: int | None, left: int,
+                 seed_key: str) -> SamplingParams:
     stop = tuple(dict.fromkeys((*sampling.stop, *env.stop_strings)))
     stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *(() if eos_id is None else (eos_id,)))))
-    return replace(sampling, stop=stop, stop_token_ids=stop_ids,
+    seed = None if sampling.seed is None else zlib.crc32(f"{sampling.seed}/{seed_key}".encode())
+    return replace(sampling, stop=stop, stop_token_ids=stop_ids, seed=seed,
                    max_new_tokens=min(sampling.max_new_tokens, left))
 
 
@@ -154,11 +166,12 @@ def _action_text(tokenizer: Any, ids: list[int]) -> str:
 async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: Any, *,
                       sampling: SamplingParams, max_turns: int | None = None,
                       max_total_tokens: int = 512, progress: Progress | None = None,
-                      env_executor: Executor | None = None) -> Trajectory:
+                      env_executor: Executor | None = None, sample_index: int = 0) -> Trajectory:
     """Play one episode of ``env`` on ``task`` with ``engine``; see the module docstring.
 
     ``env`` must be fresh (one episode per instance). ``env_executor`` runs ``reset``/``step``
-    (the event loop's default thread pool when None).
+    (the event loop's default thread pool when None). ``sample_index`` tells apart several
+    episodes of one task when ``sampling.seed`` is set (see "Seeds" in the module docstring).
     """
     max_turns = env.max_turns if max_turns is None else max_turns
     if max_turns < 1 or max_total_tokens < 2:
@@ -171,13 +184,16 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     b = _Builder()
     b.add_context(tokenizer.encode(prompt, add_special_tokens=False))
     prompt_len = len(b.token_ids)
+    if prompt_len == 0:
+        raise EpisodeError(f"env {env.name!r} returned an empty prompt for task {task.id!r}")
     if prompt_len >= max_total_tokens:
         raise PromptTooLongError(f"env {env.name!r} task {task.id!r}: prompt has {prompt_len} tokens, "
                                  f"max_total_tokens={max_total_tokens} leaves no room for an action")
     truncation: str | None = None
     out = StepResult("", 0.0, False)
     while True:
-        params = _turn_params(sampling, env, tokenizer.eos_token_id, max_total_tokens - len(b.token_ids))
+        params = _turn_params(sampling, env, tokenizer.eos_token_id, max_total_tokens - len(b.token_ids),
+                              seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}")
         t0 = time.perf_counter()
         res = await _generate(engine, b.token_ids, params, task)
         gen_s += time.perf_counter() - t0
@@ -231,7 +247,7 @@ async def _stream_indexed(engine: InferenceEngine, env_factory: Callable[[], Env
             return False
         fut = asyncio.ensure_future(run_episode(
             engine, env_factory(), nxt[1], tokenizer, progress=_resolve_progress(progress),
-            env_executor=executor, **episode_kw))
+            env_executor=executor, sample_index=nxt[0], **episode_kw))
         running[fut] = nxt[0]
         return True
 

@@ -75,7 +75,7 @@ def test_results_in_task_order_and_stream_in_finish_order(tok):
     # task i's step sleeps longer for small i, so episodes finish in reverse order
     class Slow(ToyEnv):
         def reset(self, task, progress=None):
-            self.step_sleep = 0.02 * (5 - task.data["q"])
+            self.step_sleep = 0.04 * (5 - task.data["q"])
             return super().reset(task, progress)
 
     ts = tasks(5)
@@ -124,7 +124,9 @@ def test_stream_reads_an_infinite_task_source_lazily_and_progress_callable(tok):
     out = asyncio.run(take(5))
     assert len(out) == 5
     assert len(envs) <= 5 + 2  # never more than `concurrency` episodes beyond those consumed
-    assert [e.progress.trainer_step for e in envs] == list(range(len(envs)))
+    # progress is read as each episode starts (an env cancelled before its reset ran has none)
+    seen = [(k, e.progress.trainer_step) for k, e in enumerate(envs) if e.progress is not None]
+    assert len(seen) >= 5 and all(k == step for k, step in seen)
 
 
 def test_engine_error_in_one_episode_surfaces_with_its_task_id(tok):

@@ -175,3 +175,25 @@ def test_progress_reaches_reset_and_timings_are_recorded(tok):
 def test_bad_limits_rejected(tok):
     with pytest.raises(ValueError, match="max_turns"):
         play(FakeEngine([[5]]), ToyEnv(), tok, max_turns=0)
+
+
+def test_seeds_are_derived_per_task_sample_and_turn(tok):
+    def seeds(task, index, seed=11):
+        engine = FakeEngine([enc(tok, "a</a>")] * 2)
+        asyncio.run(run_episode(engine, ToyEnv(), task, tok, sampling=SamplingParams(seed=seed),
+                                sample_index=index))
+        return [c.params.seed for c in engine.calls]
+
+    s = seeds(TASK, 0)
+    assert s == seeds(TASK, 0) and len(set(s)) == 2  # reproducible; turns differ
+    assert not set(s) & set(seeds(TASK, 1)) and not set(s) & set(seeds(Task("other", {"q": 7}), 0))
+    assert seeds(TASK, 0, seed=None) == [None, None]
+
+
+def test_empty_prompt_is_an_env_error(tok):
+    class Empty(ToyEnv):
+        def reset(self, task, progress=None):
+            return ""
+
+    with pytest.raises(EpisodeError, match="empty prompt"):
+        play(FakeEngine([[5]]), Empty(), tok)
