@@ -137,13 +137,17 @@ def _turn_params(sampling: SamplingParams, env: Env, eos_id: int | None, left: i
 
 
 async def _call_env(fn: Callable[..., Any], *args: Any, env: Env, task: Task, what: str,
-                    executor: Executor | None) -> Any:
+                    expect: type, executor: Executor | None) -> Any:
     loop = asyncio.get_running_loop()
     try:
-        return await loop.run_in_executor(executor, fn, *args)
+        out = await loop.run_in_executor(executor, fn, *args)
     except Exception as e:
         raise EpisodeError(f"env {env.name!r} raised in {what} on task {task.id!r}: "
                            f"{type(e).__name__}: {e}") from e
+    if not isinstance(out, expect):
+        raise EpisodeError(f"env {env.name!r} {what} on task {task.id!r} returned {type(out).__name__}, "
+                           f"expected {expect.__name__}")
+    return out
 
 
 async def _generate(engine: InferenceEngine, ids: list[int], params: SamplingParams,
@@ -179,7 +183,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
                          f"got max_turns={max_turns}, max_total_tokens={max_total_tokens}")
     kw = dict(env=env, task=task, executor=env_executor)
     t0 = time.perf_counter()
-    prompt = await _call_env(env.reset, task, progress, what="reset", **kw)
+    prompt = await _call_env(env.reset, task, progress, what="reset", expect=str, **kw)
     env_s, gen_s = time.perf_counter() - t0, 0.0
     b = _Builder()
     b.add_context(tokenizer.encode(prompt, add_special_tokens=False))
@@ -199,7 +203,8 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         gen_s += time.perf_counter() - t0
         b.add_action(res)
         t0 = time.perf_counter()
-        out = await _call_env(env.step, _action_text(tokenizer, res.token_ids), what="step", **kw)
+        action = _action_text(tokenizer, res.token_ids)
+        out = await _call_env(env.step, action, what="step", expect=StepResult, **kw)
         env_s += time.perf_counter() - t0
         b.add_reward(out.reward)
         if out.done:

@@ -59,6 +59,7 @@ class Recording:
         return res
 
 
+@pytest.mark.slow  # ~3-4 s on a shared 2-core machine
 @pytest.mark.timeout(120)
 def test_episodes_with_local_engine_are_token_exact(tok):
     model = build_tiny("tiny-dense", seed=0)

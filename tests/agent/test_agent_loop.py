@@ -197,3 +197,12 @@ def test_empty_prompt_is_an_env_error(tok):
 
     with pytest.raises(EpisodeError, match="empty prompt"):
         play(FakeEngine([[5]]), Empty(), tok)
+
+
+def test_env_returning_the_wrong_type_is_an_episode_error(tok):
+    class Sloppy(ToyEnv):
+        def step(self, action):
+            return ("obs", 1.0, True)
+
+    with pytest.raises(EpisodeError, match="step on task 't-7' returned tuple, expected StepResult"):
+        play(FakeEngine([[5]]), Sloppy(), tok)
