@@ -109,7 +109,10 @@ class _Printer:
         from rich.text import Text
 
         for ln in lines:
-            self.console.print(Text(f"{kind:<6}| ", style="dim") + Text(ln, style=_STYLES.get(kind, "")))
+            text = Text()
+            text.append(f"{kind:<6}| ", style="dim")
+            text.append(ln, style=_STYLES.get(kind, ""))
+            self.console.print(text)
 
     def plain(self, text: str) -> None:
         if self.console is None:

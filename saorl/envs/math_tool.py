@@ -319,7 +319,8 @@ class MathToolEnv(Env):
             text = f"error: timeout after {self.tool_timeout_s:g}s"
         elif res.returncode != 0:
             lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-            text = "error: " + (lines[-1].strip() if lines else f"exit code {res.returncode}")
+            why = f"killed ({res.killed_reason})" if res.killed_reason else f"exit code {res.returncode}"
+            text = "error: " + (lines[-1].strip() if lines else why)
         else:
             text = res.stdout.strip()
         if len(text) > MAX_OUT_CHARS:

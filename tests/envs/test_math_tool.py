@@ -230,3 +230,42 @@ def test_token_budget(monkeypatch):
                     assert n(action) <= 40
                     total += n(action) + n(obs)
                 assert total <= 300
+
+
+# ---------------------------------------------------------------- with the real sandbox (a few calls)
+
+
+def test_tool_call_then_answer_through_the_sandbox():
+    env = MathToolEnv()
+    tool, answer = play(env, ARITH, ["<tool>123*457+89</tool>", "<answer>56300</answer>"])
+    assert (tool.observation, tool.reward, tool.done) == ("<out>56300</out>\n", 0.0, False)
+    assert answer.reward == 1.0
+    assert answer.info == {"success": True, "turns": 2, "tool_calls": 1, "error": None}
+    (cd,) = play(env, COUNTDOWN, ["<tool>x = 3*25\nprint(x + 9)</tool>"])
+    assert cd.observation == "<out>84</out>\n"
+
+
+def test_tool_errors_are_observations_not_crashes():
+    env = MathToolEnv(tool_timeout_s=1.0, max_turns=4)
+    crash, loop, big, answer = play(env, ARITH, [
+        "<tool>1/0</tool>", "<tool>while True: pass</tool>", "<tool>print('7' * 500)</tool>",
+        "<answer>56300</answer>",
+    ])
+    assert crash.observation == "<out>error: ZeroDivisionError: division by zero</out>\n"
+    assert loop.observation == "<out>error: timeout after 1s</out>\n"
+    assert big.observation == "<out>" + "7" * 80 + "...</out>\n"
+    assert not any(r.done for r in (crash, loop, big)) and crash.reward == loop.reward == 0.0
+    assert answer.reward == 1.0 and answer.info["tool_calls"] == 3
+    (syntax,) = play(env, ARITH, ["<tool>1+</tool>"])
+    assert syntax.observation.startswith("<out>error: SyntaxError")
+    (empty,) = play(env, ARITH, ["<tool> </tool>"])
+    assert empty.observation == "<out>error: empty code</out>\n"
+
+
+def test_demonstrations_succeed_through_the_sandbox():
+    rng = random.Random(0)
+    for family in ("arith", "countdown"):
+        env = MathToolEnv(family=family, difficulty=3, demo_error_rate=0.0)
+        for task in env.generate_tasks("test", 2, 0):
+            results = play(env, task, env.demonstration(task, rng))
+            assert results[-1].info["success"], (task, [r.observation for r in results])
