@@ -67,7 +67,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     returncode: int | None
-    """Exit code, or ``-signal`` when the program died by a signal; None if it never finished."""
+    """Exit code, or ``-signal`` if it died by a signal; None if the parent killed it (timeout, output)."""
     timed_out: bool
     truncated: bool
     """stdout or stderr went past ``max_output_bytes`` (kept: the first ``max_output_bytes``)."""
@@ -132,7 +132,7 @@ def _bwrap_argv(stage: Path, staged: dict[str, str], argv: list[str], limits: li
     args += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
              "--size", str(disk_mb << 20), "--tmpfs", WORKDIR,
-             "--ro-bind", str(stage / "in"), _INPUT_DIR, "--chdir", WORKDIR]
+             "--ro-bind", str(stage / "in"), _INPUT_DIR, "--remount-ro", "/", "--chdir", WORKDIR]
     env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
            "PYTHONIOENCODING": "utf-8", "TMPDIR": "/tmp"}
@@ -281,7 +281,7 @@ def _execute(files: dict[str, str], argv: list[str], *, timeout_s: float, memory
     if reason is None:
         code, reason = _classify(status, rc, stderr, cpu_s is not None)
     else:
-        code = None if reason == "timeout" else _classify(status, rc, stderr, False)[0]
+        code = None  # killed by the parent before it finished
     return SandboxResult(stdout=out.data.decode("utf-8", "replace"), stderr=stderr, returncode=code,
                          timed_out=reason == "timeout", truncated=out.overflow or err.overflow,
                          killed_reason=reason, duration_s=duration)
