@@ -69,22 +69,26 @@ _RUNNER = '''
 import ast, sys
 
 
+def _error(e):
+    return "!" + type(e).__name__ + (": " + str(e) if str(e) else "")
+
+
 def _cases(src, name, cases):
     ns = {"__name__": "solution"}
     try:
         exec(compile(src, "solution.py", "exec"), ns)
         fn = ns[name]
     except BaseException as e:
-        fn, err = None, "!" + type(e).__name__ + ": " + str(e)
+        fn, out = None, _error(e)
     for args in cases:
-        if fn is None:
-            yield err[:200]
-            continue
-        try:
-            yield repr(fn(*ast.literal_eval(args)))[:200]
-        except BaseException as e:
-            yield ("!" + type(e).__name__ + ": " + str(e))[:200]
+        if fn is not None:  # else every case reports the load error
+            try:
+                out = repr(fn(*ast.literal_eval(args)))
+            except BaseException as e:
+                out = _error(e)
+        yield out[:200]  # outside the try: a generator must not swallow GeneratorExit
 '''
+
 
 def _episode_script(src: str, name: str, cases: list[str], mark: str) -> str:
     return _RUNNER + (
@@ -341,8 +345,12 @@ class CodeRepairEnv(Env):
             if head == mark and idx.isdigit() and int(idx) < len(results) and results[int(idx)] is None:
                 with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError):
                     results[int(idx)] = str(ast.literal_eval(text))
-        note = "timed out" if res.timed_out else None
-        if note is None and None in results:
+        note = None
+        if res.timed_out:
+            note = "timed out"
+        elif res.killed_reason is not None:
+            note = f"killed ({res.killed_reason})"
+        elif None in results:
             note = f"crashed (exit code {res.returncode})"
         return results, note
 
