@@ -32,7 +32,7 @@ import concurrent.futures
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,18 +113,24 @@ class LocalEngine:
     def version(self) -> int:
         return self._version
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        futures = []
-        for p in prompts:
-            self._validate(p, params)
-        for p in prompts:
-            fut: concurrent.futures.Future = concurrent.futures.Future()
-            futures.append(fut)
-            self._submit(
-                p,
-                params,
-                lambda r, f=fut: f.set_exception(r) if isinstance(r, BaseException) else f.set_result(r),
-            )
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationResult]:
+        """Blocking; ``params`` may also be one SamplingParams per prompt (a saorl extension).
+
+        All prompts join the waiting queue at once, so they are admitted together.
+        """
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams")
+        for p, sp in zip(prompts, plist):
+            self._validate(p, sp)
+        futures = [concurrent.futures.Future() for _ in prompts]
+
+        def deliver(f: concurrent.futures.Future) -> Deliver:
+            return lambda r: f.set_exception(r) if isinstance(r, BaseException) else f.set_result(r)
+
+        self._submit([self._request(p, sp, deliver(f)) for p, sp, f in zip(prompts, plist, futures)])
         return [f.result() for f in futures]
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
@@ -140,7 +146,8 @@ class LocalEngine:
             else:
                 fut.set_result(r)
 
-        req = self._submit(prompt_ids, params, lambda r: loop.call_soon_threadsafe(resolve, r))
+        req = self._request(prompt_ids, params, lambda r: loop.call_soon_threadsafe(resolve, r))
+        self._submit([req])
         try:
             return await fut
         except asyncio.CancelledError:
@@ -209,23 +216,22 @@ class LocalEngine:
         if params.seed is not None and not isinstance(params.seed, int):
             raise ValueError(f"seed must be an int or None, got {params.seed!r}")
 
-    def _submit(self, prompt: list[int], params: SamplingParams, deliver: Deliver) -> _Request:
+    def _request(self, prompt: list[int], params: SamplingParams, deliver: Deliver) -> _Request:
         gen = None
         if params.temperature > 0:
             with self._cond:
-                seed = (
-                    params.seed
-                    if params.seed is not None
-                    else int(torch.randint(0, 2**62, (), generator=self._seed_rng))
-                )
+                seed = params.seed
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, (), generator=self._seed_rng))
             gen = torch.Generator().manual_seed(seed)
-        req = _Request(list(prompt), params, deliver, frozenset(params.stop_token_ids) | self._eos, gen)
+        return _Request(list(prompt), params, deliver, frozenset(params.stop_token_ids) | self._eos, gen)
+
+    def _submit(self, reqs: list[_Request]) -> None:
         with self._cond:
             if self._closed:
                 raise EngineError("engine is closed")
-            self._waiting.append(req)
+            self._waiting.extend(reqs)
             self._cond.notify()
-        return req
 
     # ----------------------------------------------------------------- the loop
     def _loop(self) -> None:

@@ -27,6 +27,8 @@ def filtered_logprobs(
     ``-inf``. Ties at the top-k boundary are broken by sort order (exactly ``k`` tokens kept).
     """
     x = logits.float() / temperature.float().unsqueeze(-1)
+    if not bool((top_k > 0).any()) and bool((top_p >= 1).all()):
+        return torch.log_softmax(x, dim=-1)  # nothing filtered: skip the sort
     vocab = x.shape[-1]
     sorted_x, order = torch.sort(x, dim=-1, descending=True)
     ranks = torch.arange(vocab, device=x.device).unsqueeze(0)
