@@ -34,6 +34,9 @@ Reward at the end: the fraction of hidden tests passing (``reward="fraction"``) 
 them (``reward="all"``); ``info["success"]`` is whether all pass. The hidden tests are all the
 function's tests, the visible one included (as in SWE-Bench's FAIL_TO_PASS set).
 
+Budgets (shipped tokenizer, all tasks): prompts <= 111 tokens (``hint`` adds 30), demonstration
+actions <= 32 tokens; ~1,300 train and ~400 test tasks.
+
 Tasks: each bug from :mod:`saorl.envs.code_repair_bank` is run once (one sandbox call per process,
 cached) against the function's tests; a bug that passes them all is dropped, and the reference must
 pass them all. A task is (bug, visible test) where the visible test is one the bug fails. The train

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from saorl.envs.base import Task
+from saorl.envs.cli import play_demonstration
 from saorl.envs.code_repair import CodeRepairEnv, verified_bugs
 from saorl.envs.code_repair_bank import BANK, BY_NAME, TEST_ONLY, mutants
 from saorl.envs.registry import resolve_env
@@ -278,10 +279,10 @@ def test_demonstrations_without_errors_always_succeed():
     env, rng = CodeRepairEnv(demo_error_rate=0.0), random.Random(0)
     tasks = env.generate_tasks("train", 6, 5) + env.generate_tasks("test", 4, 5)
     for t in tasks:
-        actions = env.demonstration(t, rng)
+        ep = play_demonstration(env, t, rng)
+        actions = [a for a, _ in ep.turns]
         assert actions[-1] == "<submit/>" and actions[-2].startswith("<patch>")
-        res = play(env, t, actions)
-        assert res[-1].done and res[-1].info["success"], (t.id, actions)
+        assert ep.done and ep.success and ep.reward == 1.0, (t.id, actions)
 
 
 def test_demonstrations_with_errors_patch_a_decoy():
