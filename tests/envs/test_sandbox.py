@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import errno
 import os
 import socket
@@ -242,7 +243,29 @@ def test_process_count_limit():
     """)
     r = run_python(code, max_procs=10)
     n, err = map(int, r.stdout.split())
-    assert err == errno.EAGAIN and 4 <= n < 10  # bwrap's init + bootstrap + main count too
+    assert err == errno.EAGAIN and 5 <= n <= 7  # bwrap's init, the bootstrap and main count too
+
+
+def test_box_never_runs_as_host_root():
+    # Host root is exempt from RLIMIT_NPROC, so the boxed program must run as another host uid.
+    marker = f"uid_{uuid.uuid4().hex}"
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(
+        run_python_files({f"{marker}.py": "import time\ntime.sleep(1.5)"}, f"{marker}.py")))
+    t.start()
+    host_uids: set[int] = set()
+    deadline = time.monotonic() + 10
+    while not done and time.monotonic() < deadline:
+        for pid in _procs_with(marker):
+            with contextlib.suppress(OSError):
+                status = Path(f"/proc/{pid}/status").read_text()
+                host_uids |= {int(x) for x in status.split("Uid:")[1].split("\n")[0].split()}
+        time.sleep(0.05)
+    t.join()
+    assert done and done[0].returncode == 0
+    assert host_uids and 0 not in host_uids
+    if os.geteuid() != 0:
+        assert host_uids == {os.geteuid()}
 
 
 def test_memory_bomb():
