@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -379,17 +380,16 @@ def mutants(func: BaseFunction) -> list[Mutant]:
     tree = ast.parse(func.source)
     if ast.unparse(tree) != func.source:
         raise ValueError(f"bank function {func.name!r} is not in canonical ast.unparse form")
-    n_nodes = sum(1 for _ in ast.walk(tree))
+    fn = tree.body[0]
+    ctx = _context(fn)
     seen: set[tuple[int, str]] = set()
     out: list[Mutant] = []
-    for idx in range(n_nodes):
-        fn = tree.body[0]
-        node = list(ast.walk(tree))[idx]
+    for idx, node in enumerate(ast.walk(tree)):
         if node is fn or isinstance(node, ast.arguments) or getattr(node, "lineno", 1) == 1:
             continue
-        for kind, new in _node_options(node, _context(fn)):
-            mutated = copy.deepcopy(tree)
-            target = list(ast.walk(mutated))[idx]
+        for kind, new in _node_options(node, ctx):
+            mutated = copy.deepcopy(tree)  # walks in the same order: node idx is the copy of `node`
+            target = next(itertools.islice(ast.walk(mutated), idx, None))
             _replace(mutated, target, copy.deepcopy(new))
             lines = ast.unparse(ast.fix_missing_locations(mutated)).splitlines()
             diff = [i for i, (a, b) in enumerate(zip(lines, ref_lines)) if a != b]
