@@ -4,6 +4,7 @@ Sandbox runs cost tens of ms each; this file makes about 40 of them.
 """
 
 import ast
+import json
 import random
 import shutil
 import tempfile
@@ -242,6 +243,7 @@ def test_tasks_are_deterministic_unique_and_balanced():
     env = CodeRepairEnv()
     a, b = env.generate_tasks("train", 300, seed=3), env.generate_tasks("train", 300, seed=3)
     assert a == b
+    assert all(json.loads(json.dumps(t.data)) == t.data for t in a)  # tasks can go to a JSONL file
     assert [t.id for t in env.generate_tasks("train", 300, seed=4)] != [t.id for t in a]
     assert len({t.id for t in a}) == 300
     funcs = Counter(t.data["func"] for t in a)
