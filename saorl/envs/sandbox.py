@@ -3,8 +3,8 @@
 Model-written code is hostile input. Each call of :func:`run_python` / :func:`run_python_files`:
 
 1. makes a fresh host staging dir holding the caller's files (read-only inside the box);
-2. starts ``bwrap`` with every namespace unshared (user, pid, net with no interface but a down
-   loopback, ipc, uts, cgroup), ``--die-with-parent``, ``--new-session``, ``--clearenv`` and a
+2. starts ``bwrap`` with every namespace unshared (user, pid, ipc, uts, cgroup, and net: the box
+   has only its own loopback, no route out), ``--die-with-parent``, ``--new-session``, ``--clearenv`` and a
    minimal environment. The root is an empty tmpfs with read-only binds of ``/usr`` (and the
    ``/bin``, ``/lib*`` links or dirs), a few ``/etc`` files and the host interpreter's prefixes
    (``sys.base_prefix`` and, for a venv, ``sys.prefix``); ``/proc``, ``/dev``; ``/tmp`` and the
@@ -225,7 +225,7 @@ def _check_files(files: dict[str, str]) -> None:
             raise ValueError(f"files: bad entry {name!r}: need a relative path (no '..') mapping to str")
 
 
-def _stage(files: dict[str, str], stdin: str, root_mode: bool, uid: int) -> tuple[Path, dict[str, str]]:
+def _stage(files: dict[str, str], stdin: str, root_mode: bool) -> tuple[Path, dict[str, str]]:
     stage = Path(tempfile.mkdtemp(prefix="saorl-sbx-"))
     os.chmod(stage, 0o755)
     (stage / "in").mkdir(mode=0o755)
@@ -235,13 +235,12 @@ def _stage(files: dict[str, str], stdin: str, root_mode: bool, uid: int) -> tupl
         dest.write_text(text, encoding="utf-8")
         os.chmod(dest, 0o644)
     (stage / "stdin").write_text(stdin, encoding="utf-8")
+    os.chmod(stage / "stdin", 0o600)  # the parent opens it; the box only gets the fd
     staged: dict[str, str] = {}
     if root_mode:
         for i, path in enumerate(p for p in _python_paths() if untraversable(p)):
             (stage / f"mnt{i}").mkdir(mode=0o755)
             staged[path] = str(stage / f"mnt{i}")
-        if staged:
-            os.chown(stage, uid, uid)  # harmless; lets the uid stat its own mount points
     return stage, staged
 
 
@@ -252,7 +251,7 @@ def _execute(files: dict[str, str], argv: list[str], *, timeout_s: float, memory
     _check_files(files)
     root_mode = os.geteuid() == 0
     uid = _sandbox_uid()
-    stage, staged = _stage(files, stdin, root_mode, uid)
+    stage, staged = _stage(files, stdin, root_mode)
     status_r, status_w = os.pipe()
     start = time.monotonic()
     try:
@@ -265,9 +264,11 @@ def _execute(files: dict[str, str], argv: list[str], *, timeout_s: float, memory
                                     env={}, cwd=str(stage))
         os.close(status_w)
         status_w = -1
-        out, err, reason = _pump(proc, start + timeout_s, max_output_bytes)
-        _kill_group(proc)  # leftovers holding no pipe (e.g. daemonised) die with bwrap's pid 1
-        rc = proc.wait()
+        try:
+            out, err, reason = _pump(proc, start + timeout_s, max_output_bytes)
+        finally:
+            _kill_group(proc)  # also on KeyboardInterrupt etc.; the pid namespace dies with bwrap
+            rc = proc.wait()
         proc.stdout.close()
         proc.stderr.close()
         duration = time.monotonic() - start
@@ -315,7 +316,7 @@ def _probe() -> str | None:
         res = _execute({"main.py": "print('sandbox-ok')"}, [sys.executable, "-s", "-B", "main.py"],
                        timeout_s=20.0, memory_mb=256, cpu_s=None, max_output_bytes=4096, max_procs=8,
                        stdin="", disk_mb=1)
-    except (OSError, SandboxUnavailable) as e:
+    except (OSError, subprocess.SubprocessError, SandboxUnavailable) as e:
         return f"bwrap failed to start: {e}; {_INSTALL_HINT}"
     if res.stdout.strip() != "sandbox-ok":
         return f"bwrap probe failed (rc={res.returncode}): {res.stderr.strip()[-500:]}; {_INSTALL_HINT}"
