@@ -110,7 +110,7 @@ def _python_paths() -> list[str]:
         if not any(p == q or p.startswith(q + "/") for q in out):
             out.append(p)
     for p in out:
-        if p == WORKDIR or p.startswith(WORKDIR + "/") or p == "/tmp" or p.startswith("/tmp/"):
+        if p in (WORKDIR, "/tmp") or p.startswith(WORKDIR + "/"):
             raise SandboxUnavailable(f"the interpreter lives under {p}, which the sandbox mounts over")
     return out
 
@@ -126,13 +126,13 @@ def _bwrap_argv(stage: Path, staged: dict[str, str], argv: list[str], limits: li
     bin_dir = os.path.dirname(sys.executable)
     args = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--disable-userns", "--clearenv", "--uid", "65534", "--gid", "65534",
-            "--hostname", "sandbox", *_system_binds()]
-    for path in _python_paths():
+            "--hostname", "sandbox", *_system_binds(),
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
+            "--size", str(disk_mb << 20), "--tmpfs", WORKDIR]
+    for path in _python_paths():  # after the tmpfs mounts: an interpreter under /tmp still shows
         args += ["--ro-bind", staged.get(path, path), path]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
-             "--size", str(disk_mb << 20), "--tmpfs", WORKDIR,
-             "--ro-bind", str(stage / "in"), _INPUT_DIR, "--remount-ro", "/", "--chdir", WORKDIR]
+    args += ["--ro-bind", str(stage / "in"), _INPUT_DIR, "--remount-ro", "/", "--chdir", WORKDIR]
     env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
            "PYTHONIOENCODING": "utf-8", "TMPDIR": "/tmp"}
