@@ -275,8 +275,22 @@ class RuntimeConfig(_Section):
     """``local``: processes on this machine; ``ray``: actors on a Ray cluster."""
     mode: Literal["auto", "async", "sync"] = "auto"
     """Rollout/training schedule; ``auto`` uses the algorithm preset's mode."""
-    queue_size: int = Field(64, ge=1)
-    """Finished trajectories buffered between rollout workers and the trainer."""
+
+
+class SFTConfig(_Section):
+    enabled: bool = True
+    """Before RL, fine-tune the initial policy on the env's demonstrations (loss on action tokens
+    only): the "SFT model" RL starts from. Cached under ``run.out_dir/.cache``, so runs with the
+    same policy, env, seed and SFT settings share one."""
+    steps: int = Field(300, ge=1)
+    """Optimizer steps of supervised fine-tuning."""
+    batch_size: int = Field(16, ge=1)
+    """Demonstrations per SFT step."""
+    lr: float = Field(2e-3, gt=0.0)
+    """Peak AdamW learning rate (linear warm-up, cosine decay)."""
+    num_demos: int = Field(2000, ge=1)
+    """Demonstrations generated from training tasks (the env's ``demo_error_rate`` option says
+    how many of them are deliberately wrong)."""
 
 
 class SaorlConfig(_Section):
@@ -298,6 +312,8 @@ class SaorlConfig(_Section):
     """Optimisation: batch, steps, learning rates, staleness limit."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """Orchestration backend and schedule."""
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    """Supervised warm start of the policy before RL."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> SaorlConfig:

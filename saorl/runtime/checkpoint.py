@@ -83,6 +83,7 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
             f.write(json.dumps({"rid": rid, "traj": traj.to_dict()}) + "\n")
     manifest = {
         "step": step, "version": learner.version, "nonfinite_skips": learner.nonfinite_skips,
+        "learner_steps": learner.steps_done,
         "optim": optim_meta, "python_rng": _py_rng_to_json(random.getstate()),
         "baseline": learner.baseline.state_dict(), **extra,
     }
@@ -135,6 +136,7 @@ def load_checkpoint(ckpt_dir: Path, learner) -> tuple[dict[str, Any], list[tuple
     random.setstate((s[0], tuple(s[1]), s[2]))
     learner.version = int(manifest["version"])
     learner.nonfinite_skips = int(manifest["nonfinite_skips"])
+    learner.steps_done = int(manifest["learner_steps"])
     learner.baseline.load_state_dict(manifest["baseline"])
     pending = []
     with open(ckpt_dir / "pending.jsonl", encoding="utf-8") as f:

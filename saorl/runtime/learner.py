@@ -38,6 +38,8 @@ class OptimConfig:
     critic_lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
 
 
 def critic_targets(batch: Batch, values: torch.Tensor, p: AlgoPreset) -> torch.Tensor:
@@ -85,7 +87,15 @@ class Learner:
                                                 weight_decay=optim.weight_decay)
         self.baseline = RunningMeanBaseline(preset.baseline_momentum)
         self.version = 0
+        self.steps_done = 0
         self.nonfinite_skips = 0
+
+    def _apply_warmup(self) -> None:
+        scale = min(1.0, (self.steps_done + 1) / self.optim.warmup_steps) if self.optim.warmup_steps else 1.0
+        for opt, lr in ((self.policy_opt, self.optim.policy_lr), (self.critic_opt, self.optim.critic_lr)):
+            if opt is not None:
+                for g in opt.param_groups:
+                    g["lr"] = lr * scale
 
     # ----------------------------------------------------------------- critic
     def _values(self, batch: Batch) -> torch.Tensor:
@@ -125,7 +135,9 @@ class Learner:
             raise ValueError("Learner.step needs at least one trajectory")
         p = self.preset
         batch = collate(trajectories, self.pad_id).to(self.device)
-        metrics: dict[str, float] = {}
+        self._apply_warmup()
+        self.steps_done += 1
+        metrics: dict[str, float] = {"policy/lr": self.policy_opt.param_groups[0]["lr"]}
         values = None
         if p.use_critic:
             metrics |= self._critic_updates(batch)

@@ -69,16 +69,16 @@ def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset) -> Critic | None:
     return Critic.from_policy(policy, seed=cfg.seed)
 
 
-def build_parts(cfg: SaorlConfig, run_dir: Path) -> RunParts:
+def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> RunParts:
     preset = cfg.algo.resolve()
     mode = preset.mode if cfg.runtime.mode == "auto" else cfg.runtime.mode
     tokenizer = load_tokenizer(cfg.model.tokenizer)
-    policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
     critic = build_critic(cfg, policy, preset)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     train_tasks, test_tasks = build_tasks(cfg, env_factory)
     r = cfg.rollout
-    spec = WorkerSpec(policy=cfg.model.policy, tokenizer=cfg.model.tokenizer, env_type=cfg.env.type,
+    spec = WorkerSpec(policy=policy_spec, tokenizer=cfg.model.tokenizer, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,

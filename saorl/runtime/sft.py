@@ -35,14 +35,21 @@ class SFTConfig:
     seed: int = 0
 
 
-def demonstrations(env_factory: Callable, tasks: list[Task], tokenizer, seed: int) -> list[Trajectory]:
+def demonstrations(env_factory: Callable, tasks: list[Task], tokenizer, seed: int,
+                   concurrency: int = 8) -> list[Trajectory]:
     """One demonstration trajectory per task (deterministic in ``seed``)."""
     from saorl.agent.scripted import demonstration_trajectory
 
-    rng = random.Random(seed)
+    rngs = [random.Random(f"{seed}:{t.id}") for t in tasks]  # independent of completion order
 
     async def _all() -> list[Trajectory]:
-        return [await demonstration_trajectory(env_factory(), t, tokenizer, rng) for t in tasks]
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(task: Task, rng: random.Random) -> Trajectory:
+            async with sem:
+                return await demonstration_trajectory(env_factory(), task, tokenizer, rng)
+
+        return list(await asyncio.gather(*(one(t, r) for t, r in zip(tasks, rngs))))
 
     return asyncio.run(_all())
 

@@ -14,6 +14,7 @@ Everything else here is set-up (run directory, models, env, backend) and bookkee
 
 from __future__ import annotations
 
+import json
 import signal
 import statistics
 import time
@@ -30,6 +31,7 @@ from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.metrics import MetricsLogger
 from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
 from saorl.runtime.setup import RunParts, build_parts
+from saorl.runtime.warmstart import initial_policy
 from saorl.runtime.weights import FileWeightSync
 
 
@@ -47,12 +49,13 @@ def new_run_dir(cfg: SaorlConfig) -> Path:
 class Run:
     def __init__(self, cfg: SaorlConfig, run_dir: Path, *, resume: bool = False) -> None:
         self.cfg, self.dir = cfg, run_dir
-        self.parts: RunParts = build_parts(cfg, run_dir)
+        self.parts: RunParts = build_parts(cfg, run_dir, initial_policy(cfg))
         p = self.parts
         self.preset = p.preset
         self.learner = Learner(p.policy, p.critic, p.preset,
                                OptimConfig(cfg.trainer.policy_lr, cfg.trainer.critic_lr,
-                                           cfg.trainer.weight_decay, cfg.trainer.grad_clip),
+                                           cfg.trainer.weight_decay, cfg.trainer.grad_clip,
+                                           cfg.trainer.warmup_steps),
                                pad_id=p.tokenizer.pad_token_id, temperature=cfg.rollout.temperature,
                                device=cfg.model.device)
         self.journal = Journal(run_dir / "journal")
@@ -72,7 +75,7 @@ class Run:
         self.feed.restore_pending(pending)
         self.logger = MetricsLogger(run_dir, progress=cfg.run.progress, total_steps=cfg.trainer.steps)
         self._stop = False
-        self.trained_rids: list[int] = []
+        self._trained_log = open(run_dir / "trained.jsonl", "a", encoding="utf-8")
 
     def _message(self, text: str) -> None:
         self.logger.message(text) if hasattr(self, "logger") else print(text)
@@ -117,11 +120,19 @@ class Run:
                 metrics |= self._step_metrics(trajs, version, wait_s, now - t_train,
                                               now - last, now - t_start)
                 last = now
+                self._record_trained(trajs)
                 self._periodic(metrics, trajs)
                 self.logger.log(metrics)
         finally:
             self._finish()
         return metrics
+
+    def _record_trained(self, trajs) -> None:
+        """Audit trail: which rollouts (and tasks) each step trained on, for resume checks."""
+        row = {"step": self.step, "rids": [int(t.metadata.get("rid", -1)) for t in trajs],
+               "task_ids": [t.task_id for t in trajs]}
+        self._trained_log.write(json.dumps(row) + "\n")
+        self._trained_log.flush()
 
     def _progress(self) -> Progress:
         return Progress(trainer_step=self.step, episode=self.feed.stats.finished)
@@ -150,8 +161,7 @@ class Run:
         m.setdefault("policy/dis_kept_frac", 1.0)
         m.setdefault("critic/value_loss", 0.0)
         m.setdefault("critic/explained_var", 0.0)
-        for t in trajs:
-            self.trained_rids.append(int(t.metadata.get("rid", -1)))
+        m["rollout/worker_restarts"] = getattr(self.parts.backend, "restarts", 0)
         return m
 
     def _slot_utilisation(self) -> dict:
@@ -192,6 +202,7 @@ class Run:
             self.parts.backend.shutdown()
             self.journal.close()
             self.logger.close()
+            self._trained_log.close()
 
 
 def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False) -> tuple[Path, dict]:

@@ -106,7 +106,8 @@ async def _run(worker_id: int, spec: WorkerSpec, requests, results) -> None:
         try:
             await follower.wait_for(req.min_version)
             traj = await run_episode(engine, env_factory(), req.task, tokenizer, sampling=spec.sampling,
-                                     max_total_tokens=spec.max_total_tokens, progress=req.progress)
+                                     max_total_tokens=spec.max_total_tokens, progress=req.progress,
+                                     sample_index=req.rid)
             traj.metadata["worker"] = worker_id
             traj.metadata["rid"] = req.rid
             results.put(("traj", worker_id, req.rid, traj.to_dict()))

@@ -1,3 +1,4 @@
+import itertools
 import random
 
 import pytest
@@ -23,7 +24,7 @@ def test_rangeset_matches_python_set():
     assert all((x in rs) == (x in ref) for x in range(-3, 320))
     # ranges are disjoint, sorted, non-adjacent (maximally merged)
     r = rs.ranges()
-    assert all(a[1] < b[0] for a, b in zip(r, r[1:]))
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(r))
     assert list(RangeSet.from_ranges(r)) == sorted(ref)
 
 

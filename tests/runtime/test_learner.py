@@ -1,0 +1,174 @@
+"""The trainer update on real tiny models: which parameters move, DIS masking, NaN safety."""
+
+import math
+import random
+
+import pytest
+import torch
+
+import saorl.runtime.learner as learner_mod
+from saorl.algo.registry import get_preset
+from saorl.data.batch import collate
+from saorl.data.trajectory import Trajectory
+from saorl.models.critic import Critic
+from saorl.models.logprobs import token_logprobs
+from saorl.models.tiny import build_tiny
+from saorl.runtime.learner import Learner, OptimConfig
+
+PAD = 1
+
+
+def _trajs(n=4, seed=0, logprob=-2.0, reward_every=2):
+    """Multi-turn trajectories: prompt, action, observation, action; varied lengths and rewards."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p, a1, o, a2 = rng.randint(3, 6), rng.randint(2, 5), rng.randint(2, 4), rng.randint(2, 5)
+        ids = [rng.randint(2, 1000) for _ in range(p + a1 + o + a2)]
+        mask = [0] * p + [1] * a1 + [0] * o + [1] * a2
+        lp = [logprob if m else 0.0 for m in mask]
+        rewards = [0.0] * len(ids)
+        rewards[-1] = 1.0 if i % reward_every == 0 else 0.0
+        versions = [0 if m else -1 for m in mask]
+        out.append(Trajectory(ids, mask, lp, rewards, versions, p, task_id=f"t{i}",
+                              metadata={"success": rewards[-1] > 0}))
+    return out
+
+
+def _snapshot(module):
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def _changed(before, module):
+    return {n for n, p in module.named_parameters() if not torch.equal(before[n], p.detach())}
+
+
+def _learner(name="sao", kind="tiny-moe", **over):
+    policy = build_tiny(kind, seed=0)
+    preset = get_preset(name).with_overrides(**over) if over else get_preset(name)
+    critic = Critic.from_policy(policy) if preset.use_critic else None
+    return Learner(policy, critic, preset, OptimConfig(policy_lr=1e-3, critic_lr=1e-3), pad_id=PAD)
+
+
+def _matched_trajs(policy, trajs):
+    """Rollout logprobs equal to the policy's own: every ratio is exactly 1 (all kept)."""
+    b = collate(trajs, PAD)
+    with torch.no_grad():
+        lp = token_logprobs(policy, b.input_ids, b.attention_mask)
+    out = []
+    for i, t in enumerate(trajs):
+        lps = [float(lp[i, j]) if m else 0.0 for j, m in enumerate(t.action_mask)]
+        out.append(Trajectory(t.token_ids, t.action_mask, lps, t.rewards, t.versions, t.prompt_len, t.task_id,
+                              metadata=t.metadata))
+    return out
+
+
+def test_sao_step_critic_k_updates_with_frozen_attention():
+    lrn = _learner("sao")
+    critic_before, policy_before = _snapshot(lrn.critic), _snapshot(lrn.policy)
+    calls = []
+    real_value_loss = learner_mod.value_loss
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real_value_loss(*a, **k)
+
+    learner_mod.value_loss = counting
+    try:
+        m = lrn.step(_matched_trajs(lrn.policy, _trajs()))
+    finally:
+        learner_mod.value_loss = real_value_loss
+    assert len(calls) == 2 + 1  # K = 2 training steps, then one evaluation with the updated critic
+    moved = _changed(critic_before, lrn.critic)
+    assert moved, "the critic did not train"
+    assert all("mlp.experts" in n or n.startswith("value_head") for n in moved), moved
+    assert any("mlp.experts.gate_up_proj" in n for n in moved)
+    frozen = [n for n in critic_before if "self_attn" in n or "embed_tokens" in n or "norm" in n]
+    assert frozen and not (set(frozen) & moved)
+    assert _changed(policy_before, lrn.policy), "the policy did not train"
+    assert m["critic/value_loss_after"] < m["critic/value_loss"]
+    assert m["policy/version"] == 1 and lrn.version == 1
+    assert m["policy/dis_kept_frac"] == pytest.approx(1.0)
+    assert all(math.isfinite(v) for v in m.values())
+
+
+def test_full_critic_moves_attention_too():
+    lrn = _learner("sao", freeze_critic_attention=False)
+    before = _snapshot(lrn.critic)
+    lrn.step(_trajs())
+    moved = _changed(before, lrn.critic)
+    assert any("self_attn.q_proj" in n for n in moved)
+
+
+def test_dis_masks_out_of_band_tokens_in_a_real_step():
+    lrn = _learner("sao")
+    trajs = _matched_trajs(lrn.policy, _trajs())
+    # push half the action tokens far out of the band (ratio = e^5 > 1 + eps_high = 6)
+    shifted = []
+    n_action = n_out = 0
+    for t in trajs:
+        lp = list(t.rollout_logprobs)
+        for j, m in enumerate(t.action_mask):
+            if m:
+                n_action += 1
+                if j % 2 == 0:
+                    lp[j] -= 5.0
+                    n_out += 1
+        shifted.append(Trajectory(t.token_ids, t.action_mask, lp, t.rewards, t.versions, t.prompt_len,
+                                  t.task_id, metadata=t.metadata))
+    m = lrn.step(shifted)
+    assert m["policy/dis_kept_frac"] == pytest.approx(1 - n_out / n_action, abs=1e-6)
+    assert m["policy/dis_masked_high_frac"] == pytest.approx(n_out / n_action, abs=1e-6)
+
+
+def test_all_tokens_masked_leaves_policy_bit_identical():
+    lrn = _learner("sao")
+    trajs = [Trajectory(t.token_ids, t.action_mask, [-30.0 if m else 0.0 for m in t.action_mask], t.rewards,
+                        t.versions, t.prompt_len, t.task_id) for t in _trajs()]
+    before = _snapshot(lrn.policy)
+    m = lrn.step(trajs)
+    assert m["policy/dis_kept_frac"] == 0.0
+    assert not _changed(before, lrn.policy)
+
+
+def test_nan_loss_is_skipped_and_never_reaches_the_weights(monkeypatch):
+    lrn = _learner("sao")
+    real = learner_mod.POLICY_LOSSES["dis"]
+
+    def poisoned(*a, **k):
+        loss, metrics = real(*a, **k)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setitem(learner_mod.POLICY_LOSSES, "dis", poisoned)
+    before = _snapshot(lrn.policy)
+    m = lrn.step(_matched_trajs(lrn.policy, _trajs()))
+    assert not _changed(before, lrn.policy)
+    assert m["train/nonfinite_skips"] == 1 and lrn.version == 0
+    # the optimizer state is untouched too: the next good step trains normally
+    monkeypatch.setitem(learner_mod.POLICY_LOSSES, "dis", real)
+    m = lrn.step(_matched_trajs(lrn.policy, _trajs()))
+    assert _changed(before, lrn.policy) and lrn.version == 1
+    assert all(torch.isfinite(p).all() for p in lrn.policy.parameters())
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo_dis", "vapo", "ppo", "reinforce_rm"])
+def test_every_baseline_takes_a_step(name):
+    lrn = _learner(name, kind="tiny-dense")
+    before = _snapshot(lrn.policy)
+    trajs = _trajs(n=8 if get_preset(name).group_size > 1 else 4)
+    gids = [i // 2 for i in range(len(trajs))]
+    m = lrn.step(_matched_trajs(lrn.policy, trajs), gids)
+    assert _changed(before, lrn.policy)
+    assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
+    if get_preset(name).use_critic:
+        assert "critic/value_loss" in m
+    if name == "vapo":
+        assert "policy/lm_loss" in m
+
+
+def test_warmup_scales_the_learning_rate():
+    policy = build_tiny("tiny-dense", seed=0)
+    lrn = Learner(policy, None, get_preset("reinforce_rm"), OptimConfig(policy_lr=1e-3, warmup_steps=4),
+                  pad_id=PAD)
+    lrs = [lrn.step(_trajs())["policy/lr"] for _ in range(5)]
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
