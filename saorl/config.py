@@ -293,6 +293,21 @@ class SFTConfig(_Section):
     how many of them are deliberately wrong)."""
 
 
+class ValuePretrainConfig(_Section):
+    enabled: bool = True
+    """Before RL, fit the critic on Monte-Carlo returns of rollouts of the initial policy, when the
+    algorithm preset asks for it (``algo.value_pretrain``). Cached under ``run.out_dir/.cache``."""
+    rollouts: int = Field(256, ge=2)
+    """Rollouts of the initial policy sampled (one per training task); 20% are held out for the
+    validation loss and explained variance."""
+    steps: int = Field(150, ge=1)
+    """Critic optimizer steps of each fit (one fit per data fraction: 25%, 50%, 100%)."""
+    batch_size: int = Field(16, ge=1)
+    """Rollouts per critic step."""
+    lr: float = Field(1e-3, gt=0.0)
+    """AdamW learning rate of the critic during value pretraining."""
+
+
 class SaorlConfig(_Section):
     """Everything a run needs. Defaults = ``configs/sao_math_tool.yaml``, SAO on math_tool, CPU."""
 
@@ -314,6 +329,8 @@ class SaorlConfig(_Section):
     """Orchestration backend and schedule."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
     """Supervised warm start of the policy before RL."""
+    value_pretrain: ValuePretrainConfig = Field(default_factory=ValuePretrainConfig)
+    """Value pretraining of the critic on rollouts of the initial policy, before RL."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> SaorlConfig:
