@@ -99,6 +99,9 @@ class Run:
     def loop(self) -> dict:
         cfg, p = self.cfg, self.parts
         p.backend.start()
+        if self.step == 0 and cfg.run.eval_every:
+            start = self._evaluate()  # the starting point every later evaluation is compared with
+            self._message(f"step 0 eval: accuracy {start.get('eval/accuracy', float('nan')):.3f}")
         t_start, last = time.monotonic(), time.monotonic()
         deadline = t_start + cfg.trainer.max_wall_s if cfg.trainer.max_wall_s else None
         metrics: dict = {}
@@ -130,7 +133,8 @@ class Run:
     def _record_trained(self, trajs) -> None:
         """Audit trail: which rollouts (and tasks) each step trained on, for resume checks."""
         row = {"step": self.step, "rids": [int(t.metadata.get("rid", -1)) for t in trajs],
-               "task_ids": [t.task_id for t in trajs]}
+               "task_ids": [t.task_id for t in trajs],
+               "versions": [sorted(set(t.action_versions)) for t in trajs]}
         self._trained_log.write(json.dumps(row) + "\n")
         self._trained_log.flush()
 
@@ -173,11 +177,19 @@ class Run:
     def _periodic(self, metrics: dict, trajs) -> None:
         cfg = self.cfg
         if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-            metrics |= self.parts.evaluate(self.learner.policy, self._progress())
+            metrics |= self._evaluate()
         if cfg.run.samples_every and self.step % cfg.run.samples_every == 0:
             self.parts.write_samples(self.dir / "samples", self.step, trajs)
         if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
             self.checkpoint()
+
+    def _evaluate(self) -> dict:
+        t0 = time.monotonic()
+        m = self.parts.evaluate(self.learner.policy, self._progress())
+        m["time/eval_s"] = time.monotonic() - t0
+        with open(self.dir / "eval.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": self.step, "policy/version": self.learner.version, **m}) + "\n")
+        return m
 
     def checkpoint(self) -> Path:
         seg = self.journal.rotate()

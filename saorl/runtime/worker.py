@@ -139,8 +139,13 @@ async def _run(worker_id: int, spec: WorkerSpec, requests, results) -> None:
 
 def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     """Process entry point (spawned)."""
+    import signal
+
     import torch
 
+    # Ctrl-C in a terminal reaches the whole process group: the trainer handles it (checkpoint,
+    # then an orderly shutdown of the workers), so a worker must not die of it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed + 1000 * worker_id)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,272 @@
+"""Value pretraining: fit the critic on rollouts of the initial policy, before RL (DESIGN §1).
+
+The paper's "scaled value pretraining": a critic initialised from the policy knows nothing about
+returns, so the first RL updates would use near-random advantages. Instead, before RL:
+
+1. sample ``value_pretrain.rollouts`` trajectories of the *fixed* initial policy (one per training
+   task, at the rollout temperature) with the local engine;
+2. hold out 20% of them; compute Monte-Carlo returns along the preset's chain
+   (``R_k = Σ_{j≥k} γ^{j−k} r_{a_j}``, GAE with λ = 1, independent of V);
+3. fit a critic initialised from the policy (frozen attention when the preset says so) with
+   ``0.5 · (V − R)²`` over the chain tokens, on 25%, 50% and 100% of the remaining rollouts,
+   ``value_pretrain.steps`` minibatch steps each, every fit starting from the same initial critic;
+4. report the held-out value loss and explained variance per fit (the scaling curve: how much
+   the critic gains from more rollouts) and keep the 100% fit.
+
+Departures and choices:
+- The chain follows the preset, as the RL critic updates do (``critic_targets`` with λ = 1):
+  action tokens only with ``skip_observation`` (sao: exactly ``mc_returns`` over ``action_mask``),
+  every response token otherwise (vapo), so pretraining fits the very targets RL will use.
+- Rollouts use training tasks drawn with a seed of their own (``seed + 15485863``), independent of
+  the SFT demonstrations and of the RL task order; a task file shorter than ``rollouts`` is cycled
+  (a repeated task gets a different sample).
+- Each fit uses a constant learning rate (no warm-up or decay): the fits are short and
+  their comparison across data sizes is the point.
+
+:func:`initial_critic` is what a run calls: the result is cached under
+``run.out_dir/.cache/critic-<key>``, keyed by everything that determines it, like the SFT warm
+start (:mod:`saorl.runtime.warmstart`), so every arm of a comparison starts from the same critic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from saorl.algo.losses import value_loss
+from saorl.algo.registry import AlgoPreset
+from saorl.config import SaorlConfig
+from saorl.data.batch import Batch, collate
+from saorl.data.trajectory import Trajectory
+from saorl.envs.registry import load_tasks, make_env_factory
+from saorl.models.checkpoint import save_critic
+from saorl.models.critic import Critic
+from saorl.models.loading import load_policy
+from saorl.models.tokenizer import load_tokenizer
+from saorl.runtime.learner import critic_targets
+from saorl.runtime.setup import sampling_params
+
+FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
+"""Fractions of the training rollouts fitted on, one row of the scaling curve each."""
+VAL_FRACTION = 0.2
+"""Share of the rollouts held out for the validation loss and explained variance."""
+METRICS_FILE = "value_pretrain_metrics.json"
+_TASK_SEED_OFFSET = 15485863
+
+
+# ------------------------------------------------------------------------------------- key, cache
+def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
+    """Hash of everything that determines the pretrained critic (16 hex digits)."""
+    p, r = cfg.algo.resolve(), cfg.rollout
+    ident = {
+        "policy": policy_spec, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
+        "env": cfg.env.model_dump(exclude={"num_train_tasks", "num_test_tasks"}), "seed": cfg.seed,
+        "rollout": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
+                    "max_new_tokens": r.max_new_tokens, "max_total_tokens": r.max_total_tokens},
+        "value_pretrain": cfg.value_pretrain.model_dump(exclude={"enabled"}),
+        "gamma": p.gamma, "freeze_critic_attention": p.freeze_critic_attention,
+        "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None] = print) -> str | None:
+    """The critic directory RL starts from, or None for a critic initialised from the policy.
+
+    None when the preset trains no critic. Otherwise ``cfg.model.critic`` when set; None when
+    value pretraining is off (``algo.value_pretrain`` resolves to False, or
+    ``value_pretrain.enabled`` is False); else the cached ``run.out_dir/.cache/critic-<key>``,
+    pretrained on rollouts of ``policy_spec`` first if it is not there yet.
+    """
+    preset = cfg.algo.resolve()
+    if not preset.use_critic:
+        return None
+    if cfg.model.critic:
+        return cfg.model.critic
+    if not (preset.value_pretrain and cfg.value_pretrain.enabled):
+        return None
+    out = Path(cfg.run.out_dir) / ".cache" / f"critic-{value_pretrain_key(cfg, policy_spec)}"
+    if (out / "critic.json").exists():
+        log(f"value pretraining: using the cached critic {out}")
+        return str(out)
+    run_value_pretrain(cfg, policy_spec, out, log)
+    return str(out)
+
+
+# ---------------------------------------------------------------------------------------- data
+def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int) -> list[Trajectory]:
+    """``n`` trajectories of ``policy`` on training tasks, at the rollout sampling settings."""
+    from saorl.agent.loop import run_episodes
+    from saorl.engines.local import LocalEngine
+
+    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
+    tasks = load_tasks(env_factory(), "train", n, cfg.seed + _TASK_SEED_OFFSET, cfg.env.tasks_file)
+    if not tasks:
+        raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
+    tasks = [tasks[i % len(tasks)] for i in range(n)]
+    r = cfg.rollout
+    engine = LocalEngine(policy, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
+    try:
+        sampling = replace(sampling_params(cfg), seed=cfg.seed)
+        return asyncio.run(run_episodes(engine, env_factory, tasks, tokenizer,
+                                        concurrency=2 * r.engine_slots, sampling=sampling,
+                                        max_total_tokens=r.max_total_tokens))
+    finally:
+        engine.close()
+
+
+def split_rollouts(trajs: Sequence[Trajectory], seed: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(train, held-out): a seeded shuffle, ``max(1, round(20%))`` held out; needs ≥ 2 rollouts."""
+    if len(trajs) < 2:
+        raise ValueError(f"value pretraining needs at least 2 rollouts (train + held out), got {len(trajs)}")
+    order = list(range(len(trajs)))
+    random.Random(seed).shuffle(order)
+    n_val = min(len(trajs) - 1, max(1, round(VAL_FRACTION * len(trajs))))
+    return [trajs[i] for i in order[n_val:]], [trajs[i] for i in order[:n_val]]
+
+
+def chain_targets(batch: Batch, preset: AlgoPreset) -> tuple[torch.Tensor, torch.Tensor]:
+    """(returns ``[B, T]``, mask ``[B, T]``): Monte-Carlo returns on the preset's chain.
+
+    The mask is ``action_mask`` with ``skip_observation`` and ``response_mask`` otherwise; returns
+    are 0 wherever the mask is 0.
+    """
+    mc = preset.with_overrides(lam_critic=1.0)
+    returns = critic_targets(batch, torch.zeros_like(batch.rewards), mc)
+    return returns, batch.action_mask if preset.skip_observation else batch.response_mask
+
+
+# ------------------------------------------------------------------------------------- fitting
+@torch.no_grad()
+def critic_metrics(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, *, pad_id: int,
+                   batch_size: int, device: str = "cpu") -> dict[str, float]:
+    """Value loss ``0.5·mean (V − R)²`` and explained variance over all chain tokens of ``trajs``."""
+    was_training = critic.training
+    critic.eval()
+    values, returns = [], []
+    for i in range(0, len(trajs), batch_size):
+        b = collate(trajs[i:i + batch_size], pad_id).to(device)
+        r, mask = chain_targets(b, preset)
+        v = critic(b.input_ids, b.attention_mask)
+        values.append(v[mask.bool()].float().cpu())
+        returns.append(r[mask.bool()].float().cpu())
+    critic.train(was_training)
+    v, r = torch.cat(values)[None], torch.cat(returns)[None]
+    _, m = value_loss(v, r, torch.ones_like(v))
+    return {"loss": m["critic/value_loss"], "explained_var": m["critic/explained_var"],
+            "return_mean": m["critic/return_mean"], "value_mean": m["critic/value_mean"]}
+
+
+def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, *, steps: int,
+               batch_size: int, lr: float, grad_clip: float, pad_id: int, seed: int,
+               device: str = "cpu") -> dict[str, float]:
+    """Train ``critic`` in place on ``trajs`` for ``steps`` minibatch steps; last step's metrics.
+
+    Frozen attention per ``preset.freeze_critic_attention`` (frozen parameters never change).
+    Minibatches of ``min(batch_size, len(trajs))`` distinct rollouts, reshuffled every epoch.
+    A step whose loss or gradient norm is not finite is skipped.
+    """
+    if not trajs:
+        raise ValueError("fit_critic needs at least one trajectory")
+    critic.set_frozen_attention(preset.freeze_critic_attention)
+    params = critic.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    gen, order = random.Random(seed), list[int]()
+    size = min(batch_size, len(trajs))
+    metrics: dict[str, float] = {}
+    critic.train()
+    for _ in range(steps):
+        if len(order) < size:  # a new epoch; a short remainder is dropped
+            order = list(range(len(trajs)))
+            gen.shuffle(order)
+        idx, order = order[:size], order[size:]
+        b = collate([trajs[i] for i in idx], pad_id).to(device)
+        returns, mask = chain_targets(b, preset)
+        loss, metrics = value_loss(critic(b.input_ids, b.attention_mask), returns, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        if torch.isfinite(loss) and torch.isfinite(norm):
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    critic.eval()
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------- run
+def run_value_pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path,
+                       log: Callable[[str], None] = print) -> dict:
+    """Sample rollouts of ``policy_spec``, fit the critic, save it to ``out_dir``; final metrics.
+
+    Writes ``out_dir`` (``save_critic`` layout) and ``out_dir/value_pretrain_metrics.json``
+    (``{"final": {...}, "curve": [row, ...]}``, one row per data fraction plus the unfitted
+    critic as fraction 0). Returns the ``value_pretrain/*`` metrics of the 100% fit.
+    """
+    out_dir, vp, preset = Path(out_dir), cfg.value_pretrain, cfg.algo.resolve()
+    if not preset.use_critic:
+        raise ValueError(f"algorithm {preset.name!r} has no critic to pretrain")
+    t0 = time.monotonic()
+    torch.manual_seed(cfg.seed)
+    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    log(f"value pretraining: sampling {vp.rollouts} rollouts of {policy_spec} on {cfg.env.type}")
+    trajs = sample_rollouts(cfg, policy, tokenizer, vp.rollouts)
+    rollout_s = time.monotonic() - t0
+    train, val = split_rollouts(trajs, cfg.seed)
+    log(f"value pretraining: {len(trajs)} rollouts in {rollout_s:.0f}s "
+        f"(success {sum(bool(t.metadata.get('success')) for t in trajs) / len(trajs):.2f}); "
+        f"fitting on {len(train)}, holding out {len(val)}")
+    kw = dict(pad_id=tokenizer.pad_token_id, device=cfg.model.device)
+
+    def fresh() -> Critic:
+        return Critic.from_policy(policy, seed=cfg.seed)
+
+    rows = [_row(0.0, 0, critic_metrics(fresh(), val, preset, batch_size=vp.batch_size, **kw), None)]
+    sizes = sorted({max(1, round(f * len(train))) for f in FRACTIONS})
+    critic = None
+    for n in sizes:
+        critic = fresh()
+        fit = fit_critic(critic, train[:n], preset, steps=vp.steps, batch_size=vp.batch_size, lr=vp.lr,
+                         grad_clip=cfg.trainer.grad_clip, seed=cfg.seed, **kw)
+        val_m = critic_metrics(critic, val, preset, batch_size=vp.batch_size, **kw)
+        rows.append(_row(n / len(train), n, val_m, fit["critic/value_loss"]))
+        log(f"value pretraining: {n} rollouts: val loss {val_m['loss']:.4f}, "
+            f"val explained var {val_m['explained_var']:.3f}")
+    save_critic(critic, out_dir)
+    last = rows[-1]
+    final = {
+        "value_pretrain/rollouts": float(len(trajs)), "value_pretrain/train_rollouts": float(len(train)),
+        "value_pretrain/val_rollouts": float(len(val)), "value_pretrain/val_loss": last["val_loss"],
+        "value_pretrain/val_explained_var": last["val_explained_var"],
+        "value_pretrain/val_loss_unfitted": rows[0]["val_loss"],
+        "value_pretrain/train_loss": last["train_loss"], "value_pretrain/return_mean": last["return_mean"],
+        "value_pretrain/success_frac": sum(bool(t.metadata.get("success")) for t in trajs) / len(trajs),
+        "value_pretrain/rollout_s": rollout_s, "value_pretrain/elapsed_s": time.monotonic() - t0,
+    }
+    (out_dir / METRICS_FILE).write_text(json.dumps({"final": final, "curve": rows}, indent=2) + "\n")
+    log(format_curve(rows))
+    return final
+
+
+def _row(fraction: float, n: int, val: dict[str, float], train_loss: float | None) -> dict:
+    return {"fraction": fraction, "rollouts": n, "val_loss": val["loss"],
+            "val_explained_var": val["explained_var"], "return_mean": val["return_mean"],
+            "train_loss": train_loss}
+
+
+def format_curve(rows: Sequence[dict]) -> str:
+    """The scaling curve as a small text table (rollouts used, val loss, val explained variance)."""
+    lines = [f"{'rollouts':>9} {'fraction':>9} {'val loss':>10} {'val EV':>8} {'train loss':>11}"]
+    for r in rows:
+        train = "-" if r["train_loss"] is None else f"{r['train_loss']:.4f}"
+        lines.append(f"{r['rollouts']:>9} {r['fraction']:>9.2f} {r['val_loss']:>10.4f} "
+                     f"{r['val_explained_var']:>8.3f} {train:>11}")
+    return "\n".join(lines)
