@@ -11,7 +11,8 @@ its assigned number of tokens. Two workloads, measured side by side in one run:
     counted); the engine refills a finished slot at once.
 
 Throughput = requested (useful) tokens / wall time, including prefill; each side is timed
-``--repeats`` times, interleaved, and the fastest run counts. Prints a Markdown table.
+``--repeats`` times after one discarded warm-up round, interleaved in alternating order, and
+the fastest run counts. Prints a Markdown table.
 
     python benchmarks/bench_engine.py            # 64 prompts × 128 new tokens
     python benchmarks/bench_engine.py --quick    # 32 prompts × 64 new tokens
@@ -99,27 +100,32 @@ def main() -> None:
     tails = lognormal_lengths(args.prompts, mean, 1.0, int(8 * mean), gen)
     workloads = {"(a) equal lengths": [args.new_tokens] * args.prompts, "(b) lognormal, CV≈1": tails}
     engine = LocalEngine(model, tok, max_batch_size=args.batch_size, stop_on_eos=False)
-    with torch.inference_mode():  # warm-up both paths
-        run_generate(model, prompts[:2], [4, 4], args.batch_size)
-    run_engine(engine, prompts[:2], [4, 4])
-    t = torch.tensor(tails, dtype=torch.float64)
+    tl = torch.tensor(tails, dtype=torch.float64)
     print(
         f"tiny-moe, batch {args.batch_size}, {args.prompts} prompts, {args.threads} threads, "
-        f"best of {args.repeats}; lognormal lengths: mean {t.mean():.1f}, "
-        f"CV {t.std() / t.mean():.2f}, max {int(t.max())}\n"
+        f"best of {args.repeats}; lognormal lengths: mean {tl.mean():.1f}, "
+        f"CV {tl.std() / tl.mean():.2f}, max {int(tl.max())}\n"
     )
     print("| workload | tokens | generate tok/s | LocalEngine tok/s | ratio | engine slot utilisation |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, lengths in workloads.items():
         t_gen, t_eng, steps, busy = math.inf, math.inf, 0, 0
-        for _ in range(args.repeats):  # interleaved, so drifting machine load hits both sides alike
-            with torch.inference_mode():
-                t_gen = min(t_gen, run_generate(model, prompts, lengths, args.batch_size))
-            before = engine.stats()
-            t_eng = min(t_eng, run_engine(engine, prompts, lengths))
-            after = engine.stats()
-            steps += after["decode_steps"] - before["decode_steps"]
-            busy += after["busy_slot_steps"] - before["busy_slot_steps"]
+        # one discarded warm-up round (first use of each shape is slow on CPU), then interleaved
+        # rounds in alternating order, so drifting machine load hits both sides alike
+        for rep in range(args.repeats + 1):
+            for side in ("gen", "eng") if rep % 2 else ("eng", "gen"):
+                if side == "gen":
+                    with torch.inference_mode():
+                        t = run_generate(model, prompts, lengths, args.batch_size)
+                    t_gen = min(t_gen, t) if rep else t_gen
+                    continue
+                before = engine.stats()
+                t = run_engine(engine, prompts, lengths)
+                after = engine.stats()
+                if rep:
+                    t_eng = min(t_eng, t)
+                    steps += after["decode_steps"] - before["decode_steps"]
+                    busy += after["busy_slot_steps"] - before["busy_slot_steps"]
         util = busy / max(1, steps * args.batch_size)
         n = sum(lengths)
         print(f"| {name} | {n} | {n / t_gen:.0f} | {n / t_eng:.0f} | {t_gen / t_eng:.2f}× | {util:.2f} |")
