@@ -15,6 +15,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("saorl.runtime.train_cmd", "train a policy with SAO or a baseline (default: SAO on math_tool)"),
     "eval": ("saorl.runtime.eval_cmd", "evaluate a run or checkpoint on an env's test split"),
+    "sft": ("saorl.runtime.sft_cmd", "fine-tune a policy on an env's demonstrations; accuracy before/after"),
+    "value-pretrain": ("saorl.runtime.value_pretrain_cmd", "fit a critic on rollouts of a fixed policy"),
     "serve": ("saorl.engines.serve", "serve the local engine over OpenAI-compatible HTTP"),
     "envs": ("saorl.envs.cli", "list environments, sample tasks and demonstrations"),
     "config": ("saorl.config_cmd", "print the resolved config (defaults, YAML and overrides)"),

@@ -1,0 +1,170 @@
+"""Value pretraining: the critic fits Monte-Carlo returns of a fixed policy; cached; the CLI."""
+
+import json
+import random
+
+import pytest
+import torch
+
+import saorl.runtime.value_pretrain as vp
+from saorl.cli import main
+from saorl.config import load_config
+from saorl.data.batch import collate
+from saorl.data.trajectory import Trajectory
+from saorl.envs.base import Env, StepResult, Task
+from saorl.models.checkpoint import load_critic, save_critic
+from saorl.models.critic import Critic
+from saorl.models.loading import load_policy
+from saorl.models.tiny import build_tiny
+
+
+class CoinEnv(Env):
+    """One turn. Task "heads" pays 1 whatever the action, "tails" pays 0: the return is a function
+    of the prompt only, so a critic can learn it from a handful of rollouts."""
+
+    name = "coin"
+    stop_strings = ("\n",)
+    max_turns = 1
+
+    def generate_tasks(self, split, n, seed):
+        rng = random.Random(f"coin/{split}/{seed}")
+        return [Task(f"coin/{split}/{seed}/{i}", {"side": rng.choice(["heads", "tails"])}) for i in range(n)]
+
+    def reset(self, task, progress=None):
+        self.side = task.data["side"]
+        return f"The coin shows {self.side} {self.side} {self.side}. Say something:"
+
+    def step(self, action):
+        reward = 1.0 if self.side == "heads" else 0.0
+        return StepResult("", reward, True, {"success": reward > 0})
+
+
+TINY = [f"env.type={__name__}:CoinEnv", "model.policy=tiny-dense", "sft.enabled=false",
+        "value_pretrain.rollouts=16", "value_pretrain.steps=10", "value_pretrain.batch_size=8",
+        "rollout.max_new_tokens=6", "rollout.max_total_tokens=64", "rollout.engine_slots=16"]
+
+
+def _cfg(tmp_path, *more):
+    return load_config(None, [*TINY, f"run.out_dir={tmp_path}", *more])
+
+
+@pytest.mark.slow
+def test_cli_fits_a_critic_and_reports_the_scaling_curve(tmp_path, capsys):
+    out = tmp_path / "critic"
+    # seed 1: the 3 held-out rollouts mix heads and tails, so explained variance is informative
+    rc = main(["value-pretrain", *TINY, "seed=1", f"run.out_dir={tmp_path}", "--out", str(out),
+               "--policy", "tiny-dense"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "val EV" in printed and "critic written to" in printed
+
+    data = json.loads((out / vp.METRICS_FILE).read_text())
+    curve, final = data["curve"], data["final"]
+    # 16 rollouts: 3 held out, 13 to fit on; fits on round(25%, 50%, 100% of 13) = 3, 6, 13
+    assert [r["rollouts"] for r in curve] == [0, 3, 6, 13]
+    assert [r["fraction"] for r in curve] == pytest.approx([0.0, 3 / 13, 6 / 13, 1.0])
+    for r in curve:
+        assert set(r) >= {"val_loss", "val_explained_var"}
+        assert torch.isfinite(torch.tensor([r["val_loss"], r["val_explained_var"]])).all()
+    assert final["value_pretrain/val_rollouts"] == 3 and final["value_pretrain/train_rollouts"] == 13
+    assert final["value_pretrain/val_explained_var"] == curve[-1]["val_explained_var"]
+    # held-out returns are 0 (tails) or 1 (heads), a function of the prompt: the fitted critic
+    # predicts them (measured: EV 0.98-0.99 per fraction), the unfitted one (values ≈ 0) does not
+    assert 0.0 < final["value_pretrain/return_mean"] < 1.0
+    assert final["value_pretrain/val_loss"] < 0.1 * final["value_pretrain/val_loss_unfitted"]
+    assert all(r["val_explained_var"] > 0.5 for r in curve[1:]) and curve[0]["val_explained_var"] < 0.5
+
+    critic = load_critic(out)
+    trunk0 = dict(load_policy("tiny-dense", seed=1).model.named_parameters())
+    moved, frozen = set(), set()
+    for name, p in critic.trunk.named_parameters():
+        same = torch.equal(p, trunk0[name])
+        if "mlp." in name:
+            moved |= set() if same else {name}
+        else:
+            assert same, f"{name} is frozen under frozen attention but changed"
+            frozen.add(name)
+    assert moved and any("self_attn" in n for n in frozen) and "embed_tokens.weight" in frozen
+
+
+def _fake_pretrain(calls):
+    def fake(cfg, policy_spec, out_dir, log=print):
+        calls.append(policy_spec)
+        save_critic(Critic.from_policy(build_tiny("tiny-dense", seed=0)), out_dir)
+        return {}
+    return fake
+
+
+def test_initial_critic_is_cached_by_key(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(vp, "run_value_pretrain", _fake_pretrain(calls))
+    cfg = _cfg(tmp_path)
+    first = vp.initial_critic(cfg, "tiny-dense", log=lambda _: None)
+    second = vp.initial_critic(cfg, "tiny-dense", log=lambda _: None)
+    assert first == second and calls == ["tiny-dense"]
+    assert first == str(tmp_path / ".cache" / f"critic-{vp.value_pretrain_key(cfg, 'tiny-dense')}")
+    load_critic(first)
+    # anything that changes the result changes the key: settings, policy, preset's gamma
+    other = vp.initial_critic(_cfg(tmp_path, "value_pretrain.rollouts=32"), "tiny-dense", log=lambda _: None)
+    assert other != first and len(calls) == 2
+    keys = {vp.value_pretrain_key(cfg, "tiny-dense"), vp.value_pretrain_key(cfg, "tiny-moe"),
+            vp.value_pretrain_key(_cfg(tmp_path, "algo.gamma=0.9"), "tiny-dense"),
+            vp.value_pretrain_key(_cfg(tmp_path, "rollout.temperature=0.5"), "tiny-dense")}
+    assert len(keys) == 4
+    # settings that do not change the critic share the cache
+    assert vp.value_pretrain_key(_cfg(tmp_path, "env.num_test_tasks=7", "value_pretrain.enabled=true"),
+                                 "tiny-dense") == vp.value_pretrain_key(cfg, "tiny-dense")
+
+
+@pytest.mark.parametrize("more", [["algo.name=grpo", "trainer.batch_size=8"], ["algo.name=reinforce_rm"],
+                                  ["algo.name=ppo"], ["value_pretrain.enabled=false"],
+                                  ["algo.value_pretrain=false"]])
+def test_initial_critic_none_when_off(tmp_path, monkeypatch, more):
+    calls = []
+    monkeypatch.setattr(vp, "run_value_pretrain", _fake_pretrain(calls))
+    assert vp.initial_critic(_cfg(tmp_path, *more), "tiny-dense") is None
+    assert calls == []
+
+
+def test_initial_critic_prefers_a_configured_critic(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(vp, "run_value_pretrain", _fake_pretrain(calls))
+    assert vp.initial_critic(_cfg(tmp_path, "model.critic=/some/critic"), "tiny-dense") == "/some/critic"
+    assert vp.initial_critic(_cfg(tmp_path, "algo.name=grpo", "trainer.batch_size=8",
+                                  "model.critic=/some/critic"), "tiny-dense") is None
+    assert calls == []
+
+
+def _traj():
+    # prompt 2, action 2, observation 2, action 1; reward 1 on the observation, 2 at the end
+    mask = [0, 0, 1, 1, 0, 0, 1]
+    rewards = [0, 0, 0, 0, 1.0, 0, 2.0]
+    return Trajectory(list(range(2, 9)), mask, [-1.0 if m else 0.0 for m in mask], rewards,
+                      [0 if m else -1 for m in mask], 2, task_id="t")
+
+
+def test_chain_targets_follow_the_preset():
+    b = collate([_traj()], pad_id=1)
+    sao = load_config(None, ["algo.gamma=0.5"]).algo.resolve()
+    returns, mask = vp.chain_targets(b, sao)
+    assert mask.tolist() == [[0, 0, 1, 1, 0, 0, 1]]
+    # action chain a=(2, 3, 6); reward 1 credited to position 3; R_6 = 2, R_3 = 1 + .5·2, R_2 = .5·2
+    assert returns.tolist() == [[0, 0, 1.0, 2.0, 0, 0, 2.0]]
+    vapo = load_config(None, ["algo.name=vapo", "algo.gamma=0.5", "trainer.batch_size=8"]).algo.resolve()
+    returns, mask = vp.chain_targets(b, vapo)
+    assert mask.tolist() == [[0, 0, 1, 1, 1, 1, 1]]
+    # token chain through the observation: R_6 = 2, R_5 = 1, R_4 = 1 + .5, R_3 = .75, R_2 = .375
+    assert returns.tolist() == [[0, 0, 0.375, 0.75, 1.5, 1.0, 2.0]]
+
+
+def test_split_rollouts_holds_out_a_fifth():
+    trajs = [_traj() for _ in range(16)]
+    ids = {id(t): i for i, t in enumerate(trajs)}
+    train, val = vp.split_rollouts(trajs, seed=3)
+    assert len(val) == 3 and len(train) == 13
+    assert {ids[id(t)] for t in train}.isdisjoint({ids[id(t)] for t in val})
+    again, _ = vp.split_rollouts(trajs, seed=3)
+    assert [ids[id(t)] for t in again] == [ids[id(t)] for t in train]
+    assert [len(x) for x in vp.split_rollouts(trajs[:2], seed=0)] == [1, 1]
+    with pytest.raises(ValueError, match="at least 2 rollouts"):
+        vp.split_rollouts(trajs[:1], seed=0)
