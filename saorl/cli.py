@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("saorl.engines.serve", "serve the local engine over OpenAI-compatible HTTP"),
     "envs": ("saorl.envs.cli", "list environments, sample tasks and demonstrations"),
     "config": ("saorl.config_cmd", "print the resolved config (defaults, YAML and overrides)"),
+    "simulate": ("saorl.sim.cli",
+                 "predict throughput, utilisation and staleness of sync vs async at any scale"),
 }
 
 
