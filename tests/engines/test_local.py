@@ -212,6 +212,8 @@ def test_max_seq_len_and_closed_engine(tiny_moe, tok):
 
 
 def test_concurrent_agenerate_matches_sequential(engine, tok):
+    # 8 requests, 4 slots: later requests are prefilled and merged into a running batch whose rows
+    # have other lengths (both sides get left-padded), and must still match their solo greedy run
     prompts = [tok.encode(s) for s in PROMPTS] * 2
     lengths = [3, 17, 9, 30, 1, 12, 25, 6]
     params = [SamplingParams(temperature=0, max_new_tokens=n) for n in lengths]
