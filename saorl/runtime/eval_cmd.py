@@ -1,0 +1,206 @@
+"""``saorl eval TARGET [key=value ...] [--tasks N] [--split test|train] [--show N] [--temperature T]``.
+
+Evaluates a policy on an env's test (or train) split, one episode per task, greedy by default,
+and prints accuracy, mean reward, mean turns and mean action tokens as a small table.
+
+``TARGET`` is one of:
+
+- a run directory (holds ``config.yaml``): env and rollout settings come from the run's config
+  (overrides apply on top); the policy is ``RUN/final/policy`` when the run finished, else the
+  latest checkpoint's ``policy.safetensors`` loaded into the run's initial policy architecture
+  (its cached SFT warm start when present, else ``model.policy``; SFT is never run here);
+- a checkpoint directory ``RUN/checkpoints/step-N`` (holds ``manifest.json``): that checkpoint,
+  with its run's config;
+- an HF policy directory (``config.json`` + safetensors, e.g. ``RUN/final/policy`` or the output
+  of ``saorl sft``): settings from the defaults plus overrides (default env: math_tool);
+- a tiny kind (``tiny-moe``, ``tiny-dense``): a freshly initialised model (from ``seed``).
+
+The evaluation is the trainer's (:func:`saorl.runtime.evaluate.evaluate`); the test tasks are
+the first ``--tasks`` of the run's test split, so numbers compare with the run's ``eval/*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from saorl.config import ConfigError, SaorlConfig, load_config
+
+_ROWS = (("accuracy", "eval/accuracy", ".3f"), ("reward mean", "eval/reward_mean", ".3f"),
+         ("turns mean", "eval/turns_mean", ".2f"), ("action tokens mean", "eval/action_tokens_mean", ".1f"),
+         ("truncated frac", "eval/truncated_frac", ".3f"), ("episodes", "eval/episodes", ".0f"))
+
+
+class TargetError(ValueError):
+    """An eval target that is none of: run dir, checkpoint dir, policy dir, tiny kind."""
+
+
+@dataclass
+class Target:
+    cfg: SaorlConfig
+    description: str
+    """What is evaluated, for the table header (e.g. ``runs/x (final policy)``)."""
+    load: Callable[[], torch.nn.Module]
+    """Loads the policy (in eval mode)."""
+    tokenizer: str | None
+    """Tokenizer directory (None: the shipped one)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="a run directory, a checkpoint directory, an HF policy directory or a tiny kind")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted config overrides, e.g. env.type=code_repair rollout.max_new_tokens=64")
+    p.add_argument("--tasks", type=int, metavar="N",
+                   help="episodes to run, one per task (default: run.eval_tasks)")
+    p.add_argument("--split", choices=("test", "train"), default="test", help="task split (default: test)")
+    p.add_argument("--show", type=int, default=0, metavar="N", help="print the first N episodes")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    p.add_argument("--no-color", action="store_true",
+                   help="label the parts of shown episodes instead of colouring them")
+    p.add_argument("--json", action="store_true", help="print the metrics (and shown episodes) as JSON")
+
+
+# ---------------------------------------------------------------------------------- targets
+def _policy_loader(spec: str, cfg: SaorlConfig, state_file: Path | None = None) -> Callable:
+    def load() -> torch.nn.Module:
+        from saorl.models.checkpoint import load_safetensors
+        from saorl.models.loading import load_policy
+
+        model = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+        if state_file is not None:
+            model.load_state_dict(load_safetensors(state_file, device=cfg.model.device))
+        return model.eval()
+    return load
+
+
+def _initial_spec(cfg: SaorlConfig) -> str:
+    """The run's initial policy (architecture): its cached SFT warm start if present, else model.policy."""
+    from saorl.runtime.warmstart import sft_key
+
+    cached = Path(cfg.run.out_dir) / ".cache" / f"sft-{sft_key(cfg)}"
+    return str(cached) if cfg.sft.enabled and (cached / "config.json").is_file() else cfg.model.policy
+
+
+def _run_target(run_dir: Path, overrides: list[str], ckpt: Path | None = None) -> Target:
+    from saorl.runtime.checkpoint import latest_checkpoint
+
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    final = run_dir / "final" / "policy"
+    if ckpt is None and (final / "config.json").is_file():
+        return Target(cfg, f"{final} (final policy)", _policy_loader(str(final), cfg), cfg.model.tokenizer)
+    ckpt = ckpt or latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        raise TargetError(f"run directory {run_dir} has no final policy (final/policy) and no checkpoint yet")
+    spec = _initial_spec(cfg)
+    return Target(cfg, f"{ckpt} (checkpoint, architecture of {spec})",
+                  _policy_loader(spec, cfg, ckpt / "policy.safetensors"), cfg.model.tokenizer)
+
+
+def resolve_target(target: str, overrides: list[str]) -> Target:
+    """Config and policy loader for ``target`` (see the module docstring); ``TargetError`` if none fits."""
+    from saorl.models.tiny import TINY_KINDS
+
+    if target in TINY_KINDS:
+        cfg = load_config(None, overrides)
+        cfg.model.policy = target
+        return Target(cfg, f"{target} (freshly initialised, seed {cfg.seed})",
+                      _policy_loader(target, cfg), cfg.model.tokenizer)
+    path = Path(target).expanduser()
+    if not path.exists():
+        raise TargetError(f"{target!r} does not exist and is not a tiny kind ({', '.join(TINY_KINDS)})")
+    if not path.is_dir():
+        raise TargetError(f"{target!r} is a file; expected a run directory, a checkpoint directory, "
+                          "an HF policy directory or a tiny kind")
+    if (path / "config.yaml").is_file():
+        return _run_target(path, overrides)
+    if (path / "manifest.json").is_file() and (path / "policy.safetensors").is_file():
+        run_dir = path.parent.parent
+        if not (run_dir / "config.yaml").is_file():
+            raise TargetError(f"checkpoint {path} is not inside a run directory "
+                              f"({run_dir} has no config.yaml)")
+        return _run_target(run_dir, overrides, ckpt=path)
+    if (path / "config.json").is_file():
+        from saorl.models.loading import check_model_dir
+
+        check_model_dir(path)
+        cfg = load_config(None, overrides)
+        cfg.model.policy = str(path)
+        tok = cfg.model.tokenizer or (str(path) if (path / "tokenizer_config.json").is_file() else None)
+        return Target(cfg, str(path), _policy_loader(str(path), cfg), tok)
+    raise TargetError(f"{target!r} is not a run directory (no config.yaml), a checkpoint (no manifest.json "
+                      "+ policy.safetensors) or an HF policy directory (no config.json)")
+
+
+# ------------------------------------------------------------------------------- evaluation
+def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int) -> list:
+    """The first ``n`` tasks of ``split``, as a run sees them (test: the run's test set)."""
+    from saorl.envs.registry import load_tasks
+
+    env = env_factory()
+    if split == "train":
+        return load_tasks(env, "train", n, cfg.seed, cfg.env.tasks_file)
+    return load_tasks(env, "test", max(n, cfg.env.num_test_tasks), cfg.seed)[:n]
+
+
+def evaluate_policy(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test", n: int | None = None,
+                    temperature: float = 0.0) -> tuple[dict[str, float], list]:
+    """``eval/*`` metrics and trajectories of ``policy`` on the first ``n`` tasks of ``split``."""
+    from saorl.envs.registry import make_env_factory
+    from saorl.runtime.evaluate import evaluate
+
+    if n is not None and n < 1:
+        raise ValueError(f"--tasks must be >= 1, got {n}")
+    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
+    tasks = eval_tasks(cfg, env_factory, split, n or cfg.run.eval_tasks)
+    r = cfg.rollout
+    return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
+                    max_total_tokens=r.max_total_tokens, slots=r.engine_slots, temperature=temperature,
+                    seed=cfg.seed)
+
+
+def format_table(columns: dict[str, dict[str, float]]) -> str:
+    """Metric rows × one column per entry of ``columns`` (e.g. ``{"before": m0, "after": m1}``)."""
+    lines = [f"{'metric':<20}" + "".join(f"{name:>10}" for name in columns)]
+    for label, key, fmt in _ROWS:
+        cells = [format(m[key], fmt) if key in m else "-" for m in columns.values()]
+        lines.append(f"{label:<20}" + "".join(f"{c:>10}" for c in cells))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from saorl.agent.render import render_trajectory
+    from saorl.models.tokenizer import load_tokenizer
+
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        print(f"saorl eval: expected key=value overrides after the target, got {bad[0]!r}", file=sys.stderr)
+        return 2
+    try:
+        target = resolve_target(args.target, args.overrides)
+        policy, tokenizer = target.load(), load_tokenizer(target.tokenizer)
+        metrics, trajs = evaluate_policy(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
+                                         temperature=args.temperature)
+    except (ConfigError, TargetError, FileNotFoundError, NotADirectoryError) as e:
+        print(f"saorl eval: {e}" if not isinstance(e, ConfigError) else str(e), file=sys.stderr)
+        return 2
+    cfg, shown = target.cfg, trajs[: max(0, args.show)]
+    mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
+    if args.json:
+        samples = [render_trajectory(t, tokenizer, color=False) for t in shown]
+        print(json.dumps({"policy": target.description, "env": cfg.env.type, "split": args.split,
+                          "temperature": args.temperature, **metrics, "samples": samples}, indent=2))
+        return 0
+    color = sys.stdout.isatty() and not args.no_color
+    for t in shown:
+        print(render_trajectory(t, tokenizer, color=color))
+    print(f"policy  {target.description}")
+    print(f"env     {cfg.env.type}, {args.split} split, {len(trajs)} episodes, {mode}")
+    print(format_table({"value": metrics}))
+    return 0

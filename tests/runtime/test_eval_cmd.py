@@ -1,0 +1,109 @@
+"""``saorl eval``: policy dirs, run dirs, checkpoints and tiny kinds; the table, episodes, errors."""
+
+import json
+
+import pytest
+import torch
+
+from saorl.cli import main
+from saorl.config import load_config, save_resolved
+from saorl.models.checkpoint import export_policy, save_safetensors_atomic
+from saorl.models.tiny import build_tiny
+from saorl.models.tokenizer import load_tokenizer
+from saorl.runtime.eval_cmd import TargetError, resolve_target
+
+# math_tool, short turns: a few seconds per evaluation of 4 tasks on the tiny model
+FAST = ["env.num_test_tasks=4", "env.options.max_turns=2", "rollout.max_new_tokens=6",
+        "rollout.max_total_tokens=96"]
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    return export_policy(build_tiny("tiny-dense", seed=0), load_tokenizer(),
+                         tmp_path_factory.mktemp("export") / "policy")
+
+
+def _fake_run(tmp_path, policy_dir=None, **settings):
+    run = tmp_path / "run"
+    cfg = load_config(None, ["sft.enabled=false", "model.policy=tiny-dense", f"run.out_dir={tmp_path}",
+                             *FAST, *(f"{k}={v}" for k, v in settings.items())])
+    save_resolved(cfg, run)
+    if policy_dir is not None:
+        export_policy(build_tiny("tiny-dense", seed=0), load_tokenizer(), run / "final" / "policy")
+    return run
+
+
+def test_eval_policy_dir_prints_table_and_an_episode(policy_dir, capsys):
+    rc = main(["eval", str(policy_dir), *FAST, "--tasks", "4", "--show", "1", "--no-color"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"policy  {policy_dir}" in out and "math_tool, test split, 4 episodes, greedy" in out
+    rows = {line[:20].strip(): line[20:].strip() for line in out.splitlines() if line[:20].strip()}
+    assert rows["episodes"] == "4"
+    assert 0.0 <= float(rows["accuracy"]) <= 1.0 and 1.0 <= float(rows["turns mean"]) <= 2.0
+    assert float(rows["action tokens mean"]) > 0
+    # one episode shown, the model's actions and the env's observations marked apart
+    assert out.count("== task math_tool/") == 1
+    assert "[prompt]" in out and "[act 1]" in out and "[reward 1:" in out and "[obs " in out
+    assert "\x1b[" not in out
+
+
+def test_eval_json_and_train_split(policy_dir, capsys):
+    rc = main(["eval", str(policy_dir), *FAST, "--tasks", "2", "--split", "train", "--json", "--show", "1"])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert data["split"] == "train" and data["eval/episodes"] == 2.0 and data["temperature"] == 0.0
+    assert data["policy"] == str(policy_dir) and len(data["samples"]) == 1
+    assert data["samples"][0].startswith("== task math_tool/")
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda p: p / "missing", "does not exist and is not a tiny kind"),
+    (lambda p: (p / "file.txt").write_text("x") and p / "file.txt", "is a file"),
+    (lambda p: p, "is not a run directory (no config.yaml)"),
+])
+def test_bad_target_is_one_clear_line(tmp_path, capsys, make, why):
+    rc = main(["eval", str(make(tmp_path))])
+    err = capsys.readouterr().err
+    assert rc == 2 and why in err and err.count("\n") == 1 and err.startswith("saorl eval: ")
+
+
+def test_bad_override_and_bad_tasks(policy_dir, capsys):
+    assert main(["eval", str(policy_dir), "rollout.temprature=1"]) == 2
+    assert "did you mean temperature" in capsys.readouterr().err
+    assert main(["eval", str(policy_dir), "notanoverride"]) == 2
+    assert "expected key=value" in capsys.readouterr().err
+
+
+def test_eval_run_dir_uses_its_config_and_final_policy(tmp_path, policy_dir, capsys):
+    run = _fake_run(tmp_path, policy_dir, **{"run.eval_tasks": 3})
+    rc = main(["eval", str(run)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"{run / 'final' / 'policy'} (final policy)" in out
+    assert "3 episodes" in out  # run.eval_tasks of the run's config; FAST settings came from it too
+
+
+def test_run_dir_without_final_policy_loads_the_latest_checkpoint(tmp_path):
+    run = _fake_run(tmp_path)
+    with pytest.raises(TargetError, match=r"no final policy .* and no checkpoint"):
+        resolve_target(str(run), [])
+    model = build_tiny("tiny-dense", seed=5)  # weights differ from the run's initial tiny-dense (seed 0)
+    ckpt = run / "checkpoints" / "step-00000007"
+    save_safetensors_atomic(model.state_dict(), ckpt / "policy.safetensors")
+    (ckpt / "manifest.json").write_text(json.dumps({"step": 7}))
+    (run / "checkpoints" / "latest").write_text("step-00000007")
+    for target in (run, ckpt):
+        t = resolve_target(str(target), ["seed=0"])
+        assert "checkpoint" in t.description and str(ckpt) in t.description
+        loaded = t.load()
+        for (name, p), q in zip(loaded.named_parameters(), model.parameters()):
+            assert torch.equal(p, q), name
+
+
+def test_tiny_kind_target():
+    t = resolve_target("tiny-moe", ["seed=3"])
+    assert t.cfg.model.policy == "tiny-moe" and t.tokenizer is None
+    assert "freshly initialised" in t.description
+    p0 = next(t.load().parameters())
+    assert torch.equal(p0, next(build_tiny("tiny-moe", seed=3).parameters()))
