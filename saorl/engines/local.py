@@ -146,7 +146,13 @@ class LocalEngine:
             else:
                 fut.set_result(r)
 
-        req = self._request(prompt_ids, params, lambda r: loop.call_soon_threadsafe(resolve, r))
+        def deliver(r: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(resolve, r)
+            except RuntimeError:  # the caller's event loop is gone; nobody is waiting
+                pass
+
+        req = self._request(prompt_ids, params, deliver)
         self._submit([req])
         try:
             return await fut

@@ -247,3 +247,19 @@ def test_cancelled_agenerate_frees_its_slot(tiny_moe, tok):
         assert len(asyncio.run(run()).token_ids) == 3
     finally:
         eng.close()
+
+
+def test_abandoned_event_loop_does_not_break_the_engine(tiny_moe, tok):
+    eng = LocalEngine(tiny_moe, tok, max_batch_size=2, stop_on_eos=False)
+
+    async def abandon():
+        pending = asyncio.create_task(eng.agenerate([5, 6], SamplingParams(temperature=0, max_new_tokens=30)))
+        assert not pending.done()
+        await asyncio.sleep(0)
+
+    try:
+        asyncio.run(abandon())  # the loop closes while the request is still running
+        r = eng.generate([[5, 6]], SamplingParams(temperature=0, max_new_tokens=40))[0]
+        assert len(r.token_ids) == 40 and r.finish_reason == "length"
+    finally:
+        eng.close()
