@@ -46,6 +46,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # mostly first-use kernel set-up of the model's grouped_mm on CPU
 def test_round_trip_equals_local_engine(served, tok):
     eng, url = served
     prompts = [tok.encode(s) for s in PROMPTS]
