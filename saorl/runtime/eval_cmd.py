@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides, e.g. env.type=code_repair rollout.max_new_tokens=64")
     p.add_argument("--tasks", type=int, metavar="N",
-                   help="episodes to run, one per task (default: run.eval_tasks)")
+                   help="episodes to run, one per task (default: run.eval_tasks, at most env.num_test_tasks)")
     p.add_argument("--split", choices=("test", "train"), default="test", help="task split (default: test)")
     p.add_argument("--show", type=int, default=0, metavar="N", help="print the first N episodes")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
@@ -151,14 +151,17 @@ def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int) -> list:
 
 def evaluate_policy(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test", n: int | None = None,
                     temperature: float = 0.0) -> tuple[dict[str, float], list]:
-    """``eval/*`` metrics and trajectories of ``policy`` on the first ``n`` tasks of ``split``."""
+    """``eval/*`` metrics and trajectories of ``policy`` on the first ``n`` tasks of ``split``.
+
+    ``n`` None: as many as a run's evaluation uses, ``min(run.eval_tasks, env.num_test_tasks)``.
+    """
     from saorl.envs.registry import make_env_factory
     from saorl.runtime.evaluate import evaluate
 
     if n is not None and n < 1:
         raise ValueError(f"--tasks must be >= 1, got {n}")
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
-    tasks = eval_tasks(cfg, env_factory, split, n or cfg.run.eval_tasks)
+    tasks = eval_tasks(cfg, env_factory, split, n or min(cfg.run.eval_tasks, cfg.env.num_test_tasks))
     r = cfg.rollout
     return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
                     max_total_tokens=r.max_total_tokens, slots=r.engine_slots, temperature=temperature,

@@ -7,10 +7,11 @@ import torch
 
 from saorl.cli import main
 from saorl.config import load_config, save_resolved
+from saorl.envs.registry import load_tasks, make_env_factory
 from saorl.models.checkpoint import export_policy, save_safetensors_atomic
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.eval_cmd import TargetError, resolve_target
+from saorl.runtime.eval_cmd import TargetError, eval_tasks, resolve_target
 
 # math_tool, short turns: a few seconds per evaluation of 4 tasks on the tiny model
 FAST = ["env.num_test_tasks=4", "env.options.max_turns=2", "rollout.max_new_tokens=6",
@@ -48,11 +49,12 @@ def test_eval_policy_dir_prints_table_and_an_episode(policy_dir, capsys):
     assert "\x1b[" not in out
 
 
-def test_eval_json_and_train_split(policy_dir, capsys):
-    rc = main(["eval", str(policy_dir), *FAST, "--tasks", "2", "--split", "train", "--json", "--show", "1"])
+def test_eval_json_defaults_to_the_runs_test_set(policy_dir, capsys):
+    rc = main(["eval", str(policy_dir), *FAST, "--json", "--show", "1"])
     data = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert data["split"] == "train" and data["eval/episodes"] == 2.0 and data["temperature"] == 0.0
+    # min(run.eval_tasks = 64, env.num_test_tasks = 4) episodes, as a run's evaluation
+    assert data["split"] == "test" and data["eval/episodes"] == 4.0 and data["temperature"] == 0.0
     assert data["policy"] == str(policy_dir) and len(data["samples"]) == 1
     assert data["samples"][0].startswith("== task math_tool/")
 
@@ -81,7 +83,7 @@ def test_eval_run_dir_uses_its_config_and_final_policy(tmp_path, policy_dir, cap
     out = capsys.readouterr().out
     assert rc == 0
     assert f"{run / 'final' / 'policy'} (final policy)" in out
-    assert "3 episodes" in out  # run.eval_tasks of the run's config; FAST settings came from it too
+    assert ", 3 episodes" in out  # run.eval_tasks of the run's config; FAST settings came from it too
 
 
 def test_run_dir_without_final_policy_loads_the_latest_checkpoint(tmp_path):
@@ -107,3 +109,13 @@ def test_tiny_kind_target():
     assert "freshly initialised" in t.description
     p0 = next(t.load().parameters())
     assert torch.equal(p0, next(build_tiny("tiny-moe", seed=3).parameters()))
+
+
+def test_eval_tasks_splits():
+    cfg = load_config(None, FAST)
+    factory = make_env_factory(cfg.env.type, cfg.env.options)
+    test = eval_tasks(cfg, factory, "test", 3)
+    assert [t.id for t in test] == [t.id for t in load_tasks(factory(), "test", 4, 0)[:3]]
+    train = eval_tasks(cfg, factory, "train", 2)
+    assert len(train) == 2 and not {t.id for t in train} & {t.id for t in test}
+    assert len(eval_tasks(cfg, factory, "test", 6)) == 6  # more than env.num_test_tasks when asked
