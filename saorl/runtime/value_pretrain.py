@@ -179,7 +179,8 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     critic.set_frozen_attention(preset.freeze_critic_attention)
     params = critic.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    gen, order = random.Random(seed), list[int]()
+    gen = random.Random(seed)
+    order: list[int] = []
     size = min(batch_size, len(trajs))
     metrics: dict[str, float] = {}
     critic.train()

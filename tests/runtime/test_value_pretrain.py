@@ -1,6 +1,7 @@
 """Value pretraining: the critic fits Monte-Carlo returns of a fixed policy; cached; the CLI."""
 
 import json
+import math
 import random
 
 import pytest
@@ -168,3 +169,31 @@ def test_split_rollouts_holds_out_a_fifth():
     assert [len(x) for x in vp.split_rollouts(trajs[:2], seed=0)] == [1, 1]
     with pytest.raises(ValueError, match="at least 2 rollouts"):
         vp.split_rollouts(trajs[:1], seed=0)
+
+
+def test_cli_errors_exit_2(tmp_path, capsys):
+    out = str(tmp_path / "c")
+    assert main(["value-pretrain", "algo.name=grpo", "trainer.batch_size=8", "--out", out]) == 2
+    assert "trains no critic" in capsys.readouterr().err
+    assert main(["value-pretrain", "value_pretrain.rollouts=1", "--out", out]) == 2
+    assert "value_pretrain.rollouts" in capsys.readouterr().err
+    assert main(["value-pretrain", *TINY, "--policy", str(tmp_path / "nope"), "--out", out]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_fit_critic_moves_only_what_the_preset_trains(frozen):
+    preset = load_config(None, [f"algo.freeze_critic_attention={str(frozen).lower()}"]).algo.resolve()
+    trajs = [_traj() for _ in range(4)]
+    critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
+    before = {n: p.detach().clone() for n, p in critic.named_parameters()}
+    unfitted = vp.critic_metrics(critic, trajs, preset, pad_id=1, batch_size=2)
+    fit = vp.fit_critic(critic, trajs, preset, steps=6, batch_size=3, lr=1e-2, grad_clip=1.0,
+                        pad_id=1, seed=0)
+    fitted = vp.critic_metrics(critic, trajs, preset, pad_id=1, batch_size=2)
+    assert fitted["loss"] < unfitted["loss"] and math.isfinite(fit["critic/value_loss"])
+    changed = {n for n, p in critic.named_parameters() if not torch.equal(p, before[n])}
+    assert "value_head.weight" in changed and any(".mlp." in n for n in changed)
+    attn = {n for n in before if "self_attn" in n or "embed_tokens" in n}
+    assert (changed & attn == set()) if frozen else attn <= changed
