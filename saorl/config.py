@@ -275,6 +275,11 @@ class RuntimeConfig(_Section):
     """``local``: processes on this machine; ``ray``: actors on a Ray cluster."""
     mode: Literal["auto", "async", "sync"] = "auto"
     """Rollout/training schedule; ``auto`` uses the algorithm preset's mode."""
+    trainer_threads: int | None = Field(None, ge=1)
+    """Torch threads of the trainer process; None = the machine's cores minus one per rollout
+    worker (at least 1). Oversubscribing cores makes OpenMP spin and everything crawl."""
+    worker_threads: int = Field(1, ge=1)
+    """Torch threads of each rollout worker process."""
 
 
 class SFTConfig(_Section):

@@ -82,6 +82,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> RunParts:
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
+                      threads=cfg.runtime.worker_threads,
                       http_url=r.http_url)
     backend = LocalBackend(spec, r.num_workers, r.concurrent_episodes)
 

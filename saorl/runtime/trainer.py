@@ -15,6 +15,7 @@ Everything else here is set-up (run directory, models, env, backend) and bookkee
 from __future__ import annotations
 
 import json
+import os
 import signal
 import statistics
 import time
@@ -219,6 +220,9 @@ class Run:
 
 def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False) -> tuple[Path, dict]:
     torch.manual_seed(cfg.seed)
+    threads = cfg.runtime.trainer_threads or max(
+        1, (os.cpu_count() or 1) - cfg.rollout.num_workers * cfg.runtime.worker_threads)
+    torch.set_num_threads(threads)
     run_dir = run_dir if run_dir is not None else new_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = Run(cfg, run_dir, resume=resume)
