@@ -115,8 +115,9 @@ class Run:
                 if got is None:
                     break
                 trajs, gids, wait_s = got
-                t_train, version = time.monotonic(), self.learner.version
+                t_train, version, wall0 = time.monotonic(), self.learner.version, time.time()
                 metrics = self.learner.step(trajs, gids)
+                wall1 = time.time()
                 self.step += 1
                 self.weights.publish(self.learner.policy_state(), self.learner.version)
                 self.feed.keep_busy(self.learner.version, self._progress())
@@ -124,18 +125,24 @@ class Run:
                 metrics |= self._step_metrics(trajs, version, wait_s, now - t_train,
                                               now - last, now - t_start)
                 last = now
-                self._record_trained(trajs)
+                self._record_trained(trajs, (wall0, wall1))
                 self._periodic(metrics, trajs)
                 self.logger.log(metrics)
         finally:
             self._finish()
         return metrics
 
-    def _record_trained(self, trajs) -> None:
-        """Audit trail: which rollouts (and tasks) each step trained on, for resume checks."""
-        row = {"step": self.step, "rids": [int(t.metadata.get("rid", -1)) for t in trajs],
+    def _record_trained(self, trajs, t_train: tuple[float, float]) -> None:
+        """Audit trail and timeline: which rollouts (tasks, versions, sampling times, workers) each
+        step trained on, and when it trained (wall-clock seconds since the epoch)."""
+        md = [t.metadata for t in trajs]
+        row = {"step": self.step, "rids": [int(m.get("rid", -1)) for m in md],
                "task_ids": [t.task_id for t in trajs],
-               "versions": [sorted(set(t.action_versions)) for t in trajs]}
+               "versions": [sorted(set(t.action_versions)) for t in trajs],
+               "action_tokens": [t.num_action_tokens for t in trajs],
+               "workers": [m.get("worker") for m in md],
+               "rollout_start": [m.get("t_start") for m in md], "rollout_end": [m.get("t_end") for m in md],
+               "train_start": t_train[0], "train_end": t_train[1]}
         self._trained_log.write(json.dumps(row) + "\n")
         self._trained_log.flush()
 
@@ -170,9 +177,10 @@ class Run:
         return m
 
     def _slot_utilisation(self) -> dict:
+        """Busy decode slots over all slots of the decode steps run so far (all workers)."""
         stats = self.parts.backend.engine_stats()
         busy = sum(s.get("busy_slot_steps", 0) for s in stats.values())
-        total = sum(s.get("total_slot_steps", 0) for s in stats.values())
+        total = sum(s.get("decode_steps", 0) for s in stats.values()) * self.cfg.rollout.engine_slots
         return {"rollout/slot_util": busy / total} if total else {}
 
     def _periodic(self, metrics: dict, trajs) -> None:

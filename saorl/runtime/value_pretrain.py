@@ -209,13 +209,19 @@ def run_value_pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path,
 
     Writes ``out_dir`` (``save_critic`` layout) and ``out_dir/value_pretrain_metrics.json``
     (``{"final": {...}, "curve": [row, ...]}``, one row per data fraction plus the unfitted
-    critic as fraction 0). Returns the ``value_pretrain/*`` metrics of the 100% fit.
+    critic as fraction 0). Returns the ``value_pretrain/*`` metrics of the 100% fit. The caller's
+    torch RNG state is left as it was (a cached critic and a fresh one leave a run identical).
     """
-    out_dir, vp, preset = Path(out_dir), cfg.value_pretrain, cfg.algo.resolve()
-    if not preset.use_critic:
-        raise ValueError(f"algorithm {preset.name!r} has no critic to pretrain")
+    if not cfg.algo.resolve().use_critic:
+        raise ValueError(f"algorithm {cfg.algo.name!r} has no critic to pretrain")
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        return _pretrain(cfg, policy_spec, Path(out_dir), log)
+
+
+def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[str], None]) -> dict:
+    vp, preset = cfg.value_pretrain, cfg.algo.resolve()
     t0 = time.monotonic()
-    torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.tokenizer)
     policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
     log(f"value pretraining: sampling {vp.rollouts} rollouts of {policy_spec} on {cfg.env.type}")

@@ -105,10 +105,12 @@ async def _run(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     async def one(req: RolloutRequest) -> None:
         try:
             await follower.wait_for(req.min_version)
+            t_start = time.time()
             traj = await run_episode(engine, env_factory(), req.task, tokenizer, sampling=spec.sampling,
                                      max_total_tokens=spec.max_total_tokens, progress=req.progress,
                                      sample_index=req.rid)
             traj.metadata["worker"] = worker_id
+            traj.metadata["t_start"], traj.metadata["t_end"] = t_start, time.time()
             traj.metadata["rid"] = req.rid
             results.put(("traj", worker_id, req.rid, traj.to_dict()))
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
