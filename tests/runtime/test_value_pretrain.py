@@ -53,9 +53,11 @@ def _cfg(tmp_path, *more):
 def test_cli_fits_a_critic_and_reports_the_scaling_curve(tmp_path, capsys):
     out = tmp_path / "critic"
     # seed 1: the 3 held-out rollouts mix heads and tails, so explained variance is informative
+    rng = torch.get_rng_state()
     rc = main(["value-pretrain", *TINY, "seed=1", f"run.out_dir={tmp_path}", "--out", str(out),
                "--policy", "tiny-dense"])
     assert rc == 0
+    assert torch.equal(torch.get_rng_state(), rng)  # the caller's RNG is untouched
     printed = capsys.readouterr().out
     assert "val EV" in printed and "critic written to" in printed
 
