@@ -231,6 +231,9 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     log(f"value pretraining: {len(trajs)} rollouts in {rollout_s:.0f}s "
         f"(success {sum(bool(t.metadata.get('success')) for t in trajs) / len(trajs):.2f}); "
         f"fitting on {len(train)}, holding out {len(val)}")
+    if len({t.total_reward for t in trajs}) == 1:
+        log(f"value pretraining: warning: every rollout earned reward {trajs[0].total_reward:g}; the "
+            "critic can only learn that constant (start from a policy that sometimes succeeds, e.g. SFT)")
     kw = dict(pad_id=tokenizer.pad_token_id, device=cfg.model.device)
 
     def fresh() -> Critic:
