@@ -287,11 +287,11 @@ class SFTConfig(_Section):
     """Before RL, fine-tune the initial policy on the env's demonstrations (loss on action tokens
     only): the "SFT model" RL starts from. Cached under ``run.out_dir/.cache``, so runs with the
     same policy, env, seed and SFT settings share one."""
-    steps: int = Field(300, ge=1)
+    steps: int = Field(1000, ge=1)
     """Optimizer steps of supervised fine-tuning."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(32, ge=1)
     """Demonstrations per SFT step."""
-    lr: float = Field(2e-3, gt=0.0)
+    lr: float = Field(3e-3, gt=0.0)
     """Peak AdamW learning rate (linear warm-up, cosine decay)."""
     num_demos: int = Field(2000, ge=1)
     """Demonstrations generated from training tasks (the env's ``demo_error_rate`` option says

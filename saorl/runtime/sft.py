@@ -27,9 +27,9 @@ from saorl.models.logprobs import token_logprobs
 
 @dataclass
 class SFTConfig:
-    steps: int = 400
-    batch_size: int = 16
-    lr: float = 2e-3
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-3
     warmup_steps: int = 20
     grad_clip: float = 1.0
     seed: int = 0
