@@ -47,7 +47,7 @@ in order:
 ```bash
 saorl config configs/sao_code_repair.yaml trainer.steps=50 algo.eps_high=4.0   # print the result
 saorl train  configs/sao_code_repair.yaml trainer.steps=50 algo.eps_high=4.0   # run it
-saorl config --algo algo.name=vapo                      # also show the resolved algorithm preset
+saorl config --algo algo.name=vapo trainer.batch_size=16   # also show the resolved preset
 ```
 
 `saorl config` prints exactly what a run would use, and its output is itself a loadable config;
@@ -84,7 +84,8 @@ def _md(text: str) -> str:
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
-        return " \\| ".join(f'`"{a}"`' if isinstance(a, str) else f"`{a}`" for a in typing.get_args(annotation))
+        args = typing.get_args(annotation)
+        return " \\| ".join(f'`"{a}"`' if isinstance(a, str) else f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type_name(a) for a in typing.get_args(annotation))
     if origin is dict:
@@ -162,7 +163,9 @@ def _preset_value(value: Any) -> str:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return f"`{value}`" if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return f"`{value}`" if isinstance(value, str) else str(value)
 
 
 def render_presets() -> list[str]:
@@ -214,7 +217,8 @@ def error_examples() -> str:
 
 
 def render() -> str:
-    return HEADER.replace("{examples}", error_examples()) + "\n" + "\n".join([*render_sections(), "", *render_presets()]) + "\n"
+    body = "\n".join([*render_sections(), "", *render_presets()])
+    return HEADER.replace("{examples}", error_examples()) + "\n" + body + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,8 @@ def test_every_config_field_is_in_the_reference_with_its_docstring():
     text = (DOCS / "config.md").read_text(encoding="utf-8")
     for section, info in SaorlConfig.model_fields.items():
         model = info.annotation
-        fields = model.model_fields if isinstance(model, type) and hasattr(model, "model_fields") else {section: info}
+        is_section = isinstance(model, type) and hasattr(model, "model_fields")
+        fields = model.model_fields if is_section else {section: info}
         for name, f in fields.items():
             assert f.description, f"{section}.{name} has no docstring"
             assert f"| `{name}` |" in text, f"{section}.{name} missing from docs/config.md"
