@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("saorl.config_cmd", "print the resolved config (defaults, YAML and overrides)"),
     "simulate": ("saorl.sim.cli",
                  "predict throughput, utilisation and staleness of sync vs async at any scale"),
+    "bench": ("saorl.bench.cli", "measure async vs sync throughput, utilisation and staleness"),
 }
 
 

@@ -1,0 +1,59 @@
+"""``saorl bench pipeline --quick`` end to end: real runs, summary.md, timeline.png, measurement.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from saorl.bench.report import RUN_COLUMNS
+from saorl.cli import main
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_quick_benchmark_writes_summary_and_timeline(tmp_path: Path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", "pipeline", "--quick", "--out", str(out)]) == 0
+    summary = (out / "summary.md").read_text()
+    assert "| " + " | ".join(RUN_COLUMNS) + " |" in summary
+    for needle in ("| sync | 1 |", "| async | 1 |", "async/sync trained tokens/s", "## Targets",
+                   "trainer idle, async", "decode-slot utilisation, async", "machine limit", "## Profiles",
+                   "critic forward (grad)", "policy backward + optimizer", "weight publication",
+                   "decode forward", "sampling", "kv merge/select/trim"):
+        assert needle in summary, needle
+    assert summary.count("PASS") + summary.count("MISS") == 4
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    m = json.loads((out / "measurement.json").read_text())
+    assert m["slots"] == 16 and len(m["decode_curve"]) >= 3 and m["lengths"] and m["train_sao"][1] >= 0
+    result = json.loads((out / "results.json").read_text())
+    for r in result["records"]:
+        assert r["steps"] >= 1 and r["tokens_per_s"] > 0 and 0 <= r["slot_util"] <= 1.0 + 1e-9
+        if r["mode"] == "sync":
+            assert r["staleness_max"] == 0  # the barrier trains on current-version samples only
+    assert "saorl bench pipeline" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_rejected(tmp_path: Path, capsys):
+    assert main(["bench", "pipeline", "--budget-s", "0", "--out", str(tmp_path)]) == 2
+    assert "--budget-s" in capsys.readouterr().err
+    assert main(["bench", "pipeline", "--out", str(tmp_path), "nonsense"]) == 2
+    assert "section.field=value" in capsys.readouterr().err
+    assert main(["bench"]) == 2
+
+
+def test_mode_configs():
+    from saorl.bench.pipeline import BenchSpec, mode_config
+
+    spec = BenchSpec(budget_s=30)
+    s, a = mode_config(spec, "sync", Path("/tmp/x")), mode_config(spec, "async", Path("/tmp/x"))
+    assert (s.algo.name, s.algo.resolve().group_size, s.runtime.mode) == ("grpo", 4, "sync")
+    assert (a.algo.name, a.runtime.mode) == ("sao", "async")
+    for c in (s, a):
+        assert c.trainer.max_wall_s == 30 and not c.sft.enabled and c.model.policy == "tiny-moe"
+        assert c.env.options["cv"] == 1.5 and c.rollout.engine_slots == 16
+    with pytest.raises(ValueError, match="mode"):
+        mode_config(spec, "fast", Path("/tmp/x"))
+    with pytest.raises(ValueError, match="env"):
+        mode_config(BenchSpec(env="chess"), "sync", Path("/tmp/x"))
