@@ -54,8 +54,12 @@ class RunConfig(_Section):
     """Run name: the run directory's name (no path separators)."""
     eval_every: int = Field(25, ge=1)
     """Evaluate on the test split every this many trainer steps."""
-    eval_tasks: int = Field(64, ge=1)
+    eval_tasks: int = Field(128, ge=1)
     """Test tasks per evaluation (at most ``env.num_test_tasks`` are available)."""
+    eval_temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of evaluation episodes: 1.0 measures the policy RL trains (mean
+    success of sampled episodes, seeded so every evaluation sees the same random stream);
+    0 is greedy decoding."""
     checkpoint_every: int = Field(50, ge=1)
     """Write a checkpoint every this many trainer steps (and at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
@@ -302,10 +306,10 @@ class ValuePretrainConfig(_Section):
     enabled: bool = True
     """Before RL, fit the critic on Monte-Carlo returns of rollouts of the initial policy, when the
     algorithm preset asks for it (``algo.value_pretrain``). Cached under ``run.out_dir/.cache``."""
-    rollouts: int = Field(256, ge=2)
+    rollouts: int = Field(128, ge=2)
     """Rollouts of the initial policy sampled (one per training task); 20% are held out for the
     validation loss and explained variance."""
-    steps: int = Field(150, ge=1)
+    steps: int = Field(100, ge=1)
     """Critic optimizer steps of each fit (one fit per data fraction: 25%, 50%, 100%)."""
     batch_size: int = Field(16, ge=1)
     """Rollouts per critic step."""

@@ -17,7 +17,8 @@ def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_token
     from saorl.agent.loop import run_episodes
     from saorl.engines.local import LocalEngine
 
-    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, version=0)
+    device = next(policy.parameters()).device
+    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, version=0, device=device)
     try:
         sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
         trajs = asyncio.run(run_episodes(engine, env_factory, tasks, tokenizer, concurrency=concurrency,

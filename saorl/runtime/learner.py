@@ -25,7 +25,7 @@ import torch
 
 from saorl.algo.advantages import RunningMeanBaseline
 from saorl.algo.gae import mc_returns, skip_observation_gae, token_gae
-from saorl.algo.losses import lm_loss, masked_mean, value_loss
+from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
 from saorl.data.batch import Batch, collate
 from saorl.data.trajectory import Trajectory
@@ -161,6 +161,9 @@ class Learner:
         loss, pol_metrics = POLICY_LOSSES[p.policy_loss](
             logprobs, batch.rollout_logprobs, advantages, batch.action_mask, p.eps_low, p.eps_high)
         metrics |= pol_metrics
+        with torch.no_grad():  # DESIGN: log the ratio histogram every step (24 log-spaced bins, 1e-2..1e2)
+            ratio = torch.exp(logprobs.detach() - batch.rollout_logprobs)
+            metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()
         mean_entropy = masked_mean(entropy, batch.action_mask)
         if p.entropy_coef:
             loss = loss - p.entropy_coef * mean_entropy

@@ -4,9 +4,12 @@
 place that talks to the backend. A :class:`DispatchPolicy` says how many rollouts to have in
 flight and with which weights:
 
-- :class:`AsyncDispatch` (SAO): keep every worker slot busy, always; sample with the newest
-  weights a worker has. A batch is the first ``batch_size`` trajectories (or complete groups)
-  to finish; stragglers finish later and go into a later batch.
+- :class:`AsyncDispatch` (SAO): keep every worker slot busy; sample with the newest weights a
+  worker has. A batch is the first ``batch_size`` trajectories (or complete groups) to finish;
+  stragglers finish later and go into a later batch. Finished-but-untrained trajectories count
+  against the slots: when the trainer is the bottleneck, running further ahead would only make
+  the data staler, so rollouts pause until the trainer catches up (staleness stays bounded by
+  about ``slots / batch_size`` versions instead of growing for the whole run).
 - :class:`SyncDispatch` (GRPO / VAPO / PPO baselines): dispatch exactly one batch, all sampled
   with the current weights, and wait for all of it (the barrier); workers idle during training.
 """
@@ -33,7 +36,9 @@ class DispatchPolicy(Protocol):
 
 class AsyncDispatch:
     def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int) -> int:
-        return free_slots
+        # at most one batch waiting beyond what the slots hold: the trainer never starves, and a
+        # backlog of stale trajectories never builds up
+        return max(0, min(free_slots, free_slots + batch_size - buffered))
 
     def min_version(self, learner_version: int) -> int:
         return 0

@@ -59,22 +59,26 @@ def build_tasks(cfg: SaorlConfig, env_factory) -> tuple[list[Task], list[Task]]:
     return train, test
 
 
-def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset) -> Critic | None:
+def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str | None) -> Critic | None:
+    """None without a critic; a saved (value-pretrained) critic; else a copy of the policy's trunk."""
     if not preset.use_critic:
         return None
-    if cfg.model.critic:
+    if critic_spec:
         from saorl.models.checkpoint import load_critic
 
-        return load_critic(cfg.model.critic, device=cfg.model.device)
+        return load_critic(critic_spec, device=cfg.model.device)
     return Critic.from_policy(policy, seed=cfg.seed)
 
 
-def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> RunParts:
+def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:
+    if cfg.runtime.backend != "local":
+        raise NotImplementedError(f"runtime.backend={cfg.runtime.backend!r} is not implemented yet; "
+                                  "use runtime.backend=local (rollout workers as local processes)")
     preset = cfg.algo.resolve()
     mode = preset.mode if cfg.runtime.mode == "auto" else cfg.runtime.mode
     tokenizer = load_tokenizer(cfg.model.tokenizer)
     policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-    critic = build_critic(cfg, policy, preset)
+    critic = build_critic(cfg, policy, preset, critic_spec)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     train_tasks, test_tasks = build_tasks(cfg, env_factory)
     r = cfg.rollout
@@ -82,7 +86,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> RunParts:
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
-                      threads=cfg.runtime.worker_threads,
+                      threads=cfg.runtime.worker_threads, device=cfg.model.device, dtype=cfg.model.dtype,
                       http_url=r.http_url)
     backend = LocalBackend(spec, r.num_workers, r.concurrent_episodes)
 
@@ -92,7 +96,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> RunParts:
         tasks = test_tasks[: cfg.run.eval_tasks]
         metrics, _ = evaluate(model, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
                               max_total_tokens=r.max_total_tokens, slots=r.engine_slots,
-                              progress=progress, seed=cfg.seed)
+                              temperature=cfg.run.eval_temperature, progress=progress, seed=cfg.seed)
         return metrics
 
     def write_samples(directory: Path, step: int, trajs: list) -> None:

@@ -15,6 +15,7 @@ Everything else here is set-up (run directory, models, env, backend) and bookkee
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import statistics
@@ -32,8 +33,12 @@ from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.metrics import MetricsLogger
 from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
 from saorl.runtime.setup import RunParts, build_parts
+from saorl.runtime.value_pretrain import initial_critic
 from saorl.runtime.warmstart import initial_policy
 from saorl.runtime.weights import FileWeightSync
+
+# Required metrics that an algorithm may not produce (GRPO has no critic, PPO no DIS mask).
+NOT_APPLICABLE = ("policy/dis_kept_frac", "critic/value_loss", "critic/explained_var")
 
 
 def new_run_dir(cfg: SaorlConfig) -> Path:
@@ -50,7 +55,8 @@ def new_run_dir(cfg: SaorlConfig) -> Path:
 class Run:
     def __init__(self, cfg: SaorlConfig, run_dir: Path, *, resume: bool = False) -> None:
         self.cfg, self.dir = cfg, run_dir
-        self.parts: RunParts = build_parts(cfg, run_dir, initial_policy(cfg))
+        policy_spec = initial_policy(cfg)
+        self.parts: RunParts = build_parts(cfg, run_dir, policy_spec, initial_critic(cfg, policy_spec))
         p = self.parts
         self.preset = p.preset
         self.learner = Learner(p.policy, p.critic, p.preset,
@@ -65,8 +71,7 @@ class Run:
         finished, pending = RangeSet(), []
         if resume:
             finished, pending = self._restore()
-        else:
-            save_resolved(cfg, run_dir)
+        save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
         self.weights.publish(self.learner.policy_state(), self.learner.version)
         mode = p.mode
         self.feed = RolloutFeed(p.backend, p.train_tasks, RolloutCursor(finished), self.journal,
@@ -124,6 +129,8 @@ class Run:
                 now = time.monotonic()
                 metrics |= self._step_metrics(trajs, version, wait_s, now - t_train,
                                               now - last, now - t_start)
+                for key in NOT_APPLICABLE:  # e.g. no critic in GRPO: logged as null, never as 0
+                    metrics.setdefault(key, math.nan)
                 last = now
                 self._record_trained(trajs, (wall0, wall1))
                 self._periodic(metrics, trajs)
@@ -170,9 +177,6 @@ class Run:
             "throughput/action_tokens_per_s": tokens / window_s if window_s > 0 else 0.0,
         }
         m |= self._slot_utilisation()
-        m.setdefault("policy/dis_kept_frac", 1.0)
-        m.setdefault("critic/value_loss", 0.0)
-        m.setdefault("critic/explained_var", 0.0)
         m["rollout/worker_restarts"] = getattr(self.parts.backend, "restarts", 0)
         return m
 

@@ -38,6 +38,8 @@ class WorkerSpec:
     seed: int = 0
     engine_kind: str = "local"
     http_url: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,8 @@ def _build_engine(spec: WorkerSpec, tokenizer):
     from saorl.engines.local import LocalEngine
     from saorl.models.loading import load_policy
 
-    model = load_policy(spec.policy, seed=spec.seed)
-    return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0)
+    model = load_policy(spec.policy, seed=spec.seed, device=spec.device, dtype=spec.dtype)
+    return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device)
 
 
 class _WeightFollower:

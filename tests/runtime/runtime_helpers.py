@@ -11,7 +11,8 @@ from pathlib import Path
 
 # Small but real: the tiny MoE policy, math_tool, workers in their own processes.
 BASE = [
-    "sft.enabled=false", "model.policy=tiny-moe", "env.num_train_tasks=400", "env.num_test_tasks=8",
+    "sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-moe",
+    "env.num_train_tasks=400", "env.num_test_tasks=8",
     "run.eval_every=1000", "run.eval_tasks=4", "run.samples_every=1000", "run.checkpoint_every=1000",
     "run.progress=false", "rollout.concurrent_episodes=8", "rollout.engine_slots=8",
     "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4",
