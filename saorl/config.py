@@ -259,7 +259,7 @@ class TrainerConfig(_Section):
     """Policy updates to run."""
     max_wall_s: float | None = Field(None, gt=0.0)
     """Stop (with a final checkpoint) after this many seconds; None = no limit."""
-    policy_lr: float = Field(3e-4, gt=0.0)
+    policy_lr: float = Field(1e-4, gt=0.0)
     """AdamW learning rate of the policy."""
     critic_lr: float = Field(1e-3, gt=0.0)
     """AdamW learning rate of the critic."""

@@ -34,7 +34,7 @@ from saorl.models.logprobs import token_logprobs
 
 @dataclass
 class OptimConfig:
-    policy_lr: float = 3e-4
+    policy_lr: float = 1e-4
     critic_lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float = 1.0
