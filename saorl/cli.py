@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("saorl.sim.cli",
                  "predict throughput, utilisation and staleness of sync vs async at any scale"),
     "bench": ("saorl.bench.cli", "measure async vs sync throughput, utilisation and staleness"),
+    "experiment": ("saorl.experiments.cli",
+                   "run a comparison of algorithms or ablations and write its table and plots"),
 }
 
 

@@ -1,0 +1,5 @@
+"""Experiments: compare algorithms or ablations arm × seed under one budget, then tabulate and plot.
+
+``spec`` (the YAML model), ``runner`` (runs every arm × seed via ``saorl.runtime.trainer.train``,
+resumably), ``report`` (Markdown table and PNG plots), ``cli`` (``saorl experiment``).
+"""

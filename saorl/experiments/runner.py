@@ -1,0 +1,210 @@
+"""Run every arm × seed of an experiment, one after another, resumably.
+
+Layout of the output directory ``OUT`` (default ``runs/experiments/<name>``, ``<name>-quick``
+with ``--quick``)::
+
+    OUT/spec.yaml                   the spec as run (with the selection and overrides)
+    OUT/<arm>/seed-<s>/             a normal run directory (metrics.jsonl, eval.jsonl, ...)
+    OUT/<arm>/seed-<s>/done.json    written when that run finished its budget: skipped next time
+    OUT/.cache/                     the SFT warm starts and value-pretrained critics
+
+Every arm of one seed starts from the same SFT model: the warm start is cached by its settings
+(``saorl.runtime.warmstart``), arms may not change them (``spec.LOCKED_PREFIXES``), and the
+runner checks that the SFT keys of all arms of a seed agree before it trains anything.
+
+A run counts as finished when it did all ``trainer.steps`` or used its wall-clock budget. A run
+that stopped early (Ctrl-C) is not marked: the experiment stops there, and the next invocation
+resumes it from its last checkpoint (with the wall-clock budget it had left) or, without a
+checkpoint, starts it again.
+
+The start arm (``spec.start_arm``, e.g. ``sft``) trains nothing: its ``eval.jsonl`` is the step-0
+evaluation of a trained arm of the same seed (the same policy on the same tasks with the same
+sampling seed), or, when no arm was trained, an evaluation of the cached SFT policy done here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from saorl.config import SaorlConfig
+from saorl.experiments.spec import ExperimentSpec, SpecError, arm_config
+
+DONE_FILE = "done.json"
+
+
+class ExperimentInterrupted(RuntimeError):
+    """A run stopped before its budget (Ctrl-C, dead workers): the experiment stops, resumable."""
+
+
+@dataclass
+class RunResult:
+    arm: str
+    seed: int
+    run_dir: str
+    status: str
+    """``trained``, ``skipped`` (finished earlier) or ``start`` (the start arm's evaluation)."""
+    steps: int
+    wall_s: float
+
+
+@dataclass
+class Selection:
+    arms: list[str]
+    seeds: list[int]
+    quick: bool = False
+    extra: list[str] = ()
+    """Command-line overrides, applied last to every arm."""
+
+
+def run_dir_for(out: Path, arm: str, seed: int) -> Path:
+    return out / arm / f"seed-{seed}"
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / DONE_FILE).is_file()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill: the rest is still usable
+                continue
+    return rows
+
+
+class ExperimentRunner:
+    def __init__(self, spec: ExperimentSpec, spec_path: Path | None, out: Path, selection: Selection,
+                 log: Callable[[str], None] = print) -> None:
+        self.spec, self.spec_path, self.out, self.sel, self.log = spec, spec_path, out, selection, log
+
+    def config(self, arm: str, seed: int) -> SaorlConfig:
+        """The arm's run config, with the caches under ``OUT/.cache``."""
+        cfg = arm_config(self.spec, self.spec_path, arm, seed, quick=self.sel.quick,
+                         extra=list(self.sel.extra))
+        cfg.run.out_dir = str(self.out)
+        cfg.run.name = f"{arm}-seed{seed}"
+        return cfg
+
+    def check_same_start(self) -> None:
+        """Every trained arm of a seed must share one SFT warm start (same cache key)."""
+        from saorl.runtime.warmstart import sft_key
+
+        for seed in self.sel.seeds:
+            keys = {arm: sft_key(self.config(arm, seed)) for arm in self.trained_arms()}
+            if len(set(keys.values())) > 1:
+                raise SpecError(f"experiment {self.spec.name!r}, seed {seed}: arms would start from "
+                                f"different SFT models (keys {keys}); arms must not change sft/env/model")
+
+    def trained_arms(self) -> list[str]:
+        return [a for a in self.sel.arms if a != self.spec.start_arm]
+
+    def run(self) -> list[RunResult]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._save_spec()
+        self.check_same_start()
+        results = []
+        for seed in self.sel.seeds:
+            for arm in self.trained_arms():
+                results.append(self.run_one(arm, seed))
+            if self.spec.start_arm and self.spec.start_arm in self.sel.arms:
+                results.append(self.run_start_arm(seed))
+        return results
+
+    def _save_spec(self) -> None:
+        data = self.spec.model_dump() | {"selection": {**asdict(self.sel), "extra": list(self.sel.extra)}}
+        (self.out / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+    # ------------------------------------------------------------------------- trained arms
+    def run_one(self, arm: str, seed: int) -> RunResult:
+        from saorl.runtime.checkpoint import latest_checkpoint
+        from saorl.runtime.trainer import train
+        from saorl.runtime.value_pretrain import initial_critic
+        from saorl.runtime.warmstart import initial_policy
+
+        run_dir = run_dir_for(self.out, arm, seed)
+        if is_finished(run_dir):
+            done = json.loads((run_dir / DONE_FILE).read_text())
+            self.log(f"[{arm} seed {seed}] finished earlier ({done['steps']} steps): skipped")
+            return RunResult(arm, seed, str(run_dir), "skipped", done["steps"], done["wall_s"])
+        cfg = self.config(arm, seed)
+        initial_critic(cfg, initial_policy(cfg, self.log), self.log)  # cached: train() reuses them
+        resume = run_dir.is_dir() and latest_checkpoint(run_dir / "checkpoints") is not None
+        if resume:
+            spent = _last(read_jsonl(run_dir / "metrics.jsonl"), "time/elapsed_s") or 0.0
+            if cfg.trainer.max_wall_s is not None:
+                cfg.trainer.max_wall_s = max(1.0, cfg.trainer.max_wall_s - spent)
+            self.log(f"[{arm} seed {seed}] resuming {run_dir}")
+        elif run_dir.exists():
+            shutil.rmtree(run_dir)  # began but never checkpointed: start it again
+        self.log(f"[{arm} seed {seed}] training: {cfg.algo.name}, {cfg.resolved_mode()}, "
+                 f"{cfg.trainer.steps} steps, max {cfg.trainer.max_wall_s or 'unlimited'} s -> {run_dir}")
+        t0 = time.monotonic()
+        train(cfg, run_dir, resume=resume)
+        took = time.monotonic() - t0
+        rows = read_jsonl(run_dir / "metrics.jsonl")
+        steps = int(_last(rows, "step") or 0)
+        budget = cfg.trainer.max_wall_s
+        if steps < cfg.trainer.steps and (budget is None or took < budget):
+            raise ExperimentInterrupted(f"[{arm} seed {seed}] stopped after {steps} of {cfg.trainer.steps} "
+                                        f"steps ({took:.0f}s); run the same command again to resume")
+        wall = float(_last(rows, "time/elapsed_s") or took)
+        (run_dir / DONE_FILE).write_text(json.dumps({"arm": arm, "seed": seed, "steps": steps,
+                                                     "wall_s": wall, "algo": cfg.algo.name}) + "\n")
+        return RunResult(arm, seed, str(run_dir), "trained", steps, wall)
+
+    # ---------------------------------------------------------------------------- start arm
+    def run_start_arm(self, seed: int) -> RunResult:
+        arm = self.spec.start_arm
+        assert arm is not None
+        run_dir = run_dir_for(self.out, arm, seed)
+        if is_finished(run_dir):
+            return RunResult(arm, seed, str(run_dir), "skipped", 0, 0.0)
+        row = None
+        for other in self.spec.arms:  # any finished arm of this seed evaluated the start at step 0
+            evals = read_jsonl(run_dir_for(self.out, other, seed) / "eval.jsonl")
+            row = next((r for r in evals if r.get("step") == 0), None)
+            if row is not None:
+                self.log(f"[{arm} seed {seed}] the starting policy: step-0 evaluation of arm {other!r}")
+                break
+        if row is None:
+            row = self._evaluate_start(seed)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "eval.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+        (run_dir / DONE_FILE).write_text(json.dumps({"arm": arm, "seed": seed, "steps": 0, "wall_s": 0.0,
+                                                     "algo": None}) + "\n")
+        return RunResult(arm, seed, str(run_dir), "start", 0, 0.0)
+
+    def _evaluate_start(self, seed: int) -> dict:
+        """Evaluate the SFT start as a run's step-0 evaluation would (same tasks, temperature, seed)."""
+        from saorl.models.loading import load_policy
+        from saorl.models.tokenizer import load_tokenizer
+        from saorl.runtime.eval_cmd import evaluate_policy
+        from saorl.runtime.warmstart import initial_policy
+
+        cfg = self.config(next(iter(self.spec.arms)), seed)
+        spec = initial_policy(cfg, self.log)
+        self.log(f"[{self.spec.start_arm} seed {seed}] evaluating the starting policy {spec}")
+        policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed).eval()
+        tokenizer = load_tokenizer(cfg.model.tokenizer)  # as the trainer's evaluation loads it
+        metrics, _ = evaluate_policy(cfg, policy, tokenizer, temperature=cfg.run.eval_temperature)
+        return {"step": 0, "policy/version": 0, **metrics}
+
+
+def _last(rows: list[dict], key: str):
+    for row in reversed(rows):
+        if row.get(key) is not None:
+            return row[key]
+    return None

@@ -1,0 +1,231 @@
+"""An experiment spec: the YAML that says which arms to compare, on which seeds, with what budget.
+
+A spec (``configs/experiments/*.yaml``) names a base run config plus overrides shared by every
+arm, then the arms, each a list of dotted overrides on top (``algo.name=grpo``). Every arm gets
+the same budget: ``budget.steps`` trainer steps and ``budget.max_wall_s`` seconds of wall clock,
+written into ``trainer.steps`` / ``trainer.max_wall_s``. ``quick`` holds the tiny settings that
+``--quick`` applies on top of everything (fewer steps, a smaller SFT, one seed).
+
+Arms may not change what decides the starting policy (``seed``, ``model.*``, ``env.*``,
+``sft.*``) or the budget (``trainer.steps``, ``trainer.max_wall_s``): every arm of one seed must
+start from the same SFT model and get the same budget, or the comparison means nothing.
+
+``start_arm`` (e.g. ``sft``) is a row with no RL at all: the starting policy, evaluated exactly
+as the trained arms' step-0 evaluation (the runner copies that row, so it costs nothing).
+
+A bad spec fails at load with :class:`SpecError`, naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from saorl.config import ConfigError, SaorlConfig, apply_overrides, config_from_dict
+
+PLOTS = ("accuracy", "reward", "value_loss", "dis_kept_frac", "staleness", "entropy", "switches")
+"""Plot names a spec may ask for (``switches`` also adds recovery columns to the table)."""
+LOCKED_PREFIXES = ("seed", "model.", "env.", "sft.", "trainer.steps", "trainer.max_wall_s")
+"""Overrides an arm may not give (they change the starting policy or the budget)."""
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SPEC_DIR = Path("configs") / "experiments"
+
+
+class SpecError(ValueError):
+    """An experiment spec that cannot be used; the message names the file and the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Budget(_Model):
+    steps: int = Field(ge=1)
+    """Trainer steps per arm × seed."""
+    max_wall_s: float | None = Field(None, gt=0)
+    """Wall-clock seconds per arm × seed (the run stops at whichever comes first); None = no limit."""
+
+
+class Quick(_Model):
+    overrides: list[str] = Field(default_factory=list)
+    """Overrides applied after the base ones with ``--quick`` (small SFT, fewer eval tasks, ...)."""
+    budget: Budget | None = None
+    """The budget with ``--quick`` (None: the full budget)."""
+    seeds: int = Field(1, ge=1)
+    """How many of ``seeds`` (the first ones) ``--quick`` runs."""
+    arms: list[str] | None = None
+    """Arms ``--quick`` runs (None: all)."""
+
+
+class ExperimentSpec(_Model):
+    name: str
+    """Experiment name: the default output directory is ``runs/experiments/<name>``."""
+    description: str = ""
+    """What the experiment measures (printed at the top of the report)."""
+    base: str | None = None
+    """Base run config (YAML), relative to the spec file, the repository root or the working
+    directory; None = the built-in defaults."""
+    overrides: list[str] = Field(default_factory=list)
+    """Dotted overrides for every arm, on top of ``base``."""
+    arms: dict[str, list[str]]
+    """Arm name → its own overrides (on top of ``overrides``)."""
+    start_arm: str | None = None
+    """Name of a row that reports the starting policy (the shared step-0 evaluation), no RL."""
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    """Seeds; each seed has its own SFT start, shared by all arms of that seed."""
+    budget: Budget
+    """Trainer steps and wall-clock seconds per arm × seed."""
+    quick: Quick = Field(default_factory=Quick)
+    """Tiny settings for ``--quick``."""
+    plots: list[str] = Field(default_factory=lambda: ["accuracy", "reward"])
+    """Plots to draw: ``accuracy``, ``reward``, ``value_loss``, ``dis_kept_frac``, ``staleness``,
+    ``entropy``, ``switches`` (reward with the env's switch points, plus recovery steps)."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain(cls, v: str) -> str:
+        if not v or "/" in v or "\\" in v or v in (".", ".."):
+            raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
+        return v
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        if not v:
+            raise ValueError("needs at least one arm")
+        for arm, overrides in v.items():
+            if not arm or "/" in arm or "," in arm:
+                raise ValueError(f"arm name {arm!r} must be non-empty, without '/' or ','")
+            for o in overrides:
+                key = o.partition("=")[0].strip()
+                if any(key == p.rstrip(".") or key.startswith(p) for p in LOCKED_PREFIXES):
+                    raise ValueError(f"arm {arm!r}: override {o!r} would change the starting policy or "
+                                     "the budget; put it in the spec's overrides or budget instead")
+        return v
+
+    @field_validator("plots")
+    @classmethod
+    def _plots(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if p not in PLOTS]
+        if bad:
+            raise ValueError(f"unknown plot(s) {bad}; known: {', '.join(PLOTS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentSpec:
+        if self.start_arm is not None and self.start_arm in self.arms:
+            raise ValueError(f"start_arm {self.start_arm!r} is also a trained arm; give it another name")
+        unknown = [a for a in self.quick.arms or [] if a not in self.arm_names()]
+        if unknown:
+            raise ValueError(f"quick.arms names unknown arm(s) {unknown}; "
+                             f"arms: {', '.join(self.arm_names())}")
+        return self
+
+    def arm_names(self) -> list[str]:
+        """Trained arms, then the start arm (if any)."""
+        return list(self.arms) + ([self.start_arm] if self.start_arm else [])
+
+
+def find_spec(name_or_path: str) -> Path:
+    """A spec file: an existing path, else ``configs/experiments/<name>.yaml`` under the working
+    directory or the repository root."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix not in (".yaml", ".yml") and "/" not in name_or_path:
+        for root in (Path.cwd(), REPO_ROOT):
+            candidate = root / SPEC_DIR / f"{name_or_path}.yaml"
+            if candidate.is_file():
+                return candidate
+    known = sorted(p.stem for p in (REPO_ROOT / SPEC_DIR).glob("*.yaml"))
+    raise SpecError(f"experiment {name_or_path!r}: no such file, and no configs/experiments/"
+                    f"{name_or_path}.yaml; known experiments: {', '.join(known) or '(none)'}")
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    """Parse and validate a spec file; :class:`SpecError` naming the file and field on any problem."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise SpecError(f"experiment spec {path}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"experiment spec {path}: YAML error: {' '.join(str(e).split())}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"experiment spec {path}: the top level must be a mapping, got {type(data).__name__}")
+    return spec_from_dict(data, str(path))
+
+
+def spec_from_dict(data: dict[str, Any], source: str = "<dict>") -> ExperimentSpec:
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as e:
+        reasons = "; ".join(_describe(err) for err in e.errors())
+        raise SpecError(f"experiment spec {source}: {reasons}") from None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown field"
+    if err["type"] == "missing":
+        return f"{where}: required field missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" + ("" if err["type"] == "value_error" else f" (got {err.get('input')!r})")
+
+
+def resolve_base(spec: ExperimentSpec, spec_path: Path | None) -> Path | None:
+    """The base config file, looked up next to the spec, in the repository root, then the cwd."""
+    if spec.base is None:
+        return None
+    base = Path(spec.base).expanduser()
+    roots = ([spec_path.parent] if spec_path else []) + [REPO_ROOT, Path.cwd()]
+    for candidate in ([base] if base.is_absolute() else [r / base for r in roots]):
+        if candidate.is_file():
+            return candidate
+    raise SpecError(f"experiment {spec.name!r}: base config {spec.base!r} not found "
+                    f"(looked in {', '.join(str(r) for r in roots)})")
+
+
+def arm_config(spec: ExperimentSpec, spec_path: Path | None, arm: str, seed: int, *, quick: bool = False,
+               extra: list[str] = ()) -> SaorlConfig:
+    """The resolved run config of ``arm`` at ``seed``: base ← spec overrides ← arm ← quick ← budget
+    ← ``extra`` (command-line overrides, last)."""
+    from saorl.config import _read_yaml
+
+    base = resolve_base(spec, spec_path)
+    data = _read_yaml(base) if base is not None else {}
+    budget = spec.quick.budget if quick and spec.quick.budget else spec.budget
+    layers = [*spec.overrides, *spec.arms.get(arm, []), *(spec.quick.overrides if quick else []),
+              f"seed={seed}", f"trainer.steps={budget.steps}",
+              f"trainer.max_wall_s={'null' if budget.max_wall_s is None else budget.max_wall_s}", *extra]
+    try:
+        data = apply_overrides(data, layers)
+        return config_from_dict(data, f"experiment {spec.name!r}, arm {arm!r}, seed {seed}")
+    except ConfigError as e:
+        raise SpecError(str(e)) from None
+
+
+def selected_seeds(spec: ExperimentSpec, quick: bool, n: int | None) -> list[int]:
+    """The first ``n`` seeds (``quick.seeds`` with ``--quick``; more than listed: consecutive ints)."""
+    n = n if n is not None else (spec.quick.seeds if quick else len(spec.seeds))
+    seeds = list(spec.seeds[:n])
+    while len(seeds) < n:
+        seeds.append(max(seeds) + 1)
+    return seeds
+
+
+def selected_arms(spec: ExperimentSpec, quick: bool, names: list[str] | None) -> list[str]:
+    """Arms to run, in spec order: ``names`` (checked), else ``quick.arms`` with ``--quick``, else all."""
+    known = spec.arm_names()
+    if names:
+        unknown = [a for a in names if a not in known]
+        if unknown:
+            raise SpecError(f"experiment {spec.name!r}: unknown arm(s) {unknown}; arms: {', '.join(known)}")
+        return [a for a in known if a in names]
+    if quick and spec.quick.arms:
+        return [a for a in known if a in spec.quick.arms or a == spec.start_arm]
+    return known
