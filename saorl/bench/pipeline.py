@@ -219,11 +219,15 @@ def sim_inputs(spec: BenchSpec, records: list[dict], pieces: dict) -> dict:
     return {"slots": spec.slots, "engines": 1, "batch_size": spec.batch_size, "group_size": spec.group_size,
             "decode_curve": [[b, s] for b, s in pieces["decode_curve"]], "prefill_scale": scale,
             "lengths": lengths, "train_sao": list(pieces["sao_fit"]), "train_grpo": list(pieces["grpo_fit"]),
-            "contention": statistics.geometric_mean([pieces["contention"]["train_slowdown"],
-                                                     pieces["contention"]["generation_slowdown"]]),
+            # one factor in the simulator for both stages: the larger slowdown (the bottleneck's, here)
+            "contention": max(1.0, pieces["contention"]["train_slowdown"],
+                              pieces["contention"]["generation_slowdown"]),
             "publish_s": pieces["step_overhead_s"],
             "duration_s": statistics.fmean(r["window_s"] for r in records),
-            "measured_ratio": statistics.fmean(ratios(records)), "measured_ratios": ratios(records)}
+            "measured_ratio": statistics.fmean(ratios(records)), "measured_ratios": ratios(records),
+            "measured_tokens_per_s": {
+                m: statistics.fmean(r["tokens_per_s"] for r in records if r["mode"] == m)
+                for m in ("sync", "async")}}
 
 
 def bench(spec: BenchSpec, out: Path, command: str = "", log=print) -> dict:
@@ -231,6 +235,12 @@ def bench(spec: BenchSpec, out: Path, command: str = "", log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0, load_before = time.monotonic(), machine_load()
     records = run_pairs(spec, out, log)
+    return finish(spec, out, records, command=command, load_before=load_before, t0=t0, log=log)
+
+
+def finish(spec: BenchSpec, out: Path, records: list[dict], *, command: str, load_before: str, t0: float,
+           log=print) -> dict:
+    """Measure the pieces and write every output, given the runs' records (see :func:`run_pairs`)."""
     per_step = statistics.fmean(r["trained_tokens"] / r["steps"] for r in records if r["mode"] == "async")
     pieces = measure_pieces(spec, out, per_step, log)
     result = {"spec": asdict(spec), "command": command, "load_before": load_before,

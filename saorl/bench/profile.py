@@ -226,7 +226,7 @@ def build_learner(cfg: SaorlConfig):
     preset = cfg.algo.resolve()
     policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
     tr = cfg.trainer
-    return Learner(policy, build_critic(cfg, policy, preset), preset,
+    return Learner(policy, build_critic(cfg, policy, preset, cfg.model.critic), preset,
                    OptimConfig(tr.policy_lr, tr.critic_lr, tr.weight_decay, tr.grad_clip, tr.warmup_steps),
                    pad_id=load_tokenizer(cfg.model.tokenizer).pad_token_id,
                    temperature=cfg.rollout.temperature, device=cfg.model.device)
@@ -342,6 +342,19 @@ def _generation_child(cfg_data: dict, threads: int, seconds: float, out) -> None
     out.put(("tokens_per_s", rollout_profile(cfg, seconds, warmup_s=2.0)["tokens_per_s"]))
 
 
+def _from_child(q, child, timeout_s: float = 300.0):
+    import queue
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return q.get(timeout=0.5)
+        except queue.Empty:
+            if not child.is_alive():
+                raise RuntimeError(f"generation process died (exit code {child.exitcode})") from None
+    raise TimeoutError(f"generation process silent for {timeout_s:.0f}s")
+
+
 def contention(cfg: SaorlConfig, trajs: list[Trajectory], seconds: float, worker_threads: int,
                trainer_threads: int) -> dict:
     """Both stages at once: generation in a child process (as a rollout worker) while this process
@@ -360,7 +373,7 @@ def contention(cfg: SaorlConfig, trajs: list[Trajectory], seconds: float, worker
         learner = build_learner(cfg)
         bs, g = cfg.trainer.batch_size, cfg.algo.resolve().group_size
         learner.step(trajs[:bs], group_ids(bs, g))  # warm-up while the child loads
-        q.get(timeout=300)
+        _from_child(q, child)
         time.sleep(2.0)  # the child's own warm-up
         tokens, t0, i = 0, time.perf_counter(), 0
         while time.perf_counter() - t0 < seconds * 0.9:
@@ -369,7 +382,7 @@ def contention(cfg: SaorlConfig, trajs: list[Trajectory], seconds: float, worker
             tokens += sum(t.num_action_tokens for t in batch)
             i += 1
         train_tps = tokens / (time.perf_counter() - t0)
-        _, gen_tps = q.get(timeout=300)
+        _, gen_tps = _from_child(q, child)
     finally:
         child.join(timeout=60)
         if child.is_alive():

@@ -11,8 +11,9 @@ Mapping (one entry of ``measurement.json`` each):
   samples, so these are an unbiased sample of the workload), drawn with replacement;
 - ``train_sao`` / ``train_grpo``: ``(a, b)`` of step seconds ≈ a + b·tokens for the async (SAO) and
   the sync (GRPO) trainer; ``publish_s``: weight publication plus journal appends per step;
-- ``contention``: how much slower each stage runs while the other runs too (measured with both
-  at once); the simulator's ``shared_resources`` model applies it whenever both are busy.
+- ``contention``: how much slower a stage runs while the other runs too (measured with both at
+  once; the larger of the two slowdowns, as the simulator has one factor for both); the
+  simulator's ``shared_resources`` model applies it whenever both are busy.
 """
 
 from __future__ import annotations
