@@ -35,12 +35,25 @@ def test_quick_benchmark_writes_summary_and_timeline(tmp_path: Path, capsys):
     assert "saorl bench pipeline" in capsys.readouterr().out
 
 
+def _bench_cli(argv: list[str]) -> int:
+    import argparse
+
+    from saorl.bench import cli
+
+    parser = argparse.ArgumentParser(prog="saorl bench")
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
 def test_bad_arguments_are_rejected(tmp_path: Path, capsys):
-    assert main(["bench", "pipeline", "--budget-s", "0", "--out", str(tmp_path)]) == 2
+    assert _bench_cli(["pipeline", "--budget-s", "0", "--out", str(tmp_path)]) == 2
     assert "--budget-s" in capsys.readouterr().err
-    assert main(["bench", "pipeline", "--out", str(tmp_path), "nonsense"]) == 2
+    assert _bench_cli(["pipeline", "--reps", "0", "--out", str(tmp_path)]) == 2
+    assert "--reps" in capsys.readouterr().err
+    assert _bench_cli(["pipeline", "--out", str(tmp_path), "nonsense"]) == 2
     assert "section.field=value" in capsys.readouterr().err
-    assert main(["bench"]) == 2
+    assert _bench_cli([]) == 2
+    assert not any(tmp_path.iterdir())  # nothing ran
 
 
 def test_mode_configs():
