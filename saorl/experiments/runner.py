@@ -17,6 +17,10 @@ that stopped early (Ctrl-C) is not marked: the experiment stops there, and the n
 resumes it from its last checkpoint (with the wall-clock budget it had left) or, without a
 checkpoint, starts it again.
 
+A run that stopped between two evaluations (wall-clock budget, or steps not a multiple of
+``run.eval_every``) gets one more evaluation of its final policy, appended to its ``eval.jsonl``
+(same tasks, temperature and sampling seed as the trainer's), so its final accuracy is the end.
+
 The start arm (``spec.start_arm``, e.g. ``sft``) trains nothing: its ``eval.jsonl`` is the step-0
 evaluation of a trained arm of the same seed (the same policy on the same tasks with the same
 sampling seed), or, when no arm was trained, an evaluation of the cached SFT policy done here.
@@ -161,9 +165,30 @@ class ExperimentRunner:
             raise ExperimentInterrupted(f"[{arm} seed {seed}] stopped after {steps} of {cfg.trainer.steps} "
                                         f"steps ({took:.0f}s); run the same command again to resume")
         wall = float(_last(rows, "time/elapsed_s") or took)
+        self._final_eval(cfg, run_dir, steps)
         (run_dir / DONE_FILE).write_text(json.dumps({"arm": arm, "seed": seed, "steps": steps,
                                                      "wall_s": wall, "algo": cfg.algo.name}) + "\n")
         return RunResult(arm, seed, str(run_dir), "trained", steps, wall)
+
+    def _final_eval(self, cfg: SaorlConfig, run_dir: Path, steps: int) -> None:
+        """Evaluate the final policy when the run stopped between two evaluations (the wall-clock
+        budget, or steps not a multiple of ``run.eval_every``), so "final accuracy" is the end."""
+        evals = read_jsonl(run_dir / "eval.jsonl")
+        final = run_dir / "final" / "policy"
+        if steps == 0 or any(r.get("step") == steps for r in evals) or not final.is_dir():
+            return
+        from saorl.models.loading import load_policy
+        from saorl.models.tokenizer import load_tokenizer
+        from saorl.runtime.eval_cmd import evaluate_policy
+
+        self.log(f"[{cfg.run.name}] evaluating the final policy (step {steps})")
+        policy = load_policy(str(final), dtype=cfg.model.dtype, device=cfg.model.device,
+                             seed=cfg.seed).eval()
+        metrics, _ = evaluate_policy(cfg, policy, load_tokenizer(cfg.model.tokenizer),
+                                     temperature=cfg.run.eval_temperature)
+        row = {"step": steps, "policy/version": None, **metrics, "source": "saorl experiment (final)"}
+        with open(run_dir / "eval.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
 
     # ---------------------------------------------------------------------------- start arm
     def run_start_arm(self, seed: int) -> RunResult:

@@ -1,0 +1,115 @@
+"""The experiment spec: shipped specs load and resolve; bad specs fail naming the field."""
+
+from pathlib import Path
+
+import pytest
+
+from saorl.experiments.runner import ExperimentRunner, Selection
+from saorl.experiments.spec import (
+    SpecError,
+    arm_config,
+    find_spec,
+    load_spec,
+    selected_arms,
+    selected_seeds,
+    spec_from_dict,
+)
+
+SHIPPED = ("math", "code", "ablation", "online", "stability")
+
+
+def _spec(**kw):
+    data = {"name": "t", "arms": {"a": ["algo.name=sao"], "b": ["algo.name=reinforce_rm"]},
+            "budget": {"steps": 10, "max_wall_s": 30}} | kw
+    return spec_from_dict(data, "t.yaml")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_specs_resolve_with_one_sft_start(name, tmp_path):
+    path = find_spec(name)
+    spec = load_spec(path)
+    for quick in (False, True):
+        sel = Selection(selected_arms(spec, quick, None), selected_seeds(spec, quick, None), quick)
+        runner = ExperimentRunner(spec, path, tmp_path, sel)
+        runner.check_same_start()  # raises if arms of a seed would start from different SFT models
+        budget = spec.quick.budget if quick and spec.quick.budget else spec.budget
+        for arm in runner.trained_arms():
+            cfg = runner.config(arm, sel.seeds[0])
+            assert cfg.trainer.steps == budget.steps and cfg.trainer.max_wall_s == budget.max_wall_s
+            assert cfg.run.out_dir == str(tmp_path)
+
+
+def test_math_arms_are_the_comparison_asked_for():
+    spec = load_spec(find_spec("math"))
+    cfgs = {a: arm_config(spec, find_spec("math"), a, 0) for a in spec.arms}
+    assert cfgs["grpo_async"].resolved_mode() == "async" and cfgs["grpo_sync"].resolved_mode() == "sync"
+    assert cfgs["sao"].algo.resolve().policy_loss == "dis"
+    assert cfgs["vapo"].algo.resolve().policy_loss == "ppo"
+    assert {c.trainer.batch_size for c in cfgs.values()} == {8}
+    assert {c.trainer.policy_lr for c in cfgs.values()} == {1e-4}
+    assert spec.start_arm == "sft"
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"budget": {"steps": 0}}, "budget.steps"),
+    ({"arms": {}}, "arms"),
+    ({"arms": {"a": ["sft.steps=5"]}}, "arms"),
+    ({"arms": {"a": ["trainer.steps=5"]}}, "arms"),
+    ({"arms": {"a": ["seed=3"]}}, "arms"),
+    ({"plots": ["accuracy", "nope"]}, "plots"),
+    ({"seeds": []}, "seeds"),
+    ({"bogus": 1}, "bogus"),
+    ({"quick": {"arms": ["zzz"]}}, "quick.arms"),
+    ({"start_arm": "a"}, "start_arm"),
+    ({"name": "a/b"}, "name"),
+])
+def test_bad_spec_names_the_field(data, field):
+    with pytest.raises(SpecError) as e:
+        _spec(**data)
+    assert field in str(e.value) and "t.yaml" in str(e.value)
+
+
+def test_missing_budget_and_bad_yaml(tmp_path):
+    p = tmp_path / "x.yaml"
+    p.write_text("name: x\narms: {a: []}\n")
+    with pytest.raises(SpecError, match="budget: required field missing"):
+        load_spec(p)
+    p.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="YAML error"):
+        load_spec(p)
+    with pytest.raises(SpecError, match=r"known experiments: .*math"):
+        find_spec("no-such-experiment")
+
+
+def test_bad_arm_override_is_a_config_error_naming_the_arm():
+    spec = _spec(arms={"a": ["algo.naem=sao"]})
+    with pytest.raises(SpecError, match=r"algo.naem.*did you mean name"):
+        arm_config(spec, None, "a", 0)
+    spec = _spec(arms={"a": ["algo.eps_low=2"]})
+    with pytest.raises(SpecError, match=r"arm 'a'.*algo.eps_low"):
+        arm_config(spec, None, "a", 0)
+
+
+def test_selection_and_layering():
+    spec = _spec(seeds=[3, 5], start_arm="s", overrides=["trainer.policy_lr=2e-4"],
+                 quick={"overrides": ["sft.steps=7"], "budget": {"steps": 2}, "seeds": 1, "arms": ["b"]})
+    assert selected_seeds(spec, False, None) == [3, 5]
+    assert selected_seeds(spec, True, None) == [3]
+    assert selected_seeds(spec, False, 4) == [3, 5, 6, 7]
+    assert selected_arms(spec, False, None) == ["a", "b", "s"]
+    assert selected_arms(spec, True, None) == ["b", "s"]
+    assert selected_arms(spec, False, ["s", "a"]) == ["a", "s"]
+    with pytest.raises(SpecError, match="unknown arm"):
+        selected_arms(spec, False, ["c"])
+    cfg = arm_config(spec, None, "b", 5, quick=True, extra=["trainer.policy_lr=3e-4"])
+    assert (cfg.seed, cfg.sft.steps, cfg.trainer.steps, cfg.trainer.max_wall_s) == (5, 7, 2, None)
+    assert cfg.algo.name == "reinforce_rm" and cfg.trainer.policy_lr == 3e-4
+
+
+def test_base_is_found_relative_to_spec(tmp_path):
+    (tmp_path / "base.yaml").write_text("trainer:\n  batch_size: 12\n")
+    spec = _spec(base="base.yaml")
+    assert arm_config(spec, tmp_path / "spec.yaml", "a", 0).trainer.batch_size == 12
+    with pytest.raises(SpecError, match=r"base config 'missing\.yaml' not found"):
+        arm_config(_spec(base="missing.yaml"), tmp_path / "spec.yaml", "a", 0)
+    assert Path(find_spec("math")).name == "math.yaml"
