@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="episodes to run, one per task (default: run.eval_tasks, at most env.num_test_tasks)")
     p.add_argument("--split", choices=("test", "train"), default="test", help="task split (default: test)")
     p.add_argument("--show", type=int, default=0, metavar="N", help="print the first N episodes")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: run.eval_temperature as in runs; 0 = greedy)")
     p.add_argument("--no-color", action="store_true",
                    help="label the parts of shown episodes instead of colouring them")
     p.add_argument("--json", action="store_true", help="print the metrics (and shown episodes) as JSON")
@@ -188,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         target = resolve_target(args.target, args.overrides)
         policy, tokenizer = target.load(), load_tokenizer(target.tokenizer)
+        if args.temperature is None:
+            args.temperature = target.cfg.run.eval_temperature
         metrics, trajs = evaluate_policy(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
                                          temperature=args.temperature)
     except (ConfigError, TargetError, FileNotFoundError, NotADirectoryError) as e:

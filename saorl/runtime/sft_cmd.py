@@ -50,15 +50,17 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         print(f"saorl sft: {e}", file=sys.stderr)
         return 2
-    before, _ = evaluate_policy(cfg, before_policy, tokenizer, n=args.tasks)
+    temp = cfg.run.eval_temperature
+    before, _ = evaluate_policy(cfg, before_policy, tokenizer, n=args.tasks, temperature=temp)
     del before_policy
     metrics = run_sft(cfg, args.out)
     after_policy = load_policy(str(args.out), dtype=m.dtype, device=m.device)
-    after, _ = evaluate_policy(cfg, after_policy, tokenizer, n=args.tasks)
+    after, _ = evaluate_policy(cfg, after_policy, tokenizer, n=args.tasks, temperature=temp)
     metrics |= {f"before/{k}": v for k, v in before.items()} | {f"after/{k}": v for k, v in after.items()}
     (args.out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(f"policy  {m.policy} -> {args.out} ({cfg.sft.steps} SFT steps on {int(metrics['sft/demos'])} "
           f"demonstrations, final loss {metrics['sft/loss']:.4f})")
-    print(f"env     {cfg.env.type}, test split, {int(after.get('eval/episodes', 0))} episodes, greedy")
+    print(f"env     {cfg.env.type}, test split, {int(after.get('eval/episodes', 0))} episodes, "
+          f"{'greedy' if temp == 0 else f'temperature {temp:g}'}")
     print(format_table({"before": before, "after": after}))
     return 0

@@ -38,7 +38,7 @@ def test_eval_policy_dir_prints_table_and_an_episode(policy_dir, capsys):
     rc = main(["eval", str(policy_dir), *FAST, "--tasks", "4", "--show", "1", "--no-color"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert f"policy  {policy_dir}" in out and "math_tool, test split, 4 episodes, greedy" in out
+    assert f"policy  {policy_dir}" in out and "math_tool, test split, 4 episodes, temperature 1" in out
     rows = {line[:20].strip(): line[20:].strip() for line in out.splitlines() if line[:20].strip()}
     assert rows["episodes"] == "4"
     assert 0.0 <= float(rows["accuracy"]) <= 1.0 and 1.0 <= float(rows["turns mean"]) <= 2.0
@@ -54,7 +54,8 @@ def test_eval_json_defaults_to_the_runs_test_set(policy_dir, capsys):
     data = json.loads(capsys.readouterr().out)
     assert rc == 0
     # min(run.eval_tasks = 64, env.num_test_tasks = 4) episodes, as a run's evaluation
-    assert data["split"] == "test" and data["eval/episodes"] == 4.0 and data["temperature"] == 0.0
+    assert data["split"] == "test" and data["eval/episodes"] == 4.0
+    assert data["temperature"] == 1.0  # run.eval_temperature, as in training runs
     assert data["policy"] == str(policy_dir) and len(data["samples"]) == 1
     assert data["samples"][0].startswith("== task math_tool/")
 

@@ -22,7 +22,7 @@ def test_sft_writes_a_loadable_fine_tuned_policy_and_prints_before_after(tmp_pat
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if line.startswith("metric"))
     assert header.split() == ["metric", "before", "after"]
-    assert "accuracy" in printed and "test split, 4 episodes, greedy" in printed
+    assert "accuracy" in printed and "test split, 4 episodes, temperature 1" in printed
 
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
     init = dict(build_tiny("tiny-dense", seed=0).named_parameters())
