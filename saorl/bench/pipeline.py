@@ -14,11 +14,12 @@ Runs are interleaved sync/async/sync/async over ``reps`` (the order alternates e
 that drifting machine load hits both alike. Figures per run: see :mod:`saorl.bench.runs`.
 
 Then, alone (nothing else of ours running), the pieces: the generation throughput of the
-workload with no trainer and the engine profile (:func:`saorl.bench.profile.rollout_profile`),
-the decode-step curve, and one SAO step profile on real trajectories. The **machine limit** of
-trained tokens / s combines the generation stage (``G`` tok/s, measured with the workers'
-threads) and the training stage (``T`` tok/s = tokens per step / (SAO step + weight
-publication + journal appends), with the trainer's threads, at the async run's tokens per step):
+workload with no trainer (also measured before the runs; the faster counts) and the engine
+profile (:func:`saorl.bench.profile.rollout_profile`), the decode-step curve, and one SAO
+step profile on real trajectories. The **machine limit** of trained tokens / s combines the
+generation stage (``G`` tok/s, measured with the workers' threads) and the training stage
+(``T`` tok/s = tokens per step / (SAO step + weight publication + journal appends), with the
+trainer's threads, at the async run's tokens per step):
 
 - the stages have their own cores (trainer threads + workers × worker threads ≤ cores): a
   pipeline runs at its slowest stage, ``limit = min(G, T)``;
@@ -155,13 +156,25 @@ def ratios(records: list[dict], baseline: str = "sync") -> list[float]:
             if by.get((baseline, k)) and ("async", k) in by]
 
 
-def measure_pieces(spec: BenchSpec, out: Path, async_tokens_per_step: float, log=print) -> dict:
-    """Profiles and stage throughputs, each measured alone with the threads its stage has in a run."""
-    cfg_async = mode_config(spec, "async", out / "runs")
-    cfg_sync = mode_config(spec, "sync", out / "runs")
+def generation_alone(spec: BenchSpec, out: Path, log=print) -> dict:
+    """The workload through one engine with no trainer (worker threads): profile and tok/s."""
     torch.set_num_threads(spec.worker_threads)
     log(f"[bench] generation alone for {spec.profile_s:.0f}s (engine profile)")
-    gen = prof.rollout_profile(cfg_async, spec.profile_s, warmup_s=min(3.0, spec.profile_s / 2))
+    return prof.rollout_profile(mode_config(spec, "async", out / "runs"), spec.profile_s,
+                                warmup_s=min(3.0, spec.profile_s / 2))
+
+
+def measure_pieces(spec: BenchSpec, out: Path, async_tokens_per_step: float, log=print,
+                   gen_before: float | None = None) -> dict:
+    """Profiles and stage throughputs, each measured alone with the threads its stage has in a run.
+
+    Generation alone is measured here and, when ``gen_before`` is given, also before the runs;
+    the machine's limit uses the faster of the two (a load spike only ever slows a measurement).
+    """
+    cfg_async = mode_config(spec, "async", out / "runs")
+    cfg_sync = mode_config(spec, "sync", out / "runs")
+    gen = generation_alone(spec, out, log)
+    torch.set_num_threads(spec.worker_threads)
     curve = prof.decode_curve(cfg_async, tuple(sorted({1, 2, 4, 8, spec.slots})))
     trajs = gen.pop("trajectories")
     while len(trajs) < 4 * spec.batch_size:  # enough distinct batches for the fits
@@ -181,7 +194,7 @@ def measure_pieces(spec: BenchSpec, out: Path, async_tokens_per_step: float, log
     both = prof.contention(cfg_async, trajs, spec.profile_s, spec.worker_threads, spec.trainer_threads)
     both["train_slowdown"] = learn["tokens_per_s"] / both["train_tokens_per_s"]
     both["generation_slowdown"] = gen["tokens_per_s"] / both["generation_tokens_per_s"]
-    G = gen["tokens_per_s"]
+    G = max(gen["tokens_per_s"], gen_before or 0.0)
     threads = spec.trainer_threads + spec.worker_threads
     separate = threads <= (os.cpu_count() or 1)
     limit = min(G, train_tps) if separate else 1 / (1 / G + 1 / train_tps)
@@ -189,7 +202,8 @@ def measure_pieces(spec: BenchSpec, out: Path, async_tokens_per_step: float, log
             "grpo_fit": grpo_fit, "step_overhead_s": overhead, "train_tokens_per_s": train_tps,
             "contention": both,
             "limit": {"tokens_per_s": limit, "formula": "min(G, T)" if separate else "1/(1/G + 1/T)",
-                      "G": G, "T": train_tps, "threads": threads, "cores": os.cpu_count()}}
+                      "G": G, "G_after": gen["tokens_per_s"], "G_before": gen_before, "T": train_tps,
+                      "threads": threads, "cores": os.cpu_count()}}
 
 
 def targets(records: list[dict], pieces: dict) -> list[dict]:
@@ -234,15 +248,17 @@ def bench(spec: BenchSpec, out: Path, command: str = "", log=print) -> dict:
     """The whole benchmark; returns everything ``summary.md`` shows."""
     out.mkdir(parents=True, exist_ok=True)
     t0, load_before = time.monotonic(), machine_load()
+    gen_before = generation_alone(spec, out, log)["tokens_per_s"]
     records = run_pairs(spec, out, log)
-    return finish(spec, out, records, command=command, load_before=load_before, t0=t0, log=log)
+    return finish(spec, out, records, command=command, load_before=load_before, t0=t0, log=log,
+                  gen_before=gen_before)
 
 
 def finish(spec: BenchSpec, out: Path, records: list[dict], *, command: str, load_before: str, t0: float,
-           log=print) -> dict:
+           log=print, gen_before: float | None = None) -> dict:
     """Measure the pieces and write every output, given the runs' records (see :func:`run_pairs`)."""
     per_step = statistics.fmean(r["trained_tokens"] / r["steps"] for r in records if r["mode"] == "async")
-    pieces = measure_pieces(spec, out, per_step, log)
+    pieces = measure_pieces(spec, out, per_step, log, gen_before)
     result = {"spec": asdict(spec), "command": command, "load_before": load_before,
               "load_after": machine_load(), "elapsed_s": time.monotonic() - t0, "records": records,
               "ratios": ratios(records), "ratios_sync_sao": ratios(records, "sync_sao"),

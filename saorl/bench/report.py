@@ -74,7 +74,10 @@ def summary_markdown(result: dict) -> str:
     lines += _table(["target", "measured", "goal", "result"],
                     [[t["target"], f"{t['measured']:.2f}", t["goal"], "PASS" if t["pass"] else "MISS"]
                      for t in result["targets"]])
-    lines += ["", f"Machine limit: generation alone G = {lim['G']:.0f} tok/s, training alone T = "
+    before = f"{lim['G_before']:.0f}" if lim.get("G_before") else "-"
+    lines += ["", f"Machine limit: generation alone G = {lim['G']:.0f} tok/s (before the runs {before}, "
+              "after "
+              f"{lim.get('G_after', lim['G']):.0f}; the faster counts), training alone T = "
               f"{lim['T']:.0f} tok/s (SAO step + publication + journal, at the async run's tokens per step); "
               f"{lim['threads']} threads on {lim['cores']} cores → limit = {lim['formula']} = "
               f"**{lim['tokens_per_s']:.0f} tok/s**.", ""]
