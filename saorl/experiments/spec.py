@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from saorl.config import ConfigError, SaorlConfig, apply_overrides, config_from_dict
+from saorl.config import ConfigError, SaorlConfig, load_config
 
 PLOTS = ("accuracy", "reward", "value_loss", "dis_kept_frac", "staleness", "entropy", "switches")
 """Plot names a spec may ask for (``switches`` also adds recovery columns to the table)."""
@@ -194,19 +194,15 @@ def arm_config(spec: ExperimentSpec, spec_path: Path | None, arm: str, seed: int
                extra: list[str] = ()) -> SaorlConfig:
     """The resolved run config of ``arm`` at ``seed``: base ← spec overrides ← arm ← quick ← budget
     ← ``extra`` (command-line overrides, last)."""
-    from saorl.config import _read_yaml
-
     base = resolve_base(spec, spec_path)
-    data = _read_yaml(base) if base is not None else {}
     budget = spec.quick.budget if quick and spec.quick.budget else spec.budget
     layers = [*spec.overrides, *spec.arms.get(arm, []), *(spec.quick.overrides if quick else []),
               f"seed={seed}", f"trainer.steps={budget.steps}",
               f"trainer.max_wall_s={'null' if budget.max_wall_s is None else budget.max_wall_s}", *extra]
     try:
-        data = apply_overrides(data, layers)
-        return config_from_dict(data, f"experiment {spec.name!r}, arm {arm!r}, seed {seed}")
+        return load_config(base, layers)
     except ConfigError as e:
-        raise SpecError(str(e)) from None
+        raise SpecError(f"experiment {spec.name!r}, arm {arm!r}, seed {seed}: {e}") from None
 
 
 def selected_seeds(spec: ExperimentSpec, quick: bool, n: int | None) -> list[int]:
