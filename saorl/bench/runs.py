@@ -2,7 +2,7 @@
 
 :func:`run_once` is :func:`saorl.runtime.trainer.train` with the rollout workers started and
 ready before the loop (and its wall-clock budget) begins, plus a recorder: it wraps the run's
-``journal.append`` (called once per finished trajectory, before training) and
+``journal.append_many`` (called with every batch of finished trajectories, before training) and
 ``backend.submit`` (once per dispatched rollout) on the instance, and writes
 ``rollouts.jsonl`` into the run directory: every finished trajectory (rid, worker, wall-clock
 start and end, action tokens) and every rollout dispatched but not finished at the end. The
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -71,26 +70,25 @@ class RolloutRecorder:
 
 def run_once(cfg: SaorlConfig, run_dir: Path) -> dict:
     """Run ``cfg`` to its wall-clock budget in ``run_dir`` (as ``train`` does) with the recorder on."""
-    from saorl.runtime.trainer import Run
+    from saorl.runtime.trainer import Run, trainer_threads
 
     torch.manual_seed(cfg.seed)
-    threads = cfg.runtime.trainer_threads or max(
-        1, (os.cpu_count() or 1) - cfg.rollout.num_workers * cfg.runtime.worker_threads)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(trainer_threads(cfg))
     run_dir.mkdir(parents=True, exist_ok=True)
     run = Run(cfg, run_dir)
     rec = RolloutRecorder(run_dir / "rollouts.jsonl")
-    append, submit = run.journal.append, run.parts.backend.submit
+    append_many, submit = run.journal.append_many, run.parts.backend.submit
 
-    def journal_append(rid, traj):
-        rec.finished(rid, traj)
-        return append(rid, traj)
+    def journal_append_many(entries):
+        for rid, traj in entries:
+            rec.finished(rid, traj)
+        return append_many(entries)
 
     def backend_submit(req):
         rec.submit(req.rid)
         return submit(req)
 
-    run.journal.append = journal_append
+    run.journal.append_many = journal_append_many
     run.parts.backend.submit = backend_submit
     try:
         start_workers(run.parts.backend)

@@ -133,8 +133,13 @@ class Journal:
         return self._file
 
     def append(self, rid: int, traj: Trajectory) -> None:
+        self.append_many([(rid, traj)])
+
+    def append_many(self, entries: list[tuple[int, Trajectory]]) -> None:
+        """Write, flush and fsync once (group commit: one fsync per arrival batch)."""
         f = self._open()
-        f.write(json.dumps({"rid": rid, "traj": traj.to_dict()}, separators=(",", ":")) + "\n")
+        for rid, traj in entries:
+            f.write(json.dumps({"rid": rid, "traj": traj.to_dict()}, separators=(",", ":")) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -102,32 +102,38 @@ class Learner:
         with torch.no_grad():
             return self.critic(batch.input_ids, batch.attention_mask)
 
-    def _critic_updates(self, batch: Batch) -> dict[str, float]:
+    def _critic_updates(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+        """K critic steps; returns metrics and the updated critic's values ``[B, T]``.
+
+        ``critic/value_loss`` and ``critic/explained_var`` describe the critic *before* this
+        batch's updates (how well it predicted unseen data); ``*_after`` after them.
+        """
         p = self.preset
         mask = batch.action_mask if p.skip_observation else batch.response_mask
-        old_values = self._values(batch)
+        # Monte-Carlo targets on the action chain need no values: skip that forward pass
+        needs_old = bool(p.value_clip) or not (p.skip_observation and p.lam_critic == 1.0)
+        old_values = self._values(batch) if needs_old else None
         targets = critic_targets(batch, old_values, p)
         clip = {"old_values": old_values, "clip": p.value_clip} if p.value_clip else {}
         self.critic.train()
-        metrics: dict[str, float] = {}
-        first_loss = None
+        before: dict[str, float] | None = None
         for _ in range(p.critic_updates):
             values = self.critic(batch.input_ids, batch.attention_mask)
             loss, metrics = value_loss(values, targets, mask, **clip)
-            first_loss = metrics["critic/value_loss"] if first_loss is None else first_loss
+            before = metrics if before is None else before
             if _finite_step(self.critic_params, self.critic_opt, loss, self.optim.grad_clip) is None:
                 self.nonfinite_skips += 1
         self.critic.eval()
         after = self._values(batch)
         _, after_metrics = value_loss(after, targets, mask)
         return {
-            "critic/value_loss": float(first_loss),
+            "critic/value_loss": before["critic/value_loss"],
             "critic/value_loss_after": after_metrics["critic/value_loss"],
-            "critic/explained_var": metrics["critic/explained_var"],
+            "critic/explained_var": before["critic/explained_var"],
             "critic/explained_var_after": after_metrics["critic/explained_var"],
             "critic/value_mean": after_metrics["critic/value_mean"],
             "critic/return_mean": float(masked_mean(targets, mask)),
-        }
+        }, after
 
     # ----------------------------------------------------------------- policy
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
@@ -140,8 +146,8 @@ class Learner:
         metrics: dict[str, float] = {"policy/lr": self.policy_opt.param_groups[0]["lr"]}
         values = None
         if p.use_critic:
-            metrics |= self._critic_updates(batch)
-            values = self._values(batch)
+            critic_metrics, values = self._critic_updates(batch)
+            metrics |= critic_metrics
         gids = torch.tensor(group_ids if group_ids is not None else range(len(trajectories)),
                             device=batch.input_ids.device)
         advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(

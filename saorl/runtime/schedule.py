@@ -12,12 +12,20 @@ flight and with which weights:
   about ``slots / batch_size`` versions instead of growing for the whole run).
 - :class:`SyncDispatch` (GRPO / VAPO / PPO baselines): dispatch exactly one batch, all sampled
   with the current weights, and wait for all of it (the barrier); workers idle during training.
+
+A feeder thread does all the talking to the backend (dispatch, receive, journal), so rollouts
+are collected and slots refilled *while* the trainer computes, not only between steps; the
+trainer thread only waits for a batch and takes it. Torch releases the GIL in its kernels, so
+the two threads overlap. The journal is written (and fsynced once per arrival batch) by the
+feeder, off the trainer's critical path.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,13 +37,15 @@ from saorl.runtime.worker import RolloutRequest
 
 
 class DispatchPolicy(Protocol):
-    def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int) -> int: ...
+    def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int,
+                    trainer_waiting: bool) -> int: ...
 
     def min_version(self, learner_version: int) -> int: ...
 
 
 class AsyncDispatch:
-    def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int) -> int:
+    def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int,
+                    trainer_waiting: bool) -> int:
         # at most one batch waiting beyond what the slots hold: the trainer never starves, and a
         # backlog of stale trajectories never builds up
         return max(0, min(free_slots, free_slots + batch_size - buffered))
@@ -45,7 +55,10 @@ class AsyncDispatch:
 
 
 class SyncDispatch:
-    def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int) -> int:
+    def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int,
+                    trainer_waiting: bool) -> int:
+        if not trainer_waiting:  # the barrier: the next batch waits for the new weights
+            return 0
         return max(0, min(free_slots, batch_size - in_flight - buffered))
 
     def min_version(self, learner_version: int) -> int:
@@ -61,28 +74,44 @@ class FeedStats:
 
 
 class RolloutFeed:
+    """Rollout ids out, finished trajectories in, batches to the trainer. Thread-safe."""
+
     def __init__(self, backend: Backend, tasks: list[Task], cursor: RolloutCursor, journal: Journal,
                  policy: DispatchPolicy, *, group_size: int, batch_size: int,
+                 version: Callable[[], int], progress: Callable[[], Progress],
                  max_staleness: int | None = None, log=print) -> None:
         if batch_size % group_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of group_size {group_size}")
         self.backend, self.tasks, self.cursor, self.journal = backend, tasks, cursor, journal
         self.policy, self.group_size, self.batch_size = policy, group_size, batch_size
         self.max_staleness, self.log = max_staleness, log
+        self._version, self._progress = version, progress
         self.groups: OrderedDict[int, dict[int, Trajectory]] = OrderedDict()  # seq -> {rid: traj}
         self.stats = FeedStats()
         self._failures: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self._waiting = False
+        self._error: BaseException | None = None
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
 
     # -------------------------------------------------------------- bookkeeping
     def task_for(self, rid: int) -> Task:
         return self.tasks[(rid // self.group_size) % len(self.tasks)]
 
     def restore_pending(self, pending: list[tuple[int, Trajectory]]) -> None:
-        for rid, traj in pending:
-            self.groups.setdefault(rid // self.group_size, {})[rid] = traj
+        with self._cond:
+            for rid, traj in pending:
+                self.groups.setdefault(rid // self.group_size, {})[rid] = traj
 
-    def pending(self) -> list[tuple[int, Trajectory]]:
+    def _pending(self) -> list[tuple[int, Trajectory]]:
         return [(rid, t) for g in self.groups.values() for rid, t in g.items()]
+
+    def checkpoint_state(self) -> tuple[list[list[int]], list[tuple[int, Trajectory]], int]:
+        """Finished rollout ranges, finished-but-untrained trajectories and the journal segment
+        that starts after them, taken together so that a checkpoint is consistent."""
+        with self._cond:
+            return self.cursor.finished.ranges(), self._pending(), self.journal.rotate()
 
     def _buffered(self) -> int:
         return sum(len(g) for g in self.groups.values())
@@ -90,17 +119,41 @@ class RolloutFeed:
     def _complete_groups(self) -> list[int]:
         return [s for s, g in self.groups.items() if len(g) == self.group_size]
 
-    # ----------------------------------------------------------------- the feed
-    def _dispatch(self, learner_version: int, progress: Progress) -> None:
+    # ---------------------------------------------------------- feeder thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._feed, name="saorl-feed", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _feed(self) -> None:
+        try:
+            while not self._halt.is_set():
+                with self._cond:
+                    self._dispatch()
+                res = self.backend.poll(0.05)  # blocks: outside the lock
+                with self._cond:
+                    self._apply(res)
+                    self._cond.notify_all()
+        except BaseException as e:  # surfaced in the trainer thread by next_batch
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _dispatch(self) -> None:
         n = self.policy.to_dispatch(self.backend.free_slots(), len(self.cursor.in_flight),
-                                    self._buffered(), self.batch_size)
+                                    self._buffered(), self.batch_size, self._waiting)
+        if n <= 0:
+            return
+        progress, min_version = self._progress(), self.policy.min_version(self._version())
         for _ in range(n):
             rid = self.cursor.next()
-            self.backend.submit(RolloutRequest(rid, self.task_for(rid), progress,
-                                               self.policy.min_version(learner_version)))
+            self.backend.submit(RolloutRequest(rid, self.task_for(rid), progress, min_version))
 
-    def _receive(self, timeout_s: float, learner_version: int) -> None:
-        res = self.backend.poll(timeout_s)
+    def _apply(self, res) -> None:
         for msg in res.errors:
             self.log(f"[rollout] {msg}")
         for rid in res.lost:
@@ -110,43 +163,46 @@ class RolloutFeed:
                                    "see the log")
             self.cursor.requeue(rid)
             self.stats.requeued += 1
+        if res.finished:
+            self.journal.append_many(res.finished)  # durable before anything else sees them
         for rid, traj in res.finished:
-            self.journal.append(rid, traj)
             self.cursor.finish(rid)
             self.stats.finished += 1
             self.groups.setdefault(rid // self.group_size, {})[rid] = traj
 
-    def next_batch(self, learner_version: int, progress: Progress, should_stop=lambda: False):
+    # ----------------------------------------------------------- trainer side
+    def next_batch(self, learner_version: int, should_stop=lambda: False):
         """Block until ``batch_size`` trajectories (whole groups) are ready; return them.
 
         Returns ``(trajectories, group_ids, wait_s)``, or None if ``should_stop()`` became true.
+        Groups staler than ``max_staleness`` are dropped (counted) and the wait goes on.
         """
         t0 = time.monotonic()
-        while True:
-            ready = self._complete_groups()
-            if len(ready) * self.group_size >= self.batch_size:
-                break
-            if should_stop():
-                return None
-            self._dispatch(learner_version, progress)
-            self._receive(0.05, learner_version)
-        trajs, gids = [], []
-        for seq in ready[: self.batch_size // self.group_size]:
-            group = self.groups.pop(seq)
-            stale = [t.staleness(learner_version) for t in group.values()]
-            if self.max_staleness is not None and max(stale) > self.max_staleness:
-                self.stats.dropped_stale += len(group)
-                continue
-            for rid in sorted(group):
-                trajs.append(group[rid])
-                gids.append(seq)
+        trajs: list[Trajectory] = []
+        gids: list[int] = []
+        with self._cond:
+            self._waiting = True
+            try:
+                while len(trajs) < self.batch_size:
+                    if self._error is not None:
+                        raise RuntimeError(f"rollout feed failed: {self._error}") from self._error
+                    ready = self._complete_groups()
+                    if len(ready) * self.group_size < self.batch_size - len(trajs):
+                        if should_stop():
+                            return None
+                        self._cond.wait(0.1)
+                        continue
+                    for seq in ready[: (self.batch_size - len(trajs)) // self.group_size]:
+                        group = self.groups.pop(seq)
+                        stale = max(t.staleness(learner_version) for t in group.values())
+                        if self.max_staleness is not None and stale > self.max_staleness:
+                            self.stats.dropped_stale += len(group)
+                            continue
+                        for rid in sorted(group):
+                            trajs.append(group[rid])
+                            gids.append(seq)
+            finally:
+                self._waiting = False
         wait = time.monotonic() - t0
         self.stats.wait_s += wait
-        if not trajs:  # everything was too stale: the caller asks again
-            return self.next_batch(learner_version, progress, should_stop)
         return trajs, gids, wait
-
-    def keep_busy(self, learner_version: int, progress: Progress) -> None:
-        """Top up the workers and collect what finished, without waiting (called around training)."""
-        self._dispatch(learner_version, progress)
-        self._receive(0.0, learner_version)

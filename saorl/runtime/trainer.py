@@ -77,6 +77,7 @@ class Run:
         self.feed = RolloutFeed(p.backend, p.train_tasks, RolloutCursor(finished), self.journal,
                                 AsyncDispatch() if mode == "async" else SyncDispatch(),
                                 group_size=p.preset.group_size, batch_size=cfg.trainer.batch_size,
+                                version=lambda: self.learner.version, progress=self._progress,
                                 max_staleness=cfg.trainer.max_staleness, log=self._message)
         self.feed.restore_pending(pending)
         self.logger = MetricsLogger(run_dir, progress=cfg.run.progress, total_steps=cfg.trainer.steps)
@@ -105,6 +106,7 @@ class Run:
     def loop(self) -> dict:
         cfg, p = self.cfg, self.parts
         p.backend.start()
+        self.feed.start()
         if self.step == 0 and cfg.run.eval_every:
             start = self._evaluate()  # the starting point every later evaluation is compared with
             self._message(f"step 0 eval: accuracy {start.get('eval/accuracy', float('nan')):.3f}")
@@ -116,7 +118,7 @@ class Run:
                 if deadline and time.monotonic() > deadline:
                     self._message(f"wall-clock budget of {cfg.trainer.max_wall_s:.0f}s reached")
                     break
-                got = self.feed.next_batch(self.learner.version, self._progress(), lambda: self._stop)
+                got = self.feed.next_batch(self.learner.version, lambda: self._stop)
                 if got is None:
                     break
                 trajs, gids, wait_s = got
@@ -125,7 +127,6 @@ class Run:
                 wall1 = time.time()
                 self.step += 1
                 self.weights.publish(self.learner.policy_state(), self.learner.version)
-                self.feed.keep_busy(self.learner.version, self._progress())
                 now = time.monotonic()
                 metrics |= self._step_metrics(trajs, version, wait_s, now - t_train,
                                               now - last, now - t_start)
@@ -205,10 +206,10 @@ class Run:
         return m
 
     def checkpoint(self) -> Path:
-        seg = self.journal.rotate()
+        finished, pending, seg = self.feed.checkpoint_state()
         path = save_checkpoint(self.dir / "checkpoints", self.step, self.learner,
-                               {"finished": self.feed.cursor.finished.ranges(), "journal_segment": seg},
-                               self.feed.pending(), keep=self.cfg.run.keep_checkpoints)
+                               {"finished": finished, "journal_segment": seg},
+                               pending, keep=self.cfg.run.keep_checkpoints)
         self.journal.prune_before(seg)
         return path
 
@@ -219,6 +220,7 @@ class Run:
         self._message("stopping: finishing the current step and writing a checkpoint (Ctrl-C again to abort)")
 
     def _finish(self) -> None:
+        self.feed.stop()  # nothing arrives after this: the final checkpoint is consistent
         try:
             if self.step > 0:
                 self.checkpoint()
@@ -230,11 +232,15 @@ class Run:
             self._trained_log.close()
 
 
+def trainer_threads(cfg: SaorlConfig) -> int:
+    """Torch threads for the trainer: what the rollout workers leave of the machine's cores."""
+    return cfg.runtime.trainer_threads or max(
+        1, (os.cpu_count() or 1) - cfg.rollout.num_workers * cfg.runtime.worker_threads)
+
+
 def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False) -> tuple[Path, dict]:
     torch.manual_seed(cfg.seed)
-    threads = cfg.runtime.trainer_threads or max(
-        1, (os.cpu_count() or 1) - cfg.rollout.num_workers * cfg.runtime.worker_threads)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(trainer_threads(cfg))
     run_dir = run_dir if run_dir is not None else new_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = Run(cfg, run_dir, resume=resume)
