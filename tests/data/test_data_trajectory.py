@@ -1,0 +1,62 @@
+"""The Trajectory record: lossless JSONL round trip and validation of its per-token fields."""
+
+import math
+import random
+
+import pytest
+
+from saorl.data.trajectory import Trajectory, TrajectoryError, read_jsonl, write_jsonl
+
+
+def _random_traj(rng: random.Random, i: int) -> Trajectory:
+    p, n = rng.randint(1, 5), rng.randint(1, 20)
+    mask = [0] * p + [rng.randint(0, 1) for _ in range(n)]
+    return Trajectory(
+        token_ids=[rng.randint(0, 1023) for _ in mask], action_mask=mask,
+        rollout_logprobs=[-rng.random() * 10 if m else 0.0 for m in mask],
+        rewards=[rng.choice([0.0, 1.0, 0.1 + 0.2]) for _ in mask],  # 0.30000000000000004 on purpose
+        versions=[rng.randint(0, 9) if m else -1 for m in mask], prompt_len=p, task_id=f"t{i}",
+        truncated=bool(i % 2), metadata={"success": i % 3 == 0, "turns": [1, 2], "note": "ünïcode"})
+
+
+def test_jsonl_round_trip_is_bit_exact(tmp_path):
+    rng = random.Random(0)
+    trajs = [_random_traj(rng, i) for i in range(50)]
+    write_jsonl(tmp_path / "t.jsonl", trajs)
+    back = read_jsonl(tmp_path / "t.jsonl")
+    assert back == trajs  # dataclass equality: every float identical, not approximately
+    assert all(a.rollout_logprobs == b.rollout_logprobs for a, b in zip(trajs, back))
+
+
+def test_derived_views():
+    t = Trajectory([1, 2, 3, 4, 5], [0, 1, 0, 1, 1], [0.0, -1.0, 0.0, -2.0, -0.5], [0, 0, 0, 0, 1.0],
+                   [-1, 3, -1, 4, 4], prompt_len=1)
+    assert t.num_action_tokens == 3 and t.total_reward == 1.0
+    assert t.action_versions == [3, 4, 4] and t.staleness(6) == 3
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"action_mask": [0, 1]}, "action_mask has 2 entries"),
+    ({"prompt_len": 9}, "prompt_len=9"),
+    ({"action_mask": [1, 1, 0]}, "prompt token is marked as an action"),
+    ({"action_mask": [0, 2, 0]}, "only 0 and 1"),
+    ({"rollout_logprobs": [0.0, 0.5, 0.0]}, "rollout logprob 0.5"),
+    ({"rollout_logprobs": [0.0, math.nan, 0.0]}, "rollout logprob nan"),
+    ({"versions": [-1, -1, -1]}, "has no version"),
+    ({"rewards": [0.0, math.inf, 0.0]}, "non-finite reward"),
+])
+def test_inconsistent_fields_are_rejected(change, match):
+    base = dict(token_ids=[1, 2, 3], action_mask=[0, 1, 0], rollout_logprobs=[0.0, -1.0, 0.0],
+                rewards=[0.0, 1.0, 0.0], versions=[-1, 0, -1], prompt_len=1, task_id="x")
+    with pytest.raises(TrajectoryError, match=match):
+        Trajectory(**(base | change))
+
+
+def test_corrupt_jsonl_names_the_line(tmp_path):
+    good = Trajectory([1, 2], [0, 1], [0.0, -1.0], [0.0, 1.0], [-1, 0], 1).to_json()
+    (tmp_path / "t.jsonl").write_text(good + "\n" + '{"token_ids": [1]}\n')
+    with pytest.raises(TrajectoryError, match=r"t.jsonl:2"):
+        read_jsonl(tmp_path / "t.jsonl")
+    (tmp_path / "u.jsonl").write_text(good[:-1] + ',"bogus": 1}\n')
+    with pytest.raises(TrajectoryError, match="unknown trajectory fields"):
+        read_jsonl(tmp_path / "u.jsonl")
