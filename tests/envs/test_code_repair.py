@@ -20,6 +20,8 @@ from saorl.envs.code_repair_bank import BANK, BY_NAME, TEST_ONLY, mutants
 from saorl.envs.registry import resolve_env
 from saorl.envs.sandbox import run_python
 
+from .episodes import play
+
 
 def clamp_task(bug_line=4, bug="    if x < hi:") -> Task:
     """Hand-written: clamp with `x > hi` turned into `x < hi` on line 4."""
@@ -29,16 +31,6 @@ def clamp_task(bug_line=4, bug="    if x < hi:") -> Task:
     data = {"func": "clamp", "kind": "wrong_operator", "module": module, "line": bug_line, "fix": fix,
             "tests": [[repr(a), repr(e)] for a, e in f.tests], "visible": 0, "decoys": [[4, "if x >= lo:"]]}
     return Task("code_repair/hand/clamp", data)
-
-
-def play(env, task, actions):
-    env.reset(task)
-    results = []
-    for a in actions:
-        results.append(env.step(a))
-        if results[-1].done:
-            break
-    return results
 
 
 # ------------------------------------------------------------------ the bank

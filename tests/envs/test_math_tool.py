@@ -18,6 +18,8 @@ from saorl.envs.math_tool import (
 )
 from saorl.models.tokenizer import load_tokenizer
 
+from .episodes import play
+
 ARITH = Task("t/arith", {"family": "arith", "expr": "123*457+89", "answer": 56300})
 COUNTDOWN = Task("t/cd", {"family": "countdown", "numbers": [3, 7, 9, 25], "target": 84,
                           "solution": "3*25+9"})
@@ -27,16 +29,6 @@ def _fake_tool(self, code):
     """Stands in for the sandbox where a test is about episode logic, not code execution."""
     self._tool_calls += 1
     return f"<out>{evaluate_expression(code)[0]}</out>\n"
-
-
-def play(env, task, actions):
-    env.reset(task)
-    results = []
-    for a in actions:
-        results.append(env.step(a))
-        if results[-1].done:
-            break
-    return results
 
 
 # ---------------------------------------------------------------- verifier
