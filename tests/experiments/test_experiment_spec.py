@@ -113,3 +113,16 @@ def test_base_is_found_relative_to_spec(tmp_path):
     with pytest.raises(SpecError, match=r"base config 'missing\.yaml' not found"):
         arm_config(_spec(base="missing.yaml"), tmp_path / "spec.yaml", "a", 0)
     assert Path(find_spec("math")).name == "math.yaml"
+
+
+def test_cost_lines_and_switch_steps():
+    from saorl.experiments.cli import cost_lines, switch_steps
+
+    spec = load_spec(find_spec("online"))
+    lines = cost_lines(spec, ["sao", "reinforce_rm"], [0], quick=True)
+    assert lines[0].startswith("full version: may take up to 2 arms x 3 seeds x 1200 s = 2h00m")
+    assert lines[1].startswith("this run: may take up to 2 arms x 1 seeds x 120 s = 4m00s")
+    assert len(cost_lines(spec, ["sao", "reinforce_rm"], [0, 1, 2], quick=False)) == 1
+    assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0, quick=True)) == [0, 10, 20]
+    assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0)) == [0, 50, 100]
+    assert switch_steps(arm_config(load_spec(find_spec("math")), find_spec("math"), "sao", 0)) == []
