@@ -18,6 +18,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "math_tool": "saorl.envs.math_tool:MathToolEnv",
     "code_repair": "saorl.envs.code_repair:CodeRepairEnv",
     "style_shift": "saorl.envs.style_shift:StyleShiftEnv",
+    "synthetic": "saorl.envs.synthetic:SyntheticLengthEnv",
 }
 
 

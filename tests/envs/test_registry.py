@@ -10,7 +10,7 @@ from saorl.envs.style_shift import StyleShiftEnv
 
 
 def test_builtin_names_and_paths_resolve():
-    assert set(BUILTIN_ENVS) == {"math_tool", "code_repair", "style_shift"}
+    assert set(BUILTIN_ENVS) == {"math_tool", "code_repair", "style_shift", "synthetic"}
     assert resolve_env("math_tool") is MathToolEnv
     assert resolve_env("style_shift") is StyleShiftEnv
     assert resolve_env("saorl.envs.style_shift:StyleShiftEnv") is StyleShiftEnv
@@ -26,7 +26,7 @@ def test_code_repair_resolves_when_present():
 
 
 @pytest.mark.parametrize("type_str, message", [
-    ("mathtool", "not a built-in (code_repair, math_tool, style_shift)"),
+    ("mathtool", "not a built-in (code_repair, math_tool, style_shift, synthetic)"),
     ("no_such_module_xyz:Foo", "cannot import module 'no_such_module_xyz'"),
     ("saorl.envs.base:Nope", "has no attribute 'Nope'"),
     ("saorl.envs.base:Task", "not a subclass of saorl.envs.base.Env"),
