@@ -26,12 +26,12 @@ def test_async_sao_trains_with_stale_multi_version_batches(tmp_path):
         assert not missing, missing
         assert all(v is None or math.isfinite(v) for v in r.values() if isinstance(v, (int, float))), r
     assert rows[-1]["policy/version"] == 12
-    # asynchrony is real: trajectories were sampled by older policies, several per batch
+    # asynchrony is real: trajectories were sampled by older policies, and by many of them
+    # (how many versions share one batch depends on timing, so that is not asserted)
     assert max(r["rollout/staleness_max"] for r in rows) > 0
-    assert max(r["rollout/versions_in_batch"] for r in rows) >= 2
     trained = read_jsonl(run_dir / "trained.jsonl")
     versions = {v for row in trained for vs in row["versions"] for v in vs}
-    assert len(versions) > 1
+    assert len(versions) > 3, versions
     rids = [rid for row in trained for rid in row["rids"]]
     assert len(rids) == len(set(rids)) == 48  # each trajectory trained on exactly once
     # the weights changed, the checkpoint and the exported policy are there
