@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from saorl.engines import EngineError, LocalEngine, SamplingParams
 from saorl.models.tiny import build_tiny
-from tests.engines.conftest import PROMPTS
+from tests.engines.conftest import PROMPTS, naive
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 
@@ -33,21 +33,10 @@ def hf_greedy(model, prompts, n):
 
 
 def naive_logprob(logits, token, temperature, top_k, top_p):
-    """Reference (HF / vLLM order): tempered softmax; keep the top k; renormalise; keep the smallest
-    prefix (by descending probability) whose mass reaches top_p; renormalise."""
-    probs = torch.softmax(logits.double() / temperature, -1).tolist()
-    order = sorted(range(len(probs)), key=lambda i: -probs[i])
-    if top_k:
-        order = order[:top_k]
-    total = sum(probs[i] for i in order)
-    kept, mass = [], 0.0
-    for i in order:
-        if mass >= top_p:
-            break
-        kept.append(i)
-        mass += probs[i] / total
-    assert token in kept, "a sampled token must be inside the kept set"
-    return math.log(probs[token] / sum(probs[i] for i in kept))
+    """Reference log-prob of ``token`` under the filtered distribution (see ``conftest.naive``)."""
+    lp = naive(logits, temperature, top_k, top_p)[token]
+    assert lp > -math.inf, "a sampled token must be inside the kept set"
+    return lp
 
 
 def test_greedy_matches_hf_generate(engine, tiny_moe, tok):

@@ -4,21 +4,7 @@ import pytest
 import torch
 
 from saorl.engines.sampling import filtered_logprobs, sample_rows
-
-
-def naive(logits, temperature, top_k, top_p):
-    """Per-row loop: tempered softmax, top-k, renormalise, top-p prefix, renormalise."""
-    probs = torch.softmax(logits.double() / temperature, -1).tolist()
-    order = sorted(range(len(probs)), key=lambda i: -probs[i])[: top_k or None]
-    total = sum(probs[i] for i in order)
-    kept, mass = [], 0.0
-    for i in order:
-        if mass >= top_p:
-            break
-        kept.append(i)
-        mass += probs[i] / total
-    z = sum(probs[i] for i in kept)
-    return [math.log(probs[i] / z) if i in kept else -math.inf for i in range(len(probs))]
+from tests.engines.conftest import naive
 
 
 @pytest.mark.parametrize("t,k,p", [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.3, 0, 0.6), (0.5, 4, 0.8), (2.0, 1, 0.3)])
