@@ -123,8 +123,12 @@ class Run:
                     break
                 trajs, gids, wait_s = got
                 t_train, version, wall0 = time.monotonic(), self.learner.version, time.time()
+                skips = self.learner.nonfinite_skips
                 metrics = self.learner.step(trajs, gids)
                 wall1 = time.time()
+                if self.learner.nonfinite_skips > skips:
+                    self._message(f"step {self.step + 1}: non-finite loss or gradient, update skipped "
+                                  f"({self.learner.nonfinite_skips} so far); the weights are unchanged")
                 self.step += 1
                 self.weights.publish(self.learner.policy_state(), self.learner.version)
                 now = time.monotonic()
