@@ -42,8 +42,9 @@ class OptimConfig:
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
 
 
-def critic_targets(batch: Batch, values: torch.Tensor, p: AlgoPreset) -> torch.Tensor:
-    """λ_critic returns along the preset's chain; λ_critic = 1 on the action chain is Monte-Carlo."""
+def critic_targets(batch: Batch, values: torch.Tensor | None, p: AlgoPreset) -> torch.Tensor:
+    """λ_critic returns along the preset's chain; λ_critic = 1 on the action chain is Monte-Carlo
+    (``values`` is not read then and may be None)."""
     if p.skip_observation:
         if p.lam_critic == 1.0:
             return mc_returns(batch.rewards, batch.action_mask, p.gamma)
