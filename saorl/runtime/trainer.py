@@ -73,19 +73,15 @@ class Run:
             finished, pending = self._restore()
         save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
         self.weights.publish(self.learner.policy_state(), self.learner.version)
-        mode = p.mode
+        self.logger = MetricsLogger(run_dir, progress=cfg.run.progress, total_steps=cfg.trainer.steps)
         self.feed = RolloutFeed(p.backend, p.train_tasks, RolloutCursor(finished), self.journal,
-                                AsyncDispatch() if mode == "async" else SyncDispatch(),
+                                AsyncDispatch() if p.mode == "async" else SyncDispatch(),
                                 group_size=p.preset.group_size, batch_size=cfg.trainer.batch_size,
                                 version=lambda: self.learner.version, progress=self._progress,
-                                max_staleness=cfg.trainer.max_staleness, log=self._message)
+                                max_staleness=cfg.trainer.max_staleness, log=self.logger.message)
         self.feed.restore_pending(pending)
-        self.logger = MetricsLogger(run_dir, progress=cfg.run.progress, total_steps=cfg.trainer.steps)
         self._stop = False
         self._trained_log = open(run_dir / "trained.jsonl", "a", encoding="utf-8")
-
-    def _message(self, text: str) -> None:
-        self.logger.message(text) if hasattr(self, "logger") else print(text)
 
     # ----------------------------------------------------------------- resume
     def _restore(self) -> tuple[RangeSet, list]:
@@ -109,14 +105,14 @@ class Run:
         self.feed.start()
         if self.step == 0 and cfg.run.eval_every:
             start = self._evaluate()  # the starting point every later evaluation is compared with
-            self._message(f"step 0 eval: accuracy {start.get('eval/accuracy', float('nan')):.3f}")
+            self.logger.message(f"step 0 eval: accuracy {start.get('eval/accuracy', float('nan')):.3f}")
         t_start, last = time.monotonic(), time.monotonic()
         deadline = t_start + cfg.trainer.max_wall_s if cfg.trainer.max_wall_s else None
         metrics: dict = {}
         try:
             while self.step < cfg.trainer.steps and not self._stop:
                 if deadline and time.monotonic() > deadline:
-                    self._message(f"wall-clock budget of {cfg.trainer.max_wall_s:.0f}s reached")
+                    self.logger.message(f"wall-clock budget of {cfg.trainer.max_wall_s:.0f}s reached")
                     break
                 got = self.feed.next_batch(self.learner.version, lambda: self._stop)
                 if got is None:
@@ -127,7 +123,7 @@ class Run:
                 metrics = self.learner.step(trajs, gids)
                 wall1 = time.time()
                 if self.learner.nonfinite_skips > skips:
-                    self._message(f"step {self.step + 1}: non-finite loss or gradient, update skipped "
+                    self.logger.message(f"step {self.step + 1}: non-finite loss or gradient, update skipped "
                                   f"({self.learner.nonfinite_skips} so far); the weights are unchanged")
                 self.step += 1
                 self.weights.publish(self.learner.policy_state(), self.learner.version)
@@ -221,7 +217,8 @@ class Run:
         if self._stop:  # second Ctrl-C: stop now
             raise KeyboardInterrupt
         self._stop = True
-        self._message("stopping: finishing the current step and writing a checkpoint (Ctrl-C again to abort)")
+        self.logger.message("stopping: finishing the current step and writing a checkpoint "
+                            "(Ctrl-C again to abort)")
 
     def _finish(self) -> None:
         self.feed.stop()  # nothing arrives after this: the final checkpoint is consistent
