@@ -300,6 +300,9 @@ class SFTConfig(_Section):
     num_demos: int = Field(2000, ge=1)
     """Demonstrations generated from training tasks (the env's ``demo_error_rate`` option says
     how many of them are deliberately wrong)."""
+    seed: int | None = None
+    """Seed of the demonstrations and of SFT; null = the run's ``seed``. Fix it to start runs of
+    different seeds from one SFT model (as the experiments do)."""
 
 
 class ValuePretrainConfig(_Section):

@@ -5,7 +5,7 @@ then writes ``OUT/report.md`` (the comparison table and plots) and ``OUT/plots/*
 finished earlier in ``OUT`` are skipped, so an interrupted experiment resumes where it stopped;
 ``--report`` only redraws the report from what is there. ``key=value`` overrides apply to every arm
 (last). Before anything runs it prints what the full version may cost: arms × seeds × the
-wall-clock budget per run (plus the SFT warm start and value pretraining, cached per seed).
+wall-clock budget per run (plus the SFT warm start and value pretraining, both cached).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def cost_lines(spec, arms: list[str], seeds: list[int], quick: bool) -> list[str
         lines.append(f"{label}: may take up to {n} arms x {len(s)} seeds x {budget.max_wall_s:.0f} s = "
                      f"{_hms(n * len(s) * budget.max_wall_s)} of RL ({budget.steps} steps or "
                      f"{budget.max_wall_s:.0f} s per run, whichever comes first), plus the SFT warm start, "
-                     "value pretraining (both cached per seed) and evaluations")
+                     "value pretraining (both cached) and evaluations")
     return lines
 
 

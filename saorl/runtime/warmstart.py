@@ -22,10 +22,16 @@ from saorl.models.tokenizer import load_tokenizer
 from saorl.runtime.sft import SFTConfig, demonstrations, sft
 
 
+def sft_seed(cfg: SaorlConfig) -> int:
+    """The seed of the demonstrations and of SFT: ``sft.seed``, else the run's."""
+    return cfg.seed if cfg.sft.seed is None else cfg.sft.seed
+
+
 def sft_key(cfg: SaorlConfig) -> str:
     ident = {
         "policy": cfg.model.policy, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
-        "env": cfg.env.model_dump(), "seed": cfg.seed, "sft": cfg.sft.model_dump(exclude={"enabled"}),
+        "env": cfg.env.model_dump(), "seed": sft_seed(cfg),
+        "sft": cfg.sft.model_dump(exclude={"enabled", "seed"}),
         "format": 1,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -34,14 +40,15 @@ def sft_key(cfg: SaorlConfig) -> str:
 def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print) -> dict:
     """Fine-tune ``cfg.model.policy`` on demonstrations and export it to ``out_dir``."""
     tokenizer = load_tokenizer(cfg.model.tokenizer)
-    policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    seed = sft_seed(cfg)
+    policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=seed)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
-    tasks = load_tasks(env_factory(), "train", cfg.sft.num_demos, cfg.seed + 7919, cfg.env.tasks_file)
+    tasks = load_tasks(env_factory(), "train", cfg.sft.num_demos, seed + 7919, cfg.env.tasks_file)
     log(f"sft: generating {len(tasks)} demonstrations of {cfg.env.type}")
-    demos = demonstrations(env_factory, tasks, tokenizer, cfg.seed)
+    demos = demonstrations(env_factory, tasks, tokenizer, seed)
     success = sum(bool(d.metadata.get("success")) for d in demos) / len(demos)
     s = cfg.sft
-    sft_cfg = SFTConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, seed=cfg.seed)
+    sft_cfg = SFTConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, seed=seed)
 
     def on_step(step: int, m: dict) -> None:
         if step % 50 == 0 or step == s.steps:

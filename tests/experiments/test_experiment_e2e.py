@@ -22,7 +22,7 @@ def test_math_quick_end_to_end(tmp_path, capsys):
     argv = ["experiment", "math", *TINY, "--quick", "--out", str(out), "--arms", "sao,sft"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "full version: may take up to 5 arms x 3 seeds x 1200 s = 5h00m" in printed
+    assert "full version: may take up to 5 arms x 2 seeds x 600 s = 1h40m" in printed
     assert "this run: may take up to 1 arms x 1 seeds x 60 s" in printed
     for arm in ("sao", "sft"):
         run = out / arm / "seed-0"

@@ -45,7 +45,8 @@ def test_math_arms_are_the_comparison_asked_for():
     assert cfgs["grpo_async"].resolved_mode() == "async" and cfgs["grpo_sync"].resolved_mode() == "sync"
     assert cfgs["sao"].algo.resolve().policy_loss == "dis"
     assert cfgs["vapo"].algo.resolve().policy_loss == "ppo"
-    assert {c.trainer.batch_size for c in cfgs.values()} == {8}
+    assert {c.trainer.batch_size for c in cfgs.values()} == {4}
+    assert {c.sft.seed for c in cfgs.values()} == {0}  # every seed starts from one SFT model
     assert {c.trainer.policy_lr for c in cfgs.values()} == {1e-4}
     assert spec.start_arm == "sft"
 
@@ -120,9 +121,9 @@ def test_cost_lines_and_switch_steps():
 
     spec = load_spec(find_spec("online"))
     lines = cost_lines(spec, ["sao", "reinforce_rm"], [0], quick=True)
-    assert lines[0].startswith("full version: may take up to 2 arms x 3 seeds x 1200 s = 2h00m")
+    assert lines[0].startswith("full version: may take up to 2 arms x 2 seeds x 600 s = 40m00s")
     assert lines[1].startswith("this run: may take up to 2 arms x 1 seeds x 120 s = 4m00s")
-    assert len(cost_lines(spec, ["sao", "reinforce_rm"], [0, 1, 2], quick=False)) == 1
+    assert len(cost_lines(spec, ["sao", "reinforce_rm"], [0, 1], quick=False)) == 1
     assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0, quick=True)) == [0, 10, 20]
     assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0)) == [0, 50, 100]
     assert switch_steps(arm_config(load_spec(find_spec("math")), find_spec("math"), "sao", 0)) == []

@@ -51,3 +51,16 @@ def test_demonstrations_are_deterministic_and_token_exact():
     for t in a:
         acts = tok.decode([i for i, m in zip(t.token_ids, t.action_mask) if m])
         assert "<answer>" in acts and "<tool>" in acts
+
+
+def test_sft_seed_decouples_the_warm_start_from_the_run_seed():
+    from saorl.config import load_config
+    from saorl.runtime.warmstart import sft_key, sft_seed
+
+    run0, run1 = load_config(None, ["seed=0"]), load_config(None, ["seed=1"])
+    assert sft_key(run0) != sft_key(run1)  # by default each run seed has its own SFT model
+    fixed0, fixed1 = load_config(None, ["seed=0", "sft.seed=0"]), load_config(None, ["seed=1", "sft.seed=0"])
+    assert sft_seed(fixed1) == 0 and fixed1.seed == 1
+    assert sft_key(fixed0) == sft_key(fixed1) == sft_key(run0)  # sft.seed=0 is the seed-0 warm start
+    assert sft_key(load_config(None, ["seed=1", "sft.seed=1"])) == sft_key(run1)
+    assert sft_key(load_config(None, ["seed=0", "sft.seed=0", "sft.steps=7"])) != sft_key(fixed0)
