@@ -42,11 +42,13 @@ from pathlib import Path
 import torch
 
 from saorl.bench import profile as prof
+from saorl.bench.insitu import in_situ
 from saorl.bench.report import write_summary
 from saorl.bench.runs import analyse, read_jsonl, run_once
 from saorl.bench.simcheck import predict
 from saorl.bench.timeline import load_timeline, plot_timelines
 from saorl.config import SaorlConfig, load_config
+from saorl.sim import DecodeCurve
 
 SYNTHETIC = "saorl.envs.synthetic:SyntheticLengthEnv"
 
@@ -237,11 +239,27 @@ def sim_inputs(spec: BenchSpec, records: list[dict], pieces: dict) -> dict:
             "contention": max(1.0, pieces["contention"]["train_slowdown"],
                               pieces["contention"]["generation_slowdown"]),
             "publish_s": pieces["step_overhead_s"],
+            # the synthetic env fixes a task's length: a GRPO group's members share it
+            "group_lengths": "shared" if spec.env == "synthetic" else "independent",
+            "in_situ": in_situ_factors(spec, records, pieces, scale),
             "duration_s": statistics.fmean(r["window_s"] for r in records),
             "measured_ratio": statistics.fmean(ratios(records)), "measured_ratios": ratios(records),
             "measured_tokens_per_s": {
                 m: statistics.fmean(r["tokens_per_s"] for r in records if r["mode"] == m)
                 for m in ("sync", "async")}}
+
+
+def in_situ_factors(spec: BenchSpec, records: list[dict], pieces: dict, prefill_scale: float) -> dict:
+    """Per mode, how much slower each stage ran in that mode's runs than alone (mean over reps)."""
+    curve = DecodeCurve.measured(pieces["decode_curve"])
+    fits = {"sync": pieces["grpo_fit"], "async": pieces["sao_fit"]}
+    out = {}
+    for mode, fit in fits.items():
+        per_rep = [in_situ(Path(r["run_dir"]), fit, pieces["step_overhead_s"], curve, prefill_scale,
+                           spec.slots) for r in records if r["mode"] == mode]
+        if per_rep:
+            out[mode] = {k: statistics.fmean(f[k] for f in per_rep) for k in per_rep[0]}
+    return out
 
 
 def bench(spec: BenchSpec, out: Path, command: str = "", log=print) -> dict:
@@ -265,6 +283,7 @@ def finish(spec: BenchSpec, out: Path, records: list[dict], *, command: str, loa
               "pieces": pieces, "targets": targets(records, pieces)}
     result["sim_inputs"] = sim_inputs(spec, records, pieces)
     result["sim_prediction"] = predict(result["sim_inputs"])
+    result["sim_prediction_in_situ"] = predict(result["sim_inputs"], in_situ=True)
     (out / "measurement.json").write_text(json.dumps(result["sim_inputs"], indent=1) + "\n", encoding="utf-8")
     first = {r["mode"]: r for r in reversed(records) if r["rep"] == 0}
     panels = [(f"{m}: {MODES[m]} ({first[m]['tokens_per_s']:.0f} trained tok/s)",

@@ -65,11 +65,19 @@ def summary_markdown(result: dict) -> str:
     lines += ["", ratio_line(result["ratios"])]
     if result.get("ratios_sync_sao"):
         lines += ["", ratio_line(result["ratios_sync_sao"], "async/sync_sao (same algorithm)")]
-    sim = result.get("sim_prediction")
+    sim, insitu = result.get("sim_prediction"), result.get("sim_prediction_in_situ")
     if sim:
-        lines += ["", "The simulator (`saorl.sim`, fed this run's measurements, `measurement.json`) predicts "
-                  f"sync {sim['sync_tokens_per_s']:.0f} tok/s, async {sim['async_tokens_per_s']:.0f} tok/s: "
+        lines += ["", "The simulator (`saorl.sim`, fed this run's measurements, `measurement.json`) "
+                  "predicts, from the stages measured alone with one contention factor: "
+                  f"sync {sim['sync_tokens_per_s']:.0f} tok/s, async {sim['async_tokens_per_s']:.0f} tok/s, "
                   f"{sim['ratio']:.2f}×."]
+    if insitu:
+        f = result["sim_inputs"]["in_situ"]
+        speeds = "; ".join(f"{m}: trainer ×{v['train_scale']:.2f}, engine ×{v['decode_scale']:.2f}"
+                           for m, v in f.items())
+        lines += ["", f"From the stage speeds seen inside the runs (time per step and per token over the "
+                  f"isolated measurement — {speeds}): sync {insitu['sync_tokens_per_s']:.0f} tok/s, async "
+                  f"{insitu['async_tokens_per_s']:.0f} tok/s, **{insitu['ratio']:.2f}×**."]
     lines += ["", "## Targets", ""]
     lines += _table(["target", "measured", "goal", "result"],
                     [[t["target"], f"{t['measured']:.2f}", t["goal"], "PASS" if t["pass"] else "MISS"]

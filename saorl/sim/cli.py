@@ -65,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--train-time", default="5:3e-5", help="a:b → one training step takes a + b·tokens seconds")
     a("--publish", type=float, default=_D.publish_s, help="weight publication seconds (trainer blocked)")
     a("--group-size", type=int, default=1, help="G rollouts per prompt")
+    a("--group-lengths", choices=("independent", "shared"), default="independent",
+      help="shared: a group's rollouts all get one length (the prompt fixes it)")
     a("--batch-size", type=int, default=_D.batch_size, help="trajectories per training step")
     a("--max-staleness", type=int, default=None, help="async: drop groups staler than this")
     a("--shared-resources", action="store_true",
@@ -90,7 +92,8 @@ def params_from_args(args: argparse.Namespace) -> SimParams:
     ta, tb = _pair(args.train_time, "--train-time")
     return SimParams(engines=args.engines, slots=args.slots, decode=decode, lengths=lengths,
                      turns=args.turns, env_latency_s=args.env_latency, train_a=ta, train_b=tb,
-                     publish_s=args.publish, group_size=args.group_size, batch_size=args.batch_size,
+                     publish_s=args.publish, group_size=args.group_size, group_lengths=args.group_lengths,
+                     batch_size=args.batch_size,
                      max_staleness=args.max_staleness, shared_resources=args.shared_resources,
                      contention=args.contention)
 

@@ -10,6 +10,8 @@ What is simulated (an event heap; time jumps from event to event, nothing is tim
   of at most one step per join). Prefill and observation tokens are not modelled.
 - A trajectory holds its slot from dispatch to its end, including the environment latency
   between turns (it does not decode then, so it does not count in ``b`` nor in slot utilisation).
+- Lengths: each trajectory draws its own (``group_lengths="independent"``), or the members of a
+  group share their group's draw (``"shared"``: the task fixes the length).
 - One trainer. A step on ``n`` action tokens takes ``train_a + train_b·n`` seconds, then weights
   are published (``publish_s``, trainer blocked); the version seen by newly started trajectories
   goes up by one when publication ends. An engine picks up new weights only for trajectories it
@@ -110,6 +112,7 @@ class _Sim:
         self.events: list = []
         self.seq, self.now = 0, 0.0
         self.version = self.next_rid = 0
+        self.group_len = 0  # the length of the group being dispatched (``group_lengths="shared"``)
         self.groups: dict[int, tuple[int, list[_Traj]]] = {}  # gid -> (first-finish order, members)
         self.ready: list[tuple[int, int]] = []  # heap of (first-finish order, gid) of complete groups
         self.finish_order = 0
@@ -234,8 +237,10 @@ class _Sim:
 
     def new_traj(self) -> _Traj:
         gid = self.next_rid // self.p.group_size
+        if self.p.group_lengths == "independent" or self.next_rid % self.p.group_size == 0:
+            self.group_len = self.draw()
         self.next_rid += 1
-        return _Traj(gid, self.draw(), self.p.turns, self.version)
+        return _Traj(gid, self.group_len, self.p.turns, self.version)
 
     def dispatch_sync_batch(self) -> None:
         trajs = [self.new_traj() for _ in range(self.p.batch_size)]

@@ -184,6 +184,10 @@ class SimParams:
     """Weight publication: seconds from the end of a step to new weights being usable; the
     trainer is blocked meanwhile (as in ``Run.loop``)."""
     group_size: int = 1
+    group_lengths: str = "independent"
+    """``independent``: every trajectory draws its own length; ``shared``: the members of a
+    group (one prompt) all get their group's length — when the task fixes the length, as in the
+    synthetic benchmark env (real tasks lie in between: lengths correlate within a group)."""
     batch_size: int = 512
     """Trajectories per training step (a multiple of ``group_size``)."""
     max_staleness: int | None = None
@@ -198,6 +202,9 @@ class SimParams:
         for name in ("engines", "slots", "turns", "group_size", "batch_size"):
             if int(getattr(self, name)) < 1:
                 raise SimInputError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.group_lengths not in ("independent", "shared"):
+            raise SimInputError(f"group_lengths must be 'independent' or 'shared', "
+                                f"got {self.group_lengths!r}")
         if self.batch_size % self.group_size:
             raise SimInputError(f"batch_size {self.batch_size} must be a multiple of "
                                 f"group_size {self.group_size}")

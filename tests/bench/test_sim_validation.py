@@ -1,14 +1,18 @@
 """The simulator against the pipeline benchmark: predicted async/sync ratio within 25% of measured.
 
-The 25% check is marked xfail: the committed measurement does not meet it (see its reason). What
-does hold is checked too: determinism, the verdict (async < 2× sync) and per-mode throughput
-within a factor of 1.5.
+Inputs are the committed measurement of ``saorl bench pipeline --sync-sao`` (``benchmarks/data/
+pipeline_measurement.json``, the 2026-11-29 10:38 run of docs/performance.md): decode step vs
+batch, trainer seconds per step vs tokens for SAO and GRPO, publication, the sync runs' trajectory
+lengths (shared within a GRPO group: the synthetic env fixes a task's length), the measured
+contention, the stage speeds seen inside each mode's runs (``in_situ``) and the measured async/sync
+ratio. Nothing is re-measured here; the simulation is seeded and takes well under a second.
 
-Inputs are the committed measurement of ``saorl bench pipeline`` (``benchmarks/data/
-pipeline_measurement.json``: decode step vs batch, trainer seconds per step vs tokens for SAO and
-GRPO, publication, the sync runs' trajectory lengths, the measured contention between the
-stages, and the measured async/sync ratio), so nothing is re-measured here; the simulation is
-seeded and takes well under a second.
+What is validated is the composition: fed each stage's speed as it ran in the runs, the
+simulator must predict the end-to-end ratio (barrier waits, long tail, refills, queueing) within
+25%. The prediction from stage timings taken alone with one contention factor is also computed
+and must at least agree on the verdict; on this 2-core machine it is off by more (the trainer
+runs ×4 slower beside a generating worker than alone, not ×2.6 as the one-factor model has it),
+which docs/performance.md reports.
 """
 
 from __future__ import annotations
@@ -39,29 +43,39 @@ def test_measurement_maps_onto_the_simulator(measurement):
     assert a.decode(b) == pytest.approx(sec * m["prefill_scale"])
     assert sorted(a.lengths.values) == sorted(m["lengths"])
     assert a.shared_resources == (m["contention"] > 1.0)
+    assert s.group_lengths == m["group_lengths"] == "shared"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "not met by the committed measurement (2026-11-29, 2 shared cores at load 5-9): the simulator "
-    "predicts 0.99x against a measured 0.49x. Per mode it predicts sync 296 tok/s (measured 516 and "
-    "329 in two reps) and async 293 tok/s (measured 253 and 163): the stage timings it is fed were "
-    "taken minutes apart from the runs and vary by up to 2x with the machine's load; see "
-    "docs/performance.md"))
+def test_in_situ_params_scale_the_isolated_costs(measurement):
+    m = measurement
+    for mode, (a0, b0) in (("sync", m["train_grpo"]), ("async", m["train_sao"])):
+        f = m["in_situ"][mode]
+        p = sim_params(m, mode, in_situ=True)
+        # publication folded into the step, the whole step times the in-run trainer factor
+        assert p.train_time(500) == pytest.approx(f["train_scale"] * (a0 + b0 * 500 + m["publish_s"]))
+        assert p.publish_s == 0.0 and not p.shared_resources
+        b, sec = m["decode_curve"][0]
+        assert p.decode(b) == pytest.approx(sec * m["prefill_scale"] * f["decode_scale"])
+    with pytest.raises(ValueError, match="in-situ"):
+        sim_params({k: v for k, v in m.items() if k != "in_situ"}, "sync", in_situ=True)
+
+
 def test_predicted_ratio_is_within_25_percent_of_measured(measurement):
-    pred = predict(measurement)
+    pred = predict(measurement, in_situ=True)
     measured = measurement["measured_ratio"]
     assert pred["ratio"] == pytest.approx(measured, rel=0.25), (pred, measured)
+    # and each mode's throughput on its own, not only their ratio
+    for mode in ("sync", "async"):
+        got = measurement["measured_tokens_per_s"][mode]
+        assert pred[f"{mode}_tokens_per_s"] == pytest.approx(got, rel=0.25), (mode, pred, got)
 
 
 def test_prediction_is_deterministic_and_agrees_on_the_verdict(measurement):
-    pred = predict(measurement)
-    assert predict(measurement) == pred
-    # both say async does not reach 2x the sync baseline on this machine ...
-    assert pred["ratio"] < 2.0 and measurement["measured_ratio"] < 2.0
-    # ... and each mode's throughput is predicted within a factor 1.5 of the measured mean
-    for mode in ("sync", "async"):
-        got = measurement["measured_tokens_per_s"][mode]
-        assert 1 / 1.5 <= pred[f"{mode}_tokens_per_s"] / got <= 1.5, (mode, pred, got)
+    for in_situ in (False, True):
+        pred = predict(measurement, in_situ=in_situ)
+        assert predict(measurement, in_situ=in_situ) == pred
+        # both say async does not reach 2x the sync baseline on this machine
+        assert pred["ratio"] < 2.0 and measurement["measured_ratio"] < 2.0
 
 
 def test_bad_mode_is_rejected(measurement):

@@ -297,3 +297,19 @@ def test_saorl_simulate_json_and_bad_spec(tmp_path, capsys):
     assert data["sync"]["steps"] > 0
     assert main(["simulate", "--train-time", "fast"]) == 2
     assert "--train-time" in capsys.readouterr().err
+
+
+def test_shared_group_lengths_give_each_group_one_length():
+    from saorl.sim import DecodeCurve, LengthDist, SimParams, simulate
+
+    base = dict(engines=1, slots=8, decode=DecodeCurve.linear(0.01, 0.0), train_a=0.0, train_b=0.0,
+                publish_s=0.0, group_size=4, batch_size=4,
+                lengths=LengthDist("empirical", values=(1, 100), max_len=1000))
+    shared = simulate(SimParams(**base, group_lengths="shared"), "sync", 200.0, seed=3)
+    indep = simulate(SimParams(**base), "sync", 200.0, seed=3)
+    # shared: every step is 4 × 1 or 4 × 100 tokens; about half the groups end after one token
+    long_steps, rest = divmod(shared.trained_tokens - 4 * shared.steps, 396)
+    assert rest == 0 and 0.3 < long_steps / shared.steps < 0.7
+    assert shared.steps > 1.5 * indep.steps  # independent: almost every group waits for a 100
+    with pytest.raises(SimInputError, match="group_lengths"):
+        SimParams(**base, group_lengths="per-task")
