@@ -107,11 +107,18 @@ def run(args: argparse.Namespace) -> int:
         except (SpecError, ConfigError) as e:
             print(f"saorl experiment: {e}", file=sys.stderr)
             return 2
-    arms = load_arms(out, sel.arms, sel.seeds)
+    if not out.is_dir():
+        print(f"saorl experiment: {out} does not exist: nothing to report (run without --report first)",
+              file=sys.stderr)
+        return 2
+    left_out: list[str] = []
+    arms = load_arms(out, sel.arms, sel.seeds, finished_only=True, left_out=left_out)
     mode = "quick" if args.quick else "full"
     note = (f"Mode: {mode}; {cfg.env.type}; budget {cfg.trainer.steps} steps / "
             f"{cfg.trainer.max_wall_s or 'unlimited'} s per run; batch {cfg.trainer.batch_size}; "
             f"policy lr {cfg.trainer.policy_lr:g}; seeds {sel.seeds}.")
+    if left_out:
+        note += f" Not finished, left out of the table and plots: {', '.join(left_out)}."
     report = write_report(out, spec.name, spec.description, arms, spec.plots, start_arm=spec.start_arm,
                           switches=switch_steps(cfg) if "switches" in spec.plots else (), note=note)
     print(report.read_text(encoding="utf-8").split("\n\n![", 1)[0])

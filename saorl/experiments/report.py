@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from saorl.experiments.runner import read_jsonl, run_dir_for
+from saorl.experiments.runner import is_finished, read_jsonl, run_dir_for
 
 RECOVERY_FRACTION = 0.8
 PRE_WINDOW = 10
@@ -79,15 +79,23 @@ def load_run(run_dir: Path, seed: int) -> RunData:
     return RunData(seed, metrics, [evals[s] for s in sorted(evals)])
 
 
-def load_arms(out: Path, arms: Sequence[str], seeds: Sequence[int]) -> list[ArmData]:
-    """Every arm with the seeds whose run directory exists (missing runs are left out)."""
+def load_arms(out: Path, arms: Sequence[str], seeds: Sequence[int], finished_only: bool = False,
+              left_out: list[str] | None = None) -> list[ArmData]:
+    """Every arm with the seeds whose run directory exists (missing runs are left out); with
+    ``finished_only``, only runs that used their budget (``done.json``): the others' names go
+    to ``left_out``, so a table never averages a run cut short with finished ones."""
     data = []
     for arm in arms:
         a = ArmData(arm)
         for seed in seeds:
             d = run_dir_for(out, arm, seed)
-            if d.is_dir():
-                a.runs.append(load_run(d, seed))
+            if not d.is_dir():
+                continue
+            if finished_only and not is_finished(d):
+                if left_out is not None:
+                    left_out.append(f"{arm}/seed-{seed}")
+                continue
+            a.runs.append(load_run(d, seed))
         data.append(a)
     return data
 

@@ -134,3 +134,13 @@ def test_write_report_makes_table_and_pngs(tmp_path):
     # recovery: sao seed 0 falls at 11..13 and is back by step 16/17; reinforce_rm is flat (0 steps)
     row = next(line for line in text.splitlines() if line.startswith("| reinforce_rm"))
     assert row.rstrip(" |").endswith("0")
+
+
+def test_finished_only_leaves_out_runs_cut_short(tmp_path):
+    _fake_run(tmp_path, "sao", 0, [0.2, 0.6], [0.1] * 10)
+    _fake_run(tmp_path, "sao", 1, [0.2], [0.1] * 3)  # still running: no done.json
+    (run_dir_for(tmp_path, "sao", 0) / "done.json").write_text('{"steps": 10}\n')
+    assert [r.seed for r in load_arms(tmp_path, ["sao"], [0, 1])[0].runs] == [0, 1]
+    left: list[str] = []
+    arms = load_arms(tmp_path, ["sao"], [0, 1], finished_only=True, left_out=left)
+    assert [r.seed for r in arms[0].runs] == [0] and left == ["sao/seed-1"]
