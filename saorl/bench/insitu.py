@@ -14,7 +14,8 @@ factor by which it ran slower than the isolated model predicts:
   tokens; ``a, b, publish_s`` the isolated fit.
 - **engine**: ``decode_scale = Σ D_j / Σ L_j·step(b̄_j)`` over finished rollouts, where ``D_j`` is
   the time rollout ``j`` spent decoding (its life, less its share of queueing when more rollouts
-  are in flight than there are slots: :func:`decoding_share`), ``L_j`` its action tokens and
+  are in flight than there are slots — rollouts the run's end cut off count as in flight from
+  their dispatch: :func:`decoding_share`), ``L_j`` its action tokens and
   ``b̄_j`` the mean decode batch meanwhile; ``step(b)`` the isolated decode step time at batch
   ``b`` with prefill folded in (``prefill_scale``). Environment time between turns counts as
   engine time here (the synthetic benchmark env answers at once).
@@ -64,20 +65,28 @@ def train_scale(run_dir: Path, a: float, b: float, publish_s: float) -> float:
     return sum(busy for _, busy in steps) / model
 
 
-def decoding_share(intervals: list[tuple[float, float]], slots: int) -> list[tuple[float, float]]:
+def decoding_share(intervals: list[tuple[float, float]], slots: int,
+                   also_in_flight: list[tuple[float, float]] = ()) -> list[tuple[float, float]]:
     """For each rollout ``(start, end)``: its decoding seconds and the mean decode batch meanwhile.
 
     With ``n(t)`` rollouts in flight and ``slots`` decode slots, each in-flight rollout decodes a
     share ``min(1, slots / n)`` of the time (a worker holding more episodes than slots queues the
     rest) and the decode batch is ``min(n, slots)``. Returns ``(∫ share dt, ∫ batch·share dt /
-    ∫ share dt)`` over each interval — exact for the step function ``n(t)`` (a sweep over all
-    starts and ends gives the cumulative integrals; an interval counts itself).
+    ∫ share dt)`` over each interval (the batch is time-weighted; 1.0 for an interval of zero
+    length) — exact for the step function ``n(t)`` (a sweep over all starts and ends gives the
+    cumulative integrals; an interval counts itself). ``also_in_flight``: intervals that occupy
+    slots or queue places (rollouts still running when the run ended) without being returned.
     """
     if not intervals:
         return []
-    times = np.array([t for iv in intervals for t in iv], dtype=float)
-    delta = np.array([d for _ in intervals for d in (1, -1)], dtype=float)
-    order = np.lexsort((-delta, times))  # at one instant, starts before ends: touching intervals overlap
+    if any(e < s for s, e in [*intervals, *also_in_flight]):
+        raise ValueError("an interval ends before it starts (a wall-clock step?)")
+    everything = [*intervals, *also_in_flight]
+    times = np.array([t for iv in everything for t in iv], dtype=float)
+    delta = np.array([d for _ in everything for d in (1, -1)], dtype=float)
+    # at one instant, starts sort before ends; the order of events at one time stamp changes no
+    # integral (the segment between them has zero width), it only keeps n(t) ≥ 0 throughout
+    order = np.lexsort((-delta, times))
     times, delta = times[order], delta[order]
     n = np.cumsum(delta)  # in flight just after each event
     share = np.where(n > 0, np.minimum(1.0, slots / np.maximum(n, 1.0)), 0.0)
@@ -100,12 +109,16 @@ def decoding_share(intervals: list[tuple[float, float]], slots: int) -> list[tup
 
 def decode_scale(run_dir: Path, curve: DecodeCurve, prefill_scale: float, slots: int) -> float:
     """In-run decoding time of the rollouts over the isolated decode model (see the module doc)."""
-    done = [r for r in _jsonl(run_dir / "rollouts.jsonl")
-            if not r.get("unfinished") and r.get("t_start") is not None and r.get("t_end") is not None
-            and r.get("tokens")]
+    rows = _jsonl(run_dir / "rollouts.jsonl")
+    done = [r for r in rows if not r.get("unfinished") and r.get("t_start") is not None
+            and r.get("t_end") is not None and r["t_end"] > r["t_start"] and r.get("tokens")]
     if not done:
         raise ValueError(f"{run_dir}: no finished rollout in rollouts.jsonl")
-    shares = decoding_share([(r["t_start"], r["t_end"]) for r in done], slots)
+    end = max(r["t_end"] for r in done)
+    # rollouts cut off by the end of the run held slots and queue places too
+    cut = [(r["t_submit"], end) for r in rows if r.get("unfinished") and r.get("t_submit") is not None
+           and r["t_submit"] < end]
+    shares = decoding_share([(r["t_start"], r["t_end"]) for r in done], slots, cut)
     measured = sum(dec for dec, _ in shares)
     model = sum(r["tokens"] * curve(max(1.0, b)) * prefill_scale
                 for r, (_, b) in zip(done, shares, strict=True))

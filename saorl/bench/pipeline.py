@@ -255,8 +255,15 @@ def in_situ_factors(spec: BenchSpec, records: list[dict], pieces: dict, prefill_
     fits = {"sync": pieces["grpo_fit"], "async": pieces["sao_fit"]}
     out = {}
     for mode, fit in fits.items():
-        per_rep = [in_situ(Path(r["run_dir"]), fit, pieces["step_overhead_s"], curve, prefill_scale,
-                           spec.slots) for r in records if r["mode"] == mode]
+        per_rep = []
+        for r in records:
+            if r["mode"] != mode:
+                continue
+            try:
+                per_rep.append(in_situ(Path(r["run_dir"]), fit, pieces["step_overhead_s"], curve,
+                                       prefill_scale, spec.slots))
+            except ValueError as e:  # too short a run (fewer than two steps): left out, not fatal
+                print(f"[bench] no in-run stage speeds for {r['run_dir']}: {e}")
         if per_rep:
             out[mode] = {k: statistics.fmean(f[k] for f in per_rep) for k in per_rep[0]}
     return out
@@ -283,7 +290,8 @@ def finish(spec: BenchSpec, out: Path, records: list[dict], *, command: str, loa
               "pieces": pieces, "targets": targets(records, pieces)}
     result["sim_inputs"] = sim_inputs(spec, records, pieces)
     result["sim_prediction"] = predict(result["sim_inputs"])
-    result["sim_prediction_in_situ"] = predict(result["sim_inputs"], in_situ=True)
+    if {"sync", "async"} <= set(result["sim_inputs"]["in_situ"]):
+        result["sim_prediction_in_situ"] = predict(result["sim_inputs"], in_situ=True)
     (out / "measurement.json").write_text(json.dumps(result["sim_inputs"], indent=1) + "\n", encoding="utf-8")
     first = {r["mode"]: r for r in reversed(records) if r["rep"] == 0}
     panels = [(f"{m}: {MODES[m]} ({first[m]['tokens_per_s']:.0f} trained tok/s)",

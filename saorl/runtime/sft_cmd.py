@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.models.tokenizer import load_tokenizer
     from saorl.runtime.eval_cmd import evaluate_policy, format_table
     from saorl.runtime.train_cmd import split_config_args
-    from saorl.runtime.warmstart import run_sft
+    from saorl.runtime.warmstart import run_sft, sft_seed
 
     config_path, overrides = split_config_args(args.args)
     if args.tasks is not None and args.tasks < 1:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     m = cfg.model
     try:
         tokenizer = load_tokenizer(m.tokenizer)
-        before_policy = load_policy(m.policy, dtype=m.dtype, device=m.device, seed=cfg.seed)
+        before_policy = load_policy(m.policy, dtype=m.dtype, device=m.device, seed=sft_seed(cfg))
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         print(f"saorl sft: {e}", file=sys.stderr)
         return 2

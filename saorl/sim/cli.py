@@ -141,7 +141,9 @@ def describe(p: SimParams, duration: float) -> str:
     return (f"{p.engines} engines × {p.slots} slots; decode step {curve}; lengths {p.lengths.describe()}"
             f"{f', {p.turns} turns, env {p.env_latency_s:g} s' if p.turns > 1 else ''}; "
             f"train {p.train_a:g} s + {p.train_b:g} s/token; publish {p.publish_s:g} s; "
-            f"batch {p.batch_size} (G={p.group_size}); max staleness {p.max_staleness}; "
+            f"batch {p.batch_size} (G={p.group_size}"
+            f"{', one length per group' if p.group_lengths == 'shared' else ''}); "
+            f"max staleness {p.max_staleness}; "
             f"{'shared' if p.shared_resources else 'separate'} resources; {duration:g} s simulated")
 
 

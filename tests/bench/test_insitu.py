@@ -77,3 +77,23 @@ def test_empty_logs_are_a_clear_error(tmp_path):
         train_scale(tmp_path, 0.1, 0.01, 0.0)
     with pytest.raises(ValueError, match=r"rollouts\.jsonl"):
         decode_scale(tmp_path, DecodeCurve.linear(0.01, 0.0), 1.0, 4)
+
+
+def test_rollouts_cut_off_by_the_end_still_hold_slots(tmp_path):
+    # slots 1: B finished in [0, 2]; C was dispatched at 1 and is still queued or running at the
+    # end: it takes half of the one slot in [1, 2], so B decoded 1.5 s, not 2 s
+    assert decoding_share([(0.0, 2.0)], 1, [(1.0, 2.0)]) == [pytest.approx((1.5, 1.0))]
+    _write(tmp_path / "rollouts.jsonl", [{"rid": 0, "t_start": 0.0, "t_end": 2.0, "tokens": 10},
+                                         {"rid": 1, "t_submit": 1.0, "unfinished": True}])
+    curve = DecodeCurve.measured([(1, 0.1), (2, 0.1)])
+    assert decode_scale(tmp_path, curve, 1.0, slots=1) == pytest.approx(1.5 / 1.0)
+
+
+def test_bad_intervals_are_rejected_or_skipped(tmp_path):
+    with pytest.raises(ValueError, match="ends before it starts"):
+        decoding_share([(0.0, 2.0), (3.0, 1.0)], 1)
+    assert decoding_share([(1.0, 1.0)], 4) == [(0.0, 1.0)]  # zero length: nothing decoded
+    _write(tmp_path / "rollouts.jsonl", [{"rid": 0, "t_start": 0.0, "t_end": 1.0, "tokens": 10},
+                                         {"rid": 1, "t_start": 5.0, "t_end": 5.0, "tokens": 10}])
+    curve = DecodeCurve.measured([(1, 0.1), (2, 0.1)])
+    assert decode_scale(tmp_path, curve, 1.0, slots=4) == pytest.approx(1.0)  # the empty one skipped
