@@ -156,13 +156,15 @@ def ppo_clip_loss(
 
 
 def _explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """1 − Var[R − V] / Var[R] over masked tokens; 0.0 when Var[R] is 0 or < 2 tokens."""
+    """1 − Var[R − V] / Var[R] over masked tokens; 0.0 when Var[R] is 0 (up to rounding: below
+    1e-10 of the returns' mean square, where the ratio would be noise, e.g. −1e15 when every
+    trajectory of a batch has the same reward) or < 2 tokens."""
     if int(mask.sum()) < 2:
         return 0.0
     r = returns[mask].double()
     resid = r - values[mask].double()
     var_r = r.var(unbiased=False)
-    if float(var_r) <= 0.0:
+    if float(var_r) <= 1e-10 * max(1.0, float((r * r).mean())):
         return 0.0
     return float(1.0 - resid.var(unbiased=False) / var_r)
 

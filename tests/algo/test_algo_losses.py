@@ -226,6 +226,17 @@ def test_value_loss_perfect_critic_explains_everything():
     assert loss.item() == 0.0 and m["critic/explained_var"] == pytest.approx(1.0)
 
 
+def test_explained_var_is_zero_when_returns_are_constant_up_to_rounding():
+    # every trajectory got reward 1; float32 GAE leaves rounding noise (~1e-8) in the returns
+    returns = (torch.ones(2, 5) + torch.tensor([0.0, 1e-8, -1e-8, 0.0, 3e-8])).float()
+    values = torch.full((2, 5), 0.3)
+    _, m = value_loss(values, returns, torch.ones(2, 5))
+    assert m["critic/explained_var"] == 0.0  # not -1e13
+    spread = returns + torch.tensor([0.0, 0.5, 0.0, 0.0, 0.0])  # real spread: the ratio is computed
+    _, m = value_loss(spread.clone(), spread, torch.ones(2, 5))
+    assert m["critic/explained_var"] == pytest.approx(1.0)
+
+
 def test_lm_loss_hand_case_and_zero_weight_rows():
     logprobs = torch.tensor([[-1.0, -2.0, float("-inf")], [-3.0, -4.0, -5.0]], dtype=F64, requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
