@@ -123,7 +123,7 @@ def test_cost_lines_and_switch_steps():
     lines = cost_lines(spec, ["sao", "reinforce_rm"], [0], quick=True)
     assert lines[0].startswith("full version: may take up to 2 arms x 3 seeds x 600 s = 1h00m")
     assert lines[1].startswith("this run: may take up to 2 arms x 1 seeds x 120 s = 4m00s")
-    assert len(cost_lines(spec, ["sao", "reinforce_rm"], [0, 1], quick=False)) == 1
+    assert len(cost_lines(spec, ["sao", "reinforce_rm"], [0, 1, 2], quick=False)) == 1
     assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0, quick=True)) == [0, 10, 20]
     assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0)) == [0, 50, 100]
     assert switch_steps(arm_config(load_spec(find_spec("math")), find_spec("math"), "sao", 0)) == []
