@@ -133,8 +133,15 @@ def run_summary(run: RunData) -> dict[str, float | None]:
     last_wall = next((r["wall_s"] for r in reversed(run.metrics) if r.get("wall_s") is not None), None)
     return {"start_acc": start, "final_acc": acc[-1][1] if acc else None,
             "best_acc": max(a for _, a in acc) if acc else None, "final_reward": final_reward(run.metrics),
+            "critic_loss_sd": _sd(_values(run.metrics, "critic/value_loss")),
             "steps": float(run.metrics[-1]["step"]) if run.metrics else 0.0,
             "wall_s": last_wall if last_wall is not None else 0.0}
+
+
+def _sd(vals: Sequence[float]) -> float | None:
+    """Population standard deviation over the steps (how spiky a loss is); None without values."""
+    vals = [v for v in vals if math.isfinite(v)]
+    return statistics.pstdev(vals) if len(vals) >= 2 else None
 
 
 def recovery_steps(steps: Sequence[int], rewards: Sequence[float], switches: Sequence[int], *,
@@ -196,7 +203,8 @@ def fmt_recovery(values: Sequence[int | None]) -> str:
 
 # ---------------------------------------------------------------------------------------- table
 COLUMNS = (("start acc", "start_acc"), ("final acc", "final_acc"), ("best acc", "best_acc"),
-           ("final reward", "final_reward"), ("steps", "steps"), ("wall s", "wall_s"))
+           ("final reward", "final_reward"), ("critic loss sd", "critic_loss_sd"), ("steps", "steps"),
+           ("wall s", "wall_s"))
 
 
 def table_rows(arms: Sequence[ArmData], switches: Sequence[int] = ()) -> list[list[str]]:
@@ -340,7 +348,8 @@ def write_report(out: Path, title: str, description: str, arms: Sequence[ArmData
     table = markdown_table(arms, sw)
     lines = [f"# Experiment: {title}", "", description.strip(), "", note.strip(), "", table, "",
              "Cells: mean ± sd over seeds (min–max, n); one seed: its value. Accuracy: held-out test split "
-             "(`eval/accuracy`); final reward: training reward over the last 10% of steps."]
+             "(`eval/accuracy`); final reward: training reward over the last 10% of steps; critic loss sd: "
+             "standard deviation of the critic's value loss over the steps (how spiky it is)."]
     if sw:
         lines.append(f"recover@S: trainer steps after the switch at S until the reward (trailing mean of "
                      f"{SMOOTH} post-switch steps) is back to {RECOVERY_FRACTION:.0%} of its level over the "

@@ -60,9 +60,14 @@ def test_table_rows_by_hand(tmp_path):
     assert sao[4] == "0.650 ± 0.071 (0.600–0.700, n=2)"  # best: 0.6, 0.7
     # final reward = last 10% of 10 steps = the last step: 0.4 and 0.8
     assert sao[5] == "0.600 ± 0.283 (0.400–0.800, n=2)"
-    assert sao[6] == "10 ± 0 (10–10, n=2)" and sao[7] == "20 ± 0 (20–20, n=2)"
-    assert rows["grpo"][2:] == ["0.200", "0.100", "0.200", "0.300", "5", "10"]
-    assert rows["sft"][2:5] == ["0.200", "0.200", "0.200"] and rows["sft"][6] == "0"
+    # critic loss 0.5/1 ... 0.5/10 in both seeds: its population sd, by a naive loop
+    losses = [0.5 / (i + 1) for i in range(10)]
+    mean = sum(losses) / 10
+    sd = (sum((x - mean) ** 2 for x in losses) / 10) ** 0.5
+    assert sao[6] == f"{sd:.3f} ± 0.000 ({sd:.3f}–{sd:.3f}, n=2)"
+    assert sao[7] == "10 ± 0 (10–10, n=2)" and sao[8] == "20 ± 0 (20–20, n=2)"
+    assert rows["grpo"][2:] == ["0.200", "0.100", "0.200", "0.300", "–", "5", "10"]
+    assert rows["sft"][2:5] == ["0.200", "0.200", "0.200"] and rows["sft"][7] == "0"
     md = markdown_table(arms)
     assert md.splitlines()[0].startswith("| arm | seeds | start acc | final acc")
     assert len(md.splitlines()) == 2 + 3
