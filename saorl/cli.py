@@ -46,9 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; ``key=value`` overrides may also come after a command's options
+    (``saorl experiment math --quick run.progress=false``), where argparse alone rejects them."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if isinstance(getattr(args, "overrides", None), list) and all(
+                "=" in x and not x.startswith("-") for x in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.version:
         from saorl import __version__
 

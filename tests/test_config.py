@@ -215,3 +215,15 @@ def test_save_resolved_round_trips(tmp_path):
     assert algo == dataclasses.asdict(cfg.algo.resolve())
     assert algo["eps_high"] == 3.0 and algo["name"] == "sao"
     assert not list((tmp_path / "run").glob("*.tmp"))
+
+
+def test_overrides_after_a_commands_options_are_accepted():
+    from saorl.cli import build_parser, parse
+
+    parser = build_parser()
+    args = parse(parser, ["experiment", "math", "a.b=1", "--quick", "run.progress=false", "--seeds", "1"])
+    assert args.quick and args.seeds == 1 and args.overrides == ["a.b=1", "run.progress=false"]
+    with pytest.raises(SystemExit):  # anything else left over is still an error
+        parse(parser, ["experiment", "math", "--quick", "--no-such-flag"])
+    with pytest.raises(SystemExit):
+        parse(parser, ["experiment", "math", "--quick", "stray"])
