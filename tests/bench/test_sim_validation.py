@@ -1,7 +1,7 @@
 """The simulator against the pipeline benchmark: predicted async/sync ratio within 25% of measured.
 
 Inputs are the committed measurement of ``saorl bench pipeline --sync-sao`` (``benchmarks/data/
-pipeline_measurement.json``, the 2026-11-29 10:38 run of docs/performance.md): decode step vs
+pipeline_measurement.json``, the 2026-11-29 13:10 quiet-machine run of docs/performance.md): decode step vs
 batch, trainer seconds per step vs tokens for SAO and GRPO, publication, the sync runs' trajectory
 lengths (shared within a GRPO group: the synthetic env fixes a task's length), the measured
 contention, the stage speeds seen inside each mode's runs (``in_situ``) and the measured async/sync
@@ -10,8 +10,8 @@ ratio. Nothing is re-measured here; the simulation is seeded and takes well unde
 What is validated is the composition: fed each stage's speed as it ran in the runs, the
 simulator must predict the end-to-end ratio (barrier waits, long tail, refills, queueing) within
 25%. The prediction from stage timings taken alone with one contention factor is also computed
-and must at least agree on the verdict; on this 2-core machine it is off by more (the trainer
-runs ×4 slower beside a generating worker than alone, not ×2.6 as the one-factor model has it),
+and must at least agree on the verdict; on this 2-core machine it is off by more (inside an
+async run the trainer runs ×2.65 slower than alone, not ×1.43 as the one-factor model has it),
 which docs/performance.md reports.
 """
 
