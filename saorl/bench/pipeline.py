@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from saorl.bench import profile as prof
-from saorl.bench.insitu import in_situ
+from saorl.bench.insitu import in_situ, step_busy
 from saorl.bench.report import write_summary
 from saorl.bench.runs import analyse, read_jsonl, run_once
 from saorl.bench.simcheck import predict
@@ -208,6 +208,33 @@ def measure_pieces(spec: BenchSpec, out: Path, async_tokens_per_step: float, log
                       "threads": threads, "cores": os.cpu_count()}}
 
 
+def train_alone_on_run_batches(records: list[dict]) -> float | None:
+    """SAO training throughput alone on the runs' own batches: trained action tokens over the
+    trainer's busy seconds (step, publication, journal, logging) in the ``sync_sao`` runs, where
+    nothing generates while the trainer trains (the barrier). None without ``sync_sao`` runs.
+
+    The fit on the generation-alone sample underestimates a real step: that sample is cut off
+    after a few seconds, so it under-represents long rollouts, and a batch pads to its longest.
+    """
+    steps = [s for r in records if r["mode"] == "sync_sao" for s in step_busy(Path(r["run_dir"]))]
+    busy = sum(b for _, b in steps)
+    return sum(n for n, _ in steps) / busy if steps and busy > 0 else None
+
+
+def use_run_batches_for_limit(records: list[dict], pieces: dict) -> None:
+    """Replace the machine limit's ``T`` with :func:`train_alone_on_run_batches` when there are
+    ``sync_sao`` runs (the fit's value is kept as ``T_fit``)."""
+    t_runs = train_alone_on_run_batches(records)
+    lim = pieces["limit"]
+    lim["T_fit"] = lim["T"]
+    lim["T_source"] = "fit on the generation-alone sample"
+    if t_runs is None:
+        return
+    lim["T"], lim["T_source"] = t_runs, "sync_sao runs (trainer alone on the runs' batches)"
+    g = lim["G"]
+    lim["tokens_per_s"] = min(g, t_runs) if lim["formula"] == "min(G, T)" else 1 / (1 / g + 1 / t_runs)
+
+
 def targets(records: list[dict], pieces: dict) -> list[dict]:
     asyn = [r for r in records if r["mode"] == "async"]
     rs = ratios(records)
@@ -284,6 +311,7 @@ def finish(spec: BenchSpec, out: Path, records: list[dict], *, command: str, loa
     """Measure the pieces and write every output, given the runs' records (see :func:`run_pairs`)."""
     per_step = statistics.fmean(r["trained_tokens"] / r["steps"] for r in records if r["mode"] == "async")
     pieces = measure_pieces(spec, out, per_step, log, gen_before)
+    use_run_batches_for_limit(records, pieces)
     result = {"spec": asdict(spec), "command": command, "load_before": load_before,
               "load_after": machine_load(), "elapsed_s": time.monotonic() - t0, "records": records,
               "ratios": ratios(records), "ratios_sync_sao": ratios(records, "sync_sao"),

@@ -83,10 +83,14 @@ def summary_markdown(result: dict) -> str:
                     [[t["target"], f"{t['measured']:.2f}", t["goal"], "PASS" if t["pass"] else "MISS"]
                      for t in result["targets"]])
     before = f"{lim['G_before']:.0f}" if lim.get("G_before") else "-"
+    fit = lim.get("T_fit")
+    fit_note = f"; the fit said {fit:.0f}" if fit is not None and fit != lim["T"] else ""
     lines += ["", f"Machine limit: generation alone G = {lim['G']:.0f} tok/s (before the runs {before}, "
               "after "
               f"{lim.get('G_after', lim['G']):.0f}; the faster counts), training alone T = "
-              f"{lim['T']:.0f} tok/s (SAO step + publication + journal, at the async run's tokens per step); "
+              f"{lim['T']:.0f} tok/s (SAO step + publication + journal; from the "
+              f"{lim.get('T_source', 'fit on the generation-alone sample')}"
+              f"{fit_note}); "
               f"{lim['threads']} threads on {lim['cores']} cores → limit = {lim['formula']} = "
               f"**{lim['tokens_per_s']:.0f} tok/s**.", ""]
     c = result["pieces"]["contention"]

@@ -97,3 +97,22 @@ def test_bad_intervals_are_rejected_or_skipped(tmp_path):
                                          {"rid": 1, "t_start": 5.0, "t_end": 5.0, "tokens": 10}])
     curve = DecodeCurve.measured([(1, 0.1), (2, 0.1)])
     assert decode_scale(tmp_path, curve, 1.0, slots=4) == pytest.approx(1.0)  # the empty one skipped
+
+
+def test_machine_limit_uses_the_trainer_alone_on_the_runs_batches(tmp_path):
+    from saorl.bench.pipeline import train_alone_on_run_batches, use_run_batches_for_limit
+
+    run = tmp_path / "sync_sao-0"
+    run.mkdir()
+    _write(run / "metrics.jsonl",
+           [{"step": s, "time/elapsed_s": 3.0 * s, "time/wait_s": 1.0} for s in (1, 2, 3)])
+    _write(run / "trained.jsonl", [{"step": s, "action_tokens": [100, 300]} for s in (1, 2, 3)])
+    records = [{"mode": "sync_sao", "run_dir": str(run)}, {"mode": "async", "run_dir": "unused"}]
+    # steps 2 and 3: 400 tokens each in 3 - 1 = 2 busy seconds
+    assert train_alone_on_run_batches(records) == pytest.approx(200.0)
+    pieces = {"limit": {"G": 1000.0, "T": 900.0, "formula": "min(G, T)", "tokens_per_s": 900.0}}
+    use_run_batches_for_limit(records, pieces)
+    assert pieces["limit"]["tokens_per_s"] == pytest.approx(200.0) and pieces["limit"]["T_fit"] == 900.0
+    pieces = {"limit": {"G": 1000.0, "T": 900.0, "formula": "min(G, T)", "tokens_per_s": 900.0}}
+    use_run_batches_for_limit(records[1:], pieces)  # no sync_sao runs: the fit stays
+    assert pieces["limit"]["T"] == 900.0 and pieces["limit"]["T_source"].startswith("fit")

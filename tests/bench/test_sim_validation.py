@@ -11,8 +11,9 @@ What is validated is the composition: fed each stage's speed as it ran in the ru
 simulator must predict the end-to-end ratio (barrier waits, long tail, refills, queueing) within
 25%. The prediction from stage timings taken alone with one contention factor is also computed
 and must at least agree on the verdict; on this 2-core machine it is off by more (inside an
-async run the trainer runs ×2.65 slower than alone, not ×1.43 as the one-factor model has it),
-which docs/performance.md reports.
+async run the trainer runs ×2.65 slower than its isolated fit, mostly the fit's optimism about
+padded real batches, not the ×1.43 contention of the one-factor model), which
+docs/performance.md reports.
 """
 
 from __future__ import annotations
