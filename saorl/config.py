@@ -30,6 +30,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
+def plain_name(v: str) -> str:
+    """``v`` if it can name a directory (non-empty, no path separators, not ``.``/``..``)."""
+    if not v or "/" in v or "\\" in v or v in (".", ".."):
+        raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
+    return v
+
+
 class ConfigError(Exception):
     """A config that cannot be loaded; the message is one paragraph naming file, field and reason."""
 
@@ -72,9 +79,7 @@ class RunConfig(_Section):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, v: str) -> str:
-        if not v or "/" in v or "\\" in v or v in (".", ".."):
-            raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
-        return v
+        return plain_name(v)
 
 
 class ModelConfig(_Section):

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from saorl.config import ConfigError, SaorlConfig, load_config
+from saorl.config import ConfigError, SaorlConfig, load_config, plain_name
 
 PLOTS = ("accuracy", "reward", "value_loss", "dis_kept_frac", "staleness", "entropy", "switches")
 """Plot names a spec may ask for (``switches`` also adds recovery columns to the table)."""
@@ -87,9 +87,7 @@ class ExperimentSpec(_Model):
     @field_validator("name")
     @classmethod
     def _plain(cls, v: str) -> str:
-        if not v or "/" in v or "\\" in v or v in (".", ".."):
-            raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
-        return v
+        return plain_name(v)
 
     @field_validator("arms")
     @classmethod
