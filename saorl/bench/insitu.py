@@ -28,24 +28,18 @@ stages compose — barrier waits, the long tail, slot refills, queueing and stal
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 
 import numpy as np
 
+from saorl.bench.runs import read_jsonl
 from saorl.sim import DecodeCurve
-
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def step_busy(run_dir: Path) -> list[tuple[int, float]]:
     """``(action tokens, busy seconds)`` per trainer step after the first, from the run's logs."""
-    tokens = {row["step"]: sum(row["action_tokens"]) for row in _jsonl(run_dir / "trained.jsonl")}
-    rows = [m for m in _jsonl(run_dir / "metrics.jsonl") if "time/elapsed_s" in m and "time/wait_s" in m]
+    tokens = {row["step"]: sum(row["action_tokens"]) for row in read_jsonl(run_dir / "trained.jsonl")}
+    rows = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "time/elapsed_s" in m and "time/wait_s" in m]
     rows.sort(key=lambda m: m["step"])
     out = []
     for prev, cur in itertools.pairwise(rows):
@@ -109,7 +103,7 @@ def decoding_share(intervals: list[tuple[float, float]], slots: int,
 
 def decode_scale(run_dir: Path, curve: DecodeCurve, prefill_scale: float, slots: int) -> float:
     """In-run decoding time of the rollouts over the isolated decode model (see the module doc)."""
-    rows = _jsonl(run_dir / "rollouts.jsonl")
+    rows = read_jsonl(run_dir / "rollouts.jsonl")
     done = [r for r in rows if not r.get("unfinished") and r.get("t_start") is not None
             and r.get("t_end") is not None and r["t_end"] > r["t_start"] and r.get("tokens")]
     if not done:

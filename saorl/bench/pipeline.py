@@ -166,6 +166,12 @@ def generation_alone(spec: BenchSpec, out: Path, log=print) -> dict:
                                 warmup_s=min(3.0, spec.profile_s / 2))
 
 
+def combined_limit(g: float, t: float, separate: bool) -> float:
+    """Trained tokens/s the machine allows: the slower stage when the stages have their own cores
+    (``min(G, T)``), else every token costs both (``1 / (1/G + 1/T)``)."""
+    return min(g, t) if separate else 1 / (1 / g + 1 / t)
+
+
 def measure_pieces(spec: BenchSpec, out: Path, async_tokens_per_step: float, log=print,
                    gen_before: float | None = None) -> dict:
     """Profiles and stage throughputs, each measured alone with the threads its stage has in a run.
@@ -199,7 +205,7 @@ def measure_pieces(spec: BenchSpec, out: Path, async_tokens_per_step: float, log
     G = max(gen["tokens_per_s"], gen_before or 0.0)
     threads = spec.trainer_threads + spec.worker_threads
     separate = threads <= (os.cpu_count() or 1)
-    limit = min(G, train_tps) if separate else 1 / (1 / G + 1 / train_tps)
+    limit = combined_limit(G, train_tps, separate)
     return {"generation": gen, "decode_curve": curve, "learner": learn, "sao_fit": sao_fit,
             "grpo_fit": grpo_fit, "step_overhead_s": overhead, "train_tokens_per_s": train_tps,
             "contention": both,
@@ -231,8 +237,7 @@ def use_run_batches_for_limit(records: list[dict], pieces: dict) -> None:
     if t_runs is None:
         return
     lim["T"], lim["T_source"] = t_runs, "sync_sao runs (trainer alone on the runs' batches)"
-    g = lim["G"]
-    lim["tokens_per_s"] = min(g, t_runs) if lim["formula"] == "min(G, T)" else 1 / (1 / g + 1 / t_runs)
+    lim["tokens_per_s"] = combined_limit(lim["G"], t_runs, lim["formula"] == "min(G, T)")
 
 
 def targets(records: list[dict], pieces: dict) -> list[dict]:
@@ -252,7 +257,7 @@ def targets(records: list[dict], pieces: dict) -> list[dict]:
              "pass": bool(v >= thr if ge else v <= thr)} for name, v, goal, thr, ge in rows]
 
 
-def sim_inputs(spec: BenchSpec, records: list[dict], pieces: dict) -> dict:
+def sim_inputs(spec: BenchSpec, records: list[dict], pieces: dict, log=print) -> dict:
     """What the simulator needs to predict this run (saved as ``measurement.json``)."""
     lengths = [r["tokens"] for rec in records if rec["mode"] == "sync"
                for r in read_jsonl(Path(rec["run_dir"]) / "rollouts.jsonl") if not r.get("unfinished")]
@@ -268,7 +273,7 @@ def sim_inputs(spec: BenchSpec, records: list[dict], pieces: dict) -> dict:
             "publish_s": pieces["step_overhead_s"],
             # the synthetic env fixes a task's length: a GRPO group's members share it
             "group_lengths": "shared" if spec.env == "synthetic" else "independent",
-            "in_situ": in_situ_factors(spec, records, pieces, scale),
+            "in_situ": in_situ_factors(spec, records, pieces, scale, log),
             "duration_s": statistics.fmean(r["window_s"] for r in records),
             "measured_ratio": statistics.fmean(ratios(records)), "measured_ratios": ratios(records),
             "measured_tokens_per_s": {
@@ -276,7 +281,8 @@ def sim_inputs(spec: BenchSpec, records: list[dict], pieces: dict) -> dict:
                 for m in ("sync", "async")}}
 
 
-def in_situ_factors(spec: BenchSpec, records: list[dict], pieces: dict, prefill_scale: float) -> dict:
+def in_situ_factors(spec: BenchSpec, records: list[dict], pieces: dict, prefill_scale: float,
+                    log=print) -> dict:
     """Per mode, how much slower each stage ran in that mode's runs than alone (mean over reps)."""
     curve = DecodeCurve.measured(pieces["decode_curve"])
     fits = {"sync": pieces["grpo_fit"], "async": pieces["sao_fit"]}
@@ -290,7 +296,7 @@ def in_situ_factors(spec: BenchSpec, records: list[dict], pieces: dict, prefill_
                 per_rep.append(in_situ(Path(r["run_dir"]), fit, pieces["step_overhead_s"], curve,
                                        prefill_scale, spec.slots))
             except ValueError as e:  # too short a run (fewer than two steps): left out, not fatal
-                print(f"[bench] no in-run stage speeds for {r['run_dir']}: {e}")
+                log(f"[bench] no in-run stage speeds for {r['run_dir']}: {e}")
         if per_rep:
             out[mode] = {k: statistics.fmean(f[k] for f in per_rep) for k in per_rep[0]}
     return out
@@ -316,7 +322,7 @@ def finish(spec: BenchSpec, out: Path, records: list[dict], *, command: str, loa
               "load_after": machine_load(), "elapsed_s": time.monotonic() - t0, "records": records,
               "ratios": ratios(records), "ratios_sync_sao": ratios(records, "sync_sao"),
               "pieces": pieces, "targets": targets(records, pieces)}
-    result["sim_inputs"] = sim_inputs(spec, records, pieces)
+    result["sim_inputs"] = sim_inputs(spec, records, pieces, log)
     result["sim_prediction"] = predict(result["sim_inputs"])
     if {"sync", "async"} <= set(result["sim_inputs"]["in_situ"]):
         result["sim_prediction_in_situ"] = predict(result["sim_inputs"], in_situ=True)
