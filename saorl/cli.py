@@ -1,8 +1,8 @@
 """The ``saorl`` command line.
 
-Each subcommand lives next to the code it drives and exposes two functions:
-``add_arguments(parser)`` and ``run(args) -> int``. This file only lists them, so adding a
-command is one line in :data:`COMMANDS` and the import cost of one command is not paid by others.
+Each subcommand is a module of :mod:`saorl.commands` with two functions: ``add_arguments(parser)``
+and ``run(args) -> int``. This file only lists them, so adding a command is one line in
+:data:`COMMANDS` and the import cost of one command is not paid by others.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("saorl.runtime.train_cmd", "train a policy with SAO or a baseline (default: SAO on math_tool)"),
-    "eval": ("saorl.runtime.eval_cmd", "evaluate a run or checkpoint on an env's test split"),
-    "sft": ("saorl.runtime.sft_cmd", "fine-tune a policy on an env's demonstrations; accuracy before/after"),
-    "value-pretrain": ("saorl.runtime.value_pretrain_cmd", "fit a critic on rollouts of a fixed policy"),
-    "serve": ("saorl.engines.serve", "serve the local engine over OpenAI-compatible HTTP"),
-    "envs": ("saorl.envs.cli", "list environments, sample tasks and demonstrations"),
-    "config": ("saorl.config_cmd", "print the resolved config (defaults, YAML and overrides)"),
-    "simulate": ("saorl.sim.cli",
+    "train": ("saorl.commands.train", "train a policy with SAO or a baseline (default: SAO on math_tool)"),
+    "eval": ("saorl.commands.eval", "evaluate a run or checkpoint on an env's test split"),
+    "sft": ("saorl.commands.sft", "fine-tune a policy on an env's demonstrations; accuracy before/after"),
+    "value-pretrain": ("saorl.commands.value_pretrain", "fit a critic on rollouts of a fixed policy"),
+    "serve": ("saorl.commands.serve", "serve the local engine over OpenAI-compatible HTTP"),
+    "envs": ("saorl.commands.envs", "list environments, sample tasks and demonstrations"),
+    "config": ("saorl.commands.config", "print the resolved config (defaults, YAML and overrides)"),
+    "simulate": ("saorl.commands.simulate",
                  "predict throughput, utilisation and staleness of sync vs async at any scale"),
-    "bench": ("saorl.bench.cli", "measure async vs sync throughput, utilisation and staleness"),
-    "experiment": ("saorl.experiments.cli",
+    "bench": ("saorl.commands.bench", "measure async vs sync throughput, utilisation and staleness"),
+    "experiment": ("saorl.commands.experiment",
                    "run a comparison of algorithms or ablations and write its table and plots"),
 }
 
@@ -35,14 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            p.set_defaults(_missing=True)
-            continue
-        mod.add_arguments(p)
+        importlib.import_module(module).add_arguments(p)
     return parser
 
 
@@ -70,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    if getattr(args, "_missing", False):
-        print(f"saorl {args.command}: not yet implemented in this version", file=sys.stderr)
-        return 3
     mod = importlib.import_module(args._module)
-    return int(mod.run(args) or 0)
+    try:
+        return int(mod.run(args) or 0)
+    except SystemExit as e:  # a command's one-paragraph failure (saorl.commands.common.fail)
+        return e.code if isinstance(e.code, int) else 1
 
 
 if __name__ == "__main__":

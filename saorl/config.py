@@ -9,7 +9,8 @@ Every bad value fails at load, never mid-run, with :class:`ConfigError`: one par
 file, the dotted path of the field and the reason (unknown keys get a "did you mean" hint).
 
 The ``algo`` section holds a preset name plus optional overrides (``None`` = the preset's value);
-:meth:`AlgoConfig.resolve` returns the frozen :class:`saorl.algo.registry.AlgoPreset` the trainer
+its fields, documentation and rules are derived from :class:`saorl.algo.registry.AlgoPreset`, where
+each setting is declared once, and :meth:`AlgoConfig.resolve` returns the frozen preset the trainer
 uses. Because ``None`` means "keep the preset's value", the preset fields that are themselves
 optional (``vapo_alpha``, ``value_clip``) can be changed to another number here but not switched
 off; pick a preset that has them off instead.
@@ -27,7 +28,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 
 def plain_name(v: str) -> str:
@@ -116,11 +125,21 @@ class EnvConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the env class (e.g. ``difficulty: 2``); checked when the env is built."""
     tasks_file: str | None = None
-    """JSONL file of tasks (format: ``saorl.data.tasks``) used instead of the env's task generator."""
+    """JSONL file of training tasks (format: ``saorl.data.tasks``) used instead of the env's task
+    generator. Without ``test_tasks_file``, its last ``num_test_tasks`` tasks are held out as the
+    test split and never trained on."""
+    test_tasks_file: str | None = None
+    """JSONL file of held-out test tasks (needs ``tasks_file``); no id may be in both files."""
     num_train_tasks: int = Field(5000, ge=1)
-    """Training tasks drawn from the env's generator (cycled when exhausted)."""
+    """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
     num_test_tasks: int = Field(128, ge=1)
-    """Held-out test tasks drawn from the env's generator."""
+    """Held-out test tasks: drawn from the env's generator, or held out of ``tasks_file``."""
+
+    @model_validator(mode="after")
+    def _files(self) -> EnvConfig:
+        if self.test_tasks_file and not self.tasks_file:
+            raise _FieldError("test_tasks_file", "needs env.tasks_file (the training tasks) too")
+        return self
 
     @field_validator("type")
     @classmethod
@@ -176,63 +195,33 @@ class RolloutConfig(_Section):
         return self
 
 
-class AlgoConfig(_Section):
+class _AlgoSection(_Section):
+    """The ``algo`` section: a preset name plus overrides; its other fields are derived from
+    :class:`saorl.algo.registry.AlgoPreset` (see :func:`_algo_config`)."""
+
     name: str = "sao"
     """Algorithm preset: ``sao``, ``grpo``, ``grpo_dis``, ``vapo``, ``ppo`` or ``reinforce_rm``."""
-    group_size: int | None = Field(None, ge=1)
-    """Rollouts per prompt (None: the preset's; 1 = single rollout)."""
-    critic_updates: int | None = Field(None, ge=1)
-    """K: critic steps per policy step, on the same batch (None: the preset's)."""
-    freeze_critic_attention: bool | None = None
-    """Train only the critic's MLP / expert projections and value head (None: the preset's)."""
-    skip_observation: bool | None = None
-    """GAE over action tokens only, skipping observation tokens (None: the preset's)."""
-    value_pretrain: bool | None = None
-    """Fit the critic on rollouts of the initial policy before RL (None: the preset's)."""
-    gamma: float | None = Field(None, ge=0.0, le=1.0)
-    """Discount per chain step, in [0, 1] (None: the preset's)."""
-    lam_policy: float | None = Field(None, ge=0.0, le=1.0)
-    """GAE λ for the policy's advantages, in [0, 1] (None: the preset's)."""
-    lam_critic: float | None = Field(None, ge=0.0, le=1.0)
-    """GAE λ for the critic's targets, in [0, 1]; 1 = Monte-Carlo returns (None: the preset's)."""
-    vapo_alpha: float | None = Field(None, gt=0.0)
-    """Length-adaptive λ_policy = 1 − 1/(α·l) when set (None: the preset's)."""
-    eps_low: float | None = Field(None, ge=0.0, lt=1.0)
-    """Lower DIS band / PPO clip: ratios below 1 − eps_low are masked or clipped; in [0, 1)
-    (None: the preset's)."""
-    eps_high: float | None = Field(None, gt=0.0)
-    """Upper DIS band / PPO clip: ratios above 1 + eps_high are masked or clipped; > 0
-    (None: the preset's)."""
-    value_clip: float | None = Field(None, gt=0.0)
-    """PPO value clipping range, > 0 (None: the preset's)."""
-    lm_loss_coef: float | None = Field(None, ge=0.0)
-    """Weight of the positive-example LM loss, ≥ 0 (None: the preset's)."""
-    entropy_coef: float | None = Field(None, ge=0.0)
-    """Weight of the entropy bonus, ≥ 0 (None: the preset's)."""
-    baseline_momentum: float | None = Field(None, ge=0.0, lt=1.0)
-    """EMA momentum of the running-mean baseline, in [0, 1) (None: the preset's)."""
 
     @field_validator("name")
     @classmethod
     def _known_preset(cls, v: str) -> str:
-        names = _preset_names()
-        if names is not None and v not in names:
+        from saorl.algo.registry import list_presets
+
+        names = list_presets()
+        if v not in names:
             hint = difflib.get_close_matches(v, names, n=1)
             raise ValueError(f"unknown algorithm {v!r}" + (f" (did you mean {hint[0]}?)" if hint else "")
                              + f"; known: {', '.join(names)}")
         return v
 
     @model_validator(mode="after")
-    def _resolvable(self) -> AlgoConfig:
-        if _preset_names() is None:
-            return self
+    def _resolvable(self) -> _AlgoSection:
+        from saorl.algo.registry import SettingError
+
         try:
-            self.resolve()  # the preset's own cross-field checks (e.g. grpo needs group_size >= 2)
-        except ValueError as e:
-            m = re.match(r"AlgoPreset '[^']*': (\w+) (must .*)", str(e))
-            if m and m.group(1) in type(self).model_fields:
-                raise _FieldError(m.group(1), f"algorithm {self.name!r}: {m.group(2)}") from None
-            raise
+            self.resolve()  # the preset's own checks (ranges; e.g. grpo needs group_size >= 2)
+        except SettingError as e:
+            raise _FieldError(e.field, f"algorithm {self.name!r}: {e.reason}") from None
         return self
 
     def overrides(self) -> dict[str, Any]:
@@ -246,15 +235,27 @@ class AlgoConfig(_Section):
         return get_preset(self.name).with_overrides(**self.overrides())
 
 
-def _preset_names() -> list[str] | None:
-    """Known preset names, or None when the algo registry is not importable (partial installs)."""
-    try:
-        from saorl.algo.registry import list_presets
-    except ModuleNotFoundError as e:
-        if e.name in ("saorl.algo.registry", "saorl.algo"):
-            return None
-        raise
-    return list_presets()
+NOT_IN_CONFIG = ("name", "mode")
+"""Preset fields the ``algo`` section does not override: ``name`` picks the preset, and the
+schedule is ``runtime.mode``."""
+
+
+def _algo_config() -> type[_AlgoSection]:
+    """``AlgoConfig``: every other preset field, optional (None = the preset's value), with the
+    preset's own documentation and rule. A setting is declared once, in the preset."""
+    from saorl.algo.registry import setting_docs, setting_rules, setting_types
+
+    docs, rules = setting_docs(), setting_rules()
+    fields: dict[str, Any] = {}
+    for name, hint in setting_types().items():
+        if name in NOT_IN_CONFIG:
+            continue
+        rule = f" Must be {rules[name]}." if rules[name] else ""
+        fields[name] = (hint | None, Field(None, description=f"{docs[name]}{rule} None: the preset's value."))
+    return create_model("AlgoConfig", __base__=_AlgoSection, __module__=__name__, **fields)
+
+
+AlgoConfig = _algo_config()
 
 
 class TrainerConfig(_Section):
@@ -280,8 +281,9 @@ class TrainerConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    backend: Literal["local", "ray"] = "local"
-    """``local``: processes on this machine; ``ray``: actors on a Ray cluster."""
+    backend: Literal["local", "inprocess"] = "local"
+    """``local``: rollout workers as processes on this machine; ``inprocess``: episodes on one engine
+    in the trainer's own process (no worker processes; for debugging and small machines)."""
     mode: Literal["auto", "async", "sync"] = "auto"
     """Rollout/training schedule; ``auto`` uses the algorithm preset's mode."""
     trainer_threads: int | None = Field(None, ge=1)
@@ -351,24 +353,19 @@ class SaorlConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> SaorlConfig:
-        if _preset_names() is None:
-            return self
         group = self.algo.resolve().group_size
         if self.trainer.batch_size % group:
             raise _FieldError(
                 "trainer.batch_size",
                 f"{self.trainer.batch_size} is not a multiple of the group size "
-                f"({group}, algo {self.algo.name!r}): every update takes whole groups"
+                f"({group}, algo {self.algo.name!r}): every update takes whole groups; set "
+                f"trainer.batch_size to a multiple of {group} (e.g. trainer.batch_size={group})"
             )
         return self
 
     def resolved_mode(self) -> Literal["async", "sync"]:
         """``runtime.mode``, with ``auto`` replaced by the algorithm preset's mode."""
         return self.algo.resolve().mode if self.runtime.mode == "auto" else self.runtime.mode
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.run.out_dir) / self.run.name
 
 
 # --------------------------------------------------------------------------------- overrides
@@ -553,10 +550,8 @@ def config_to_yaml(cfg: SaorlConfig) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
-def resolved_algo_dict(cfg: SaorlConfig) -> dict[str, Any] | None:
-    """The resolved algorithm preset as a dict, or None when the algo registry is unavailable."""
-    if _preset_names() is None:
-        return None
+def resolved_algo_dict(cfg: SaorlConfig) -> dict[str, Any]:
+    """The resolved algorithm preset as a dict."""
     return dataclasses.asdict(cfg.algo.resolve())
 
 
@@ -569,10 +564,9 @@ def save_resolved(cfg: SaorlConfig, run_dir: str | os.PathLike) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.yaml"
     _write_atomic(path, config_to_yaml(cfg))
-    algo = resolved_algo_dict(cfg)
-    if algo is not None:
-        header = "# The algorithm preset after overrides (informational; config.yaml is the source).\n"
-        _write_atomic(run_dir / "algo_resolved.yaml", header + yaml.safe_dump(algo, sort_keys=False))
+    header = "# The algorithm preset after overrides (informational; config.yaml is the source).\n"
+    _write_atomic(run_dir / "algo_resolved.yaml",
+                  header + yaml.safe_dump(resolved_algo_dict(cfg), sort_keys=False))
     return path
 
 

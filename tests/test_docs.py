@@ -102,7 +102,7 @@ def test_doc_env_demonstration_through_the_agent_loop(reverse_env):
     env = reverse_env(length=4)
     task = env.generate_tasks("train", 1, 0)[0]
     traj = asyncio.run(demonstration_trajectory(reverse_env(length=4), task, tok, random.Random(0)))
-    assert traj.metadata["success"] and traj.total_reward == 1.0 and traj.metadata["turns"] == 1
+    assert traj.episode.success and traj.total_reward == 1.0 and traj.episode.turns == 1
     actions = [t for t, m in zip(traj.token_ids, traj.action_mask) if m]
     assert tok.decode(actions).startswith(f"<answer>{task.data['word'][::-1]}</answer>")
     # the reward sits on the last action token

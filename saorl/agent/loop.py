@@ -22,18 +22,18 @@ Decisions that the trainer and the env authors rely on:
 - **eos stays in the trajectory.** A turn that ends on the eos token keeps it (it was sampled,
   has a logprob, and learning *when* to stop is part of the policy); only the text handed to
   ``env.step`` drops it. The eos id is added to the request's ``stop_token_ids``.
-- **Rewards** go on the last action token of the turn that earned them (DESIGN.md §1 credits a
+- **Rewards** go on the last action token of the turn that earned them (docs/method.md credits a
   reward on a non-action position to the last action position before it; this places it there
   directly). Turns whose action was cut by a length limit are still stepped: the env decides
   what a cut action is worth.
 - **The last observation is not tokenized.** Nothing is sampled after it, so it carries no
-  training signal; it is kept as text in ``metadata["final_observation"]`` (for rendering).
+  training signal; it is kept as text in ``episode.final_observation`` (for rendering).
 - **Limits.** ``max_turns`` (``env.max_turns`` when None) and ``max_total_tokens`` (prompt +
   actions + observations). Each turn's ``max_new_tokens`` is capped by the tokens left. When an
   observation does not fit with room for at least one more action token, the episode ends
   there (the observation is never cut: a garbled tool output would teach the wrong thing).
   Ending by a limit rather than by ``done`` sets ``truncated=True`` and
-  ``metadata["truncation"]`` to ``"turns"`` or ``"tokens"``. A prompt that leaves no room for a
+  ``episode.truncation`` to ``"turns"`` or ``"tokens"``. A prompt that leaves no room for a
   single action token raises :class:`PromptTooLongError`.
 - **Action text.** ``env.step`` gets the decoded text of all sampled ids of the turn (minus a
   final eos). Engines keep the token that completes a stop string whole, so the text may run a
@@ -62,9 +62,10 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from saorl.data.trajectory import Trajectory
+from saorl.data.task import Task
+from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
-from saorl.envs.base import Env, Progress, StepResult, Task
+from saorl.envs.base import Env, Progress, StepResult
 
 ProgressSource = Progress | Callable[[], Progress] | None
 
@@ -217,17 +218,14 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
             truncation = "tokens"
             break
         b.add_context(obs_ids)
-    metadata = {
-        "env": env.name, "turns": len(b.turn_spans), "success": bool(out.info.get("success", False)),
-        "final_reward": float(out.reward), "turn_rewards": b.turn_rewards, "turn_spans": b.turn_spans,
-        "finish_reasons": b.finish_reasons, "final_observation": out.observation,
-        "gen_seconds": gen_s, "env_seconds": env_s,
-    }
-    if truncation is not None:
-        metadata["truncation"] = truncation
+    episode = Episode(
+        env=env.name, turns=len(b.turn_spans), success=bool(out.info.get("success", False)),
+        final_reward=float(out.reward), turn_rewards=b.turn_rewards, turn_spans=b.turn_spans,
+        finish_reasons=b.finish_reasons, final_observation=out.observation, truncation=truncation,
+        gen_seconds=gen_s, env_seconds=env_s)
     return Trajectory(token_ids=b.token_ids, action_mask=b.action_mask, rollout_logprobs=b.logprobs,
                       rewards=b.rewards, versions=b.versions, prompt_len=prompt_len, task_id=task.id,
-                      truncated=truncation is not None, metadata=metadata)
+                      truncated=truncation is not None, episode=episode)
 
 
 def _resolve_progress(progress: ProgressSource) -> Progress | None:

@@ -2,8 +2,8 @@
 
 Used by ``saorl eval --show N`` and ``saorl envs sample``. The text comes from decoding the
 trajectory's own token ids span by span (so what is shown is exactly what the trainer sees),
-plus ``metadata["final_observation"]``, the last env message, which the agent loop does not
-tokenize. Turns come from ``metadata["turn_spans"]`` when present (the agent loop writes it),
+plus ``episode.final_observation``, the last env message, which the agent loop does not
+tokenize. Turns come from ``episode.turn_spans`` when present (the agent loop writes it),
 else from the runs of ``action_mask == 1``.
 
 With ``color`` the parts are ANSI-coloured (prompt dim, actions green, observations yellow,
@@ -23,7 +23,7 @@ _RESET = "\x1b[0m"
 
 
 def _action_spans(traj: Trajectory) -> list[tuple[int, int]]:
-    spans = traj.metadata.get("turn_spans")
+    spans = traj.episode.turn_spans
     if spans:
         return [(int(a), int(b)) for a, b in spans]
     out: list[tuple[int, int]] = []
@@ -43,16 +43,16 @@ def _part(kind: str, label: str, text: str, color: bool) -> str:
 
 
 def _header(traj: Trajectory, turns: int) -> str:
-    md = traj.metadata
+    ep = traj.episode
     bits = [f"task {traj.task_id}"]
-    if "env" in md:
-        bits.append(f"env {md['env']}")
+    if ep.env:  # played by the agent loop: its record is filled in
+        bits.append(f"env {ep.env}")
     bits.append(f"turns {turns}")
-    if "success" in md:
-        bits.append(f"success {bool(md['success'])}")
+    if ep.env:
+        bits.append(f"success {ep.success}")
     bits.append(f"reward {traj.total_reward:g}")
     if traj.truncated:
-        bits.append(f"truncated ({md.get('truncation', '?')})")
+        bits.append(f"truncated ({ep.truncation or '?'})")
     return " | ".join(bits)
 
 
@@ -78,7 +78,7 @@ def render_trajectory(traj: Trajectory, tokenizer: Any, *, color: bool) -> str:
         pos = b
     if pos < len(traj.token_ids):
         parts.append(_part("obs", f"obs {len(spans)}", dec(pos, len(traj.token_ids)), color))
-    final = traj.metadata.get("final_observation")
+    final = traj.episode.final_observation
     if final:
         parts.append(_part("obs", f"obs {len(spans)} (final, not in tokens)", final, color))
     return "\n".join(parts) + "\n"

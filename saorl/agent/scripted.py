@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from saorl.agent.loop import run_episode
+from saorl.data.task import Task
 from saorl.data.trajectory import Trajectory
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
-from saorl.envs.base import Env, Task
+from saorl.envs.base import Env
 
 
 class ScriptedEngine:
@@ -42,6 +43,9 @@ class ScriptedEngine:
     @property
     def version(self) -> int:
         return self._version
+
+    def stats(self) -> dict[str, float]:
+        return {"requests": float(self._next)}
 
     @property
     def remaining(self) -> int:

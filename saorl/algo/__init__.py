@@ -1,7 +1,7 @@
 """Pure torch math for saorl: GAE variants, policy / value losses, advantage baselines, presets.
 
-Nothing here does I/O, reads a config object or talks to another process; see DESIGN.md §1 for
-the method and each module's docstring for where it departs from the paper.
+Nothing here does I/O, reads a config object or talks to another process; see ``docs/method.md``
+for the method and each module's docstring for where it departs from the paper.
 """
 
 from saorl.algo.advantages import RunningMeanBaseline, broadcast_to_tokens, grpo_advantages
@@ -11,6 +11,7 @@ from saorl.algo.gae import (
     mc_returns,
     skip_observation_gae,
     token_gae,
+    value_targets,
 )
 from saorl.algo.losses import (
     dis_policy_loss,
@@ -58,4 +59,5 @@ __all__ = [
     "skip_observation_gae",
     "token_gae",
     "value_loss",
+    "value_targets",
 ]

@@ -3,7 +3,7 @@
 All functions take right- or left-padded batches of shape ``[B, T]`` (B trajectories, T token
 positions) and are batched over B; the only Python loop is a reverse scan over T.
 
-Skip-observation GAE (DESIGN.md §1). For one row let ``a_1 < … < a_n`` be the positions where
+Skip-observation GAE (docs/method.md). For one row let ``a_1 < … < a_n`` be the positions where
 ``action_mask`` is 1. The recursion skips every other position (prompt, observation, padding):
 
     δ_k = r_{a_k} + γ · V(a_{k+1}) − V(a_k)          V(a_{n+1}) = 0
@@ -14,7 +14,7 @@ turns costs no discount and contributes no value estimate.
 
 Reward crediting. A reward on a non-action position ``t`` is credited to the last action position
 ``≤ t`` (e.g. the environment's reward written on an observation token goes to the final token
-of the turn that caused it). DESIGN.md leaves rewards *before the first action* open; here they
+of the turn that caused it). the method leaves rewards *before the first action* open; here they
 are credited to the **first** action position, so that ``Σ_t r_t`` is preserved for every row with
 at least one action token (nothing is dropped silently). A row with no action token has no chain:
 its rewards are dropped and its advantages / returns are all zero.
@@ -122,7 +122,7 @@ def _next_chain_values(values: Tensor, mask: Tensor) -> Tensor:
 def skip_observation_gae(
     rewards: Tensor, values: Tensor, action_mask: Tensor, gamma: float, lam: float | Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Token-level GAE whose chain visits only action tokens (DESIGN.md §1).
+    """Token-level GAE whose chain visits only action tokens (docs/method.md).
 
     Args:
         rewards: ``[B, T]`` per-token rewards; rewards on non-action positions are credited to
@@ -216,3 +216,27 @@ def mc_returns(rewards: Tensor, action_mask: Tensor, gamma: float) -> Tensor:
     zeros = torch.zeros_like(rewards, dtype=_float_dtype(rewards))
     _, returns = skip_observation_gae(rewards, zeros, action_mask, gamma, 1.0)
     return returns
+
+
+def value_targets(rewards: Tensor, values: Tensor | None, action_mask: Tensor, response_mask: Tensor, *,
+                  gamma: float, lam: float, skip_observation: bool) -> tuple[Tensor, Tensor]:
+    """The critic's regression targets: λ-returns along the chain, and the chain itself.
+
+    The chain is ``action_mask`` with ``skip_observation`` (skip-observation GAE) and
+    ``response_mask`` without (token GAE through observation tokens). With ``lam = 1`` the
+    returns are Monte-Carlo along the chain (``R_k = Σ_{j≥k} γ^{j−k} r_{a_j}``) and ``values`` is
+    not read (it may be None); otherwise ``values`` ``[B, T]`` is required.
+
+    Args:
+        rewards, action_mask, response_mask: ``[B, T]``.
+        values: ``[B, T]`` critic values (read only on the chain), or None when ``lam == 1``.
+        gamma, lam: discount and λ in [0, 1].
+    Returns:
+        ``(returns [B, T], chain [B, T])``; returns are 0 wherever the chain mask is 0.
+    """
+    chain = action_mask if skip_observation else response_mask
+    if lam == 1.0:
+        return mc_returns(rewards, chain, gamma), chain
+    if values is None:
+        raise ValueError(f"value_targets with lam={lam} needs the critic's values")
+    return skip_observation_gae(rewards, values, chain, gamma, lam)[1], chain

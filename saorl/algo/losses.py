@@ -3,7 +3,7 @@
 Policy losses share one signature
 ``(logprobs, behaviour_logprobs, advantages, action_mask, eps_low, eps_high) -> (loss, metrics)``:
 
-- ``dis_policy_loss`` — SAO's direct double-sided importance sampling (DESIGN.md §1). The ratio is
+- ``dis_policy_loss`` — SAO's direct double-sided importance sampling (docs/method.md). The ratio is
   taken against the *rollout* log-probs recorded by the engine (no π_old); tokens whose ratio
   leaves ``[1 − ε_low, 1 + ε_high]`` are masked out entirely (zero gradient), not clipped, but
   still count in the denominator.

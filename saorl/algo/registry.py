@@ -4,12 +4,12 @@ An ``AlgoPreset`` says which advantage estimator, which policy loss and which de
 algorithm uses; the trainer looks the estimator up in ``ADVANTAGE_ESTIMATORS`` and the loss in
 ``POLICY_LOSSES`` by the preset's strings and never branches on the algorithm's name.
 
-Presets (choices the paper or DESIGN.md leave open are marked *chosen*):
+Presets (choices the paper leaves open are marked *chosen*):
 
 - ``sao``: async single rollout, skip-observation GAE, DIS with the band ε = 0.3 / 5.0 that a
   public reproduction reported for math (*reported, unverified*), critic with frozen attention,
   K = 2 critic steps per policy step on λ_critic = 1 returns, value pretraining, γ = 1.
-  λ_policy = 0.95 (*chosen*: the usual PPO value; DESIGN.md gives none).
+  λ_policy = 0.95 (*chosen*: the usual PPO value; the paper gives none).
 - ``grpo``: sync groups of 8, group-normalised advantage, PPO clip 0.2 / 0.2 against the rollout
   policy, no critic.
 - ``grpo_dis``: ``grpo`` with SAO's DIS loss and band, so only the loss differs.
@@ -33,10 +33,11 @@ is set.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import torch
 
@@ -50,49 +51,68 @@ AdvantageKind = Literal["gae", "grpo", "running_mean"]
 PolicyLossKind = Literal["dis", "ppo"]
 
 
+class SettingError(ValueError):
+    """A bad algorithm setting; ``field`` names it, ``reason`` says why (``saorl.config`` reports
+    it under ``algo.<field>``)."""
+
+    def __init__(self, preset: str, field: str, reason: str) -> None:
+        super().__init__(f"AlgoPreset {preset!r}: {field} {reason}")
+        self.preset, self.field, self.reason = preset, field, reason
+
+
+def _about(doc: str, rule: str = "", check: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+    """A preset field's documentation and value rule, declared once with the field
+    (``saorl.config`` derives the ``algo`` config section from them)."""
+    return {"doc": doc, "rule": rule, "check": check}
+
+
 @dataclass(frozen=True)
 class AlgoPreset:
     """One algorithm's choices and defaults. Construction validates every field."""
 
-    name: str
-    mode: Mode
-    """``async``: single-rollout asynchronous loop; ``sync``: generate a batch, then train."""
-    advantage: AdvantageKind
-    """Key into ``ADVANTAGE_ESTIMATORS``."""
-    policy_loss: PolicyLossKind
-    """Key into ``POLICY_LOSSES``."""
-    group_size: int
-    """Rollouts per prompt (1 = single rollout; ``grpo`` needs at least 2)."""
-    use_critic: bool
-    """Train a value model (required by ``advantage = "gae"``)."""
-    critic_updates: int
-    """K: critic optimiser steps per policy step, on the same batch (≥ 1 with a critic)."""
-    freeze_critic_attention: bool
-    """Train only the MLP / expert projections and the value head of the critic."""
-    skip_observation: bool
-    """GAE chain over action tokens only (True) or through every response token (False)."""
-    value_pretrain: bool
-    """Fit the critic on rollouts of the initial policy before RL."""
-    gamma: float
-    """Discount per chain step, in [0, 1]."""
-    lam_policy: float
-    """GAE λ for the policy's advantages, in [0, 1] (ignored when ``vapo_alpha`` is set)."""
-    lam_critic: float
-    """GAE λ for the critic's targets, in [0, 1] (1 = Monte-Carlo returns)."""
-    vapo_alpha: float | None
-    """When set (> 0), λ_policy = 1 − 1/(α·l) per trajectory, l = its action-token count."""
-    eps_low: float
-    """Lower band / clip: ratios below 1 − eps_low are masked (DIS) or clipped (PPO); [0, 1)."""
-    eps_high: float
-    """Upper band / clip: ratios above 1 + eps_high are masked (DIS) or clipped (PPO); > 0."""
-    value_clip: float | None
-    """PPO value clipping range (> 0), or None for the plain squared error."""
-    lm_loss_coef: float
-    """Weight of the positive-example LM loss (0 disables it); ≥ 0."""
-    entropy_coef: float
-    """Weight of the entropy bonus (0 disables it); ≥ 0."""
-    baseline_momentum: float
-    """EMA momentum of the running-mean baseline, in [0, 1)."""
+    name: str = field(metadata=_about("Algorithm preset name.", "a non-empty string", bool))
+    mode: Mode = field(metadata=_about(
+        "``async``: single-rollout asynchronous loop; ``sync``: generate a batch, then train."))
+    advantage: AdvantageKind = field(metadata=_about(
+        "Advantage estimator: ``gae`` (critic), ``grpo`` (group-normalised score) or ``running_mean``."))
+    policy_loss: PolicyLossKind = field(metadata=_about(
+        "Policy loss: ``dis`` (SAO's double-sided mask) or ``ppo`` (clipped surrogate)."))
+    group_size: int = field(metadata=_about(
+        "Rollouts per prompt (1 = single rollout; ``grpo`` needs at least 2).", ">= 1", lambda v: v >= 1))
+    use_critic: bool = field(metadata=_about("Train a value model (required by ``advantage = gae``)."))
+    critic_updates: int = field(metadata=_about(
+        "K: critic optimizer steps per policy step, on the same batch (>= 1 with a critic).", ">= 0",
+        lambda v: v >= 0))
+    freeze_critic_attention: bool = field(metadata=_about(
+        "Train only the critic's MLP / expert projections and value head."))
+    skip_observation: bool = field(metadata=_about(
+        "GAE over action tokens only, skipping observation tokens (False: through every response token)."))
+    value_pretrain: bool = field(metadata=_about(
+        "Fit the critic on rollouts of the initial policy before RL."))
+    gamma: float = field(metadata=_about("Discount per chain step.", "in [0, 1]", lambda v: 0.0 <= v <= 1.0))
+    lam_policy: float = field(metadata=_about(
+        "GAE λ for the policy's advantages (ignored when ``vapo_alpha`` is set).", "in [0, 1]",
+        lambda v: 0.0 <= v <= 1.0))
+    lam_critic: float = field(metadata=_about(
+        "GAE λ for the critic's targets; 1 = Monte-Carlo returns.", "in [0, 1]", lambda v: 0.0 <= v <= 1.0))
+    vapo_alpha: float | None = field(metadata=_about(
+        "When set, λ_policy = 1 − 1/(α·l) per trajectory, l = its action-token count.", "> 0 or None",
+        lambda v: v is None or v > 0))
+    eps_low: float = field(metadata=_about(
+        "Lower band / clip: ratios below 1 − eps_low are masked (DIS) or clipped (PPO).", "in [0, 1)",
+        lambda v: 0.0 <= v < 1.0))
+    eps_high: float = field(metadata=_about(
+        "Upper band / clip: ratios above 1 + eps_high are masked (DIS) or clipped (PPO).", "> 0",
+        lambda v: v > 0.0))
+    value_clip: float | None = field(metadata=_about(
+        "PPO value clipping range, or None for the plain squared error.", "> 0 or None",
+        lambda v: v is None or v > 0))
+    lm_loss_coef: float = field(metadata=_about(
+        "Weight of the positive-example LM loss (0 disables it).", ">= 0", lambda v: v >= 0.0))
+    entropy_coef: float = field(metadata=_about(
+        "Weight of the entropy bonus (0 disables it).", ">= 0", lambda v: v >= 0.0))
+    baseline_momentum: float = field(metadata=_about(
+        "EMA momentum of the running-mean baseline.", "in [0, 1)", lambda v: 0.0 <= v < 1.0))
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -106,63 +126,61 @@ class AlgoPreset:
         return dataclasses.replace(self, **overrides)
 
 
-_LITERALS = {"mode": Mode, "advantage": AdvantageKind, "policy_loss": PolicyLossKind}
-_BOOLS = ("use_critic", "freeze_critic_attention", "skip_observation", "value_pretrain")
-_INTS = ("group_size", "critic_updates")
-_FLOATS = ("gamma", "lam_policy", "lam_critic", "eps_low", "eps_high", "lm_loss_coef", "entropy_coef",
-           "baseline_momentum")
-_OPTIONAL_FLOATS = ("vapo_alpha", "value_clip")
+@functools.cache
+def setting_types() -> dict[str, Any]:
+    """Each preset field's type (``float``, ``float | None``, a ``Literal``, ...), by name."""
+    return get_type_hints(AlgoPreset)
 
 
-def _type_error(p: AlgoPreset) -> tuple[str, str] | None:
-    """The first field with a wrong type, as ``(field, rule)``, or None."""
-    if not isinstance(p.name, str) or not p.name:
-        return "name", "a non-empty string"
-    for name, lit in _LITERALS.items():
-        if getattr(p, name) not in get_args(lit):
-            return name, f"one of {get_args(lit)}"
-    for name in _BOOLS:
-        if not isinstance(getattr(p, name), bool):
-            return name, "a bool"
-    for name in _INTS:
-        value = getattr(p, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            return name, "an int"
-    for name in _FLOATS + _OPTIONAL_FLOATS:
-        value = getattr(p, name)
-        if value is None and name in _OPTIONAL_FLOATS:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return name, "a finite number" + (" or None" if name in _OPTIONAL_FLOATS else "")
-    return None
+def setting_docs() -> dict[str, str]:
+    """Each preset field's documentation, by name."""
+    return {f.name: f.metadata["doc"] for f in dataclasses.fields(AlgoPreset)}
+
+
+def setting_rules() -> dict[str, str]:
+    """Each preset field's value rule in words ('' when its type says it all), by name."""
+    return {f.name: f.metadata["rule"] for f in dataclasses.fields(AlgoPreset)}
+
+
+def _type_rule(hint: Any) -> tuple[Callable[[Any], bool], str]:
+    """(is this value of the type, how to say the type) for one field's type hint."""
+    if get_origin(hint) is Literal:
+        return (lambda v: v in get_args(hint)), f"one of {get_args(hint)}"
+    optional = type(None) in get_args(hint)
+    base = next((a for a in get_args(hint) if a is not type(None)), hint)
+
+    def ok(v: Any) -> bool:
+        if v is None:
+            return optional
+        if base is bool:
+            return isinstance(v, bool)
+        if isinstance(v, bool) or not isinstance(v, (int, float) if base is float else base):
+            return False
+        return base is not float or math.isfinite(v)
+
+    what = {bool: "a bool", int: "an int", float: "a finite number", str: "a string"}[base]
+    return ok, what + (" or None" if optional else "")
 
 
 def _validate(p: AlgoPreset) -> None:
-    """Raise ``ValueError("AlgoPreset '<name>': <field> must be <rule>, got <value>")`` on the first
-    bad field (``saorl.config`` parses this form to report the config path)."""
-    bad = _type_error(p)
-    if bad is not None:
-        raise ValueError(f"AlgoPreset {p.name!r}: {bad[0]} must be {bad[1]}, got {getattr(p, bad[0])!r}")
-    checks: list[tuple[str, bool, str]] = [
-        ("group_size", p.group_size >= 1, ">= 1"),
-        ("critic_updates", p.critic_updates >= (1 if p.use_critic else 0),
-         ">= 1 when use_critic" if p.use_critic else ">= 0"),
-        ("gamma", 0.0 <= p.gamma <= 1.0, "in [0, 1]"),
-        ("lam_policy", 0.0 <= p.lam_policy <= 1.0, "in [0, 1]"),
-        ("lam_critic", 0.0 <= p.lam_critic <= 1.0, "in [0, 1]"),
-        ("vapo_alpha", p.vapo_alpha is None or p.vapo_alpha > 0, "> 0 or None"),
-        ("eps_low", 0.0 <= p.eps_low < 1.0, "in [0, 1)"),
-        ("eps_high", p.eps_high > 0.0, "> 0"),
-        ("value_clip", p.value_clip is None or p.value_clip > 0, "> 0 or None"),
-        ("lm_loss_coef", p.lm_loss_coef >= 0.0, ">= 0"),
-        ("entropy_coef", p.entropy_coef >= 0.0, ">= 0"),
-        ("baseline_momentum", 0.0 <= p.baseline_momentum < 1.0, "in [0, 1)"),
+    """Raise :class:`SettingError` on the first bad field: its type, its rule, then the rules
+    that tie fields together."""
+    for f in dataclasses.fields(p):
+        value = getattr(p, f.name)
+        ok, what = _type_rule(setting_types()[f.name])
+        if not ok(value):
+            raise SettingError(p.name, f.name, f"must be {what}, got {value!r}")
+        check = f.metadata["check"]
+        if check is not None and not check(value):
+            raise SettingError(p.name, f.name, f"must be {f.metadata['rule']}, got {value!r}")
+    ties = [
+        ("critic_updates", p.critic_updates >= 1 or not p.use_critic, ">= 1 when use_critic"),
         ("use_critic", p.use_critic or p.advantage != "gae", "True when advantage='gae'"),
         ("group_size", p.group_size >= 2 or p.advantage != "grpo", ">= 2 when advantage='grpo'"),
     ]
-    for name, ok, rule in checks:
+    for name, ok, rule in ties:
         if not ok:
-            raise ValueError(f"AlgoPreset {p.name!r}: {name} must be {rule}, got {getattr(p, name)!r}")
+            raise SettingError(p.name, name, f"must be {rule}, got {getattr(p, name)!r}")
 
 
 _SAO = AlgoPreset(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from saorl.bench.runs import read_jsonl
+from saorl.data.jsonl import read_jsonl
 from saorl.sim import DecodeCurve
 
 

@@ -1,6 +1,6 @@
 """``saorl bench pipeline``: asynchronous SAO vs a synchronous batch-barrier baseline, measured.
 
-Two configurations of the *real* runtime (:class:`saorl.runtime.trainer.Run`, rollout worker
+Two configurations of the *real* runtime (:class:`saorl.runtime.run.Run`, rollout worker
 processes, the local engine), same tiny model (random init, no SFT, no value pretraining), same
 env, same threads, each run for the same wall-clock budget (``trainer.max_wall_s``):
 
@@ -44,10 +44,11 @@ import torch
 from saorl.bench import profile as prof
 from saorl.bench.insitu import in_situ, step_busy
 from saorl.bench.report import write_summary
-from saorl.bench.runs import analyse, read_jsonl, run_once
+from saorl.bench.runs import analyse, run_once
 from saorl.bench.simcheck import predict
 from saorl.bench.timeline import load_timeline, plot_timelines
 from saorl.config import SaorlConfig, load_config
+from saorl.data.jsonl import read_jsonl
 from saorl.sim import DecodeCurve
 
 SYNTHETIC = "saorl.envs.synthetic:SyntheticLengthEnv"

@@ -1,9 +1,8 @@
 """Where the time goes: the rollout engine and one trainer step, each measured alone.
 
-Both profiles time the *real* runtime code from outside, by wrapping the functions it calls
-(module attributes and instance methods, for the duration of the measurement only); no runtime
-file is edited. A wrapped call's time is *inclusive* (a critic forward inside a backward is not
-possible here, so the pieces do not nest except where said).
+Both profiles read the timings the runtime reports itself: the engine's per-phase seconds in
+``LocalEngine.stats()`` and the learner's spans in ``Learner.timings``; nothing is patched, so a
+rename inside the runtime cannot silently break them. The pieces do not nest except where said.
 
 - :func:`rollout_profile` — one :class:`~saorl.engines.local.LocalEngine` with the run's slots,
   driven by the agent loop over the run's env at steady state (every slot refilled at once), no
@@ -19,7 +18,7 @@ possible here, so the pieces do not nest except where said).
   (targets, values), critic / policy backward + optimizer step, policy forward, the rest
   (advantages, losses, metrics); then weight publication (state dict → safetensors file) and
   the worker side of it (load + apply in the engine), and the trajectory transport (worker →
-  queue → trainer: dict + pickle round trip; journal append with fsync).
+  queue → trainer: pickle round trip; journal append with fsync).
 """
 
 from __future__ import annotations
@@ -29,56 +28,13 @@ import itertools
 import pickle
 import tempfile
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import torch
 
 from saorl.config import SaorlConfig
 from saorl.data.trajectory import Trajectory
-
-
-@dataclass
-class Timings:
-    """Accumulated seconds and call counts per label."""
-
-    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-    def add(self, label: str, dt: float) -> None:
-        self.seconds[label] += dt
-        self.calls[label] += 1
-
-    def wrap(self, fn: Callable, label: str | Callable[..., str]) -> Callable:
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.add(label(*args, **kwargs) if callable(label) else label, time.perf_counter() - t0)
-
-        return timed
-
-
-@contextmanager
-def patched(*targets: tuple[object, str, Callable]) -> Iterator[None]:
-    """Temporarily set ``obj.name = value`` for each ``(obj, name, value)``."""
-    saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in targets]
-    try:
-        for obj, name, value in targets:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, old in reversed(saved):
-            if old is _MISSING:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
-
-
-_MISSING = object()
+from saorl.runtime.observe import Timings
 
 
 def profile_rows(t: Timings, total_s: float, order: list[str], steps: int = 1) -> list[dict]:
@@ -101,29 +57,10 @@ def _engine_parts(cfg: SaorlConfig):
     return engine, tok, make_env_factory(cfg.env.type, cfg.env.options)
 
 
-def _instrument_engine(engine, t: Timings):
-    from saorl.engines import kv, local
-
-    def fwd_label(*args, **kw):
-        return "prefill forward" if kw["input_ids"].shape[1] > 1 else "decode forward"
-
-    def step_label(*_a, **_k):
-        return "decode step (total)"
-
-    return patched(
-        (engine.model, "forward", t.wrap(engine.model.forward, fwd_label)),
-        (engine, "_decode_step", t.wrap(engine._decode_step, step_label)),
-        (engine, "_prefill", t.wrap(engine._prefill, "prefill (total)")),
-        (local, "sample_rows", t.wrap(local.sample_rows, "sampling")),
-        *((kv, n, t.wrap(getattr(kv, n), "kv merge/select/trim")) for n in ("merge", "select_rows", "trim",
-                                                                            "zero_padding")),
-    )
-
-
 async def _stream_for(engine, tok, env_factory, tasks, cfg: SaorlConfig, warmup_s: float,
                       duration_s: float, on_start: Callable[[], None]) -> list[Trajectory]:
     from saorl.agent.loop import stream_episodes
-    from saorl.runtime.setup import sampling_params
+    from saorl.runtime.parts import sampling_params
 
     out: list[Trajectory] = []
     gen = stream_episodes(engine, env_factory, itertools.cycle(tasks), tok,
@@ -144,32 +81,42 @@ async def _stream_for(engine, tok, env_factory, tasks, cfg: SaorlConfig, warmup_
     return out
 
 
+ENGINE_PIECES = {"prefill forward": "prefill_forward_s", "prefill (total)": "prefill_s",
+                 "decode forward": "decode_forward_s", "sampling": "sampling_s",
+                 "kv merge/select/trim": "kv_s", "decode step (total)": "decode_step_s"}
+"""Profile rows and the ``LocalEngine.stats()`` seconds they come from."""
+
+
+def _delta(s0: dict, s1: dict, key: str) -> float:
+    return s1.get(key, 0) - s0.get(key, 0)
+
+
 def rollout_profile(cfg: SaorlConfig, duration_s: float, warmup_s: float = 2.0) -> dict:
     """Generation alone at steady state; see the module docstring. Uses the current torch threads."""
-    from saorl.runtime.setup import build_tasks
+    from saorl.runtime.parts import build_tasks
 
     engine, tok, env_factory = _engine_parts(cfg)
     tasks = build_tasks(cfg, env_factory)[0]
-    t = Timings()
     mark: dict = {}
 
     def start() -> None:
-        t.seconds.clear()
-        t.calls.clear()
         mark["t0"], mark["stats0"] = time.perf_counter(), engine.stats()
 
     try:
-        with _instrument_engine(engine, t):
-            trajs = asyncio.run(_stream_for(engine, tok, env_factory, tasks, cfg, warmup_s, duration_s,
-                                            start))
+        trajs = asyncio.run(_stream_for(engine, tok, env_factory, tasks, cfg, warmup_s, duration_s, start))
         wall = time.perf_counter() - mark["t0"]
         s1 = engine.stats()
     finally:
         engine.close()
     s0 = mark["stats0"]
-    steps = s1["decode_steps"] - s0["decode_steps"]
-    tokens = s1["tokens_generated"] - s0["tokens_generated"]
-    busy = s1["busy_slot_steps"] - s0["busy_slot_steps"]
+    t = Timings()
+    for label, key in ENGINE_PIECES.items():
+        t.seconds[label] = _delta(s0, s1, key)
+    t.calls["prefill (total)"] = int(_delta(s0, s1, "prefill_batches"))
+    t.calls["decode step (total)"] = int(_delta(s0, s1, "decode_steps"))
+    steps = int(_delta(s0, s1, "decode_steps"))
+    tokens = _delta(s0, s1, "tokens_generated")
+    busy = _delta(s0, s1, "busy_slot_steps")
     sec = t.seconds
     sec["decode rest (stop checks, delivery)"] = max(0.0, sec["decode step (total)"] - sec["decode forward"]
                                                     - sec["sampling"])
@@ -185,7 +132,11 @@ def rollout_profile(cfg: SaorlConfig, duration_s: float, warmup_s: float = 2.0) 
 
 
 def decode_curve(cfg: SaorlConfig, batches: tuple[int, ...], steps: int = 24) -> list[tuple[int, float]]:
-    """``(b, seconds per decode step)`` with exactly ``b`` sequences decoding (median over steps)."""
+    """``(b, seconds per decode step)`` with exactly ``b`` sequences decoding (mean over steps).
+
+    Each round runs ``b`` prompts for ``steps + 1`` tokens without stopping at EOS, so every
+    decode step of the round has batch ``b``; the engine's ``decode_step_s`` over its
+    ``decode_steps`` is the step time."""
     from saorl.engines import SamplingParams
     from saorl.engines.local import LocalEngine
     from saorl.models.loading import load_policy
@@ -194,60 +145,32 @@ def decode_curve(cfg: SaorlConfig, batches: tuple[int, ...], steps: int = 24) ->
     tok = load_tokenizer(cfg.model.tokenizer)
     engine = LocalEngine(load_policy(cfg.model.policy, seed=cfg.seed), tok,
                          max_batch_size=max(batches), stop_on_eos=False)
-    by_b: dict[int, list[float]] = defaultdict(list)
-    inner = engine._decode_step
-
-    def timed() -> None:
-        b = len(engine._active)
-        t0 = time.perf_counter()
-        inner()
-        by_b[b].append(time.perf_counter() - t0)
-
+    out = []
     try:
-        with patched((engine, "_decode_step", timed)):
-            for i, b in enumerate((max(batches), *batches)):
-                prompts = [[2 + (7 * r + j) % 1000 for j in range(12)] for r in range(b)]
-                engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=steps + 1, seed=0))
-                if i == 0:  # the first round warms the kernels up (first use of a shape is slow)
-                    by_b.clear()
+        for i, b in enumerate((max(batches), *batches)):
+            prompts = [[2 + (7 * r + j) % 1000 for j in range(12)] for r in range(b)]
+            s0 = engine.stats()
+            engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=steps + 1, seed=0))
+            s1 = engine.stats()
+            n = _delta(s0, s1, "decode_steps")
+            if i > 0 and n:  # the first round warms the kernels up (first use of a shape is slow)
+                out.append((b, _delta(s0, s1, "decode_step_s") / n))
     finally:
         engine.close()
-    return [(b, sorted(by_b[b])[len(by_b[b]) // 2]) for b in batches if by_b.get(b)]
+    return out
 
 
 # -------------------------------------------------------------------------- learner
 def build_learner(cfg: SaorlConfig):
-    """A :class:`~saorl.runtime.learner.Learner` as :class:`~saorl.runtime.trainer.Run` builds it."""
+    """A :class:`~saorl.runtime.learner.Learner` as a run builds it, on ``model.policy`` as is."""
     from saorl.models.loading import load_policy
     from saorl.models.tokenizer import load_tokenizer
-    from saorl.runtime.learner import Learner, OptimConfig
-    from saorl.runtime.setup import build_critic
+    from saorl.runtime.parts import build_critic
+    from saorl.runtime.parts import build_learner as runtime_learner
 
-    preset = cfg.algo.resolve()
     policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-    tr = cfg.trainer
-    return Learner(policy, build_critic(cfg, policy, preset, cfg.model.critic), preset,
-                   OptimConfig(tr.policy_lr, tr.critic_lr, tr.weight_decay, tr.grad_clip, tr.warmup_steps),
-                   pad_id=load_tokenizer(cfg.model.tokenizer).pad_token_id,
-                   temperature=cfg.rollout.temperature, device=cfg.model.device)
-
-
-def _instrument_learner(learner, t: Timings):
-    from saorl.runtime import learner as lmod
-
-    def step_label(params, optimizer, *_a):
-        which = "critic" if optimizer is learner.critic_opt else "policy"
-        return f"{which} backward + optimizer"
-
-    targets = [(lmod, "collate", t.wrap(lmod.collate, "collate")),
-               (lmod, "token_logprobs", t.wrap(lmod.token_logprobs, "policy forward")),
-               (lmod, "_finite_step", t.wrap(lmod._finite_step, step_label))]
-    if learner.critic is not None:
-        def critic_label(*_a, **_k):
-            return "critic forward (grad)" if torch.is_grad_enabled() else "critic forward (no grad)"
-
-        targets.append((learner.critic, "forward", t.wrap(learner.critic.forward, critic_label)))
-    return patched(*targets)
+    critic = build_critic(cfg, policy, cfg.algo.resolve(), cfg.model.critic)
+    return runtime_learner(cfg, policy, critic, load_tokenizer(cfg.model.tokenizer).pad_token_id)
 
 
 def group_ids(n: int, group_size: int) -> list[int]:
@@ -255,14 +178,17 @@ def group_ids(n: int, group_size: int) -> list[int]:
 
 
 def time_steps(learner, batches: list[list[Trajectory]], group_size: int) -> tuple[Timings, float]:
-    """Instrumented ``learner.step`` over ``batches`` (after one untimed warm-up step)."""
+    """``learner.step`` over ``batches`` (after one untimed warm-up step): its own span timings
+    (``Learner.timings``) and the total seconds."""
     learner.step(batches[0], group_ids(len(batches[0]), group_size))
+    learner.timings.reset()
+    t0 = time.perf_counter()
+    for b in batches:
+        learner.step(b, group_ids(len(b), group_size))
+    total = time.perf_counter() - t0
     t = Timings()
-    with _instrument_learner(learner, t):
-        t0 = time.perf_counter()
-        for b in batches:
-            learner.step(b, group_ids(len(b), group_size))
-        total = time.perf_counter() - t0
+    t.seconds.update(learner.timings.seconds)
+    t.calls.update(learner.timings.calls)
     return t, total
 
 
@@ -278,7 +204,7 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
     batches = [trajs[(i * bs) % (len(trajs) - bs + 1):][:bs] for i in range(repeats)]
     t, total = time_steps(learner, batches, g)
     sec = t.seconds
-    sec["advantages, losses, metrics (rest)"] = max(0.0, total - sum(sec.values()))
+    sec["losses, metrics (rest)"] = max(0.0, total - sum(sec.values()))
     sec["learner.step (total)"] = total
     with tempfile.TemporaryDirectory() as d:
         sync = FileWeightSync(f"{d}/w")
@@ -293,20 +219,20 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
         journal = Journal(f"{d}/j")
         for rid, traj in enumerate(batches[0]):
             t0 = time.perf_counter()
-            Trajectory.from_dict(pickle.loads(pickle.dumps(traj.to_dict())))
-            t.add("transport (dict + pickle round trip)", time.perf_counter() - t0)
+            pickle.loads(pickle.dumps(traj))
+            t.add("transport (pickle round trip)", time.perf_counter() - t0)
             t0 = time.perf_counter()
             journal.append(rid, traj)
             t.add("journal append (fsync)", time.perf_counter() - t0)
         journal.close()
-    for k in ("transport (dict + pickle round trip)", "journal append (fsync)"):  # per batch of bs, × repeats
+    for k in ("transport (pickle round trip)", "journal append (fsync)"):  # per batch of bs, × repeats
         sec[k] *= repeats
         t.calls[k] = bs * repeats
     tokens = sum(tr.num_action_tokens for b in batches for tr in b) / repeats
     order = ["collate", "critic forward (grad)", "critic backward + optimizer", "critic forward (no grad)",
-             "policy forward", "policy backward + optimizer", "advantages, losses, metrics (rest)",
+             "advantages", "policy forward", "policy backward + optimizer", "losses, metrics (rest)",
              "learner.step (total)", "weight publication (state dict -> file)",
-             "weight load + apply (worker side)", "transport (dict + pickle round trip)",
+             "weight load + apply (worker side)", "transport (pickle round trip)",
              "journal append (fsync)"]
     step_s = total / repeats
     return {"step_s": step_s, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,

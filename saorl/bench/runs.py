@@ -1,9 +1,8 @@
 """One benchmark run of the real training loop, and the figures read back from its run directory.
 
-:func:`run_once` is :func:`saorl.runtime.trainer.train` with the rollout workers started and
-ready before the loop (and its wall-clock budget) begins, plus a recorder: it wraps the run's
-``journal.append_many`` (called with every batch of finished trajectories, before training) and
-``backend.submit`` (once per dispatched rollout) on the instance, and writes
+:func:`run_once` is :func:`saorl.training.train` (whose wall-clock budget starts once the rollout
+workers are ready) with a :class:`RolloutRecorder` as its observer: it is told of every
+dispatched rollout and every batch of finished trajectories (before training), and writes
 ``rollouts.jsonl`` into the run directory: every finished trajectory (rid, worker, wall-clock
 start and end, action tokens) and every rollout dispatched but not finished at the end. The
 runtime's own ``trained.jsonl`` only covers trajectories that were trained on, and its journal
@@ -33,16 +32,15 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from saorl.config import SaorlConfig
+from saorl.data.jsonl import read_jsonl
+from saorl.runtime.observe import Observer
 
 
-class RolloutRecorder:
+class RolloutRecorder(Observer):
     """Writes ``rollouts.jsonl``: ``{"rid", "worker", "t_start", "t_end", "tokens"}`` per finished
     rollout and ``{"rid", "t_submit", "unfinished": true}`` for those never finished."""
 
@@ -51,16 +49,17 @@ class RolloutRecorder:
         self.submitted: dict[int, float] = {}
         self.rows: list[dict] = []
 
-    def submit(self, rid: int) -> None:
-        self.submitted.setdefault(rid, time.time())
+    def rollout_dispatched(self, rid: int, t: float) -> None:
+        self.submitted.setdefault(rid, t)
 
-    def finished(self, rid: int, traj) -> None:
-        md = traj.metadata
-        self.submitted.pop(rid, None)
-        self.rows.append({"rid": rid, "worker": md.get("worker"), "t_start": md.get("t_start"),
-                          "t_end": md.get("t_end"), "tokens": traj.num_action_tokens})
+    def rollouts_finished(self, entries) -> None:
+        for rid, traj in entries:
+            ep = traj.episode
+            self.submitted.pop(rid, None)
+            self.rows.append({"rid": rid, "worker": ep.worker, "t_start": ep.t_start, "t_end": ep.t_end,
+                              "tokens": traj.num_action_tokens})
 
-    def close(self) -> None:
+    def run_finished(self) -> None:
         with open(self.path, "w", encoding="utf-8") as f:
             for row in self.rows:
                 f.write(json.dumps(row) + "\n")
@@ -69,54 +68,11 @@ class RolloutRecorder:
 
 
 def run_once(cfg: SaorlConfig, run_dir: Path) -> dict:
-    """Run ``cfg`` to its wall-clock budget in ``run_dir`` (as ``train`` does) with the recorder on."""
-    from saorl.runtime.trainer import Run, trainer_threads
+    """Run ``cfg`` to its wall-clock budget in ``run_dir`` with the recorder on; the last metrics."""
+    from saorl.training import train
 
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(trainer_threads(cfg))
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(cfg, run_dir)
-    rec = RolloutRecorder(run_dir / "rollouts.jsonl")
-    append_many, submit = run.journal.append_many, run.parts.backend.submit
-
-    def journal_append_many(entries):
-        for rid, traj in entries:
-            rec.finished(rid, traj)
-        return append_many(entries)
-
-    def backend_submit(req):
-        rec.submit(req.rid)
-        return submit(req)
-
-    run.journal.append_many = journal_append_many
-    run.parts.backend.submit = backend_submit
-    try:
-        start_workers(run.parts.backend)
-        return run.loop()
-    finally:
-        rec.close()
-
-
-def start_workers(backend, timeout_s: float = 600.0) -> None:
-    """Start the rollout workers and wait until each has built its engine (its first stats
-    message), so that the wall-clock budget measures running, not process start-up (seconds of
-    imports and model building on a loaded machine). ``backend.start`` then becomes a no-op for
-    the instance, since ``Run.loop`` calls it."""
-    backend.start()
-    deadline = time.monotonic() + timeout_s
-    while len(backend.engine_stats()) < backend.num_workers:
-        res = backend.poll(0.2)
-        if res.errors:
-            raise RuntimeError("rollout workers failed to start: " + "; ".join(res.errors))
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rollout workers not ready within {timeout_s:.0f}s")
-    backend.start = lambda: None
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return train(cfg, run_dir, observer=RolloutRecorder(run_dir / "rollouts.jsonl"))[1]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from saorl.bench.runs import read_jsonl
+from saorl.data.jsonl import read_jsonl
 
 
 @dataclass

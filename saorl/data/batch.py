@@ -48,15 +48,6 @@ class Batch:
     versions: Tensor
     """``[B, T]`` int64 policy version that sampled each action token; -1 wherever
     ``action_mask`` is 0 (including padding)."""
-    lengths: Tensor
-    """``[B]`` int64 number of real tokens per row."""
-    prompt_lens: Tensor
-    """``[B]`` int64 number of leading prompt tokens per row."""
-    group_ids: Tensor
-    """``[B]`` int64 index of the row's ``task_id`` among the distinct task ids of the batch, in
-    order of first appearance (rows with the same task form a GRPO group)."""
-    task_ids: list[str]
-    """``B`` task ids, in row order."""
 
     @property
     def size(self) -> int:
@@ -71,12 +62,8 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor on ``device`` (dtypes unchanged)."""
-        moved = {
-            f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else list(v))
-            for f in fields(self)
-            for v in [getattr(self, f.name)]
-        }
-        return Batch(**moved)
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+                        for f in fields(self)})
 
 
 def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> Batch:
@@ -119,9 +106,6 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         logprobs[b, :n] = torch.where(is_act, lp, torch.zeros_like(lp))
         rewards[b, :n] = torch.tensor(tr.rewards, dtype=torch.float32)
         versions[b, :n] = torch.where(is_act, torch.tensor(tr.versions, dtype=torch.int64), -1)
-    task_ids = [tr.task_id for tr in trajectories]
-    first_seen: dict[str, int] = {}
-    group_ids = torch.tensor([first_seen.setdefault(t, len(first_seen)) for t in task_ids], dtype=torch.int64)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -130,8 +114,4 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         rollout_logprobs=logprobs,
         rewards=rewards,
         versions=versions,
-        lengths=torch.tensor(lengths, dtype=torch.int64),
-        prompt_lens=torch.tensor([tr.prompt_len for tr in trajectories], dtype=torch.int64),
-        group_ids=group_ids,
-        task_ids=task_ids,
     )

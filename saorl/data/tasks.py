@@ -8,7 +8,13 @@ two shapes:
 - wrapped: ``{"id": "t1", "data": {"question": "2+3", "answer": 5}}`` → the same task
   (``data`` must be an object and the only other key).
 
-``id`` must be a non-empty string, unique in the file. The payload is handed to the env
+``id`` must be a non-empty string, unique in the file.
+
+Splits (:func:`load_tasks`). Without files, an env's generator makes each split (the env promises
+that train and test ids never overlap). With a train file and a test file, each file is its
+split, and an id in both is an error. With a train file alone, a run holds out its last
+``held_out`` tasks as the test split, so nothing it trains on (SFT demonstrations, value
+pretraining rollouts, RL prompts) is ever evaluated on. The payload is handed to the env
 unchanged, so which keys it needs is the env's business. Every problem raises
 :class:`TaskFileError` naming ``path:line`` and the reason.
 """
@@ -19,9 +25,9 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
-from saorl.envs.base import Task
+from saorl.data.task import Task
 
 
 class TaskFileError(ValueError):
@@ -132,3 +138,67 @@ def _json_type(value: Any) -> str:
     names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
              float: "number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
+
+
+Split = Literal["train", "test"]
+
+
+class TaskGenerator(Protocol):
+    def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]: ...
+
+
+def load_tasks(env: TaskGenerator, split: Split, n: int | None, seed: int,
+               tasks_file: str | os.PathLike | None = None, test_tasks_file: str | os.PathLike | None = None,
+               held_out: int = 0) -> list[Task]:
+    """The first ``n`` tasks (all when ``n`` is None) of ``split`` (see "Splits" above).
+
+    Without ``tasks_file``: ``env.generate_tasks(split, n, seed)``. With it, ``seed`` does not
+    apply: the train split is ``tasks_file`` less its last ``held_out`` tasks and the test split
+    is ``test_tasks_file``, or else those last ``held_out`` tasks, or else (``held_out`` 0, no
+    test file) the file itself is taken to hold tasks of the requested split.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if tasks_file is None:
+        if test_tasks_file is not None:
+            raise TaskFileError(f"{test_tasks_file}: a test tasks file needs a train tasks file too")
+        if n is None or n < 0:
+            raise ValueError(f"n must be a non-negative number of tasks to generate, got {n!r}")
+        return env.generate_tasks(split, n, seed)
+    train, test = file_splits(tasks_file, test_tasks_file, held_out)
+    tasks = test if split == "test" and test is not None else train
+    return tasks if n is None else tasks[:n]
+
+
+def file_splits(tasks_file: str | os.PathLike, test_tasks_file: str | os.PathLike | None,
+                held_out: int) -> tuple[list[Task], list[Task] | None]:
+    """``(train, test)`` from files; ``test`` is None when there is neither a test file nor a hold-out."""
+    tasks = load_tasks_jsonl(tasks_file)
+    if test_tasks_file is not None:
+        test = load_tasks_jsonl(test_tasks_file)
+        check_disjoint(tasks, test, str(tasks_file), str(test_tasks_file))
+        return tasks, test
+    if held_out <= 0:
+        return tasks, None
+    if len(tasks) <= held_out:
+        raise TaskFileError(f"{tasks_file}: {len(tasks)} tasks, but {held_out} are held out as the test "
+                            "split and at least one must be left to train on; give a test file "
+                            "(env.test_tasks_file) or lower env.num_test_tasks")
+    return tasks[:-held_out], tasks[-held_out:]
+
+
+def check_disjoint(train: Iterable[Task], test: Iterable[Task], train_name: str, test_name: str) -> None:
+    """``TaskFileError`` naming an id that is in both splits."""
+    ids = {t.id for t in train}
+    shared = [t.id for t in test if t.id in ids]
+    if shared:
+        raise TaskFileError(f"{len(shared)} task id(s) are in both the train split ({train_name}) and the "
+                            f"test split ({test_name}), e.g. {shared[0]!r}: a model would be evaluated "
+                            "on tasks it trained on")
+
+
+def load_split(env: TaskGenerator, env_cfg: Any, split: Split, n: int | None, seed: int) -> list[Task]:
+    """:func:`load_tasks` with the files and hold-out of a run's ``env`` config section
+    (``tasks_file``, ``test_tasks_file``, ``num_test_tasks``): every stage reads its tasks here."""
+    held = 0 if env_cfg.test_tasks_file else env_cfg.num_test_tasks
+    return load_tasks(env, split, n, seed, env_cfg.tasks_file, env_cfg.test_tasks_file, held_out=held)

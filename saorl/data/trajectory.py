@@ -8,23 +8,63 @@ Every per-token list has the same length as ``token_ids``:
 - ``rollout_logprobs[t]``  log π_rollout(x_t) recorded by the engine at sampling time; 0.0 where
                            ``action_mask`` is 0.
 - ``rewards[t]``           reward credited at token t (usually only the last action token of a
-                           turn is non-zero; see DESIGN.md §1 for rewards on non-action tokens).
+                           turn is non-zero; see docs/method.md for rewards on non-action tokens).
 - ``versions[t]``          policy version that sampled token t; -1 where ``action_mask`` is 0.
 
-``prompt_len`` is the number of leading prompt tokens (never action tokens).
+``prompt_len`` is the number of leading prompt tokens (never action tokens). What the episode
+was beside its tokens (turns, success, timing, which rollout and worker) is the typed
+:class:`Episode` record; ``metadata`` holds only free-form extras nothing in saorl relies on.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 
 
 class TrajectoryError(ValueError):
     """A trajectory whose per-token fields disagree with each other."""
+
+
+@dataclass
+class Episode:
+    """The facts of one episode that the trainer, evaluation and benchmarks read."""
+
+    env: str = ""
+    """The env's name."""
+    turns: int = 0
+    """Action turns played."""
+    success: bool = False
+    """The env's final ``info["success"]`` (what evaluation accuracy counts)."""
+    final_reward: float = 0.0
+    """Reward of the last turn."""
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_spans: list[list[int]] = field(default_factory=list)
+    """``[start, end)`` token positions of each turn's action."""
+    finish_reasons: list[str] = field(default_factory=list)
+    """The engine's finish reason per turn (``stop`` / ``length``)."""
+    final_observation: str = ""
+    """The env's last message, never tokenized (nothing is sampled after it)."""
+    truncation: str | None = None
+    """``"turns"`` or ``"tokens"`` when a limit ended the episode rather than the env."""
+    gen_seconds: float = 0.0
+    env_seconds: float = 0.0
+    rid: int = -1
+    """Rollout id (``-1`` outside a training run)."""
+    worker: int | None = None
+    """Rollout worker that played it."""
+    t_start: float | None = None
+    """Wall-clock start and end (seconds since the epoch) in the worker."""
+    t_end: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Episode:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise TrajectoryError(f"unknown episode fields: {sorted(unknown)}")
+        return cls(**d)
 
 
 @dataclass
@@ -37,9 +77,12 @@ class Trajectory:
     prompt_len: int
     task_id: str = ""
     truncated: bool = False
+    episode: Episode = field(default_factory=Episode)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.episode, dict):
+            self.episode = Episode.from_dict(self.episode)
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -93,10 +136,17 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(d) - known
+        """The inverse of :meth:`to_dict`; ``TrajectoryError`` on a record of another shape."""
+        if not isinstance(d, dict):
+            raise TrajectoryError(f"a trajectory record must be a JSON object, got {type(d).__name__}")
+        fields = cls.__dataclass_fields__
+        unknown = set(d) - set(fields)
         if unknown:
             raise TrajectoryError(f"unknown trajectory fields: {sorted(unknown)}")
+        required = {n for n, f in fields.items() if f.default is MISSING and f.default_factory is MISSING}
+        missing = required - set(d)
+        if missing:
+            raise TrajectoryError(f"missing trajectory fields: {sorted(missing)}")
         return cls(**d)
 
     def to_json(self) -> str:
@@ -106,22 +156,3 @@ class Trajectory:
     @classmethod
     def from_json(cls, line: str) -> Trajectory:
         return cls.from_dict(json.loads(line))
-
-
-def write_jsonl(path: str | Path, trajectories: list[Trajectory]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for tr in trajectories:
-            f.write(tr.to_json() + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[Trajectory]:
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Trajectory.from_json(line))
-            except (ValueError, TypeError) as e:
-                raise TrajectoryError(f"{path}:{lineno}: {e}") from e
-    return out

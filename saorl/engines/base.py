@@ -72,7 +72,14 @@ class InferenceEngine(Protocol):
         ...
 
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
-        """Load new policy weights (a state dict or a safetensors path) tagged with ``version``."""
+        """Load new policy weights (a state dict or the path of a safetensors file) tagged with
+        ``version``. A path is read by the engine itself (its server, for a remote one)."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction (requests, tokens; the local engine adds decode steps,
+        busy slots and seconds per phase). The run reads ``decode_steps`` and ``busy_slot_steps``
+        when present."""
         ...
 
     def close(self) -> None: ...

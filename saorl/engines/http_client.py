@@ -39,7 +39,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -72,10 +72,14 @@ class HttpEngine:
             backoff_s,
         )
         self._version = 0
+        self._stats = {"requests": 0, "tokens_generated": 0, "weight_updates": 0}
 
     @property
     def version(self) -> int:
         return self._version
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats)
 
     # ----------------------------------------------------------------- transport
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
@@ -180,7 +184,10 @@ class HttpEngine:
     def _one(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        return (self._openai if self.dialect == "openai" else self._sglang)(list(prompt), params)
+        res = (self._openai if self.dialect == "openai" else self._sglang)(list(prompt), params)
+        self._stats["requests"] += 1
+        self._stats["tokens_generated"] += len(res.token_ids)
+        return res
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         """All prompts in flight at once (one HTTP request each), so the server batches them."""
@@ -191,9 +198,6 @@ class HttpEngine:
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
         return await asyncio.to_thread(self._one, prompt_ids, params)
-
-    def health(self) -> dict[str, Any]:
-        return self._request("GET", "/health")
 
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
         if self.dialect != "openai":
@@ -210,6 +214,7 @@ class HttpEngine:
                 save_file({k: v.detach().contiguous().cpu() for k, v in _untied(weights).items()}, path)
                 self._request("POST", "/update_weights", {"path": path, "version": int(version)})
         self._version = int(version)
+        self._stats["weight_updates"] += 1
 
     def close(self) -> None:
         pass

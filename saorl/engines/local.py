@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,13 @@ class LocalEngine:
             prefill_batches=0,
             weight_updates=0,
             requests_finished=0,
+            # seconds spent in each phase of the loop (a profile reads these, see stats())
+            prefill_s=0.0,
+            prefill_forward_s=0.0,
+            decode_step_s=0.0,
+            decode_forward_s=0.0,
+            sampling_s=0.0,
+            kv_s=0.0,
         )
         self._thread = threading.Thread(target=self._loop, name="saorl-local-engine", daemon=True)
         self._thread.start()
@@ -184,7 +192,12 @@ class LocalEngine:
         done.wait()
 
     def stats(self) -> dict[str, float]:
-        """Counters since construction; ``utilisation`` = busy slot-steps / (decode steps × slots)."""
+        """Counters since construction; ``utilisation`` = busy slot-steps / (decode steps × slots).
+
+        ``*_s`` are seconds spent in each phase of the engine loop: ``prefill_s`` (admitting
+        requests; of which ``prefill_forward_s`` the model), ``decode_step_s`` (decode steps; of
+        which ``decode_forward_s`` the model), ``sampling_s`` (both) and ``kv_s`` (cache
+        bookkeeping: merge, row selection, trimming, zeroing padding)."""
         s: dict[str, float] = dict(self._stats)
         total = s["decode_steps"] * self.max_batch_size
         s["utilisation"] = s["busy_slot_steps"] / total if total else 0.0
@@ -257,9 +270,11 @@ class LocalEngine:
             try:
                 with torch.inference_mode():
                     if admitted:
-                        self._prefill(admitted)
+                        with self._timed("prefill_s"):
+                            self._prefill(admitted)
                     if self._active:
-                        self._decode_step()
+                        with self._timed("decode_step_s"):
+                            self._decode_step()
             except Exception as e:  # a failed step fails its requests, not the engine
                 self._fail_all(admitted, EngineError(f"local engine step failed: {e!r}"))
         with self._cond:
@@ -278,6 +293,14 @@ class LocalEngine:
         self._version = version
         self._stats["weight_updates"] += 1
 
+    @contextlib.contextmanager
+    def _timed(self, key: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._stats[key] += time.perf_counter() - t0
+
     def _fail_all(self, extra: list[_Request], err: EngineError) -> None:
         for r in {id(r): r for r in [*self._active, *extra]}.values():
             if r.finish is None:
@@ -295,27 +318,30 @@ class LocalEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        kv.zero_padding(cache, mask)
+        with self._timed("prefill_forward_s"):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        with self._timed("kv_s"):
+            kv.zero_padding(cache, mask)
         self._stats["prefills"] += len(reqs)
         self._stats["prefill_batches"] += 1
         keep = self._sample_and_retire(reqs, out.logits[:, -1])
         if not keep:
             return
         rows = torch.tensor(keep, device=self.device)
-        mask = kv.select_rows(cache, mask, rows)
-        mask = kv.trim(cache, mask)
-        if self._cache is None:
-            self._cache, self._mask = cache, mask
-        else:
-            self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
+        with self._timed("kv_s"):
+            mask = kv.select_rows(cache, mask, rows)
+            mask = kv.trim(cache, mask)
+            if self._cache is None:
+                self._cache, self._mask = cache, mask
+            else:
+                self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
         self._active.extend(reqs[i] for i in keep)
 
     def _decode_step(self) -> None:
@@ -323,14 +349,15 @@ class LocalEngine:
         ids = torch.tensor([[r.tokens[-1]] for r in reqs], device=self.device)
         pos = self._mask.sum(dim=1, keepdim=True)
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self._mask,
-            position_ids=pos,
-            cache=self._cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with self._timed("decode_forward_s"):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self._mask,
+                position_ids=pos,
+                cache=self._cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self._stats["decode_steps"] += 1
         self._stats["busy_slot_steps"] += len(reqs)
         keep = self._sample_and_retire(reqs, out.logits[:, -1])
@@ -340,8 +367,9 @@ class LocalEngine:
             self._active, self._cache, self._mask = [], None, None
             return
         rows = torch.tensor(keep, device=self.device)
-        self._mask = kv.select_rows(self._cache, self._mask, rows)
-        self._mask = kv.trim(self._cache, self._mask)
+        with self._timed("kv_s"):
+            self._mask = kv.select_rows(self._cache, self._mask, rows)
+            self._mask = kv.trim(self._cache, self._mask)
         self._active = [reqs[i] for i in keep]
 
     def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
@@ -350,7 +378,8 @@ class LocalEngine:
         temp = torch.tensor([r.params.temperature for r in reqs], device=dev)
         top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=dev)
-        tokens, logprobs = sample_rows(logits, temp, top_k, top_p, [r.generator for r in reqs])
+        with self._timed("sampling_s"):
+            tokens, logprobs = sample_rows(logits, temp, top_k, top_p, [r.generator for r in reqs])
         version = self._version
         keep = []
         for i, (r, t, lp) in enumerate(zip(reqs, tokens.tolist(), logprobs.tolist())):

@@ -6,8 +6,9 @@ countdown with a Python tool), ``code_repair`` (fix a function until its tests p
 Importing this package imports no env module; :func:`resolve_env` does that lazily.
 """
 
+from saorl.data.tasks import load_tasks
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
-from saorl.envs.registry import BUILTIN_ENVS, load_tasks, make_env_factory, resolve_env
+from saorl.envs.registry import BUILTIN_ENVS, make_env_factory, resolve_env
 
 __all__ = [
     "BUILTIN_ENVS",

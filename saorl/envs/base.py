@@ -21,15 +21,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from saorl.data.task import Task
+
 Split = Literal["train", "test"]
 
-
-@dataclass(frozen=True)
-class Task:
-    id: str
-    """Unique across splits; the data cursor and resume logic key on it."""
-    data: dict[str, Any]
-    """JSON-serialisable task payload, interpreted by the env."""
+__all__ = ["Env", "Progress", "Split", "StepResult", "Task"]
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from saorl.envs.base import Env, Split, Task
+from saorl.envs.base import Env
 
 BUILTIN_ENVS: dict[str, str] = {
     "math_tool": "saorl.envs.math_tool:MathToolEnv",
@@ -67,26 +66,4 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None) ->
     def factory() -> Env:
         return cls(**opts)
 
-    factory.env_class = cls  # type: ignore[attr-defined]
-    factory.options = opts  # type: ignore[attr-defined]
     return factory
-
-
-def load_tasks(
-    env: Env, split: Split, n: int | None, seed: int, tasks_file: str | Path | None = None
-) -> list[Task]:
-    """Tasks for ``split``: ``env.generate_tasks(split, n, seed)``, or the first ``n`` tasks of
-    a JSONL file (all of them when ``n`` is None) when ``tasks_file`` is given.
-
-    A file is taken to hold tasks of the requested split already; ``seed`` does not apply to it.
-    """
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if tasks_file is not None:
-        from saorl.data.tasks import load_tasks_jsonl
-
-        tasks = load_tasks_jsonl(tasks_file)
-        return tasks if n is None else tasks[:n]
-    if n is None or n < 0:
-        raise ValueError(f"n must be a non-negative number of tasks to generate, got {n!r}")
-    return env.generate_tasks(split, n, seed)

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from saorl.experiments.runner import is_finished, read_jsonl, run_dir_for
+from saorl.data.jsonl import read_jsonl
+from saorl.experiments.runner import is_finished, run_dir_for
 
 RECOVERY_FRACTION = 0.8
 PRE_WINDOW = 10

@@ -9,7 +9,7 @@ with ``--quick``)::
     OUT/.cache/                     the SFT warm starts and value-pretrained critics
 
 Every arm of one seed starts from the same SFT model: the warm start is cached by its settings
-(``saorl.runtime.warmstart``), arms may not change them (``spec.LOCKED_PREFIXES``), and the
+(``saorl.stages.sft``), arms may not change them (``spec.LOCKED_PREFIXES``), and the
 runner checks that the SFT keys of all arms of a seed agree before it trains anything.
 
 A run counts as finished when it did all ``trainer.steps`` or used its wall-clock budget. A run
@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from saorl.config import SaorlConfig
+from saorl.data.jsonl import read_jsonl
 from saorl.experiments.spec import ExperimentSpec, SpecError, arm_config
 
 DONE_FILE = "done.json"
@@ -75,20 +76,6 @@ def is_finished(run_dir: Path) -> bool:
     return (run_dir / DONE_FILE).is_file()
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill: the rest is still usable
-                continue
-    return rows
-
-
 class ExperimentRunner:
     def __init__(self, spec: ExperimentSpec, spec_path: Path | None, out: Path, selection: Selection,
                  log: Callable[[str], None] = print) -> None:
@@ -104,7 +91,7 @@ class ExperimentRunner:
 
     def check_same_start(self) -> None:
         """Every trained arm of a seed must share one SFT warm start (same cache key)."""
-        from saorl.runtime.warmstart import sft_key
+        from saorl.stages.sft import sft_key
 
         for seed in self.sel.seeds:
             keys = {arm: sft_key(self.config(arm, seed)) for arm in self.trained_arms()}
@@ -134,9 +121,9 @@ class ExperimentRunner:
     # ------------------------------------------------------------------------- trained arms
     def run_one(self, arm: str, seed: int) -> RunResult:
         from saorl.runtime.checkpoint import latest_checkpoint
-        from saorl.runtime.trainer import train
-        from saorl.runtime.value_pretrain import initial_critic
-        from saorl.runtime.warmstart import initial_policy
+        from saorl.stages.sft import warm_start
+        from saorl.stages.value_pretrain import initial_critic
+        from saorl.training import train
 
         run_dir = run_dir_for(self.out, arm, seed)
         if is_finished(run_dir):
@@ -144,7 +131,7 @@ class ExperimentRunner:
             self.log(f"[{arm} seed {seed}] finished earlier ({done['steps']} steps): skipped")
             return RunResult(arm, seed, str(run_dir), "skipped", done["steps"], done["wall_s"])
         cfg = self.config(arm, seed)
-        initial_critic(cfg, initial_policy(cfg, self.log), self.log)  # cached: train() reuses them
+        initial_critic(cfg, warm_start(cfg, self.log), self.log)  # cached: train() reuses them
         resume = run_dir.is_dir() and latest_checkpoint(run_dir / "checkpoints") is not None
         if resume:
             spent = _last(read_jsonl(run_dir / "metrics.jsonl"), "time/elapsed_s") or 0.0
@@ -179,13 +166,12 @@ class ExperimentRunner:
             return
         from saorl.models.loading import load_policy
         from saorl.models.tokenizer import load_tokenizer
-        from saorl.runtime.eval_cmd import evaluate_policy
+        from saorl.stages.evaluate import evaluate_config
 
         self.log(f"[{cfg.run.name}] evaluating the final policy (step {steps})")
         policy = load_policy(str(final), dtype=cfg.model.dtype, device=cfg.model.device,
                              seed=cfg.seed).eval()
-        metrics, _ = evaluate_policy(cfg, policy, load_tokenizer(cfg.model.tokenizer),
-                                     temperature=cfg.run.eval_temperature)
+        metrics, _ = evaluate_config(cfg, policy, load_tokenizer(cfg.model.tokenizer))
         row = {"step": steps, "policy/version": None, **metrics, "source": "saorl experiment (final)"}
         with open(run_dir / "eval.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
@@ -216,15 +202,15 @@ class ExperimentRunner:
         """Evaluate the SFT start as a run's step-0 evaluation would (same tasks, temperature, seed)."""
         from saorl.models.loading import load_policy
         from saorl.models.tokenizer import load_tokenizer
-        from saorl.runtime.eval_cmd import evaluate_policy
-        from saorl.runtime.warmstart import initial_policy
+        from saorl.stages.evaluate import evaluate_config
+        from saorl.stages.sft import warm_start
 
         cfg = self.config(next(iter(self.spec.arms)), seed)
-        spec = initial_policy(cfg, self.log)
+        spec = warm_start(cfg, self.log)
         self.log(f"[{self.spec.start_arm} seed {seed}] evaluating the starting policy {spec}")
         policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed).eval()
         tokenizer = load_tokenizer(cfg.model.tokenizer)  # as the trainer's evaluation loads it
-        metrics, _ = evaluate_policy(cfg, policy, tokenizer, temperature=cfg.run.eval_temperature)
+        metrics, _ = evaluate_config(cfg, policy, tokenizer)
         return {"step": 0, "policy/version": 0, **metrics}
 
 

@@ -1,15 +1,15 @@
 """Policies, critics and the tokenizer."""
 
-from saorl.models.checkpoint import (
+from saorl.models.critic import Critic
+from saorl.models.loading import load_policy
+from saorl.models.logprobs import token_logprobs
+from saorl.models.serialize import (
     export_policy,
     load_critic,
     load_safetensors,
     save_critic,
     save_safetensors_atomic,
 )
-from saorl.models.critic import Critic
-from saorl.models.loading import load_policy
-from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import TINY_KINDS, build_tiny, tiny_config
 from saorl.models.tokenizer import load_tokenizer
 

@@ -1,10 +1,10 @@
 """The critic: the policy's transformer trunk (no LM head) plus a scalar value head.
 
 ``values[:, t] = V(s_t)``, the estimate for the state *before* token t is emitted, read from the
-trunk's final hidden state at position t-1 (DESIGN §1). ``values[:, 0] = 0``, and like
+trunk's final hidden state at position t-1 (docs/method.md). ``values[:, 0] = 0``, and like
 ``token_logprobs`` a position holds 0 unless token t and token t-1 are both real.
 
-Frozen attention (DESIGN §1, the default for critic training): only the MLP / MoE expert
+Frozen attention (docs/method.md, the default for critic training): only the MLP / MoE expert
 projections and the value head train. Frozen: attention projections, q/k norms, layer norms,
 the final norm, embeddings — and the MoE router (``mlp.gate``). The router is not an expert
 projection, and freezing it keeps the critic routing tokens to the experts the policy does, so

@@ -9,6 +9,13 @@ left padding. A token is scored only when it and the token before it are real (`
 and ``mask[t-1] = 1``); every other position holds 0 — position 0, the first real token of a
 left-padded row, and all padding. Masks with holes (padding between real tokens) are not supported.
 
+Truncation. An engine that samples with top-k / top-p records the log-probability under the
+*truncated*, renormalised distribution; ``top_k`` / ``top_p`` here score under the same
+truncation of the model's own distribution (the kept set is recomputed from these logits, as
+the engine computed it from its own), so a DIS ratio compares like with like. A token outside
+the kept set has probability 0: its log-probability is ``LOGPROB_FLOOR`` (``exp`` of it is 0, its
+gradient 0), never ``-inf``.
+
 Memory. Beyond the model's own ``[B, T, V]`` logits, the log-probability is ``x_t``'s logit minus
 the row's logsumexp (``[B, T]`` results), not a gathered full ``log_softmax``. A temperature other
 than 1 and a low-precision model each cost one scaled/upcast ``[B, T, V]`` copy; the entropy costs
@@ -19,6 +26,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+LOGPROB_FLOOR = -1e4
+"""The log-probability of a token outside the truncated distribution (probability 0)."""
 
 
 def check_batch(input_ids: Tensor, attention_mask: Tensor) -> None:
@@ -46,11 +56,25 @@ def scored_mask(attention_mask: Tensor) -> Tensor:
     return out
 
 
+def truncation_mask(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """``[..., V]`` bool: the tokens top-k then top-p keep of each (tempered) row, as the engine's
+    sampler keeps them (:func:`saorl.engines.sampling.filtered_logprobs`)."""
+    from saorl.engines.sampling import filtered_logprobs
+
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    n = flat.shape[0]
+    ones = flat.new_ones(n)
+    kept = filtered_logprobs(flat, ones, torch.full((n,), int(top_k), device=flat.device),
+                             torch.full((n,), float(top_p), device=flat.device)) > float("-inf")
+    return kept.reshape(logits.shape)
+
+
 def token_logprobs(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
-    return_entropy: bool = False,
+    return_entropy: bool = False, top_k: int = 0, top_p: float = 1.0,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Per-token log p(x_t | x_<t) under ``softmax(logits / temperature)``.
+    """Per-token log p(x_t | x_<t) under ``softmax(logits / temperature)``, truncated like the
+    sampler when ``top_k > 0`` or ``top_p < 1`` (see "Truncation" above).
 
     Args:
         model: an HF causal LM (``model(input_ids, attention_mask, position_ids).logits``).
@@ -58,6 +82,7 @@ def token_logprobs(
         attention_mask: ``[B, T]``, 1 for real tokens, 0 for padding (right or left).
         temperature: the sampling temperature; 0 (greedy) is treated as 1.
         return_entropy: also return the entropy of the next-token distribution.
+        top_k, top_p: the sampler's truncation (0 and 1 = none).
 
     Returns:
         ``logprobs [B, T]`` float32, and with ``return_entropy`` also ``entropy [B, T]`` float32 where
@@ -77,16 +102,23 @@ def token_logprobs(
         logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
+    kept = None
+    if top_k > 0 or top_p < 1.0:
+        kept = truncation_mask(logits, top_k, top_p)
+        logits = logits.masked_fill(~kept, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)  # [B, T-1]
-    picked = logits.gather(-1, input_ids[:, 1:].long().unsqueeze(-1)).squeeze(-1)
+    picked = logits.gather(-1, input_ids[:, 1:].long().unsqueeze(-1)).squeeze(-1) - lse
+    if kept is not None:
+        picked = torch.clamp(picked, min=LOGPROB_FLOOR)
     keep = scored_mask(attention_mask)
     zero = logits.new_zeros(())
-    logprobs = torch.cat([logits.new_zeros(input_ids.shape[0], 1), picked - lse], dim=1)
+    logprobs = torch.cat([logits.new_zeros(input_ids.shape[0], 1), picked], dim=1)
     # where, not multiply: a fully masked (left-padding) row may hold non-finite values.
     logprobs = torch.where(keep, logprobs, zero)
     if not return_entropy:
         return logprobs
     probs = torch.softmax(logits, dim=-1)
-    entropy = lse - (probs * logits).sum(-1)
+    plogp = probs * logits if kept is None else torch.where(kept, probs * logits, zero)
+    entropy = lse - plogp.sum(-1)
     entropy = torch.cat([logits.new_zeros(input_ids.shape[0], 1), entropy], dim=1)
     return logprobs, torch.where(keep, entropy, zero)

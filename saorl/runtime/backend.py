@@ -1,9 +1,13 @@
-"""Where rollout workers run. The local backend: one OS process per worker on this machine.
+"""Where rollout workers run: the :class:`Backend` protocol and the local backend (processes).
 
-A backend takes :class:`~saorl.runtime.worker.RolloutRequest` s, returns finished trajectories
+A backend takes :class:`~saorl.runtime.messages.RolloutRequest` s, returns finished trajectories
 as they arrive, and keeps its workers alive: a worker that dies is restarted and the rollout ids
-it held are reported as lost, so the trainer re-queues them (nothing in flight is skipped).
-The Ray backend implements the same :class:`Backend` protocol with actors.
+it held are reported as lost, so the feed re-queues them (nothing in flight is skipped). Past
+``max_restarts`` restarts it raises :class:`WorkerFailure`.
+
+Implementations: :class:`LocalBackend` (one spawned OS process per worker, typed messages over
+``multiprocessing`` queues) and :class:`~saorl.runtime.inprocess.InProcessBackend` (episodes on
+one engine in this process: tests, evaluation, value pretraining).
 """
 
 from __future__ import annotations
@@ -11,31 +15,44 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import time
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from saorl.data.trajectory import Trajectory
-from saorl.runtime.worker import RolloutRequest, WorkerSpec, worker_main
-
-
-@dataclass
-class PollResult:
-    finished: list[tuple[int, Trajectory]] = field(default_factory=list)
-    lost: list[int] = field(default_factory=list)
-    """Rollout ids whose worker died (or whose episode raised) before finishing them."""
-    errors: list[str] = field(default_factory=list)
+from saorl.runtime.messages import (
+    EngineStats,
+    PollResult,
+    RolloutFailed,
+    RolloutFinished,
+    RolloutRequest,
+    WorkerCrashed,
+)
+from saorl.runtime.worker import WorkerSpec, worker_main
 
 
 class Backend(Protocol):
-    def start(self) -> None: ...
+    restarts: int
+    """Workers restarted after dying, so far."""
 
-    def free_slots(self) -> int: ...
+    def start(self) -> None:
+        """Start the workers (returns at once; :meth:`ready` tells when they can sample)."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether every worker has built its engine (the run's wall-clock budget starts then)."""
+        ...
+
+    def free_slots(self) -> int:
+        """Rollouts that can be submitted now."""
+        ...
 
     def submit(self, req: RolloutRequest) -> None: ...
 
-    def poll(self, timeout_s: float) -> PollResult: ...
+    def poll(self, timeout_s: float) -> PollResult:
+        """What arrived within ``timeout_s`` (returns at the first arrival, with all that is there)."""
+        ...
 
-    def engine_stats(self) -> dict[int, dict]: ...
+    def engine_stats(self) -> dict[int, dict]:
+        """The latest ``InferenceEngine.stats()`` of each worker, by worker index."""
+        ...
 
     def shutdown(self) -> None: ...
 
@@ -45,6 +62,8 @@ class WorkerFailure(RuntimeError):
 
 
 class LocalBackend:
+    """Rollout workers as spawned processes on this machine."""
+
     def __init__(self, spec: WorkerSpec, num_workers: int, concurrency: int, max_restarts: int = 5) -> None:
         self.spec, self.num_workers, self.concurrency = spec, num_workers, concurrency
         self.max_restarts = max_restarts
@@ -67,6 +86,9 @@ class LocalBackend:
     def start(self) -> None:
         for i in range(self.num_workers):
             self._spawn(i)
+
+    def ready(self) -> bool:
+        return len(self._stats) >= self.num_workers
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
@@ -106,18 +128,7 @@ class LocalBackend:
             except queue.Empty:
                 break
             block = False  # after the first message, drain without waiting
-            kind, wid, rid, payload = msg
-            if kind == "traj":
-                self._assigned[wid].discard(rid)
-                out.finished.append((rid, Trajectory.from_dict(payload)))
-            elif kind == "error":
-                self._assigned[wid].discard(rid)
-                out.lost.append(rid)
-                out.errors.append(f"rollout {rid} on worker {wid} failed: {payload}")
-            elif kind == "stats":
-                self._stats[wid] = payload
-            elif kind == "fatal":
-                out.errors.append(f"rollout worker {wid} crashed: {payload}")
+            collect(msg, out, self._assigned, self._stats)
         self._check_alive(out)
         return out
 
@@ -135,3 +146,20 @@ class LocalBackend:
                 if p.is_alive():
                     p.kill()
                     p.join(1.0)
+
+
+def collect(msg, out: PollResult, assigned: list[set[int]], stats: dict[int, dict]) -> None:
+    """Fold one worker message into ``out``, the per-worker rollout sets and the engine stats."""
+    if isinstance(msg, RolloutFinished):
+        assigned[msg.worker].discard(msg.rid)
+        out.finished.append((msg.rid, msg.trajectory))
+    elif isinstance(msg, RolloutFailed):
+        assigned[msg.worker].discard(msg.rid)
+        out.lost.append(msg.rid)
+        out.errors.append(f"rollout {msg.rid} on worker {msg.worker} failed: {msg.error}")
+    elif isinstance(msg, EngineStats):
+        stats[msg.worker] = msg.stats
+    elif isinstance(msg, WorkerCrashed):
+        out.errors.append(f"rollout worker {msg.worker} crashed: {msg.error}")
+    else:
+        raise TypeError(f"unexpected worker message {type(msg).__name__}")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from saorl.data.trajectory import Trajectory
-from saorl.models.checkpoint import load_safetensors, save_safetensors_atomic
+from saorl.models.serialize import load_safetensors, save_safetensors_atomic
 
 MANIFEST = "manifest.json"
 

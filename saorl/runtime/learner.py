@@ -14,6 +14,11 @@ For a batch of ``B`` trajectories (padded to ``[B, T]``), with the algorithm pre
 A loss or gradient that is not finite skips that optimizer step (counted in
 ``train/nonfinite_skips``) and never reaches the weights. The policy version advances only when
 the policy weights change.
+
+Log-probabilities are scored under the sampler's own distribution: the rollout temperature and,
+when the engine truncates (``top_k`` / ``top_p``), the same truncation, so the DIS ratio compares
+like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's time goes is in
+:attr:`Learner.timings` (collate, critic and policy forward / backward, advantages).
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from saorl.algo.advantages import RunningMeanBaseline
-from saorl.algo.gae import mc_returns, skip_observation_gae, token_gae
+from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
 from saorl.data.batch import Batch, collate
 from saorl.data.trajectory import Trajectory
 from saorl.models.logprobs import token_logprobs
+from saorl.runtime.observe import Timings
 
 
 @dataclass
@@ -40,16 +46,6 @@ class OptimConfig:
     grad_clip: float = 1.0
     warmup_steps: int = 0
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
-
-
-def critic_targets(batch: Batch, values: torch.Tensor | None, p: AlgoPreset) -> torch.Tensor:
-    """λ_critic returns along the preset's chain; λ_critic = 1 on the action chain is Monte-Carlo
-    (``values`` is not read then and may be None)."""
-    if p.skip_observation:
-        if p.lam_critic == 1.0:
-            return mc_returns(batch.rewards, batch.action_mask, p.gamma)
-        return skip_observation_gae(batch.rewards, values, batch.action_mask, p.gamma, p.lam_critic)[1]
-    return token_gae(batch.rewards, values, batch.response_mask, p.gamma, p.lam_critic)[1]
 
 
 def _finite_step(params, optimizer: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> float | None:
@@ -71,10 +67,13 @@ class Learner:
     """Holds the policy, the critic and their optimizers; ``step`` is one trainer update."""
 
     def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module | None, preset: AlgoPreset,
-                 optim: OptimConfig, *, pad_id: int, temperature: float = 1.0, device: str = "cpu") -> None:
+                 optim: OptimConfig, *, pad_id: int, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, device: str = "cpu") -> None:
         self.policy, self.critic, self.preset, self.optim = policy, critic, preset, optim
         self.pad_id, self.device = pad_id, device
         self.temperature = temperature if temperature > 0 else 1.0
+        self.top_k, self.top_p = top_k, top_p
+        self.timings = Timings()
         if preset.use_critic and critic is None:
             raise ValueError(f"algorithm {preset.name!r} needs a critic")
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
@@ -100,7 +99,7 @@ class Learner:
 
     # ----------------------------------------------------------------- critic
     def _values(self, batch: Batch) -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), self.timings.span("critic forward (no grad)"):
             return self.critic(batch.input_ids, batch.attention_mask)
 
     def _critic_updates(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
@@ -110,19 +109,22 @@ class Learner:
         batch's updates (how well it predicted unseen data); ``*_after`` after them.
         """
         p = self.preset
-        mask = batch.action_mask if p.skip_observation else batch.response_mask
-        # Monte-Carlo targets on the action chain need no values: skip that forward pass
-        needs_old = bool(p.value_clip) or not (p.skip_observation and p.lam_critic == 1.0)
+        # Monte-Carlo targets (λ_critic = 1) need no values: skip that forward pass
+        needs_old = bool(p.value_clip) or p.lam_critic != 1.0
         old_values = self._values(batch) if needs_old else None
-        targets = critic_targets(batch, old_values, p)
+        targets, mask = value_targets(batch.rewards, old_values, batch.action_mask, batch.response_mask,
+                                      gamma=p.gamma, lam=p.lam_critic, skip_observation=p.skip_observation)
         clip = {"old_values": old_values, "clip": p.value_clip} if p.value_clip else {}
         self.critic.train()
         before: dict[str, float] | None = None
         for _ in range(p.critic_updates):
-            values = self.critic(batch.input_ids, batch.attention_mask)
+            with self.timings.span("critic forward (grad)"):
+                values = self.critic(batch.input_ids, batch.attention_mask)
             loss, metrics = value_loss(values, targets, mask, **clip)
             before = metrics if before is None else before
-            if _finite_step(self.critic_params, self.critic_opt, loss, self.optim.grad_clip) is None:
+            with self.timings.span("critic backward + optimizer"):
+                norm = _finite_step(self.critic_params, self.critic_opt, loss, self.optim.grad_clip)
+            if norm is None:
                 self.nonfinite_skips += 1
         self.critic.eval()
         after = self._values(batch)
@@ -141,7 +143,8 @@ class Learner:
         if not trajectories:
             raise ValueError("Learner.step needs at least one trajectory")
         p = self.preset
-        batch = collate(trajectories, self.pad_id).to(self.device)
+        with self.timings.span("collate"):
+            batch = collate(trajectories, self.pad_id).to(self.device)
         self._apply_warmup()
         self.steps_done += 1
         metrics: dict[str, float] = {"policy/lr": self.policy_opt.param_groups[0]["lr"]}
@@ -151,10 +154,11 @@ class Learner:
             metrics |= critic_metrics
         gids = torch.tensor(group_ids if group_ids is not None else range(len(trajectories)),
                             device=batch.input_ids.device)
-        advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
-            rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
-            lam_alpha=p.vapo_alpha, values=values, response_mask=batch.response_mask,
-            skip_observation=p.skip_observation, group_ids=gids, baseline=self.baseline))
+        with self.timings.span("advantages"):
+            advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
+                rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
+                lam_alpha=p.vapo_alpha, values=values, response_mask=batch.response_mask,
+                skip_observation=p.skip_observation, group_ids=gids, baseline=self.baseline))
         advantages = advantages * batch.action_mask
         adv_mean = masked_mean(advantages, batch.action_mask)
         metrics["advantage/mean"] = float(adv_mean)
@@ -163,24 +167,26 @@ class Learner:
             metrics["advantage/baseline"] = float(self.baseline.value)
 
         self.policy.train()
-        logprobs, entropy = token_logprobs(self.policy, batch.input_ids, batch.attention_mask,
-                                           temperature=self.temperature, return_entropy=True)
+        with self.timings.span("policy forward"):
+            logprobs, entropy = token_logprobs(self.policy, batch.input_ids, batch.attention_mask,
+                                               temperature=self.temperature, top_k=self.top_k,
+                                               top_p=self.top_p, return_entropy=True)
         loss, pol_metrics = POLICY_LOSSES[p.policy_loss](
             logprobs, batch.rollout_logprobs, advantages, batch.action_mask, p.eps_low, p.eps_high)
         metrics |= pol_metrics
-        with torch.no_grad():  # DESIGN: log the ratio histogram every step (24 log-spaced bins, 1e-2..1e2)
+        with torch.no_grad():  # the ratio histogram every step (24 log-spaced bins, 1e-2..1e2)
             ratio = torch.exp(logprobs.detach() - batch.rollout_logprobs)
             metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()
         mean_entropy = masked_mean(entropy, batch.action_mask)
         if p.entropy_coef:
             loss = loss - p.entropy_coef * mean_entropy
         if p.lm_loss_coef:
-            positive = torch.tensor([float(t.metadata.get("success", t.total_reward > 0))
-                                     for t in trajectories], device=logprobs.device)
+            positive = torch.tensor([float(t.episode.success) for t in trajectories], device=logprobs.device)
             lm = lm_loss(logprobs, batch.action_mask, positive)
             loss = loss + p.lm_loss_coef * lm
             metrics["policy/lm_loss"] = float(lm.detach())
-        norm = _finite_step(self.policy_params, self.policy_opt, loss, self.optim.grad_clip)
+        with self.timings.span("policy backward + optimizer"):
+            norm = _finite_step(self.policy_params, self.policy_opt, loss, self.optim.grad_clip)
         self.policy.eval()
         if norm is None:
             self.nonfinite_skips += 1

@@ -29,11 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from saorl.data.task import Task
 from saorl.data.trajectory import Trajectory
-from saorl.envs.base import Progress, Task
+from saorl.envs.base import Progress
 from saorl.runtime.backend import Backend
 from saorl.runtime.journal import Journal, RolloutCursor
-from saorl.runtime.worker import RolloutRequest
+from saorl.runtime.messages import PollResult, RolloutRequest
+from saorl.runtime.observe import Observer
 
 
 class DispatchPolicy(Protocol):
@@ -79,12 +81,14 @@ class RolloutFeed:
     def __init__(self, backend: Backend, tasks: list[Task], cursor: RolloutCursor, journal: Journal,
                  policy: DispatchPolicy, *, group_size: int, batch_size: int,
                  version: Callable[[], int], progress: Callable[[], Progress],
-                 max_staleness: int | None = None, log=print) -> None:
+                 max_staleness: int | None = None, log: Callable[[str], None] = print,
+                 observer: Observer | None = None) -> None:
         if batch_size % group_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of group_size {group_size}")
         self.backend, self.tasks, self.cursor, self.journal = backend, tasks, cursor, journal
         self.policy, self.group_size, self.batch_size = policy, group_size, batch_size
         self.max_staleness, self.log = max_staleness, log
+        self.observer = observer or Observer()
         self._version, self._progress = version, progress
         self.groups: OrderedDict[int, dict[int, Trajectory]] = OrderedDict()  # seq -> {rid: traj}
         self.stats = FeedStats()
@@ -152,8 +156,9 @@ class RolloutFeed:
         for _ in range(n):
             rid = self.cursor.next()
             self.backend.submit(RolloutRequest(rid, self.task_for(rid), progress, min_version))
+            self.observer.rollout_dispatched(rid, time.time())
 
-    def _apply(self, res) -> None:
+    def _apply(self, res: PollResult) -> None:
         for msg in res.errors:
             self.log(f"[rollout] {msg}")
         for rid in res.lost:
@@ -165,12 +170,19 @@ class RolloutFeed:
             self.stats.requeued += 1
         if res.finished:
             self.journal.append_many(res.finished)  # durable before anything else sees them
+            self.observer.rollouts_finished(res.finished)
         for rid, traj in res.finished:
             self.cursor.finish(rid)
             self.stats.finished += 1
             self.groups.setdefault(rid // self.group_size, {})[rid] = traj
 
     # ----------------------------------------------------------- trainer side
+    def raise_if_failed(self) -> None:
+        """Raise the feeder thread's error, if it died of one."""
+        with self._cond:
+            if self._error is not None:
+                raise RuntimeError(f"rollout feed failed: {self._error}") from self._error
+
     def next_batch(self, learner_version: int, should_stop=lambda: False):
         """Block until ``batch_size`` trajectories (whole groups) are ready; return them.
 

@@ -7,7 +7,9 @@ weights. Old versions are pruned, keeping the newest ``keep`` files so a worker 
 pointer a moment ago can still open its file.
 
 This is the local backend's :class:`WeightSync`; a Ray or NCCL implementation publishes the same
-(version, tensors) pairs by other means.
+(version, tensors) pairs by other means. Readers get the *path* of the newest version
+(:meth:`latest`), which an engine loads itself (the local engine reads the file, an HTTP server
+is told the path), so no reader copies the tensors to a file of its own.
 """
 
 from __future__ import annotations
@@ -20,15 +22,21 @@ from typing import Protocol
 import torch
 from safetensors.torch import load_file
 
-from saorl.models.checkpoint import save_safetensors_atomic
+from saorl.models.serialize import save_safetensors_atomic
 
 
 class WeightSync(Protocol):
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Make ``state_dict`` the newest weights, tagged ``version``."""
+        ...
 
-    def latest_version(self) -> int | None: ...
+    def latest(self) -> tuple[int, str] | None:
+        """``(version, path of its safetensors file)`` of the newest weights, or None."""
+        ...
 
-    def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None: ...
+    def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest (or ``version``'s) weights as tensors, or None."""
+        ...
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -66,9 +74,9 @@ class FileWeightSync:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
-    def latest_version(self) -> int | None:
+    def latest(self) -> tuple[int, str] | None:
         p = self._read_pointer()
-        return None if p is None else int(p["version"])
+        return None if p is None else (int(p["version"]), str(self.dir / p["file"]))
 
     def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The newest published weights (or ``version``'s), or None if nothing is published."""

@@ -1,10 +1,15 @@
-"""A rollout worker: one OS process, one inference engine, many concurrent episodes.
+"""A rollout worker: one inference engine, many concurrent episodes, one rollout per request.
 
-The worker receives :class:`RolloutRequest` messages (a rollout id, a task, the training
-progress and the oldest weight version it may sample with), runs one episode per request with
-the agent loop, and sends each finished trajectory back the moment it is done. It samples with
-the newest weights it has: a background task polls the :class:`~saorl.runtime.weights.FileWeightSync`
-directory and hands new weights to the engine, which applies them between decode steps, so a
+:func:`play_rollout` is what every backend runs per :class:`RolloutRequest`: wait until the
+engine has weights at least as new as the request's ``min_version``, play one episode with the
+agent loop (its sampling seed derived from the rollout id), and fill in the trajectory's episode
+record (rollout id, worker, wall-clock start and end).
+
+:func:`worker_main` is the local backend's worker process: it builds its engine and env from a
+:class:`WorkerSpec`, receives requests on a queue, runs each as an asyncio task and sends each
+finished trajectory back the moment it is done. It samples with the newest weights it has: a
+:class:`WeightFollower` polls the run's :class:`~saorl.runtime.weights.WeightSync` and hands the
+engine the path of each newly published version, which it applies between decode steps, so a
 trajectory can span versions and records the version of every token.
 """
 
@@ -15,11 +20,23 @@ import os
 import queue
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
-from saorl.engines.base import SamplingParams
-from saorl.envs.base import Progress, Task
+from saorl.data.trajectory import Trajectory
+from saorl.engines.base import InferenceEngine, SamplingParams
+from saorl.runtime.messages import (
+    EngineStats,
+    RolloutFailed,
+    RolloutFinished,
+    RolloutRequest,
+    WorkerCrashed,
+)
+from saorl.runtime.weights import FileWeightSync, WeightSync
+
+STATS_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -42,43 +59,23 @@ class WorkerSpec:
     dtype: str = "float32"
 
 
-@dataclass(frozen=True)
-class RolloutRequest:
-    rid: int
-    task: Task
-    progress: Progress = field(default_factory=Progress)
-    min_version: int = 0
-
-
-def _build_engine(spec: WorkerSpec, tokenizer):
-    if spec.engine_kind == "http":
-        from saorl.engines.http_client import HttpEngine
-
-        return HttpEngine(spec.http_url)
-    from saorl.engines.local import LocalEngine
-    from saorl.models.loading import load_policy
-
-    model = load_policy(spec.policy, seed=spec.seed, device=spec.device, dtype=spec.dtype)
-    return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device)
-
-
-class _WeightFollower:
+class WeightFollower:
     """Loads newly published weights into the engine; waits for a minimum version on demand."""
 
-    def __init__(self, engine, weights_dir: str) -> None:
-        from saorl.runtime.weights import FileWeightSync
-
-        self.engine, self.sync = engine, FileWeightSync(weights_dir)
+    def __init__(self, engine: InferenceEngine, sync: WeightSync) -> None:
+        self.engine, self.sync = engine, sync
         self.version = -1
 
     def refresh(self) -> None:
-        latest = self.sync.latest_version()
-        if latest is None or latest <= self.version:
+        latest = self.sync.latest()
+        if latest is None or latest[0] <= self.version:
             return
-        got = self.sync.load()
-        if got is not None:
-            self.version = got[0]
-            self.engine.update_weights(got[1], got[0])
+        version, path = latest
+        try:
+            self.engine.update_weights(path, version)
+        except FileNotFoundError:
+            return  # pruned between the pointer read and the load: a newer one is published
+        self.version = version
 
     async def wait_for(self, version: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -91,35 +88,61 @@ class _WeightFollower:
             await asyncio.sleep(0.02)
 
 
-async def _run(worker_id: int, spec: WorkerSpec, requests, results) -> None:
+async def play_rollout(engine: InferenceEngine, env_factory: Callable, tokenizer: Any, req: RolloutRequest, *,
+                       sampling: SamplingParams, max_total_tokens: int, worker: int,
+                       follower: WeightFollower | None = None,
+                       env_executor: Executor | None = None) -> Trajectory:
+    """One rollout: ``req.task`` played once, seeded by ``req.rid``, its episode record filled in."""
     from saorl.agent.loop import run_episode
+
+    if follower is not None:
+        await follower.wait_for(req.min_version)
+    t_start = time.time()
+    traj = await run_episode(engine, env_factory(), req.task, tokenizer, sampling=sampling,
+                             max_total_tokens=max_total_tokens, progress=req.progress,
+                             env_executor=env_executor, sample_index=req.rid)
+    ep = traj.episode
+    ep.rid, ep.worker, ep.t_start, ep.t_end = req.rid, worker, t_start, time.time()
+    return traj
+
+
+def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
+    if spec.engine_kind == "http":
+        from saorl.engines.http_client import HttpEngine
+
+        return HttpEngine(spec.http_url)
+    from saorl.engines.local import LocalEngine
+    from saorl.models.loading import load_policy
+
+    model = load_policy(spec.policy, seed=spec.seed, device=spec.device, dtype=spec.dtype)
+    return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device)
+
+
+async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     from saorl.envs.registry import make_env_factory
     from saorl.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec.tokenizer)
-    engine = _build_engine(spec, tokenizer)
-    follower = _WeightFollower(engine, spec.weights_dir)
+    engine = build_engine(spec, tokenizer)
+    follower = WeightFollower(engine, FileWeightSync(spec.weights_dir))
     follower.refresh()
     env_factory = make_env_factory(spec.env_type, spec.env_options)
+    results.put(EngineStats(worker_id, engine.stats()))  # ready: the engine is built
     loop = asyncio.get_running_loop()
     running: set[asyncio.Task] = set()
 
     async def one(req: RolloutRequest) -> None:
         try:
-            await follower.wait_for(req.min_version)
-            t_start = time.time()
-            traj = await run_episode(engine, env_factory(), req.task, tokenizer, sampling=spec.sampling,
-                                     max_total_tokens=spec.max_total_tokens, progress=req.progress,
-                                     sample_index=req.rid)
-            traj.metadata["worker"] = worker_id
-            traj.metadata["t_start"], traj.metadata["t_end"] = t_start, time.time()
-            traj.metadata["rid"] = req.rid
-            results.put(("traj", worker_id, req.rid, traj.to_dict()))
+            traj = await play_rollout(engine, env_factory, tokenizer, req, sampling=spec.sampling,
+                                      max_total_tokens=spec.max_total_tokens, worker=worker_id,
+                                      follower=follower)
+            results.put(RolloutFinished(worker_id, req.rid, traj))
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
-            results.put(("error", worker_id, req.rid, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+            results.put(RolloutFailed(worker_id, req.rid, error))
 
     stopping = False
-    last_stats = 0.0
+    last_stats = time.monotonic()
     while not stopping or running:
         follower.refresh()
         try:
@@ -132,12 +155,11 @@ async def _run(worker_id: int, spec: WorkerSpec, requests, results) -> None:
             t = asyncio.create_task(one(msg))
             running.add(t)
             t.add_done_callback(running.discard)
-        if time.monotonic() - last_stats > 1.0 and hasattr(engine, "stats"):
-            results.put(("stats", worker_id, -1, engine.stats()))
+        if time.monotonic() - last_stats > STATS_EVERY_S:
+            results.put(EngineStats(worker_id, engine.stats()))
             last_stats = time.monotonic()
         await asyncio.sleep(0)
-    if hasattr(engine, "stats"):
-        results.put(("stats", worker_id, -1, engine.stats()))
+    results.put(EngineStats(worker_id, engine.stats()))
     engine.close()
 
 
@@ -154,9 +176,9 @@ def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     torch.manual_seed(spec.seed + 1000 * worker_id)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        asyncio.run(_run(worker_id, spec, requests, results))
+        asyncio.run(_serve(worker_id, spec, requests, results))
     except KeyboardInterrupt:
         pass
     except Exception as e:
-        results.put(("fatal", worker_id, -1, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        results.put(WorkerCrashed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise

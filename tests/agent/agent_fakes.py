@@ -68,6 +68,9 @@ class FakeEngine:
     def update_weights(self, weights: Any, version: int) -> None:
         self.version = version
 
+    def stats(self) -> dict[str, float]:
+        return {"requests": float(self._n)}
+
     def close(self) -> None:
         pass
 

@@ -22,13 +22,13 @@ def test_builtin_demonstrations_become_exact_trajectories(tok, name):
         traj = asyncio.run(demonstration_trajectory(env, task, tok, random.Random(1)))
         traj.validate()
         demo = factory().demonstration(task, random.Random(1))
-        spans = traj.metadata["turn_spans"]
-        assert len(spans) == traj.metadata["turns"] <= len(demo)
+        spans = traj.episode.turn_spans
+        assert len(spans) == traj.episode.turns <= len(demo)
         assert tok.decode(traj.token_ids[: traj.prompt_len]) == factory().reset(task)
         for (a, b), action in zip(spans, demo):
             ids = tok.encode(action, add_special_tokens=False)
             ends_turn = any(action.endswith(s) for s in env.stop_strings)
             assert traj.token_ids[a:b] == (ids if ends_turn else [*ids, tok.eos_token_id])
         assert all(lp == 0.0 for lp in traj.rollout_logprobs)
-        assert isinstance(traj.metadata["success"], bool)  # demonstrations may be deliberately wrong
+        assert isinstance(traj.episode.success, bool)  # demonstrations may be deliberately wrong
         assert render_trajectory(traj, tok, color=False).count("[act ") == len(spans)

@@ -40,7 +40,7 @@ def test_slow_env_steps_overlap(tok):
     t0 = time.perf_counter()
     trajs = asyncio.run(run_episodes(echo_engine(tok), factory, tasks(8), tok, concurrency=8, sampling=SP))
     elapsed = time.perf_counter() - t0
-    assert len(trajs) == 8 and all(t.metadata["turns"] == 2 for t in trajs)
+    assert len(trajs) == 8 and all(t.episode.turns == 2 for t in trajs)
     assert elapsed < 1.2, f"8 concurrent episodes took {elapsed:.2f}s; one takes ~0.4s"
     # direct evidence of overlap: all 8 first steps were running at the same moment
     latest_start = max(e.step_times[0][0] for e in envs)

@@ -74,20 +74,20 @@ def test_episodes_with_local_engine_are_token_exact(tok):
         engine.close()
     assert [t.task_id for t in trajs] == [t.id for t in tasks]
     by_prompt = {tuple(p): r for p, r in rec.calls}
-    reasons = {r for t in trajs for r in t.metadata["finish_reasons"]}
+    reasons = {r for t in trajs for r in t.episode.finish_reasons}
     assert reasons <= {"stop", "length"}
     for traj in trajs:
         traj.validate()
-        assert len(traj) <= 48 and traj.metadata["turns"] >= 1
-        assert traj.truncated == (traj.metadata["turns"] < 2)
+        assert len(traj) <= 48 and traj.episode.turns >= 1
+        assert traj.truncated == (traj.episode.turns < 2)
         # rebuild each request's prompt from the trajectory: the engine saw exactly these ids
         # and returned exactly the ids that sit under action_mask
-        for a, b in traj.metadata["turn_spans"]:
+        for a, b in traj.episode.turn_spans:
             res = by_prompt[tuple(traj.token_ids[:a])]
             assert traj.token_ids[a:b] == res.token_ids
             assert traj.rollout_logprobs[a:b] == res.logprobs
             assert set(traj.versions[a:b]) == {3}
-        assert sum(traj.action_mask) == sum(b - a for a, b in traj.metadata["turn_spans"])
+        assert sum(traj.action_mask) == sum(b - a for a, b in traj.episode.turn_spans)
         with torch.no_grad():
             logits = model(torch.tensor([traj.token_ids])).logits[0].float()
         lp = torch.log_softmax(logits, -1)

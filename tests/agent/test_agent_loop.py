@@ -50,7 +50,7 @@ def test_multi_turn_trajectory_is_token_exact(tok):
     text = tok.decode(traj.token_ids)
     assert text == "Q7:" + "hello world</a>" + "<obs 1>\n" + "answer 42" + tok.eos_token
     # the final observation is not tokenized; it is kept as text
-    assert traj.metadata["final_observation"] == "<obs 2>\n"
+    assert traj.episode.final_observation == "<obs 2>\n"
 
     # action_mask covers exactly the sampled tokens; logprobs and versions as returned
     pos = [t for t, m in enumerate(traj.action_mask) if m]
@@ -67,7 +67,7 @@ def test_multi_turn_trajectory_is_token_exact(tok):
     # each request's prompt is exactly the trajectory so far (no re-tokenization anywhere)
     assert engine.calls[0].prompt == prompt_ids
     assert engine.calls[1].prompt == prompt_ids + a1 + obs1
-    assert traj.metadata["turn_spans"] == [[a1_at[0], a1_at[-1] + 1], [a2_at[0], a2_at[-1] + 1]]
+    assert traj.episode.turn_spans == [[a1_at[0], a1_at[-1] + 1], [a2_at[0], a2_at[-1] + 1]]
 
 
 def test_request_params_carry_env_stop_strings_and_eos(tok):
@@ -82,22 +82,22 @@ def test_rewards_land_on_last_action_token_of_each_turn(tok):
     acts = [enc(tok, "a b c</a>"), enc(tok, "dd</a>"), enc(tok, "e")]
     env = ToyEnv(rewards=[0.5, -1.0, 2.0], done_after=3)
     traj = play(FakeEngine(acts), env, tok)
-    ends = [b - 1 for _, b in traj.metadata["turn_spans"]]
+    ends = [b - 1 for _, b in traj.episode.turn_spans]
     assert [traj.action_mask[t] for t in ends] == [1, 1, 1]
     expected = [0.0] * len(traj)
     for t, r in zip(ends, [0.5, -1.0, 2.0]):
         expected[t] = r
     assert traj.rewards == expected
-    assert traj.metadata["turn_rewards"] == [0.5, -1.0, 2.0]
-    assert traj.metadata["final_reward"] == 2.0 and traj.total_reward == pytest.approx(1.5)
-    assert traj.metadata["turns"] == 3 and traj.metadata["success"] is False  # success only at turn 2
-    assert not traj.truncated and "truncation" not in traj.metadata
+    assert traj.episode.turn_rewards == [0.5, -1.0, 2.0]
+    assert traj.episode.final_reward == 2.0 and traj.total_reward == pytest.approx(1.5)
+    assert traj.episode.turns == 3 and traj.episode.success is False  # success only at turn 2
+    assert not traj.truncated and traj.episode.truncation is None
 
 
 def test_trajectory_spans_two_policy_versions(tok):
     engine = FakeEngine([enc(tok, "one</a>"), enc(tok, "two</a>")], versions_per_call=[3, 4])
     traj = play(engine, ToyEnv(done_after=2), tok)
-    (s1, e1), (s2, e2) = traj.metadata["turn_spans"]
+    (s1, e1), (s2, e2) = traj.episode.turn_spans
     assert set(traj.versions[s1:e1]) == {3} and set(traj.versions[s2:e2]) == {4}
     assert traj.staleness(5) == 2 and sorted(set(traj.action_versions)) == [3, 4]
 
@@ -105,12 +105,12 @@ def test_trajectory_spans_two_policy_versions(tok):
 def test_turn_limit_truncates(tok):
     engine = FakeEngine(lambda p, sp, k: enc(tok, f"turn {k}</a>"))
     traj = play(engine, ToyEnv(done_after=None), tok)  # env.max_turns = 3
-    assert traj.truncated and traj.metadata["truncation"] == "turns" and traj.metadata["turns"] == 3
+    assert traj.truncated and traj.episode.truncation == "turns" and traj.episode.turns == 3
     traj = play(FakeEngine(engine.script), ToyEnv(done_after=None), tok, max_turns=1)
-    assert traj.metadata["turns"] == 1 and traj.metadata["truncation"] == "turns"
+    assert traj.episode.turns == 1 and traj.episode.truncation == "turns"
     # ending on done at the very last allowed turn is not a truncation
     traj = play(FakeEngine(engine.script), ToyEnv(done_after=2), tok, max_turns=2)
-    assert not traj.truncated and traj.metadata["success"] is True
+    assert not traj.truncated and traj.episode.success is True
 
 
 @pytest.mark.parametrize("budget", [6, 9, 12, 17, 23, 30, 41])
@@ -120,11 +120,11 @@ def test_token_budget_is_never_exceeded(tok, budget):
     traj = play(engine, env, tok, max_turns=10, max_total_tokens=budget)
     traj.validate()
     assert len(traj) <= budget
-    assert traj.truncated and traj.metadata["truncation"] == "tokens"
+    assert traj.truncated and traj.episode.truncation == "tokens"
     for call in engine.calls:  # each request asked for no more than the tokens left
         assert len(call.prompt) + call.params.max_new_tokens <= budget
     # truncated actions are still stepped and their reward placed
-    assert len(env.actions) == traj.metadata["turns"] == len(engine.calls)
+    assert len(env.actions) == traj.episode.turns == len(engine.calls)
 
 
 def test_observation_that_does_not_fit_ends_the_episode(tok):
@@ -133,7 +133,7 @@ def test_observation_that_does_not_fit_ends_the_episode(tok):
     env = ToyEnv(done_after=None, obs=long_obs)
     traj = play(FakeEngine([a] * 5), env, tok, max_total_tokens=60)
     assert traj.token_ids == enc(tok, "Q7:") + a  # the observation is dropped, never cut
-    assert traj.metadata["truncation"] == "tokens" and traj.metadata["final_observation"] == long_obs
+    assert traj.episode.truncation == "tokens" and traj.episode.final_observation == long_obs
 
 
 def test_prompt_too_long_is_a_clear_error(tok):
@@ -167,9 +167,9 @@ def test_progress_reaches_reset_and_timings_are_recorded(tok):
     env = ToyEnv(step_sleep=0.01)
     traj = play(FakeEngine([enc(tok, "a</a>")] * 2), env, tok, progress=Progress(trainer_step=5))
     assert env.progress == Progress(trainer_step=5)
-    md = traj.metadata
-    assert md["env"] == "toy" and md["finish_reasons"] == ["stop", "stop"]
-    assert md["env_seconds"] >= 0.02 and md["gen_seconds"] >= 0.0
+    ep = traj.episode
+    assert ep.env == "toy" and ep.finish_reasons == ["stop", "stop"]
+    assert ep.env_seconds >= 0.02 and ep.gen_seconds >= 0.0
 
 
 def test_bad_limits_rejected(tok):

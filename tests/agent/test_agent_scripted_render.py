@@ -48,13 +48,13 @@ def test_demonstration_trajectory_masks_exactly_the_demo_text(tok):
     assert all(lp == 0.0 for lp in traj.rollout_logprobs)
     assert {v for v, m in zip(traj.versions, traj.action_mask) if m} == {5}
     assert tok.decode(traj.token_ids) == "Q3:" + demo[0] + "<obs 1>\n" + demo[1] + tok.eos_token
-    assert traj.metadata["demonstration"] and traj.metadata["success"] and traj.total_reward == 1.0
+    assert traj.metadata["demonstration"] and traj.episode.success and traj.total_reward == 1.0
     assert not traj.truncated
 
 
 def test_demonstration_that_does_not_finish_is_truncated(tok):
     traj = asyncio.run(demonstration_trajectory(ToyEnv(done_after=None), TASK, tok, random.Random(0)))
-    assert traj.truncated and traj.metadata["truncation"] == "turns" and traj.metadata["turns"] == 2
+    assert traj.truncated and traj.episode.truncation == "turns" and traj.episode.turns == 2
 
 
 def _episode(tok):

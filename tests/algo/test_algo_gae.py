@@ -17,7 +17,7 @@ from saorl.algo.gae import (
 
 
 def naive_skip_obs_gae(rewards, values, mask, gamma, lams):
-    """Per-row, per-token Python loop written straight from DESIGN.md §1."""
+    """Per-row, per-token Python loop written straight from the formulas in docs/method.md."""
     B, T = rewards.shape
     adv = torch.zeros(B, T, dtype=torch.float64)
     ret = torch.zeros(B, T, dtype=torch.float64)

@@ -10,6 +10,7 @@ import pytest
 
 from saorl.bench.runs import RolloutRecorder, analyse, percentile, slot_busy_seconds
 from saorl.bench.timeline import assign_lanes, load_timeline, plot_timelines
+from saorl.data.trajectory import Episode
 
 TRAINED = [
     {"step": 1, "rids": [0, 1], "task_ids": ["a", "b"], "versions": [[0], [0]], "action_tokens": [10, 20],
@@ -82,14 +83,14 @@ def test_percentile_matches_numpy():
 def test_recorder_writes_finished_and_unfinished(tmp_path: Path):
     class T:
         def __init__(self) -> None:
-            self.metadata = {"worker": 1, "t_start": 5.0, "t_end": 7.0}
+            self.episode = Episode(worker=1, t_start=5.0, t_end=7.0)
             self.num_action_tokens = 12
 
     rec = RolloutRecorder(tmp_path / "r.jsonl")
-    rec.submit(0)
-    rec.submit(1)
-    rec.finished(0, T())
-    rec.close()
+    rec.rollout_dispatched(0, 1.0)
+    rec.rollout_dispatched(1, 2.0)
+    rec.rollouts_finished([(0, T())])
+    rec.run_finished()
     rows = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert rows[0] == {"rid": 0, "worker": 1, "t_start": 5.0, "t_end": 7.0, "tokens": 12}
     assert rows[1]["rid"] == 1 and rows[1]["unfinished"] is True

@@ -38,7 +38,7 @@ def test_quick_benchmark_writes_summary_and_timeline(tmp_path: Path, capsys):
 def _bench_cli(argv: list[str]) -> int:
     import argparse
 
-    from saorl.bench import cli
+    from saorl.commands import bench as cli
 
     parser = argparse.ArgumentParser(prog="saorl bench")
     cli.add_arguments(parser)

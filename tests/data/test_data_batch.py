@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from saorl.data.batch import Batch, BatchError, collate
-from saorl.data.trajectory import Trajectory, read_jsonl, write_jsonl
+from saorl.data.trajectory import Trajectory
 
 PAD = 1
 
@@ -33,18 +33,13 @@ def test_collate_exact_values():
                                torch.tensor([[0.0, 0, -0.5, 0, -0.25], [0, -1.0, -2.0, 0, 0]]))
     torch.testing.assert_close(batch.rewards, torch.tensor([[0.0, 0, 0, 0, 1.0], [0, 0, 0.5, 0, 0]]))
     torch.testing.assert_close(batch.versions, torch.tensor([[-1, -1, 3, -1, 4], [-1, 2, 2, -1, -1]]))
-    torch.testing.assert_close(batch.lengths, torch.tensor([5, 3]))
-    torch.testing.assert_close(batch.prompt_lens, torch.tensor([2, 1]))
-    torch.testing.assert_close(batch.group_ids, torch.tensor([0, 1]))
-    assert batch.task_ids == ["a", "b"]
     assert batch.input_ids.dtype == torch.int64 and batch.versions.dtype == torch.int64
     assert batch.action_mask.dtype == torch.float32 and batch.rollout_logprobs.dtype == torch.float32
 
 
-def test_group_ids_follow_first_appearance_of_task_id():
+def test_rows_follow_the_given_order():
     a, b = _pair()
     batch = collate([b, a, b, a, b], pad_id=0)
-    assert batch.group_ids.tolist() == [0, 1, 0, 1, 0]
     assert batch.input_ids[1].tolist() == [5, 6, 7, 8, 9] and batch.input_ids[0, 3:].tolist() == [0, 0]
 
 
@@ -73,18 +68,19 @@ def test_masks_agree_with_a_naive_loop_on_random_trajectories():
 
 def test_jsonl_to_trajectory_to_collate(tmp_path):
     path = tmp_path / "trajs.jsonl"
-    write_jsonl(path, _pair())
-    direct, via_file = collate(_pair(), PAD), collate(read_jsonl(path), PAD)
+    path.write_text("".join(t.to_json() + "\n" for t in _pair()))
+    back = [Trajectory.from_json(line) for line in path.read_text().splitlines()]
+    direct, via_file = collate(_pair(), PAD), collate(back, PAD)
     for name in ("input_ids", "attention_mask", "action_mask", "response_mask", "rollout_logprobs", "rewards",
-                 "versions", "lengths", "prompt_lens", "group_ids"):
+                 "versions"):
         torch.testing.assert_close(getattr(via_file, name), getattr(direct, name), rtol=0, atol=0)
 
 
 def test_to_moves_every_tensor_and_keeps_dtypes():
     batch = collate(_pair(), PAD)
     moved = batch.to("meta")
-    assert isinstance(moved, Batch) and moved.task_ids == batch.task_ids
-    for name in ("input_ids", "action_mask", "versions", "lengths", "group_ids"):
+    assert isinstance(moved, Batch)
+    for name in ("input_ids", "action_mask", "versions", "rewards"):
         assert getattr(moved, name).device.type == "meta"
         assert getattr(moved, name).dtype == getattr(batch, name).dtype
     assert batch.input_ids.device.type == "cpu"

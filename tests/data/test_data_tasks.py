@@ -99,3 +99,61 @@ def test_hf_loader_errors_name_the_row(monkeypatch):
     _fake_datasets(monkeypatch, [{"q": 1}])
     with pytest.raises(TaskFileError, match=r"d \[train\] row 0: missing 'id'"):
         load_tasks_hf("d", "train")
+
+
+def _write_tasks(path, ids):
+    path.write_text("".join(json.dumps({"id": i, "question": "1+1", "answer": 2}) + "\n" for i in ids))
+    return path
+
+
+def test_a_single_tasks_file_holds_out_its_tail_for_every_stage(tmp_path):
+    """SFT demonstrations, value-pretraining rollouts and RL prompts all come from the train split,
+    which never shares a task with the test split (the bug: the test split came from the env's
+    generator and the stages took the first n of the same file)."""
+    from saorl.config import load_config
+    from saorl.data.tasks import load_split
+    from saorl.envs.registry import make_env_factory
+    from saorl.runtime.parts import build_tasks
+    from saorl.stages.evaluate import eval_tasks
+
+    path = _write_tasks(tmp_path / "tasks.jsonl", [f"t{i}" for i in range(30)])
+    cfg = load_config(None, [f"env.tasks_file={path}", "env.num_test_tasks=8", "env.num_train_tasks=100"])
+    factory = make_env_factory(cfg.env.type, cfg.env.options)
+    train, test = build_tasks(cfg, factory)
+    assert [t.id for t in test] == [f"t{i}" for i in range(22, 30)]
+    assert [t.id for t in train] == [f"t{i}" for i in range(22)]
+    sft_tasks = load_split(factory(), cfg.env, "train", cfg.sft.num_demos, 7919)  # as the SFT stage asks
+    vp_tasks = load_split(factory(), cfg.env, "train", 64, 15485863)  # as value pretraining asks
+    test_ids = {t.id for t in test}
+    assert not test_ids & {t.id for t in sft_tasks} and not test_ids & {t.id for t in vp_tasks}
+    assert [t.id for t in eval_tasks(cfg, factory, "test", 5)] == [f"t{i}" for i in range(22, 27)]
+
+
+def test_a_test_file_is_the_test_split_and_may_share_no_id(tmp_path):
+    from saorl.config import load_config
+    from saorl.envs.registry import make_env_factory
+    from saorl.runtime.parts import build_tasks
+
+    train_path = _write_tasks(tmp_path / "train.jsonl", ["a", "b", "c"])
+    test_path = _write_tasks(tmp_path / "test.jsonl", ["x", "y"])
+    cfg = load_config(None, [f"env.tasks_file={train_path}", f"env.test_tasks_file={test_path}"])
+    train, test = build_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options))
+    assert [t.id for t in train] == ["a", "b", "c"] and [t.id for t in test] == ["x", "y"]
+    _write_tasks(test_path, ["x", "b"])
+    with pytest.raises(TaskFileError, match=r"in both the train split .* e\.g\. 'b'"):
+        build_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options))
+
+
+def test_a_file_too_short_to_hold_out_from_is_a_clear_error(tmp_path):
+    from saorl.data.tasks import load_tasks
+
+    path = _write_tasks(tmp_path / "tasks.jsonl", ["a", "b"])
+    with pytest.raises(TaskFileError, match="2 tasks, but 2 are held out"):
+        load_tasks(None, "train", None, 0, path, held_out=2)
+
+
+def test_a_test_file_without_a_train_file_fails_at_load():
+    from saorl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"env.test_tasks_file: needs env.tasks_file"):
+        load_config(None, ["env.test_tasks_file=x.jsonl"])

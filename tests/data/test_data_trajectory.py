@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from saorl.data.trajectory import Trajectory, TrajectoryError, read_jsonl, write_jsonl
+from saorl.data.trajectory import Episode, Trajectory, TrajectoryError
 
 
 def _random_traj(rng: random.Random, i: int) -> Trajectory:
@@ -16,14 +16,17 @@ def _random_traj(rng: random.Random, i: int) -> Trajectory:
         rollout_logprobs=[-rng.random() * 10 if m else 0.0 for m in mask],
         rewards=[rng.choice([0.0, 1.0, 0.1 + 0.2]) for _ in mask],  # 0.30000000000000004 on purpose
         versions=[rng.randint(0, 9) if m else -1 for m in mask], prompt_len=p, task_id=f"t{i}",
-        truncated=bool(i % 2), metadata={"success": i % 3 == 0, "turns": [1, 2], "note": "ünïcode"})
+        truncated=bool(i % 2), metadata={"note": "ünïcode", "list": [1, 2]},
+        episode=Episode(env="e", turns=2, success=i % 3 == 0, turn_rewards=[0.1 + 0.2],
+                        turn_spans=[[p, p + 1]], rid=i, worker=i % 2, t_start=1.5 + i,
+                        t_end=None if i % 2 else 2.25))
 
 
-def test_jsonl_round_trip_is_bit_exact(tmp_path):
+def test_json_round_trip_is_bit_exact(tmp_path):
     rng = random.Random(0)
     trajs = [_random_traj(rng, i) for i in range(50)]
-    write_jsonl(tmp_path / "t.jsonl", trajs)
-    back = read_jsonl(tmp_path / "t.jsonl")
+    (tmp_path / "t.jsonl").write_text("".join(t.to_json() + "\n" for t in trajs))
+    back = [Trajectory.from_json(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert back == trajs  # dataclass equality: every float identical, not approximately
     assert all(a.rollout_logprobs == b.rollout_logprobs for a, b in zip(trajs, back))
 
@@ -52,11 +55,13 @@ def test_inconsistent_fields_are_rejected(change, match):
         Trajectory(**(base | change))
 
 
-def test_corrupt_jsonl_names_the_line(tmp_path):
+def test_records_of_another_shape_are_rejected_with_the_reason():
     good = Trajectory([1, 2], [0, 1], [0.0, -1.0], [0.0, 1.0], [-1, 0], 1).to_json()
-    (tmp_path / "t.jsonl").write_text(good + "\n" + '{"token_ids": [1]}\n')
-    with pytest.raises(TrajectoryError, match=r"t.jsonl:2"):
-        read_jsonl(tmp_path / "t.jsonl")
-    (tmp_path / "u.jsonl").write_text(good[:-1] + ',"bogus": 1}\n')
+    with pytest.raises(TrajectoryError, match=r"missing trajectory fields: \['action_mask'"):
+        Trajectory.from_json('{"token_ids": [1]}')
     with pytest.raises(TrajectoryError, match="unknown trajectory fields"):
-        read_jsonl(tmp_path / "u.jsonl")
+        Trajectory.from_json(good[:-1] + ',"bogus": 1}')
+    with pytest.raises(TrajectoryError, match="must be a JSON object, got list"):
+        Trajectory.from_json("[1, 2]")
+    with pytest.raises(TrajectoryError, match="unknown episode fields"):
+        Trajectory.from_json(good[:-1] + ',"episode": {"turnz": 1}}')

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from saorl.envs.base import Task
-from saorl.envs.cli import play_demonstration
 from saorl.envs.code_repair import CodeRepairEnv, verified_bugs
 from saorl.envs.code_repair_bank import BANK, BY_NAME, TEST_ONLY, mutants
+from saorl.envs.demo import play_demonstration
 from saorl.envs.registry import resolve_env
 from saorl.envs.sandbox import run_python
 

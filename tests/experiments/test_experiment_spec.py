@@ -117,7 +117,7 @@ def test_base_is_found_relative_to_spec(tmp_path):
 
 
 def test_cost_lines_and_switch_steps():
-    from saorl.experiments.cli import cost_lines, switch_steps
+    from saorl.experiments.plan import cost_lines, switch_steps
 
     spec = load_spec(find_spec("online"))
     lines = cost_lines(spec, ["sao", "reinforce_rm"], [0], quick=True)

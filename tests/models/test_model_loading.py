@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from saorl.models.checkpoint import export_policy
 from saorl.models.loading import load_policy
+from saorl.models.serialize import export_policy
 from saorl.models.tokenizer import load_tokenizer
 
 H, V, L, KV, HEAD = 128, 1024, 4, 2, 32

@@ -113,3 +113,45 @@ def test_bad_input_errors():
         token_logprobs(model, torch.zeros(3, dtype=torch.long), torch.ones(3))
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(model, torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3), temperature=-1)
+
+
+@pytest.mark.parametrize("kind", ["tiny-moe", "tiny-dense"])
+def test_truncated_scoring_matches_the_engines_sampled_logprobs(kind):
+    """DIS needs the trainer's log-prob of each sampled token under the distribution the engine
+    sampled from: with top_k / top_p, the truncated and renormalised one."""
+    from saorl.engines.base import SamplingParams
+    from saorl.engines.local import LocalEngine
+    from saorl.models.tokenizer import load_tokenizer
+
+    model = load_policy(kind, seed=3)
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_new_tokens=24, seed=5)
+    prompts = [[5 + i, 40, 41 + 3 * i, 7] for i in range(4)]
+    with LocalEngine(model, load_tokenizer(), max_batch_size=4, stop_on_eos=False) as engine:
+        results = engine.generate(prompts, params)
+    seqs = [p + r.token_ids for p, r in zip(prompts, results)]
+    ids, mask = _right_pad(seqs)
+    with torch.no_grad():
+        truncated = token_logprobs(model, ids, mask, temperature=0.8, top_k=20, top_p=0.9)
+        plain = token_logprobs(model, ids, mask, temperature=0.8)
+    worst, worst_plain = 0.0, 0.0
+    for b, (p, r) in enumerate(zip(prompts, results)):
+        engine_lp = torch.tensor(r.logprobs)
+        span = slice(len(p), len(p) + len(r.token_ids))
+        worst = max(worst, (truncated[b, span] - engine_lp).abs().max().item())
+        worst_plain = max(worst_plain, (plain[b, span] - engine_lp).abs().max().item())
+    assert worst < 1e-4
+    assert worst_plain > 1e-2  # without the truncation the ratio would be biased
+
+
+def test_tokens_outside_the_truncation_get_the_floor_and_no_gradient():
+    from saorl.models.logprobs import LOGPROB_FLOOR
+
+    model = load_policy("tiny-dense", seed=0)
+    ids, mask = _right_pad([[5, 6, 7, 8, 9, 10]])
+    lp = token_logprobs(model, ids, mask, top_k=1)  # greedy kept set: these tokens are not in it
+    picked_greedy = model(ids).logits[0, :-1].argmax(-1)
+    outside = picked_greedy != ids[0, 1:]
+    assert bool(outside.any())
+    assert torch.all(lp[0, 1:][outside] == LOGPROB_FLOOR)
+    lp.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from saorl.data.jsonl import read_jsonl
+
+__all__ = ["BASE", "read_jsonl", "rollout_worker_pids", "start_train", "wait_for_steps"]
 
 # Small but real: the tiny MoE policy, math_tool, workers in their own processes.
 BASE = [
@@ -17,18 +20,6 @@ BASE = [
     "run.progress=false", "rollout.concurrent_episodes=8", "rollout.engine_slots=8",
     "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4",
 ]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut by kill -9
-    return rows
 
 
 def start_train(run_dir: Path, *args: str, log: Path) -> subprocess.Popen:

@@ -9,7 +9,7 @@ import torch
 import saorl.runtime.learner as learner_mod
 from saorl.algo.registry import get_preset
 from saorl.data.batch import collate
-from saorl.data.trajectory import Trajectory
+from saorl.data.trajectory import Episode, Trajectory
 from saorl.models.critic import Critic
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
@@ -31,7 +31,7 @@ def _trajs(n=4, seed=0, logprob=-2.0, reward_every=2):
         rewards[-1] = 1.0 if i % reward_every == 0 else 0.0
         versions = [0 if m else -1 for m in mask]
         out.append(Trajectory(ids, mask, lp, rewards, versions, p, task_id=f"t{i}",
-                              metadata={"success": rewards[-1] > 0}))
+                              episode=Episode(success=rewards[-1] > 0)))
     return out
 
 
@@ -59,7 +59,7 @@ def _matched_trajs(policy, trajs):
     for i, t in enumerate(trajs):
         lps = [float(lp[i, j]) if m else 0.0 for j, m in enumerate(t.action_mask)]
         out.append(Trajectory(t.token_ids, t.action_mask, lps, t.rewards, t.versions, t.prompt_len, t.task_id,
-                              metadata=t.metadata))
+                              episode=t.episode))
     return out
 
 
@@ -116,7 +116,7 @@ def test_dis_masks_out_of_band_tokens_in_a_real_step():
                     lp[j] -= 5.0
                     n_out += 1
         shifted.append(Trajectory(t.token_ids, t.action_mask, lp, t.rewards, t.versions, t.prompt_len,
-                                  t.task_id, metadata=t.metadata))
+                                  t.task_id, episode=t.episode))
     m = lrn.step(shifted)
     assert m["policy/dis_kept_frac"] == pytest.approx(1 - n_out / n_action, abs=1e-6)
     assert m["policy/dis_masked_high_frac"] == pytest.approx(n_out / n_action, abs=1e-6)

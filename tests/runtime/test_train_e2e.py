@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from saorl.config import load_config
 from saorl.models.tiny import build_tiny
-from saorl.runtime.metrics import REQUIRED_KEYS
-from saorl.runtime.trainer import train
+from saorl.runtime.recorder import REQUIRED_KEYS
+from saorl.training import train
 
 pytestmark = pytest.mark.slow
 

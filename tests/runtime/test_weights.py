@@ -5,10 +5,10 @@ from saorl.runtime.weights import FileWeightSync
 
 def test_publish_poll_and_prune(tmp_path):
     sync = FileWeightSync(tmp_path, keep=2)
-    assert sync.latest_version() is None and sync.load() is None
+    assert sync.latest() is None and sync.load() is None
     for v in range(4):
         sync.publish({"w": torch.full((3,), float(v)), "b": torch.zeros(2)}, v)
-    assert sync.latest_version() == 3
+    assert sync.latest() == (3, str(tmp_path / "v00000003.safetensors"))
     version, sd = sync.load()
     assert version == 3 and torch.equal(sd["w"], torch.full((3,), 3.0))
     assert sorted(p.name for p in tmp_path.glob("v*.safetensors")) == ["v00000002.safetensors",
@@ -22,5 +22,5 @@ def test_publish_poll_and_prune(tmp_path):
 def test_second_reader_sees_publisher(tmp_path):
     writer, reader = FileWeightSync(tmp_path), FileWeightSync(tmp_path)
     writer.publish({"w": torch.ones(2)}, 7)
-    assert reader.latest_version() == 7
+    assert reader.latest()[0] == 7
     assert torch.equal(reader.load()[1]["w"], torch.ones(2))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from saorl.cli import main
+from saorl.commands import simulate as sim_cli_module
 from saorl.sim import (
     DecodeCurve,
     LengthDist,
@@ -19,7 +20,6 @@ from saorl.sim import (
     load_lengths,
     simulate,
 )
-from saorl.sim import cli as sim_cli_module
 
 
 def tiny(**kw) -> SimParams:

@@ -15,8 +15,8 @@ and prints accuracy, mean reward, mean turns and mean action tokens as a small t
   of ``saorl sft``): settings from the defaults plus overrides (default env: math_tool);
 - a tiny kind (``tiny-moe``, ``tiny-dense``): a freshly initialised model (from ``seed``).
 
-The evaluation is the trainer's (:func:`saorl.runtime.evaluate.evaluate`); the test tasks are
-the first ``--tasks`` of the run's test split, so numbers compare with the run's ``eval/*``.
+The evaluation is the trainer's (:func:`saorl.stages.evaluate.evaluate_config`); the test tasks
+are the first ``--tasks`` of the run's test split, so numbers compare with the run's ``eval/*``.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------- targets
 def _policy_loader(spec: str, cfg: SaorlConfig, state_file: Path | None = None) -> Callable:
     def load() -> torch.nn.Module:
-        from saorl.models.checkpoint import load_safetensors
         from saorl.models.loading import load_policy
+        from saorl.models.serialize import load_safetensors
 
         model = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
         if state_file is not None:
@@ -83,9 +83,9 @@ def _policy_loader(spec: str, cfg: SaorlConfig, state_file: Path | None = None) 
 
 def _initial_spec(cfg: SaorlConfig) -> str:
     """The run's initial policy (architecture): its cached SFT warm start if present, else model.policy."""
-    from saorl.runtime.warmstart import sft_key
+    from saorl.stages.sft import cached_sft_dir
 
-    cached = Path(cfg.run.out_dir) / ".cache" / f"sft-{sft_key(cfg)}"
+    cached = cached_sft_dir(cfg)
     return str(cached) if cfg.sft.enabled and (cached / "config.json").is_file() else cfg.model.policy
 
 
@@ -139,36 +139,7 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
                       "+ policy.safetensors) or an HF policy directory (no config.json)")
 
 
-# ------------------------------------------------------------------------------- evaluation
-def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int) -> list:
-    """The first ``n`` tasks of ``split``, as a run sees them (test: the run's test set)."""
-    from saorl.envs.registry import load_tasks
-
-    env = env_factory()
-    if split == "train":
-        return load_tasks(env, "train", n, cfg.seed, cfg.env.tasks_file)
-    return load_tasks(env, "test", max(n, cfg.env.num_test_tasks), cfg.seed)[:n]
-
-
-def evaluate_policy(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test", n: int | None = None,
-                    temperature: float = 0.0) -> tuple[dict[str, float], list]:
-    """``eval/*`` metrics and trajectories of ``policy`` on the first ``n`` tasks of ``split``.
-
-    ``n`` None: as many as a run's evaluation uses, ``min(run.eval_tasks, env.num_test_tasks)``.
-    """
-    from saorl.envs.registry import make_env_factory
-    from saorl.runtime.evaluate import evaluate
-
-    if n is not None and n < 1:
-        raise ValueError(f"--tasks must be >= 1, got {n}")
-    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
-    tasks = eval_tasks(cfg, env_factory, split, n or min(cfg.run.eval_tasks, cfg.env.num_test_tasks))
-    r = cfg.rollout
-    return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
-                    max_total_tokens=r.max_total_tokens, slots=r.engine_slots, temperature=temperature,
-                    seed=cfg.seed)
-
-
+# ------------------------------------------------------------------------------- output
 def format_table(columns: dict[str, dict[str, float]]) -> str:
     """Metric rows × one column per entry of ``columns`` (e.g. ``{"before": m0, "after": m1}``)."""
     lines = [f"{'metric':<20}" + "".join(f"{name:>10}" for name in columns)]
@@ -181,17 +152,21 @@ def format_table(columns: dict[str, dict[str, float]]) -> str:
 def run(args: argparse.Namespace) -> int:
     from saorl.agent.render import render_trajectory
     from saorl.models.tokenizer import load_tokenizer
+    from saorl.stages.evaluate import evaluate_config
 
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         print(f"saorl eval: expected key=value overrides after the target, got {bad[0]!r}", file=sys.stderr)
+        return 2
+    if args.tasks is not None and args.tasks < 1:
+        print(f"saorl eval: --tasks must be >= 1, got {args.tasks}", file=sys.stderr)
         return 2
     try:
         target = resolve_target(args.target, args.overrides)
         policy, tokenizer = target.load(), load_tokenizer(target.tokenizer)
         if args.temperature is None:
             args.temperature = target.cfg.run.eval_temperature
-        metrics, trajs = evaluate_policy(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
+        metrics, trajs = evaluate_config(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
                                          temperature=args.temperature)
     except (ConfigError, TargetError, FileNotFoundError, NotADirectoryError) as e:
         print(f"saorl eval: {e}" if not isinstance(e, ConfigError) else str(e), file=sys.stderr)

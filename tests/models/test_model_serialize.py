@@ -4,16 +4,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from saorl.models import checkpoint
-from saorl.models.checkpoint import (
+from saorl.models import serialize
+from saorl.models.critic import Critic
+from saorl.models.loading import load_policy
+from saorl.models.serialize import (
     export_policy,
     load_critic,
     load_safetensors,
     save_critic,
     save_safetensors_atomic,
 )
-from saorl.models.critic import Critic
-from saorl.models.loading import load_policy
 from saorl.models.tokenizer import load_tokenizer
 
 
@@ -35,7 +35,7 @@ def test_round_trip_tied_noncontiguous(tmp_path):
 def test_interrupted_save_keeps_previous_file(tmp_path, monkeypatch):
     dest = tmp_path / "ckpt.safetensors"
     save_safetensors_atomic({"w": torch.zeros(3)}, dest)
-    real_save = checkpoint.save_file
+    real_save = serialize.save_file
 
     def crash_midway(tensors, filename, metadata=None):
         real_save(tensors, filename, metadata=metadata)
@@ -43,7 +43,7 @@ def test_interrupted_save_keeps_previous_file(tmp_path, monkeypatch):
             f.truncate(os.path.getsize(filename) // 2)
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "save_file", crash_midway)
+    monkeypatch.setattr(serialize, "save_file", crash_midway)
     with pytest.raises(OSError, match="disk full"):
         save_safetensors_atomic({"w": torch.ones(1000)}, dest)
     assert torch.equal(load_safetensors(dest)["w"], torch.zeros(3))

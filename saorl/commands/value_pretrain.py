@@ -9,8 +9,9 @@ directory it writes can be given to a run as ``model.critic=DIR``.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from saorl.commands.common import config_or_exit, fail
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,31 +24,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saorl.config import ConfigError, load_config
-    from saorl.runtime.train_cmd import split_config_args
+    from saorl.stages.sft import warm_start
+    from saorl.stages.value_pretrain import run_value_pretrain
 
-    config_path, overrides = split_config_args(args.args)
-    try:
-        cfg = load_config(config_path, overrides)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+    cfg = config_or_exit("saorl value-pretrain", list(args.args))
     if not cfg.algo.resolve().use_critic:
-        print(f"saorl value-pretrain: algorithm {cfg.algo.name!r} trains no critic", file=sys.stderr)
-        return 2
-    if args.policy is not None:
-        policy = args.policy
-    else:
-        from saorl.runtime.warmstart import initial_policy
-
-        policy = initial_policy(cfg)
-    from saorl.runtime.value_pretrain import run_value_pretrain
-
+        fail(f"saorl value-pretrain: algorithm {cfg.algo.name!r} trains no critic")
+    policy = args.policy if args.policy is not None else warm_start(cfg)
     try:
         final = run_value_pretrain(cfg, policy, args.out)
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
-        print(f"saorl value-pretrain: {e}", file=sys.stderr)
-        return 2
+        fail(f"saorl value-pretrain: {e}")
     print(f"critic written to {args.out} (use it with model.critic={args.out}); "
           f"held-out explained variance {final['value_pretrain/val_explained_var']:.3f}")
     return 0

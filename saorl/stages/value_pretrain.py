@@ -1,4 +1,4 @@
-"""Value pretraining: fit the critic on rollouts of the initial policy, before RL (DESIGN §1).
+"""Value pretraining: fit the critic on rollouts of the initial policy, before RL (docs/method.md).
 
 The paper's "scaled value pretraining": a critic initialised from the policy knows nothing about
 returns, so the first RL updates would use near-random advantages. Instead, before RL:
@@ -14,7 +14,7 @@ returns, so the first RL updates would use near-random advantages. Instead, befo
    the critic gains from more rollouts) and keep the 100% fit.
 
 Departures and choices:
-- The chain follows the preset, as the RL critic updates do (``critic_targets`` with λ = 1):
+- The chain follows the preset, as the RL critic updates do (``value_targets`` with λ = 1):
   action tokens only with ``skip_observation`` (sao: exactly ``mc_returns`` over ``action_mask``),
   every response token otherwise (vapo), so pretraining fits the very targets RL will use.
 - Rollouts use training tasks drawn with a seed of their own (``seed + 15485863``), independent of
@@ -25,12 +25,11 @@ Departures and choices:
 
 :func:`initial_critic` is what a run calls: the result is cached under
 ``run.out_dir/.cache/critic-<key>``, keyed by everything that determines it, like the SFT warm
-start (:mod:`saorl.runtime.warmstart`), so every arm of a comparison starts from the same critic.
+start (:mod:`saorl.stages.sft`), so every arm of a comparison starts from the same critic.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import random
@@ -41,18 +40,20 @@ from pathlib import Path
 
 import torch
 
+from saorl.algo.gae import value_targets
 from saorl.algo.losses import value_loss
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
 from saorl.data.batch import Batch, collate
+from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
-from saorl.envs.registry import load_tasks, make_env_factory
-from saorl.models.checkpoint import save_critic
+from saorl.envs.registry import make_env_factory
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy
+from saorl.models.serialize import save_critic
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.learner import critic_targets
-from saorl.runtime.setup import sampling_params
+from saorl.runtime.messages import RolloutRequest
+from saorl.runtime.parts import sampling_params
 
 FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
 """Fractions of the training rollouts fitted on, one row of the scaling curve each."""
@@ -68,7 +69,7 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
     p, r = cfg.algo.resolve(), cfg.rollout
     ident = {
         "policy": policy_spec, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
-        "env": cfg.env.model_dump(exclude={"num_train_tasks", "num_test_tasks"}), "seed": cfg.seed,
+        "env": cfg.env.model_dump(exclude=_unused_env_fields(cfg), exclude_defaults=True), "seed": cfg.seed,
         "rollout": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
                     "max_new_tokens": r.max_new_tokens, "max_total_tokens": r.max_total_tokens},
         "value_pretrain": cfg.value_pretrain.model_dump(exclude={"enabled"}),
@@ -76,6 +77,12 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _unused_env_fields(cfg: SaorlConfig) -> set[str]:
+    """Env fields that do not change which training tasks value pretraining sees."""
+    held_out_of_file = cfg.env.tasks_file is not None and cfg.env.test_tasks_file is None
+    return {"num_train_tasks"} | (set() if held_out_of_file else {"num_test_tasks"})
 
 
 def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None] = print) -> str | None:
@@ -104,23 +111,23 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
 # ---------------------------------------------------------------------------------------- data
 def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int) -> list[Trajectory]:
     """``n`` trajectories of ``policy`` on training tasks, at the rollout sampling settings."""
-    from saorl.agent.loop import run_episodes
     from saorl.engines.local import LocalEngine
+    from saorl.runtime.inprocess import InProcessBackend, run_requests
 
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
-    tasks = load_tasks(env_factory(), "train", n, cfg.seed + _TASK_SEED_OFFSET, cfg.env.tasks_file)
+    tasks = load_split(env_factory(), cfg.env, "train", n, cfg.seed + _TASK_SEED_OFFSET)
     if not tasks:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
-    tasks = [tasks[i % len(tasks)] for i in range(n)]
     r = cfg.rollout
     engine = LocalEngine(policy, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
     try:
-        sampling = replace(sampling_params(cfg), seed=cfg.seed)
-        return asyncio.run(run_episodes(engine, env_factory, tasks, tokenizer,
-                                        concurrency=2 * r.engine_slots, sampling=sampling,
-                                        max_total_tokens=r.max_total_tokens))
+        backend = InProcessBackend(engine, env_factory, tokenizer,
+                                   sampling=replace(sampling_params(cfg), seed=cfg.seed),
+                                   max_total_tokens=r.max_total_tokens, concurrency=2 * r.engine_slots)
+        done = run_requests(backend, [RolloutRequest(i, tasks[i % len(tasks)]) for i in range(n)])
     finally:
         engine.close()
+    return [done[i] for i in range(n)]
 
 
 def split_rollouts(trajs: Sequence[Trajectory], seed: int) -> tuple[list[Trajectory], list[Trajectory]]:
@@ -134,14 +141,9 @@ def split_rollouts(trajs: Sequence[Trajectory], seed: int) -> tuple[list[Traject
 
 
 def chain_targets(batch: Batch, preset: AlgoPreset) -> tuple[torch.Tensor, torch.Tensor]:
-    """(returns ``[B, T]``, mask ``[B, T]``): Monte-Carlo returns on the preset's chain.
-
-    The mask is ``action_mask`` with ``skip_observation`` and ``response_mask`` otherwise; returns
-    are 0 wherever the mask is 0.
-    """
-    mc = preset.with_overrides(lam_critic=1.0)
-    returns = critic_targets(batch, torch.zeros_like(batch.rewards), mc)
-    return returns, batch.action_mask if preset.skip_observation else batch.response_mask
+    """(returns ``[B, T]``, chain mask ``[B, T]``): Monte-Carlo returns on the preset's chain."""
+    return value_targets(batch.rewards, None, batch.action_mask, batch.response_mask, gamma=preset.gamma,
+                         lam=1.0, skip_observation=preset.skip_observation)
 
 
 # ------------------------------------------------------------------------------------- fitting
@@ -229,7 +231,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     rollout_s = time.monotonic() - t0
     train, val = split_rollouts(trajs, cfg.seed)
     log(f"value pretraining: {len(trajs)} rollouts in {rollout_s:.0f}s "
-        f"(success {sum(bool(t.metadata.get('success')) for t in trajs) / len(trajs):.2f}); "
+        f"(success {sum(t.episode.success for t in trajs) / len(trajs):.2f}); "
         f"fitting on {len(train)}, holding out {len(val)}")
     if len({t.total_reward for t in trajs}) == 1:
         log(f"value pretraining: warning: every rollout earned reward {trajs[0].total_reward:g}; the "
@@ -258,7 +260,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
         "value_pretrain/val_explained_var": last["val_explained_var"],
         "value_pretrain/val_loss_unfitted": rows[0]["val_loss"],
         "value_pretrain/train_loss": last["train_loss"], "value_pretrain/return_mean": last["return_mean"],
-        "value_pretrain/success_frac": sum(bool(t.metadata.get("success")) for t in trajs) / len(trajs),
+        "value_pretrain/success_frac": sum(t.episode.success for t in trajs) / len(trajs),
         "value_pretrain/rollout_s": rollout_s, "value_pretrain/elapsed_s": time.monotonic() - t0,
     }
     (out_dir / METRICS_FILE).write_text(json.dumps({"final": final, "curve": rows}, indent=2) + "\n")

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from saorl.cli import main
+from saorl.commands.eval import TargetError, resolve_target
 from saorl.config import load_config, save_resolved
-from saorl.envs.registry import load_tasks, make_env_factory
-from saorl.models.checkpoint import export_policy, save_safetensors_atomic
+from saorl.data.tasks import load_tasks
+from saorl.envs.registry import make_env_factory
+from saorl.models.serialize import export_policy, save_safetensors_atomic
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.eval_cmd import TargetError, eval_tasks, resolve_target
+from saorl.stages.evaluate import eval_tasks
 
 # math_tool, short turns: a few seconds per evaluation of 4 tasks on the tiny model
 FAST = ["env.num_test_tasks=4", "env.options.max_turns=2", "rollout.max_new_tokens=6",

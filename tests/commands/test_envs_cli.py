@@ -1,5 +1,5 @@
 from saorl.cli import main
-from saorl.envs.cli import parse_options
+from saorl.commands.envs import parse_options
 
 
 def test_parse_options_reads_yaml_values():

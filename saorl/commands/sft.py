@@ -1,10 +1,10 @@
 """``saorl sft [CONFIG] [key=value ...] --out DIR [--tasks N]``.
 
 Supervised fine-tuning of ``model.policy`` on the env's demonstrations (loss on action tokens
-only; :func:`saorl.runtime.warmstart.run_sft`, the very SFT a run's warm start does), exported to
+only; :func:`saorl.stages.sft.run_sft`, the very SFT a run's warm start does), exported to
 ``DIR`` as an HF policy directory with ``DIR/sft_metrics.json``. Then both the un-fine-tuned policy
-and the result are evaluated greedily on the first ``N`` test tasks and the accuracy before and
-after is printed; the two evaluations are added to ``sft_metrics.json`` as ``before/eval/*`` and
+and the result are evaluated on the first ``N`` test tasks and the accuracy before and after is
+printed; the two evaluations are added to ``sft_metrics.json`` as ``before/eval/*`` and
 ``after/eval/*``. ``DIR`` can be given to a run as ``model.policy=DIR`` (with ``sft.enabled=false``)
 or to ``saorl eval``.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from saorl.commands.common import config_or_exit, fail
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,37 +28,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saorl.config import ConfigError, load_config
+    from saorl.commands.eval import format_table
     from saorl.models.loading import load_policy
     from saorl.models.tokenizer import load_tokenizer
-    from saorl.runtime.eval_cmd import evaluate_policy, format_table
-    from saorl.runtime.train_cmd import split_config_args
-    from saorl.runtime.warmstart import run_sft, sft_seed
+    from saorl.stages.evaluate import evaluate_config
+    from saorl.stages.sft import run_sft, sft_seed
 
-    config_path, overrides = split_config_args(args.args)
     if args.tasks is not None and args.tasks < 1:
-        print(f"saorl sft: --tasks must be >= 1, got {args.tasks}", file=sys.stderr)
-        return 2
-    try:
-        cfg = load_config(config_path, overrides)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+        fail(f"saorl sft: --tasks must be >= 1, got {args.tasks}")
+    cfg = config_or_exit("saorl sft", list(args.args))
     m = cfg.model
     try:
         tokenizer = load_tokenizer(m.tokenizer)
         before_policy = load_policy(m.policy, dtype=m.dtype, device=m.device, seed=sft_seed(cfg))
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
-        print(f"saorl sft: {e}", file=sys.stderr)
-        return 2
-    temp = cfg.run.eval_temperature
-    before, _ = evaluate_policy(cfg, before_policy, tokenizer, n=args.tasks, temperature=temp)
+        fail(f"saorl sft: {e}")
+    before, _ = evaluate_config(cfg, before_policy, tokenizer, n=args.tasks)
     del before_policy
     metrics = run_sft(cfg, args.out)
     after_policy = load_policy(str(args.out), dtype=m.dtype, device=m.device)
-    after, _ = evaluate_policy(cfg, after_policy, tokenizer, n=args.tasks, temperature=temp)
+    after, _ = evaluate_config(cfg, after_policy, tokenizer, n=args.tasks)
     metrics |= {f"before/{k}": v for k, v in before.items()} | {f"after/{k}": v for k, v in after.items()}
     (args.out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    temp = cfg.run.eval_temperature
     print(f"policy  {m.policy} -> {args.out} ({cfg.sft.steps} SFT steps on {int(metrics['sft/demos'])} "
           f"demonstrations, final loss {metrics['sft/loss']:.4f})")
     print(f"env     {cfg.env.type}, test split, {int(after.get('eval/episodes', 0))} episodes, "

@@ -14,13 +14,14 @@ import argparse
 import importlib
 import random
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from saorl.envs.base import Env, Progress, Task
-from saorl.envs.registry import BUILTIN_ENVS, EnvResolveError, load_tasks, make_env_factory, resolve_env
+from saorl.data.tasks import load_tasks
+from saorl.envs.base import Progress
+from saorl.envs.demo import play_demonstration, token_counts
+from saorl.envs.registry import BUILTIN_ENVS, EnvResolveError, make_env_factory, resolve_env
 
 _STYLES = {"PROMPT": "bold", "ACT": "green", "OBS": "cyan", "INFO": "yellow"}
 
@@ -53,42 +54,6 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             options[key.strip()] = value
     return options
-
-
-@dataclass
-class Episode:
-    prompt: str
-    turns: list[tuple[str, str]] = field(default_factory=list)
-    """(action, observation) pairs in order."""
-    reward: float = 0.0
-    success: bool = False
-    done: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-def play_demonstration(env: Env, task: Task, rng: random.Random, progress: Progress | None = None) -> Episode:
-    """Reset ``env`` on ``task`` and step the demonstration's actions until the episode ends."""
-    ep = Episode(env.reset(task, progress))
-    for action in env.demonstration(task, rng):
-        result = env.step(action)
-        ep.turns.append((action, result.observation))
-        ep.reward += result.reward
-        if result.done:
-            ep.done, ep.info = True, result.info
-            ep.success = bool(result.info.get("success", False))
-            break
-    return ep
-
-
-def token_counts(ep: Episode, tokenizer: Any) -> dict[str, int]:
-    def n(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
-
-    counts = {"prompt": n(ep.prompt), "actions": sum(n(a) for a, _ in ep.turns),
-              "observations": sum(n(o) for _, o in ep.turns)}
-    counts["max_action"] = max((n(a) for a, _ in ep.turns), default=0)
-    counts["total"] = counts["prompt"] + counts["actions"] + counts["observations"]
-    return counts
 
 
 class _Printer:

@@ -4,12 +4,13 @@ import random
 
 import torch
 
+from saorl.data.tasks import load_tasks
 from saorl.data.trajectory import Trajectory
-from saorl.envs.registry import load_tasks, make_env_factory
+from saorl.envs.registry import make_env_factory
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.sft import SFTConfig, demonstrations, sft
+from saorl.stages.sft import demonstrations, sft
 
 
 def _demo(prompt, action, obs, action2):
@@ -26,7 +27,7 @@ def test_sft_loss_is_the_nll_of_action_tokens_only():
 
     demos = [_demo(noise(5), [7, 8, 9], noise(3), [10, 11]) for _ in range(8)]
     policy = build_tiny("tiny-dense", seed=0)
-    m = sft(policy, demos, pad_id=1, cfg=SFTConfig(steps=40, batch_size=8, lr=3e-3, warmup_steps=2))
+    m = sft(policy, demos, pad_id=1, steps=40, batch_size=8, lr=3e-3, seed=0, warmup_steps=2)
     # the fixed action tokens are learnt; the random prompt/observation tokens are not targets
     from saorl.data.batch import collate
 
@@ -47,7 +48,7 @@ def test_demonstrations_are_deterministic_and_token_exact():
     a = demonstrations(factory, tasks, tok, seed=1)
     b = demonstrations(factory, tasks, tok, seed=1)
     assert [t.token_ids for t in a] == [t.token_ids for t in b]
-    assert all(t.metadata["success"] for t in a)
+    assert all(t.episode.success for t in a)
     for t in a:
         acts = tok.decode([i for i, m in zip(t.token_ids, t.action_mask) if m])
         assert "<answer>" in acts and "<tool>" in acts
@@ -55,7 +56,7 @@ def test_demonstrations_are_deterministic_and_token_exact():
 
 def test_sft_seed_decouples_the_warm_start_from_the_run_seed():
     from saorl.config import load_config
-    from saorl.runtime.warmstart import sft_key, sft_seed
+    from saorl.stages.sft import sft_key, sft_seed
 
     run0, run1 = load_config(None, ["seed=0"]), load_config(None, ["seed=1"])
     assert sft_key(run0) != sft_key(run1)  # by default each run seed has its own SFT model

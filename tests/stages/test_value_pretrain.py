@@ -7,15 +7,15 @@ import random
 import pytest
 import torch
 
-import saorl.runtime.value_pretrain as vp
+import saorl.stages.value_pretrain as vp
 from saorl.cli import main
 from saorl.config import load_config
 from saorl.data.batch import collate
 from saorl.data.trajectory import Trajectory
 from saorl.envs.base import Env, StepResult, Task
-from saorl.models.checkpoint import load_critic, save_critic
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy
+from saorl.models.serialize import load_critic, save_critic
 from saorl.models.tiny import build_tiny
 
 

@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from saorl.config import ConfigError, config_to_yaml, load_config, resolved_algo_dict
+from saorl.commands.common import load_file_or_exit
+from saorl.config import config_to_yaml, resolved_algo_dict
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,12 +29,8 @@ def run(args: argparse.Namespace) -> int:
     # `saorl config algo.eps_high=3` : the first positional is an override, not a file.
     if path is not None and "=" in path and not Path(path).exists():
         path, overrides = None, [path, *overrides]
-    try:
-        cfg = load_config(path, overrides)
-        algo = resolved_algo_dict(cfg) if args.algo else None
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+    cfg = load_file_or_exit(path, overrides)
+    algo = resolved_algo_dict(cfg) if args.algo else None
     sys.stdout.write(config_to_yaml(cfg))
     if algo is not None:
         import yaml

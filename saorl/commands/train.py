@@ -1,0 +1,38 @@
+"""``saorl train [CONFIG] [key=value ...] [--resume RUN_DIR] [--run-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from saorl.commands.common import config_or_exit, fail, load_file_or_exit
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("args", nargs="*", metavar="CONFIG_OR_OVERRIDE",
+                   help="an optional YAML config (default: the built-in SAO on math_tool), then dotted "
+                        "overrides such as algo.eps_high=3.0 trainer.steps=50")
+    p.add_argument("--resume", metavar="RUN_DIR", type=Path,
+                   help="continue a run from its last checkpoint and journal (after a crash or Ctrl-C)")
+    p.add_argument("--run-dir", type=Path, help="write the run here instead of run.out_dir/NAME-TIMESTAMP")
+
+
+def run(args: argparse.Namespace) -> int:
+    from saorl.training import train
+
+    if args.resume is not None:
+        if args.args and "=" not in args.args[0]:
+            fail("saorl train: --resume takes its config from the run directory; give only overrides")
+        resolved = args.resume / "config.yaml"
+        if not resolved.exists():
+            fail(f"saorl train: {resolved} not found; is {args.resume} a saorl run directory?")
+        cfg = load_file_or_exit(str(resolved), list(args.args))
+    else:
+        cfg = config_or_exit("saorl train", list(args.args))
+    run_dir, final = train(cfg, args.resume or args.run_dir, resume=args.resume is not None)
+    acc = final.get("eval/accuracy")
+    print(f"run directory: {run_dir}")
+    if final:
+        print(f"last step {final.get('step')}: reward {final.get('reward/mean', float('nan')):.3f}"
+              + (f", eval accuracy {acc:.3f}" if acc is not None else ""))
+    return 0

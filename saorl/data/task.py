@@ -1,0 +1,14 @@
+"""A task: one prompt's payload, as the task stream and the environments see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    """Unique across splits; the data cursor and resume logic key on it."""
+    data: dict[str, Any]
+    """JSON-serialisable task payload, interpreted by the env."""

@@ -1,0 +1,71 @@
+"""What crosses the transport seam between the run and its rollout workers, typed.
+
+The run sends a :class:`RolloutRequest` per rollout; a worker answers with one of the
+:data:`WorkerMessage` kinds. A backend (processes, threads in this process, Ray actors) carries
+these objects as they are and gathers what arrived into a :class:`PollResult`, the one thing the
+feed reads. Trajectories carry their own typed :class:`~saorl.data.trajectory.Episode` record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from saorl.data.task import Task
+from saorl.data.trajectory import Trajectory
+from saorl.envs.base import Progress
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    rid: int
+    """Rollout id (see :mod:`saorl.runtime.journal`); also the episode's sampling-seed index."""
+    task: Task
+    progress: Progress = field(default_factory=Progress)
+    """Where training is when the rollout starts (envs whose reward moves with it read it)."""
+    min_version: int = 0
+    """The oldest policy version the rollout may be sampled with (the sync barrier)."""
+
+
+@dataclass(frozen=True)
+class RolloutFinished:
+    worker: int
+    rid: int
+    trajectory: Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutFailed:
+    """The episode raised (an env or engine error): the rollout is lost and will be re-queued."""
+
+    worker: int
+    rid: int
+    error: str
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A worker's engine counters (``InferenceEngine.stats()``), sent about once a second."""
+
+    worker: int
+    stats: dict[str, float]
+
+
+@dataclass(frozen=True)
+class WorkerCrashed:
+    """A worker's loop died; the backend notices the dead worker and restarts it."""
+
+    worker: int
+    error: str
+
+
+WorkerMessage = RolloutFinished | RolloutFailed | EngineStats | WorkerCrashed
+
+
+@dataclass
+class PollResult:
+    """What a backend gathered in one :meth:`Backend.poll`."""
+
+    finished: list[tuple[int, Trajectory]] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    """Rollout ids whose worker died (or whose episode raised) before finishing them."""
+    errors: list[str] = field(default_factory=list)

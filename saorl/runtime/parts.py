@@ -1,0 +1,117 @@
+"""Building a run's parts from its config: models, env, task splits, backend, weights, learner.
+
+Kept apart from the loop so that :mod:`saorl.runtime.run` reads as the algorithm and this file
+as the wiring. The config is unpacked here, at the call sites; nothing the parts do reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from saorl.algo.registry import AlgoPreset
+from saorl.config import SaorlConfig
+from saorl.data.task import Task
+from saorl.data.tasks import check_disjoint, load_split
+from saorl.engines.base import SamplingParams
+from saorl.envs.registry import make_env_factory
+from saorl.models.critic import Critic
+from saorl.models.loading import load_policy
+from saorl.models.tokenizer import load_tokenizer
+from saorl.runtime.backend import Backend, LocalBackend
+from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.weights import FileWeightSync, WeightSync
+from saorl.runtime.worker import WorkerSpec
+
+
+@dataclass
+class RunParts:
+    preset: AlgoPreset
+    mode: Literal["async", "sync"]
+    tokenizer: Any
+    policy: torch.nn.Module
+    critic: Critic | None
+    env_factory: Callable
+    train_tasks: list[Task]
+    test_tasks: list[Task]
+    backend: Backend
+    weights: WeightSync
+
+
+def sampling_params(cfg: SaorlConfig, temperature: float | None = None) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature if temperature is None else temperature,
+                          top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+
+
+def build_tasks(cfg: SaorlConfig, env_factory) -> tuple[list[Task], list[Task]]:
+    """The run's (train, test) task splits; an id in both is an error, never a silent overlap."""
+    env = env_factory()
+    train = load_split(env, cfg.env, "train", cfg.env.num_train_tasks, cfg.seed)
+    test = load_split(env, cfg.env, "test", cfg.env.num_test_tasks, cfg.seed)
+    if not train:
+        raise ValueError(f"env {cfg.env.type!r} produced no training tasks")
+    check_disjoint(train, test, "train split", "test split")
+    return train, test
+
+
+def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str | None) -> Critic | None:
+    """None without a critic; a saved (value-pretrained) critic; else a copy of the policy's trunk."""
+    if not preset.use_critic:
+        return None
+    if critic_spec:
+        from saorl.models.serialize import load_critic
+
+        return load_critic(critic_spec, device=cfg.model.device)
+    return Critic.from_policy(policy, seed=cfg.seed)
+
+
+def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int) -> Learner:
+    """The learner of ``cfg``'s algorithm, trainer settings and sampler (for exact DIS ratios)."""
+    t, r = cfg.trainer, cfg.rollout
+    return Learner(policy, critic, cfg.algo.resolve(),
+                   OptimConfig(t.policy_lr, t.critic_lr, t.weight_decay, t.grad_clip, t.warmup_steps),
+                   pad_id=pad_id, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                   device=cfg.model.device)
+
+
+def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer, env_factory,
+                  weights: WeightSync) -> Backend:
+    """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``)."""
+    r = cfg.rollout
+    if cfg.runtime.backend == "inprocess":
+        from saorl.engines.local import LocalEngine
+        from saorl.runtime.inprocess import InProcessBackend
+
+        model = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+        engine = LocalEngine(model, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
+        return InProcessBackend(engine, env_factory, tokenizer, sampling=sampling_params(cfg),
+                                max_total_tokens=r.max_total_tokens,
+                                concurrency=r.num_workers * r.concurrent_episodes, weights=weights,
+                                owns_engine=True)
+    spec = WorkerSpec(policy=policy_spec, tokenizer=cfg.model.tokenizer, env_type=cfg.env.type,
+                      env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
+                      sampling=sampling_params(cfg), engine_slots=r.engine_slots,
+                      max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
+                      threads=cfg.runtime.worker_threads, device=cfg.model.device, dtype=cfg.model.dtype,
+                      http_url=r.http_url)
+    return LocalBackend(spec, r.num_workers, r.concurrent_episodes)
+
+
+def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:
+    """Everything a :class:`~saorl.runtime.run.Run` needs, starting from ``policy_spec`` (the SFT
+    warm start or ``model.policy``) and ``critic_spec`` (a pretrained critic, or None)."""
+    preset = cfg.algo.resolve()
+    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    critic = build_critic(cfg, policy, preset, critic_spec)
+    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
+    train_tasks, test_tasks = build_tasks(cfg, env_factory)
+    weights = FileWeightSync(run_dir / "weights")
+    backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
+    return RunParts(preset, cfg.resolved_mode(), tokenizer, policy, critic, env_factory, train_tasks,
+                    test_tasks, backend, weights)

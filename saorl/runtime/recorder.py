@@ -1,0 +1,182 @@
+"""Everything a run writes into its directory besides checkpoints, journal and weights, and the
+run's clock.
+
+:class:`RunRecorder` owns ``metrics.jsonl`` (one line per trainer step), the TensorBoard event
+files, the live progress line, ``eval.jsonl``, ``trained.jsonl`` (the audit trail: which rollouts
+each step trained on), ``samples/`` and the final export (``final/policy``, ``final/critic``).
+:class:`StepClock` owns the wall-clock budget and the ``time/*`` metrics of each step, so the
+run loop does no clock arithmetic of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from saorl.data.trajectory import Trajectory
+
+REQUIRED_KEYS = (
+    "step", "policy/version", "reward/mean", "policy/dis_kept_frac", "rollout/staleness_mean",
+    "rollout/staleness_max", "critic/value_loss", "critic/explained_var", "time/trainer_idle_frac",
+    "throughput/trajectories_per_s", "throughput/action_tokens_per_s",
+)
+SAMPLES_PER_STEP = 4
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN; a missing value is logged as null
+    return v
+
+
+class RunRecorder:
+    """The run directory's logs, samples and final export (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, tokenizer: Any, *, progress: bool = True,
+                 total_steps: int | None = None, tensorboard: bool = True) -> None:
+        self.dir, self.tokenizer = run_dir, tokenizer
+        self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._trained = open(run_dir / "trained.jsonl", "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:  # tensorboard is a dependency, but a trimmed install still trains
+                self._tb = None
+        self._progress = None
+        if progress and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+            self._task = self._progress.add_task("train", total=total_steps, info="")
+            self._progress.start()
+        self.last_eval: dict[str, float] = {}
+
+    # --------------------------------------------------------------------------- metrics
+    def log_step(self, metrics: dict[str, Any]) -> None:
+        """One trainer step's metrics: ``metrics.jsonl``, TensorBoard, the progress line."""
+        row = {k: _clean(v) for k, v in metrics.items()}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        step = int(metrics["step"])
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and k != "step" and math.isfinite(float(v)):
+                    self._tb.add_scalar(k, v, step)
+        if any(k.startswith("eval/") for k in metrics):
+            self.last_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+        self._show(metrics)
+
+    def log_eval(self, step: int, version: int, metrics: dict[str, float]) -> None:
+        """One evaluation: a line of ``eval.jsonl``."""
+        with open(self.dir / "eval.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "policy/version": version, **metrics}) + "\n")
+
+    def _show(self, m: dict[str, Any]) -> None:
+        acc = self.last_eval.get("eval/accuracy")
+        info = (f"reward {m.get('reward/mean', float('nan')):.3f} | "
+                f"eval acc {'-' if acc is None else f'{acc:.3f}'} | "
+                f"stale {m.get('rollout/staleness_mean', 0):.2f} | "
+                f"idle {m.get('time/trainer_idle_frac', 0):.0%} | "
+                f"{m.get('throughput/action_tokens_per_s', 0):.0f} tok/s")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=int(m["step"]), info=info)
+        else:
+            print(f"step {int(m['step'])} | {info}", file=sys.stderr, flush=True)
+
+    def message(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    # ----------------------------------------------------------------- trajectories
+    def trained(self, step: int, trajs: list[Trajectory], train_start: float, train_end: float) -> None:
+        """Audit trail and timeline: which rollouts (tasks, versions, sampling times, workers) a
+        step trained on, and when it trained (wall-clock seconds since the epoch)."""
+        eps = [t.episode for t in trajs]
+        row = {"step": step, "rids": [e.rid for e in eps], "task_ids": [t.task_id for t in trajs],
+               "versions": [sorted(set(t.action_versions)) for t in trajs],
+               "action_tokens": [t.num_action_tokens for t in trajs], "workers": [e.worker for e in eps],
+               "rollout_start": [e.t_start for e in eps], "rollout_end": [e.t_end for e in eps],
+               "train_start": train_start, "train_end": train_end}
+        self._trained.write(json.dumps(row) + "\n")
+        self._trained.flush()
+
+    def samples(self, step: int, trajs: list[Trajectory]) -> None:
+        """A few decoded trajectories: ``samples/step-N.txt`` and ``samples/samples.jsonl``."""
+        from saorl.agent.render import render_trajectory
+
+        directory = self.dir / "samples"
+        directory.mkdir(parents=True, exist_ok=True)
+        shown = trajs[:SAMPLES_PER_STEP]
+        with open(directory / f"step-{step:08d}.txt", "w", encoding="utf-8") as f:
+            for t in shown:
+                versions = sorted(set(t.action_versions))
+                f.write(f"=== task {t.task_id} reward {t.total_reward:.3f} versions {versions}\n")
+                f.write(render_trajectory(t, self.tokenizer, color=False) + "\n\n")
+        with open(directory / "samples.jsonl", "a", encoding="utf-8") as f:
+            for t in shown:
+                f.write(json.dumps({"step": step, **t.to_dict()}) + "\n")
+
+    def export_final(self, policy, critic) -> None:
+        """``final/policy`` (an HF directory with the tokenizer) and ``final/critic``."""
+        from saorl.models.serialize import export_policy, save_critic
+
+        export_policy(policy, self.tokenizer, self.dir / "final" / "policy")
+        if critic is not None:
+            save_critic(critic, self.dir / "final" / "critic")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if self._tb is not None:
+            self._tb.close()
+        self._metrics.close()
+        self._trained.close()
+
+
+class StepClock:
+    """The run's wall-clock budget and each step's ``time/*`` and throughput metrics."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.budget_s = budget_s
+        self._t0 = self._last = self._train0 = 0.0
+        self._wall0 = 0.0
+        self.wait_total = 0.0
+
+    def start(self) -> None:
+        """The budget starts now (the rollout workers are ready)."""
+        self._t0 = self._last = time.monotonic()
+
+    def expired(self) -> bool:
+        return self.budget_s is not None and time.monotonic() - self._t0 > self.budget_s
+
+    def train_started(self) -> None:
+        self._train0, self._wall0 = time.monotonic(), time.time()
+
+    def train_interval(self) -> tuple[float, float]:
+        """Wall-clock (start, now) of the step being trained, for the audit trail."""
+        return self._wall0, time.time()
+
+    def step_finished(self, wait_s: float, trajs: list[Trajectory]) -> dict[str, float]:
+        """The ``time/*`` and ``throughput/*`` metrics of the step that just finished."""
+        now = time.monotonic()
+        window, elapsed = now - self._last, now - self._t0
+        self.wait_total += wait_s
+        self._last = now
+        tokens = sum(t.num_action_tokens for t in trajs)
+        return {
+            "time/elapsed_s": elapsed, "time/wait_s": wait_s, "time/train_s": now - self._train0,
+            "time/trainer_idle_frac": wait_s / window if window > 0 else 0.0,
+            "time/trainer_idle_frac_total": self.wait_total / elapsed if elapsed > 0 else 0.0,
+            "throughput/trajectories_per_s": len(trajs) / window if window > 0 else 0.0,
+            "throughput/action_tokens_per_s": tokens / window if window > 0 else 0.0,
+        }

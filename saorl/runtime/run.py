@@ -1,0 +1,203 @@
+"""The training run: rollout workers feed finished trajectories to the learner, forever.
+
+The loop (:meth:`Run.loop`) is the whole algorithm at the systems level::
+
+    while not done:
+        batch = feed.next_batch(version)   # async: first B to finish; sync: one barriered batch
+        metrics = learner.step(batch)      # K critic steps, GAE, DIS / PPO loss, one policy step
+        weights.publish(policy, version)   # workers pick it up between decode steps
+        record, evaluate, checkpoint
+
+The parts come built (:mod:`saorl.runtime.parts`); the stages before RL (warm start, value
+pretraining) have run (:func:`saorl.training.train`). Everything the run writes besides
+checkpoints, journal and weights goes through its :class:`~saorl.runtime.recorder.RunRecorder`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from saorl.config import SaorlConfig, save_resolved
+from saorl.data.trajectory import Trajectory
+from saorl.envs.base import Progress
+from saorl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
+from saorl.runtime.observe import Observer
+from saorl.runtime.parts import RunParts, build_learner
+from saorl.runtime.recorder import RunRecorder, StepClock
+from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
+
+# Required metrics that an algorithm may not produce (GRPO has no critic, PPO no DIS mask).
+NOT_APPLICABLE = ("policy/dis_kept_frac", "critic/value_loss", "critic/explained_var")
+
+
+class Evaluator(Protocol):
+    def __call__(self, policy: torch.nn.Module, progress: Progress) -> dict[str, float]:
+        """``eval/*`` metrics of ``policy`` on the run's test split."""
+        ...
+
+
+class Run:
+    def __init__(self, cfg: SaorlConfig, run_dir: Path, parts: RunParts, evaluate: Evaluator, *,
+                 resume: bool = False, observer: Observer | None = None) -> None:
+        self.cfg, self.dir, self.parts, self.evaluate = cfg, run_dir, parts, evaluate
+        self.observer = observer or Observer()
+        self.learner = build_learner(cfg, parts.policy, parts.critic, parts.tokenizer.pad_token_id)
+        self.journal = Journal(run_dir / "journal")
+        self.step = 0
+        finished, pending = RangeSet(), []
+        if resume:
+            finished, pending = self._restore()
+        save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
+        parts.weights.publish(self.learner.policy_state(), self.learner.version)
+        self.recorder = RunRecorder(run_dir, parts.tokenizer, progress=cfg.run.progress,
+                                    total_steps=cfg.trainer.steps)
+        self.clock = StepClock(cfg.trainer.max_wall_s)
+        self.feed = RolloutFeed(parts.backend, parts.train_tasks, RolloutCursor(finished), self.journal,
+                                AsyncDispatch() if parts.mode == "async" else SyncDispatch(),
+                                group_size=parts.preset.group_size, batch_size=cfg.trainer.batch_size,
+                                version=lambda: self.learner.version, progress=self._progress,
+                                max_staleness=cfg.trainer.max_staleness, log=self.recorder.message,
+                                observer=self.observer)
+        self.feed.restore_pending(pending)
+        self._stop = False
+
+    # ----------------------------------------------------------------- resume
+    def _restore(self) -> tuple[RangeSet, list]:
+        ckpt = latest_checkpoint(self.dir / "checkpoints")
+        finished, pending, seg = RangeSet(), [], 0
+        if ckpt is not None:
+            manifest, pending = load_checkpoint(ckpt, self.learner)
+            self.step = int(manifest["step"])
+            finished = RangeSet.from_ranges(manifest["finished"])
+            seg = int(manifest["journal_segment"])
+        for rid, traj in self.journal.read_from(seg):
+            if rid not in finished:
+                finished.add(rid)
+                pending.append((rid, traj))
+        return finished, pending
+
+    # ------------------------------------------------------------------- loop
+    def loop(self) -> dict:
+        self.parts.backend.start()
+        self.feed.start()
+        metrics: dict = {}
+        try:
+            if self.step == 0:  # the starting point every later evaluation is compared with
+                start = self._evaluate()
+                self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
+            self._wait_until_ready()
+            self.clock.start()
+            while self.step < self.cfg.trainer.steps and not self._stop:
+                if self.clock.expired():
+                    self.recorder.message(f"wall-clock budget of {self.cfg.trainer.max_wall_s:.0f}s reached")
+                    break
+                got = self.feed.next_batch(self.learner.version, lambda: self._stop)
+                if got is None:
+                    break
+                metrics = self._train_step(*got)
+        finally:
+            self._finish()
+        return metrics
+
+    def _wait_until_ready(self) -> None:
+        """Until every rollout worker has built its engine: the budget measures training."""
+        while not self.parts.backend.ready() and not self._stop:
+            self.feed.raise_if_failed()
+            time.sleep(0.05)
+
+    def _train_step(self, trajs: list[Trajectory], gids: list[int], wait_s: float) -> dict:
+        version, skips = self.learner.version, self.learner.nonfinite_skips
+        self.clock.train_started()
+        metrics = self.learner.step(trajs, gids)
+        train_start, train_end = self.clock.train_interval()
+        if self.learner.nonfinite_skips > skips:
+            self.recorder.message(f"step {self.step + 1}: non-finite loss or gradient, update skipped "
+                                  f"({self.learner.nonfinite_skips} so far); the weights are unchanged")
+        self.step += 1
+        self.parts.weights.publish(self.learner.policy_state(), self.learner.version)
+        metrics |= self.clock.step_finished(wait_s, trajs) | self._step_metrics(trajs, version)
+        for key in NOT_APPLICABLE:  # e.g. no critic in GRPO: logged as null, never as 0
+            metrics.setdefault(key, math.nan)
+        self.recorder.trained(self.step, trajs, train_start, train_end)
+        self._periodic(metrics, trajs)
+        self.recorder.log_step(metrics)
+        self.observer.step_done(self.step, metrics, trajs)
+        return metrics
+
+    def _progress(self) -> Progress:
+        return Progress(trainer_step=self.step, episode=self.feed.stats.finished)
+
+    def _step_metrics(self, trajs: list[Trajectory], version: int) -> dict:
+        stale = [t.staleness(version) for t in trajs]
+        versions = {v for t in trajs for v in t.action_versions}
+        s = self.feed.stats
+        m = {
+            "step": self.step,
+            "reward/mean": statistics.fmean(t.total_reward for t in trajs),
+            "reward/success_frac": statistics.fmean(float(t.episode.success) for t in trajs),
+            "rollout/staleness_mean": statistics.fmean(stale), "rollout/staleness_max": max(stale),
+            "rollout/versions_in_batch": len(versions),
+            "rollout/action_tokens_mean": statistics.fmean(t.num_action_tokens for t in trajs),
+            "rollout/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
+            "rollout/dropped_stale": s.dropped_stale, "rollout/requeued": s.requeued,
+            "rollout/finished": s.finished, "rollout/trained": len(trajs),
+            "rollout/worker_restarts": self.parts.backend.restarts,
+        }
+        return m | self._slot_utilisation()
+
+    def _slot_utilisation(self) -> dict:
+        """Busy decode slots over all slots of the decode steps run so far (all workers)."""
+        stats = self.parts.backend.engine_stats()
+        busy = sum(s.get("busy_slot_steps", 0) for s in stats.values())
+        total = sum(s.get("decode_steps", 0) for s in stats.values()) * self.cfg.rollout.engine_slots
+        return {"rollout/slot_util": busy / total} if total else {}
+
+    def _periodic(self, metrics: dict, trajs: list[Trajectory]) -> None:
+        run = self.cfg.run
+        if self.step % run.eval_every == 0:
+            metrics |= self._evaluate()
+        if self.step % run.samples_every == 0:
+            self.recorder.samples(self.step, trajs)
+        if self.step % run.checkpoint_every == 0:
+            self.checkpoint()
+
+    def _evaluate(self) -> dict:
+        t0 = time.monotonic()
+        m = self.evaluate(self.learner.policy, self._progress())
+        m["time/eval_s"] = time.monotonic() - t0
+        self.recorder.log_eval(self.step, self.learner.version, m)
+        return m
+
+    def checkpoint(self) -> Path:
+        finished, pending, seg = self.feed.checkpoint_state()
+        path = save_checkpoint(self.dir / "checkpoints", self.step, self.learner,
+                               {"finished": finished, "journal_segment": seg},
+                               pending, keep=self.cfg.run.keep_checkpoints)
+        self.journal.prune_before(seg)
+        return path
+
+    def request_stop(self, *_args) -> None:
+        if self._stop:  # second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self._stop = True
+        self.recorder.message("stopping: finishing the current step and writing a checkpoint "
+                              "(Ctrl-C again to abort)")
+
+    def _finish(self) -> None:
+        self.feed.stop()  # nothing arrives after this: the final checkpoint is consistent
+        try:
+            if self.step > 0:
+                self.checkpoint()
+                self.recorder.export_final(self.learner.policy, self.learner.critic)
+        finally:
+            self.parts.backend.shutdown()
+            self.journal.close()
+            self.recorder.close()
+            self.observer.run_finished()

@@ -1,0 +1,1 @@
+"""What runs before or beside RL: the SFT warm start, value pretraining and evaluation."""

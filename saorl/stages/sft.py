@@ -1,0 +1,166 @@
+"""Warm start: supervised fine-tuning of the initial policy on an env's demonstrations (cached).
+
+Supervised fine-tuning on the env's demonstrations is what turns a freshly initialised tiny
+model into an agent that knows the action format and succeeds part of the time; RL then has
+something to improve. Demonstrations are played through the very same agent loop as rollouts
+(a scripted engine "samples" the demonstration's actions), so the SFT data has the exact
+multi-turn token layout RL will see. The loss is the mean negative log-likelihood of the
+**action tokens only** (prompt and observation tokens are context, never targets).
+
+The result is keyed by everything that determines it (policy, tokenizer, env, seed, SFT
+settings) and cached under ``run.out_dir/.cache/sft-<key>``, so every arm of a comparison
+starts from the very same SFT model and a second run skips the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from saorl.algo.losses import masked_mean
+from saorl.config import SaorlConfig
+from saorl.data.batch import collate
+from saorl.data.task import Task
+from saorl.data.tasks import load_split
+from saorl.data.trajectory import Trajectory
+from saorl.envs.registry import make_env_factory
+from saorl.models.loading import load_policy
+from saorl.models.logprobs import token_logprobs
+from saorl.models.serialize import export_policy
+from saorl.models.tokenizer import load_tokenizer
+
+WARMUP_STEPS = 20
+"""Linear learning-rate warm-up of SFT, then cosine decay to 0."""
+
+
+def demonstrations(env_factory: Callable, tasks: list[Task], tokenizer, seed: int,
+                   concurrency: int = 8) -> list[Trajectory]:
+    """One demonstration trajectory per task (deterministic in ``seed``)."""
+    from saorl.agent.scripted import demonstration_trajectory
+
+    rngs = [random.Random(f"{seed}:{t.id}") for t in tasks]  # independent of completion order
+
+    async def _all() -> list[Trajectory]:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(task: Task, rng: random.Random) -> Trajectory:
+            async with sem:
+                return await demonstration_trajectory(env_factory(), task, tokenizer, rng)
+
+        return list(await asyncio.gather(*(one(t, r) for t, r in zip(tasks, rngs))))
+
+    return asyncio.run(_all())
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int = WARMUP_STEPS) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps: int, batch_size: int,
+        lr: float, seed: int, warmup_steps: int = WARMUP_STEPS, grad_clip: float = 1.0,
+        on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
+    """Train ``policy`` in place on ``demos`` for ``steps`` AdamW steps; return the last step's metrics.
+
+    Minibatches of ``batch_size`` demonstrations, reshuffled (seeded) every epoch; a step whose
+    loss or gradient norm is not finite is skipped.
+    """
+    if not demos:
+        raise ValueError("sft needs at least one demonstration")
+    gen = random.Random(seed)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    order: list[int] = []
+    metrics: dict[str, float] = {}
+    policy.train()
+    t0 = time.monotonic()
+    for step in range(steps):
+        if len(order) < batch_size:
+            more = list(range(len(demos)))
+            gen.shuffle(more)
+            order += more
+        idx, order = order[:batch_size], order[batch_size:]
+        batch = collate([demos[i] for i in idx], pad_id)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup_steps)
+        logprobs = token_logprobs(policy, batch.input_ids, batch.attention_mask)
+        loss = -masked_mean(logprobs, batch.action_mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        if torch.isfinite(loss) and torch.isfinite(norm):
+            opt.step()
+        metrics = {"sft/loss": float(loss.detach()), "sft/grad_norm": float(norm),
+                   "sft/lr": opt.param_groups[0]["lr"], "sft/elapsed_s": time.monotonic() - t0}
+        if on_step is not None:
+            on_step(step + 1, metrics)
+    policy.eval()
+    return metrics
+
+
+# ------------------------------------------------------------------------------ the warm start
+def sft_seed(cfg: SaorlConfig) -> int:
+    """The seed of the demonstrations and of SFT: ``sft.seed``, else the run's."""
+    return cfg.seed if cfg.sft.seed is None else cfg.sft.seed
+
+
+def sft_key(cfg: SaorlConfig) -> str:
+    ident = {
+        "policy": cfg.model.policy, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
+        "env": cfg.env.model_dump(exclude_defaults=True), "seed": sft_seed(cfg),
+        "sft": cfg.sft.model_dump(exclude={"enabled", "seed"}),
+        "format": 1,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print) -> dict:
+    """Fine-tune ``cfg.model.policy`` on demonstrations of training tasks and export it to ``out_dir``."""
+    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    seed = sft_seed(cfg)
+    policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=seed)
+    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
+    tasks = load_split(env_factory(), cfg.env, "train", cfg.sft.num_demos, seed + 7919)
+    log(f"sft: generating {len(tasks)} demonstrations of {cfg.env.type}")
+    demos = demonstrations(env_factory, tasks, tokenizer, seed)
+    success = sum(d.episode.success for d in demos) / len(demos)
+    s = cfg.sft
+
+    def on_step(step: int, m: dict) -> None:
+        if step % 50 == 0 or step == s.steps:
+            log(f"sft: step {step}/{s.steps} loss {m['sft/loss']:.4f} ({m['sft/elapsed_s']:.0f}s)")
+
+    metrics = sft(policy, demos, tokenizer.pad_token_id, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+                  seed=seed, on_step=on_step)
+    export_policy(policy, tokenizer, out_dir)
+    metrics |= {"sft/demos": len(demos), "sft/demo_success_frac": success}
+    (out_dir / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+def warm_start(cfg: SaorlConfig, log: Callable[[str], None] = print) -> str:
+    """The policy spec RL starts from: ``cfg.model.policy``, or its cached SFT warm start."""
+    if not cfg.sft.enabled:
+        return cfg.model.policy
+    out = cached_sft_dir(cfg)
+    if (out / "config.json").exists():
+        log(f"sft: using the cached warm start {out}")
+        return str(out)
+    run_sft(cfg, out, log)
+    return str(out)
+
+
+def cached_sft_dir(cfg: SaorlConfig) -> Path:
+    """Where the SFT warm start of ``cfg`` is (or would be) cached."""
+    return Path(cfg.run.out_dir) / ".cache" / f"sft-{sft_key(cfg)}"
