@@ -1,0 +1,89 @@
+"""The house rules of the package layout, checked on the source (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from saorl.algo.registry import AlgoPreset
+from saorl.config import NOT_IN_CONFIG, AlgoConfig
+
+SAORL = Path(__file__).resolve().parent.parent / "saorl"
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((SAORL / package).rglob("*.py")) if (SAORL / package).is_dir() else [SAORL / package]
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, imported names) of every import in ``path``, nested ones included."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+    return out
+
+
+def test_only_the_cli_imports_commands():
+    for path in SAORL.rglob("*.py"):
+        rel = path.relative_to(SAORL).as_posix()
+        if rel == "cli.py" or rel.startswith("commands/"):
+            continue
+        bad = [m for m, _ in _imports(path) if m.startswith("saorl.commands")]
+        assert not bad, f"saorl/{rel} imports {bad}"
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("runtime", ("saorl.stages", "saorl.commands", "saorl.training", "saorl.bench", "saorl.experiments")),
+    ("stages", ("saorl.commands", "saorl.training", "saorl.bench", "saorl.experiments")),
+    ("data", ("saorl.",)),
+])
+def test_imports_point_one_way(package, forbidden):
+    for path in _modules(package):
+        own = f"saorl.{package}"
+        bad = [m for m, _ in _imports(path) if m.startswith(forbidden) and not m.startswith(own)]
+        assert not bad, f"{path.relative_to(SAORL)} imports {bad}"
+
+
+def test_algo_imports_only_torch_and_the_standard_library():
+    allowed = set(sys.stdlib_module_names) | {"torch", "saorl"}
+    for path in _modules("algo"):
+        for module, _ in _imports(path):
+            top = module.split(".")[0]
+            assert top in allowed, f"{path.relative_to(SAORL)} imports {module}"
+            assert top != "saorl" or module.startswith("saorl.algo"), f"{path.relative_to(SAORL)}: {module}"
+
+
+@pytest.mark.parametrize("package", ["bench", "experiments"])
+def test_tooling_uses_no_private_name_of_another_package(package):
+    attr = re.compile(r"(?<![\w.])(?!self\b|cls\b)(\w+)\._[a-z]\w*")
+    for path in _modules(package):
+        for module, names in _imports(path):
+            if module.startswith("saorl.") and not module.startswith(f"saorl.{package}"):
+                private = [n for n in names if n.startswith("_")]
+                assert not private, f"{path.relative_to(SAORL)} imports {private} from {module}"
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            for m in attr.finditer(code):
+                assert m.group(1) in {"os", "sys"}, f"{path.relative_to(SAORL)}:{lineno}: {line.strip()}"
+
+
+def test_each_algorithm_setting_is_declared_once():
+    preset_fields = {f.name for f in dataclasses.fields(AlgoPreset)}
+    assert set(AlgoConfig.model_fields) == {"name"} | (preset_fields - set(NOT_IN_CONFIG))
+    config_src = (SAORL / "config.py").read_text(encoding="utf-8")
+    for name in preset_fields - {"name", "mode"}:  # derived, never written out in the config module
+        # a field of that name, other than a section of the tree (SaorlConfig.value_pretrain)
+        declared = re.search(rf"^\s+{name}\s*:(?!\s*\w+Config\b)", config_src, re.M)
+        assert not declared, f"{name} is declared in config.py too"
+    for f in dataclasses.fields(AlgoPreset):
+        assert f.metadata["doc"], f"AlgoPreset.{f.name} has no documentation"
+        if f.name not in NOT_IN_CONFIG:
+            assert f.metadata["doc"] in AlgoConfig.model_fields[f.name].description
