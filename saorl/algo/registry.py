@@ -25,6 +25,11 @@ Presets (choices the paper leaves open are marked *chosen*):
   *chosen*). It uses the DIS loss with SAO's band (*chosen*) so that only the baseline differs
   from ``sao``.
 
+Every preset takes its policy-loss ratio against the rollout log-probs the engine recorded
+(``behaviour = "rollout"``), an off-policy correction in itself; ``behaviour = "trainer"`` takes it
+against the trainer's own log-probs at the start of the step (ratio 1: nothing corrected), the
+uncorrected baseline as commonly deployed.
+
 Fields that an algorithm does not use keep neutral values (``critic_updates = 0`` without a
 critic, ``skip_observation = False`` without GAE); ``lam_policy`` is ignored when ``vapo_alpha``
 is set.
@@ -49,6 +54,7 @@ Tensor = torch.Tensor
 Mode = Literal["async", "sync"]
 AdvantageKind = Literal["gae", "grpo", "running_mean"]
 PolicyLossKind = Literal["dis", "ppo"]
+Behaviour = Literal["rollout", "trainer"]
 
 
 class SettingError(ValueError):
@@ -77,6 +83,10 @@ class AlgoPreset:
         "Advantage estimator: ``gae`` (critic), ``grpo`` (group-normalised score) or ``running_mean``."))
     policy_loss: PolicyLossKind = field(metadata=_about(
         "Policy loss: ``dis`` (SAO's double-sided mask) or ``ppo`` (clipped surrogate)."))
+    behaviour: Behaviour = field(metadata=_about(
+        "What the policy loss's ratio is taken against: ``rollout``, the log-probs the engine recorded "
+        "when it sampled (an off-policy correction); ``trainer``, the trainer's own log-probs at the start "
+        "of the step (ratio 1 there: nothing corrected, as commonly deployed)."))
     group_size: int = field(metadata=_about(
         "Rollouts per prompt (1 = single rollout; ``grpo`` needs at least 2).", ">= 1", lambda v: v >= 1))
     use_critic: bool = field(metadata=_about("Train a value model (required by ``advantage = gae``)."))
@@ -184,7 +194,8 @@ def _validate(p: AlgoPreset) -> None:
 
 
 _SAO = AlgoPreset(
-    name="sao", mode="async", advantage="gae", policy_loss="dis", group_size=1, use_critic=True,
+    name="sao", mode="async", advantage="gae", policy_loss="dis", behaviour="rollout", group_size=1,
+    use_critic=True,
     critic_updates=2, freeze_critic_attention=True, skip_observation=True, value_pretrain=True,
     gamma=1.0, lam_policy=0.95, lam_critic=1.0, vapo_alpha=None, eps_low=0.3, eps_high=5.0,
     value_clip=None, lm_loss_coef=0.0, entropy_coef=0.0, baseline_momentum=0.9,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from saorl.algo.advantages import RunningMeanBaseline
+from saorl.algo.diagnostics import mismatch_metrics
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
@@ -171,9 +172,13 @@ class Learner:
             logprobs, entropy = token_logprobs(self.policy, batch.input_ids, batch.attention_mask,
                                                temperature=self.temperature, top_k=self.top_k,
                                                top_p=self.top_p, return_entropy=True)
+        # behaviour "trainer": the step's own log-probs, detached (ratio 1: nothing corrected)
+        behaviour = batch.rollout_logprobs if p.behaviour == "rollout" else logprobs.detach()
         loss, pol_metrics = POLICY_LOSSES[p.policy_loss](
-            logprobs, batch.rollout_logprobs, advantages, batch.action_mask, p.eps_low, p.eps_high)
+            logprobs, behaviour, advantages, batch.action_mask, p.eps_low, p.eps_high)
         metrics |= pol_metrics
+        metrics |= mismatch_metrics(logprobs.detach(), batch.rollout_logprobs, batch.action_mask,
+                                    self.version - batch.versions, p.eps_low, p.eps_high)
         with torch.no_grad():  # the ratio histogram every step (24 log-spaced bins, 1e-2..1e2)
             ratio = torch.exp(logprobs.detach() - batch.rollout_logprobs)
             metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()

@@ -122,6 +122,34 @@ def test_dis_masks_out_of_band_tokens_in_a_real_step():
     assert m["policy/dis_masked_high_frac"] == pytest.approx(n_out / n_action, abs=1e-6)
 
 
+def _shifted(trajs, shift, every=2):
+    """``trajs`` with every ``every``-th action token's rollout log-prob lowered by ``shift``."""
+    out = []
+    for t in trajs:
+        lp = [x - shift if m and j % every == 0 else x for j, (x, m) in enumerate(zip(t.rollout_logprobs,
+                                                                                     t.action_mask))]
+        out.append(Trajectory(t.token_ids, t.action_mask, lp, t.rewards, t.versions, t.prompt_len, t.task_id,
+                              episode=t.episode))
+    return out
+
+
+def test_mismatch_is_logged_per_staleness_and_behaviour_trainer_corrects_nothing():
+    lrn = _learner("sao")
+    trajs = _shifted(_matched_trajs(lrn.policy, _trajs()), 5.0)
+    m = lrn.step(trajs)  # learner version 0, every token sampled by version 0: staleness 0
+    assert m["mismatch/outside_band_frac_s0"] == pytest.approx(1 - m["policy/dis_kept_frac"], abs=1e-6)
+    # KL(rollout || trainer) from the k3 estimator: half the tokens have log r = 5, the rest 0
+    n = sum(t.num_action_tokens for t in trajs)
+    shifted = sum(1 for t in trajs for j, a in enumerate(t.action_mask) if a and j % 2 == 0)
+    assert m["mismatch/kl_s0"] == pytest.approx(shifted * (math.exp(5) - 1 - 5) / n, rel=1e-4)
+    assert m["mismatch/tokens_s0"] == n and "mismatch/kl_s1" not in m
+    uncorrected = _learner("sao", behaviour="trainer")
+    trajs = _shifted(_matched_trajs(uncorrected.policy, _trajs()), 5.0)
+    m = uncorrected.step(trajs)
+    assert m["policy/dis_kept_frac"] == 1.0 and m["policy/ratio_mean"] == pytest.approx(1.0)
+    assert m["mismatch/outside_band_frac"] > 0  # the mismatch is there, only not corrected
+
+
 def test_all_tokens_masked_leaves_policy_bit_identical():
     lrn = _learner("sao")
     trajs = [Trajectory(t.token_ids, t.action_mask, [-30.0 if m else 0.0 for m in t.action_mask], t.rewards,

@@ -1,0 +1,71 @@
+"""How far the rollout policy is from the trainer's: the mismatch that DIS exists to absorb.
+
+For the action tokens of a batch, with ``r_t = π_θ(x_t) / π_rollout(x_t)`` (the trainer's current
+policy over the engine's recorded one):
+
+- ``KL(rollout ‖ trainer)``, estimated from the sampled tokens with the non-negative, unbiased
+  ``k3`` estimator ``E[(r − 1) − log r]`` (the samples come from the rollout policy);
+- the fraction of tokens outside the DIS band ``[1 − ε_low, 1 + ε_high]`` (what DIS masks).
+
+Both are reported overall and per staleness bucket (versions between the token's sampler and
+the trainer). Staleness 0 isolates the engine/trainer mismatch itself (same weights, different
+numerics or routing); larger staleness adds the policy's own drift.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from saorl.algo.gae import check_bt
+
+Tensor = torch.Tensor
+
+STALENESS_BUCKETS: tuple[tuple[int, int], ...] = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 1 << 30))
+"""Inclusive staleness ranges, each reported as ``s<lo>`` / ``s<lo>_<hi>`` / ``s<lo>+``."""
+
+
+def _bucket_name(lo: int, hi: int) -> str:
+    if lo == hi:
+        return f"s{lo}"
+    return f"s{lo}+" if hi >= 1 << 30 else f"s{lo}_{hi}"
+
+
+@torch.no_grad()
+def mismatch_metrics(logprobs: Tensor, rollout_logprobs: Tensor, action_mask: Tensor, staleness: Tensor,
+                     eps_low: float, eps_high: float, prefix: str = "mismatch/") -> dict[str, float]:
+    """KL(rollout ‖ trainer) and the out-of-band fraction, overall and per staleness bucket.
+
+    Args:
+        logprobs: ``[B, T]`` the trainer's log-probs of the sampled tokens; any value off-mask.
+        rollout_logprobs: ``[B, T]`` the engine's; any value off-mask.
+        action_mask: ``[B, T]``.
+        staleness: ``[B, T]`` integer versions between each token's sampler and the trainer.
+        eps_low, eps_high: the DIS band.
+    Returns:
+        ``{prefix}kl``, ``{prefix}outside_band_frac`` and, for every bucket with action tokens,
+        ``{prefix}kl_<bucket>``, ``{prefix}outside_band_frac_<bucket>``, ``{prefix}tokens_<bucket>``.
+        Empty buckets are left out (an empty batch gives ``{}``).
+    """
+    check_bt(logprobs=logprobs, rollout_logprobs=rollout_logprobs, action_mask=action_mask,
+             staleness=staleness)
+    mask = action_mask.bool()
+    log_r = torch.where(mask, logprobs.double() - rollout_logprobs.double(), 0.0)
+    k3 = torch.expm1(log_r) - log_r
+    ratio = torch.exp(log_r)
+    outside = mask & ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high))
+
+    def stats(sel: Tensor, suffix: str) -> dict[str, float]:
+        n = int(sel.sum())
+        if n == 0:
+            return {}
+        return {f"{prefix}kl{suffix}": float(k3[sel].mean()),
+                f"{prefix}outside_band_frac{suffix}": float(outside[sel].sum()) / n}
+
+    out = stats(mask, "")
+    for lo, hi in STALENESS_BUCKETS:
+        sel = mask & (staleness >= lo) & (staleness <= hi)
+        bucket = stats(sel, f"_{_bucket_name(lo, hi)}")
+        if bucket:
+            bucket[f"{prefix}tokens_{_bucket_name(lo, hi)}"] = float(sel.sum())
+        out |= bucket
+    return out
