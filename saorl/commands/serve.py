@@ -2,92 +2,119 @@
 
 ``saorl serve --model tiny-moe --port 8000`` builds (or loads, for a directory path) a causal LM,
 wraps it in :class:`~saorl.engines.local.LocalEngine` and serves it with
-:mod:`saorl.engines.server` until interrupted. ``--port 0`` picks a free port; the first line
-printed on stdout is ``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
+:mod:`saorl.engines.server` (FastAPI on uvicorn) until interrupted. It binds 127.0.0.1 unless
+``--host`` says otherwise. ``--port 0`` picks a free port; the first line printed on stdout is
+``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
+
+``--weights-dir DIR`` enables weight updates from files under DIR (off by default);
+``--emulate vllm|sglang`` adds the routes of those servers that saorl's vLLM / SGLang clients use
+(:mod:`saorl.engines.emulation`), for tests and CPU runs of those code paths.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from saorl.models.tiny import TINY_KINDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", default="tiny-moe", help=f"one of {TINY_KINDS} or a local HF model directory"
-    )
-    parser.add_argument(
-        "--tokenizer",
-        default=None,
-        help="tokenizer directory (default: the shipped one, or the model directory's own when it has one)",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument("--model", default="tiny-moe",
+                        help=f"one of {TINY_KINDS} or a local HF model directory")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer directory (default: the shipped one, or the model directory's own)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="Jinja chat template for /v1/chat/completions when the tokenizer has none")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-batch-size", type=int, default=16)
+    parser.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed for tiny models")
-    parser.add_argument(
-        "--no-stop-on-eos", action="store_true", help="do not stop at EOS (benchmarks, fixed-length tests)"
-    )
+    parser.add_argument("--no-stop-on-eos", action="store_true",
+                        help="do not stop at EOS (benchmarks, fixed-length tests)")
+    parser.add_argument("--weights-dir", default=None, metavar="DIR",
+                        help="allow weight updates from files under DIR (disabled without it)")
+    parser.add_argument("--max-pending", type=int, default=512,
+                        help="generations admitted at once; past it, 503 with Retry-After")
+    parser.add_argument("--max-body-bytes", type=int, default=4 * 2**20, help="largest request body")
+    parser.add_argument("--body-timeout", type=float, default=10.0,
+                        help="seconds a request body may take to arrive")
+    parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (queued connections)")
+    parser.add_argument("--emulate", choices=["vllm", "sglang"], default=None,
+                        help="also serve the vLLM or SGLang routes saorl's clients use")
+    parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"],
+                        default="raw_logprobs", help="with --emulate vllm: which log-probs to return, "
+                        "as vLLM's --logprobs-mode")
     parser.add_argument("--verbose", action="store_true", help="log every HTTP request")
 
 
 def load_model(name: str, seed: int = 0, device: str = "cpu"):
     """A tiny model by kind, or an HF causal LM from a local directory (no hub access)."""
-    try:
-        from saorl.models.loading import load_policy
-    except ImportError:  # older trees without the loader
-        load_policy = None
-    if load_policy is not None:
-        return load_policy(name, seed=seed, device=device)
-    if name in TINY_KINDS:
-        from saorl.models.tiny import build_tiny
+    from saorl.models.loading import load_policy
 
-        return build_tiny(name, seed=seed)
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(name, local_files_only=True).eval()
+    return load_policy(name, seed=seed, device=device)
 
 
 def _load_tokenizer(args: argparse.Namespace):
-    from pathlib import Path
-
     from saorl.models.tokenizer import load_tokenizer
 
     if args.tokenizer:
-        return load_tokenizer(args.tokenizer)
-    if args.model not in TINY_KINDS and (Path(args.model) / "tokenizer_config.json").exists():
-        return load_tokenizer(args.model)
-    return load_tokenizer()
+        tok = load_tokenizer(args.tokenizer)
+    elif args.model not in TINY_KINDS and (Path(args.model) / "tokenizer_config.json").exists():
+        tok = load_tokenizer(args.model)
+    else:
+        tok = load_tokenizer()
+    if args.chat_template:
+        tok.chat_template = Path(args.chat_template).read_text(encoding="utf-8")
+    return tok
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    for name in ("max_batch_size", "max_pending", "max_body_bytes", "backlog"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+    if args.body_timeout <= 0:
+        return f"--body-timeout must be > 0, got {args.body_timeout}"
+    if args.weights_dir and not Path(args.weights_dir).is_dir():
+        return f"--weights-dir {args.weights_dir!r} is not a directory"
+    if args.chat_template and not Path(args.chat_template).is_file():
+        return f"--chat-template {args.chat_template!r} is not a file"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
-    from saorl.engines.local import LocalEngine
-    from saorl.engines.server import make_server
-
-    if args.max_batch_size < 1:
-        print(f"saorl serve: --max-batch-size must be >= 1, got {args.max_batch_size}", file=sys.stderr)
+    problem = _check(args)
+    if problem:
+        print(f"saorl serve: {problem}", file=sys.stderr)
         return 2
+    from saorl.engines.local import LocalEngine
+    from saorl.engines.server import ServerLimits, bind, create_app, make_server
+
     tokenizer = _load_tokenizer(args)
-    engine = LocalEngine(
-        load_model(args.model, args.seed, args.device),
-        tokenizer,
-        max_batch_size=args.max_batch_size,
-        device=args.device,
-        stop_on_eos=not args.no_stop_on_eos,
-    )
-    server = make_server(
-        engine, args.host, args.port, tokenizer=tokenizer, model_name=args.model, verbose=args.verbose
-    )
-    host, port = server.server_address[:2]
+    engine = LocalEngine(load_model(args.model, args.seed, args.device), tokenizer,
+                         max_batch_size=args.max_batch_size, device=args.device,
+                         stop_on_eos=not args.no_stop_on_eos)
+    limits = ServerLimits(max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
+                          body_timeout_s=args.body_timeout, backlog=args.backlog)
+    extra = {"logprobs_mode": args.logprobs_mode} if args.emulate == "vllm" else {}
+    app = create_app(engine, tokenizer=tokenizer, model_name=args.model, limits=limits,
+                     weights_dir=args.weights_dir, emulate=args.emulate, **extra)
+    try:
+        sock = bind(args.host, args.port, args.backlog)
+    except OSError as e:
+        print(f"saorl serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        engine.close()
+        return 2
+    host, port = sock.getsockname()[:2]
     print(f"saorl serve: listening on http://{host}:{port}", flush=True)
     try:
-        server.serve_forever()
+        make_server(app, sock, verbose=args.verbose).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        sock.close()
         engine.close()
     return 0

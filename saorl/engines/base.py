@@ -30,6 +30,9 @@ class SamplingParams:
     The sampled tokens are kept as sampled (the last one may run past the stop string)."""
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0
+    """Also return, per generated token, this many most likely alternatives of the distribution
+    it was sampled from (``GenerationResult.top_logprobs``); 0 = none."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -40,6 +43,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
 
 
 @dataclass
@@ -52,6 +57,9 @@ class GenerationResult:
     stop_reason: str | int | None = None
     """The stop string or stop token id that ended generation, if any."""
     metrics: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """With ``SamplingParams.top_logprobs = k``: per generated token, the k most likely
+    ``(token id, log-prob)`` of its sampling distribution, most likely first."""
 
 
 class EngineError(RuntimeError):

@@ -42,9 +42,12 @@ from transformers import DynamicCache
 
 from saorl.engines import kv
 from saorl.engines.base import EngineError, FinishReason, GenerationResult, SamplingParams
-from saorl.engines.sampling import sample_rows
+from saorl.engines.sampling import sample_rows, top_alternatives
 
 Deliver = Callable[[Any], None]
+OnToken = Callable[[int, float, int, "list[tuple[int, float]] | None"], None]
+"""Called from the engine thread with (token id, log-prob, version, top alternatives or None) as
+each token is sampled."""
 
 
 @dataclass
@@ -60,6 +63,8 @@ class _Request:
     versions: list[int] = field(default_factory=list)
     finish: tuple[FinishReason, str | int | None] | None = None
     cancelled: bool = False
+    on_token: OnToken | None = None
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class LocalEngine:
@@ -141,7 +146,10 @@ class LocalEngine:
         self._submit([self._request(p, sp, deliver(f)) for p, sp, f in zip(prompts, plist, futures)])
         return [f.result() for f in futures]
 
-    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams, *,
+                        on_token: OnToken | None = None) -> GenerationResult:
+        """One request; ``on_token`` (a saorl extension, for streaming) sees each token as it is
+        sampled, from the engine thread."""
         self._validate(prompt_ids, params)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
@@ -161,6 +169,7 @@ class LocalEngine:
                 pass
 
         req = self._request(prompt_ids, params, deliver)
+        req.on_token = on_token
         self._submit([req])
         try:
             return await fut
@@ -190,6 +199,16 @@ class LocalEngine:
             self._updates.append((weights, int(version), done))
             self._cond.notify()
         done.wait()
+
+    def abort_all(self) -> int:
+        """Finish every waiting and running request with ``finish_reason="abort"`` after its next
+        token, delivering what it has sampled (SGLang's abort semantics); returns how many."""
+        with self._cond:
+            reqs = [*self._waiting, *self._active]
+            for r in reqs:
+                r.cancelled = True
+            self._cond.notify()
+        return len(reqs)
 
     def stats(self) -> dict[str, float]:
         """Counters since construction; ``utilisation`` = busy slot-steps / (decode steps × slots).
@@ -380,12 +399,20 @@ class LocalEngine:
         top_p = torch.tensor([r.params.top_p for r in reqs], device=dev)
         with self._timed("sampling_s"):
             tokens, logprobs = sample_rows(logits, temp, top_k, top_p, [r.generator for r in reqs])
+            want = max(r.params.top_logprobs for r in reqs)
+            if want:
+                alt_ids, alt_lps = (x.tolist() for x in top_alternatives(logits, temp, top_k, top_p, want))
         version = self._version
         keep = []
         for i, (r, t, lp) in enumerate(zip(reqs, tokens.tolist(), logprobs.tolist())):
             r.tokens.append(t)
             r.logprobs.append(lp)
             r.versions.append(version)
+            if r.params.top_logprobs:
+                k = r.params.top_logprobs
+                r.top.append(list(zip(alt_ids[i][:k], alt_lps[i][:k])))
+            if r.on_token is not None:
+                r.on_token(t, lp, version, r.top[-1] if r.params.top_logprobs else None)
             self._stats["tokens_generated"] += 1
             r.finish = self._finish_reason(r, t)
             if r.finish is None:
@@ -418,4 +445,5 @@ class LocalEngine:
             completion_tokens=len(r.tokens),
             latency_s=time.perf_counter() - r.submitted,
         )
-        r.deliver(GenerationResult(list(r.tokens), list(r.logprobs), reason, list(r.versions), stop, metrics))
+        r.deliver(GenerationResult(list(r.tokens), list(r.logprobs), reason, list(r.versions), stop, metrics,
+                                   list(r.top) if r.params.top_logprobs else None))

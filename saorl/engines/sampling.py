@@ -80,3 +80,22 @@ def sample_rows(
     tokens[rows] = picked.squeeze(-1)
     logprobs[rows] = picked_lp.squeeze(-1)
     return tokens, logprobs
+
+
+def top_alternatives(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens of each row's sampling distribution and their log-probs.
+
+    The distribution is the one :func:`sample_rows` draws from (greedy rows: the untempered
+    ``log_softmax``), so ``exp`` of a value is the probability the engine used. Returns
+    ``(ids [B, k] long, logprobs [B, k] float32)``, most likely first; a token the truncation
+    removed holds ``-inf``.
+    """
+    greedy = temperature <= 0
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    rows = (~greedy).nonzero().squeeze(-1)
+    if rows.numel():
+        lp[rows] = filtered_logprobs(logits[rows], temperature[rows], top_k[rows], top_p[rows])
+    values, ids = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+    return ids, values

@@ -1,259 +1,430 @@
-"""Serve any :class:`InferenceEngine` over HTTP with an OpenAI-compatible completions API.
+"""``saorl serve``'s HTTP server: an :class:`InferenceEngine` behind an OpenAI-compatible API.
 
-A threaded stdlib server (``http.server.ThreadingHTTPServer``): each request runs in its own
-thread and calls ``engine.generate([prompt], params)``, so concurrent HTTP requests meet in the
-engine's continuous batch. Endpoints:
+FastAPI on uvicorn. Each request is a coroutine that awaits ``engine.agenerate``, so concurrent
+requests meet in the engine's continuous batch. Routes: ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (:mod:`saorl.engines.openai_api`: SSE streaming, ``n``, top-k
+log-probs, stop strings cut from the text, token ids in and out), ``GET /health``,
+``GET /v1/models``, ``POST /update_weights``; with ``emulate="vllm"`` or ``"sglang"`` the routes of
+those servers that saorl's clients use (:mod:`saorl.engines.emulation`).
 
-``POST /v1/completions`` — body fields, named as in vLLM's ``CompletionRequest``:
-``prompt`` (list of token ids, or a one-element list of such lists; a string only when the
-server has a tokenizer), ``max_tokens`` (default 16, as OpenAI), ``temperature`` (default 1),
-``top_p``, ``top_k`` (vLLM uses -1 for off; -1 and 0 both mean off here), ``stop`` (string or
-list), ``stop_token_ids``, ``seed``, ``logprobs`` (only 0/1/None: the sampled token's logprob is
-always returned; alternatives are not), ``return_tokens_as_token_ids``, ``n`` (must be 1),
-``model`` (ignored). Unknown fields are rejected with 400 so a typo never silently samples with
-defaults. Response: ``choices[0]`` holds ``text``, ``token_ids``, ``logprobs`` =
-``{"tokens": [...], "token_logprobs": [...]}`` (tokens as ``"token_id:<id>"`` strings when
-``return_tokens_as_token_ids``, vLLM's format), ``finish_reason`` and ``stop_reason``; ``usage``
-as OpenAI; saorl extras under ``"saorl": {"versions": [...], "engine_version": v}``.
+saorl's extension: each completion choice carries ``versions`` (the weight version that sampled
+each token) and the response ``saorl: {"versions": <choice 0's>, "engine_version": v}``; emulated
+servers leave them out, as the real ones do.
 
-``GET /health`` → ``{"status": "ok", "version": v}``. ``GET /v1/models`` → OpenAI model list.
-``POST /update_weights`` with ``{"path": "<file.safetensors>", "version": v}`` — accepted only
-from loopback clients (the file is read from this machine's disk).
+Holding load (every limit is a :class:`ServerLimits` field and a ``saorl serve`` option):
 
-Errors: bad body → 400 ``{"error": {"message", "type": "invalid_request_error"}}``; engine
-failure → 503; unknown path → 404.
+- a listen backlog of ``backlog`` connections, so a burst of clients is queued by the kernel, not
+  refused;
+- at most ``max_pending`` generations admitted at once (running or waiting for an engine slot; a
+  request with ``n`` choices counts ``n`` per prompt); past it, HTTP 503 with ``Retry-After``;
+- bodies over ``max_body_bytes`` get 413 before they are read (by ``Content-Length``) or as soon
+  as they pass the limit; a body not fully received within ``body_timeout_s`` (a slow client, a
+  lying ``Content-Length``) gets 408, so no handler waits forever;
+- malformed fields get 400 naming the field (strict validation, finite numbers only).
+
+Weight updates (``POST /update_weights {"path", "version"}``) are off unless the server is given
+``weights_dir``; then only files under that directory (after resolving links) are loaded, and a
+path outside it is refused without looking at it, so the endpoint reveals nothing about other
+paths. Errors are ``{"error": {"message", "type", "param", "code"}}``; engine failures are 503.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import asyncio
+import inspect
 import json
+import os
+import socket
 import threading
 import time
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
-from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-_FIELDS = {
-    "prompt",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "stop_token_ids",
-    "seed",
-    "logprobs",
-    "return_tokens_as_token_ids",
-    "n",
-    "model",
-    "stream",
-    "echo",
-}
+from saorl.engines import openai_api as oa
+from saorl.engines.base import EngineError, GenerationResult, InferenceEngine
+
+Emulate = Literal["vllm", "sglang"] | None
 
 
-class BadRequest(ValueError):
-    """The request body is malformed; the message names the field."""
+@dataclass(frozen=True)
+class ServerLimits:
+    max_pending: int = 512
+    """Generations admitted at once (running or waiting for a slot); past it, 503 + Retry-After."""
+    max_body_bytes: int = 4 * 2**20
+    """Largest request body accepted (413 past it)."""
+    body_timeout_s: float = 10.0
+    """A request body must arrive completely within this many seconds (408 otherwise)."""
+    backlog: int = 2048
+    """Listen backlog: connections the kernel queues before the server accepts them."""
+    retry_after_s: int = 1
+    """The ``Retry-After`` a 503 asks clients to wait, in seconds."""
+
+    def __post_init__(self) -> None:
+        if self.max_pending < 1 or self.max_body_bytes < 1 or self.body_timeout_s <= 0 or self.backlog < 1:
+            raise ValueError(f"server limits must be positive, got {self}")
 
 
-def _prompt_ids(body: dict[str, Any], tokenizer) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise BadRequest("prompt: this server takes token ids (a list of ints), not text")
-        return list(tokenizer.encode(prompt))
-    if not isinstance(prompt, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
-        raise BadRequest("prompt: expected a list of token ids (ints) or a one-element list of them")
-    return prompt
+class Overloaded(Exception):
+    """More generations than ``max_pending``: answered 503 with ``Retry-After``."""
 
 
-def params_from_body(body: dict[str, Any]) -> SamplingParams:
-    """vLLM-style completion fields → :class:`SamplingParams` (raises BadRequest naming the field)."""
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object")
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise BadRequest(f"unsupported fields: {unknown}")
-    if body.get("n", 1) != 1:
-        raise BadRequest("n: only n=1 is supported (one rollout per request)")
-    if body.get("stream") or body.get("echo"):
-        raise BadRequest("stream / echo are not supported")
-    if body.get("logprobs") not in (None, 0, 1):
-        raise BadRequest("logprobs: only the sampled token's logprob is returned (use 1)")
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    top_k = body.get("top_k", 0)
-    seed = body.get("seed")
+@dataclass
+class ServerState:
+    engine: InferenceEngine
+    tokenizer: Any
+    model_name: str
+    limits: ServerLimits
+    weights_dir: Path | None
+    emulate: Emulate
+    pending: int = 0
+    resumed: asyncio.Event | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        params = inspect.signature(self.engine.agenerate).parameters
+        self.streams = "on_token" in params
+
+    def admit(self, need: int) -> None:
+        if self.pending + need > self.limits.max_pending:
+            raise Overloaded(f"{self.pending} generations in flight; the limit is {self.limits.max_pending}")
+        self.pending += need
+
+    def release(self, need: int) -> None:
+        self.pending -= need
+
+    async def wait_resumed(self) -> None:
+        if self.resumed is not None:
+            await self.resumed.wait()
+
+    def allowed_path(self, path: Any, what: str = "path") -> Path:
+        """``path`` resolved, if it lies under ``weights_dir`` (403 otherwise, without touching it)."""
+        if self.weights_dir is None:
+            raise PermissionError("weight updates are disabled: start the server with --weights-dir DIR "
+                                  "to load weights from files under DIR")
+        if not isinstance(path, str) or not path:
+            raise oa.BadRequest(f"{what}: expected a non-empty string path", what)
+        real = Path(os.path.realpath(path))
+        if real != self.weights_dir and self.weights_dir not in real.parents:
+            raise PermissionError(f"{what} must lie under the server's weights directory")
+        if not real.exists():
+            raise oa.BadRequest(f"{what}: nothing at {path!r} under the weights directory", what)
+        return real
+
+
+def _error(code: int, message: str, kind: str, param: str | None = None,
+           headers: dict | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=code, headers=headers)
+
+
+def engine_bad_request(e: ValueError) -> oa.BadRequest:
+    """The engine's own validation (token ids out of range, prompt too long) as a 400."""
+    msg = str(e)
+    first = msg.split(" ", 1)[0].rstrip(":")
+    param = first if first in ("prompt", "stop", "stop_token_ids", "seed", "max_tokens") else None
+    return oa.BadRequest(msg, param)
+
+
+# ------------------------------------------------------------------------------------- body limits
+class BodyLimit:
+    """ASGI middleware: read the whole body within the size and time limits, then pass it on."""
+
+    def __init__(self, app, limits: ServerLimits) -> None:
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        lim = self.limits
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > lim.max_body_bytes):
+            return await self._refuse(scope, receive, send, 413 if declared.isdigit() else 400,
+                                      f"request body over the limit of {lim.max_body_bytes} bytes"
+                                      if declared.isdigit() else "Content-Length is not a number")
+        chunks, size, deadline = [], 0, time.monotonic() + lim.body_timeout_s
+        while True:
+            try:
+                msg = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
+            except asyncio.TimeoutError:
+                return await self._refuse(scope, receive, send, 408,
+                                          f"request body not received within {lim.body_timeout_s:g}s")
+            if msg["type"] == "http.disconnect":
+                return None
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > lim.max_body_bytes:
+                return await self._refuse(scope, receive, send, 413,
+                                          f"request body over the limit of {lim.max_body_bytes} bytes")
+            if not msg.get("more_body", False):
+                break
+        body, sent = b"".join(chunks), False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope, receive, send, code: int, message: str) -> None:
+        response = _error(code, message, "invalid_request_error", headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+# ------------------------------------------------------------------------------------- generation
+async def _json(request: Request) -> Any:
+    raw = await request.body()
     try:
-        return SamplingParams(
-            temperature=float(body.get("temperature", 1.0)),
-            top_p=float(body.get("top_p", 1.0)),
-            top_k=0 if top_k in (-1, None) else int(top_k),
-            max_new_tokens=int(body.get("max_tokens", 16)),
-            stop=stop,
-            stop_token_ids=tuple(int(t) for t in body.get("stop_token_ids") or ()),
-            seed=None if seed is None else int(seed),
-        )
-    except (TypeError, ValueError) as e:
-        raise BadRequest(str(e)) from e
+        return json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise oa.BadRequest(f"body is not valid JSON: {e}") from None
 
 
-def completion_response(result, prompt_len: int, model: str, as_ids: bool, tokenizer, version: int) -> dict:
-    ids = result.token_ids
-    text = tokenizer.decode(ids) if tokenizer is not None else ""
-    tokens = (
-        [f"token_id:{t}" for t in ids]
-        if as_ids or tokenizer is None
-        else [tokenizer.decode([t]) for t in ids]
-    )
-    choice = dict(
-        index=0,
-        text=text,
-        token_ids=ids,
-        logprobs=dict(tokens=tokens, token_logprobs=result.logprobs),
-        finish_reason=result.finish_reason,
-        stop_reason=result.stop_reason,
-    )
-    return dict(
-        id=f"cmpl-{uuid.uuid4().hex}",
-        object="text_completion",
-        created=int(time.time()),
-        model=model,
-        choices=[choice],
-        usage=dict(prompt_tokens=prompt_len, completion_tokens=len(ids), total_tokens=prompt_len + len(ids)),
-        saorl=dict(versions=result.versions, engine_version=version),
-    )
+def _prompts(state: ServerState, req: oa.CompletionRequest) -> list[list[int]]:
+    p = req.prompt
+    if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], str)):
+        if state.tokenizer is None:
+            raise oa.BadRequest("prompt: this server takes token ids (no tokenizer loaded)", "prompt")
+        return [list(state.tokenizer.encode(s)) for s in ([p] if isinstance(p, str) else p)]
+    return [p] if isinstance(p[0], int) else [list(x) for x in p]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _EngineServer
-    protocol_version = "HTTP/1.1"
+def _chat_prompt(state: ServerState, req: oa.ChatRequest) -> list[int]:
+    tok = state.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise oa.BadRequest("messages: this model's tokenizer has no chat template, so the server cannot "
+                            "turn messages into a prompt; use /v1/completions, or start the server "
+                            "with --chat-template FILE", "messages")
+    msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+    out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet by default
-        if self.server.verbose:
-            super().log_message(format, *args)
 
-    def _send(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+async def generate_all(state: ServerState, prompts: list[list[int]], req: oa._Request, top: int,
+                       on_token: Callable[[int], Any] | None = None) -> list[GenerationResult]:
+    """Every choice of every prompt, in order ``[p0c0, p0c1, ..., p1c0, ...]``."""
+    calls = []
+    for prompt in prompts:
+        for seed in req.seeds():
+            sp = req.sampling(_max_tokens(req), top, seed)
+            kw = {"on_token": on_token(len(calls))} if on_token is not None and state.streams else {}
+            calls.append(state.engine.agenerate(prompt, sp, **kw))
+    try:
+        return list(await asyncio.gather(*calls))
+    except ValueError as e:
+        raise engine_bad_request(e) from None
 
-    def _error(self, code: int, message: str, kind: str) -> None:
-        self._send(code, {"error": {"message": message, "type": kind, "code": code}})
 
-    def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
+def _max_tokens(req: oa._Request) -> int:
+    if isinstance(req, oa.ChatRequest) and req.max_completion_tokens is not None:
+        return req.max_completion_tokens
+    return req.max_tokens if req.max_tokens is not None else 16
+
+
+def completion_choice(state: ServerState, req: oa.CompletionRequest, i: int, res: GenerationResult,
+                      prompt: list[int]) -> dict:
+    as_ids = bool(req.return_tokens_as_token_ids)
+    lps = None if req.logprobs is None else oa.completion_logprobs(state.tokenizer, res, as_ids)
+    choice = dict(index=i, text=oa.response_text(state.tokenizer, res, req.include_stop_str_in_output),
+                  logprobs=lps,
+                  finish_reason=res.finish_reason, stop_reason=res.stop_reason)
+    if req.return_token_ids or state.emulate is None:
+        choice["token_ids"] = res.token_ids
+    if req.return_token_ids:
+        choice["prompt_token_ids"] = prompt
+    if state.emulate is None:
+        choice["versions"] = res.versions
+    return choice
+
+
+def chat_choice(state: ServerState, req: oa.ChatRequest, i: int, res: GenerationResult) -> dict:
+    text = oa.response_text(state.tokenizer, res, req.include_stop_str_in_output)
+    choice = dict(index=i, message=dict(role="assistant", content=text),
+                  logprobs=oa.chat_logprobs(state.tokenizer, res, False) if req.logprobs else None,
+                  finish_reason=res.finish_reason, stop_reason=res.stop_reason)
+    if req.return_token_ids or state.emulate is None:
+        choice["token_ids"] = res.token_ids
+    if state.emulate is None:
+        choice["versions"] = res.versions
+    return choice
+
+
+async def handle_generation(state: ServerState, request: Request, chat: bool) -> Any:
+    body = await _json(request)
+    req = oa.parse(oa.ChatRequest if chat else oa.CompletionRequest, body)
+    prompts = [_chat_prompt(state, req)] if chat else _prompts(state, req)
+    top = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
+    need = len(prompts) * req.n
+    state.admit(need)
+    try:
+        await state.wait_resumed()
+        if req.stream:
+            from saorl.engines.streaming import stream_events
+
+            events = stream_events(state, req, prompts, top, chat)
+            return StreamingResponse(_released(events, state, need), media_type="text/event-stream")
+        results = await generate_all(state, prompts, req, top)
+        results = await state.extras.get("postprocess", _same)(state, prompts, req, results)
+    except BaseException:
+        state.release(need)
+        raise
+    state.release(need)
+    use = oa.usage([len(p) for p in prompts for _ in range(req.n)], results)
+    model = req.model or state.model_name
+    if chat:
+        choices = [chat_choice(state, req, i, r) for i, r in enumerate(results)]
+        out = oa.envelope("chat.completion", oa.new_id("chatcmpl"), model, choices, use)
+    else:
+        choices = [completion_choice(state, req, i, r, prompts[i // req.n]) for i, r in enumerate(results)]
+        out = oa.envelope("text_completion", oa.new_id("cmpl"), model, choices, use)
+    return envelope_with_extension(state, out, results)
+
+
+async def _same(state, prompts, req, results):
+    return results
+
+
+async def _released(events: AsyncIterator[str], state: ServerState, need: int) -> AsyncIterator[str]:
+    try:
+        async for e in events:
+            yield e
+    finally:
+        state.release(need)
+
+
+def envelope_with_extension(state: ServerState, out: dict, results: list[GenerationResult]) -> dict:
+    if state.emulate is None:
+        out["saorl"] = dict(versions=results[0].versions, engine_version=state.engine.version)
+    return out
+
+
+# ------------------------------------------------------------------------------------- the app
+def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "saorl",
+               limits: ServerLimits | None = None, weights_dir: str | Path | None = None,
+               emulate: Emulate = None, **emulation_options: Any) -> FastAPI:
+    """The ASGI app serving ``engine`` (see the module docstring)."""
+    limits = limits or ServerLimits()
+    wdir = Path(os.path.realpath(weights_dir)) if weights_dir is not None else None
+    state = ServerState(engine, tokenizer, model_name, limits, wdir, emulate)
+    app = FastAPI(title="saorl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.saorl = state
+
+    @app.exception_handler(oa.BadRequest)
+    async def _bad(_r, e: oa.BadRequest):
+        return _error(400, str(e), "invalid_request_error", e.param)
+
+    @app.exception_handler(Overloaded)
+    async def _busy(_r, e: Overloaded):
+        return _error(503, f"server busy: {e}; retry after {limits.retry_after_s}s", "server_busy",
+                      headers={"Retry-After": str(limits.retry_after_s)})
+
+    @app.exception_handler(EngineError)
+    async def _engine(_r, e: EngineError):
+        return _error(503, str(e), "engine_error")
+
+    @app.exception_handler(PermissionError)
+    async def _forbidden(_r, e: PermissionError):
+        return _error(403, str(e), "forbidden")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_r, e: StarletteHTTPException):
+        return _error(e.status_code, str(e.detail), "not_found" if e.status_code == 404 else "http_error")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "version": engine.version}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "saorl",
+                                            "created": 0, "version": engine.version}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle_generation(state, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle_generation(state, request, chat=True)
+
+    @app.post("/update_weights")
+    async def update_weights(request: Request):
+        body = await _json(request)
+        if not isinstance(body, dict) or set(body) - {"path", "version"}:
+            raise oa.BadRequest('update_weights expects {"path": str, "version": int}')
+        version = body.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise oa.BadRequest("version: expected an int >= 0", "version")
+        path = state.allowed_path(body.get("path"))
         try:
-            return json.loads(self.rfile.read(length) or b"null")
-        except json.JSONDecodeError as e:
-            raise BadRequest(f"body is not valid JSON: {e}") from e
+            await asyncio.to_thread(engine.update_weights, str(path), version)
+        except (ValueError, OSError) as e:
+            raise oa.BadRequest(f"path: cannot load weights: {e}", "path") from None
+        return {"status": "ok", "version": engine.version}
 
-    def do_GET(self) -> None:
-        eng = self.server.engine
-        if self.path == "/health":
-            self._send(200, {"status": "ok", "version": eng.version})
-        elif self.path == "/v1/models":
-            self._send(
-                200,
-                {
-                    "object": "list",
-                    "data": [
-                        {
-                            "id": self.server.model_name,
-                            "object": "model",
-                            "owned_by": "saorl",
-                            "version": eng.version,
-                        }
-                    ],
-                },
-            )
-        else:
-            self._error(404, f"no route GET {self.path}", "not_found")
+    if emulate is not None:
+        from saorl.engines.emulation import add_emulated_routes
 
-    def do_POST(self) -> None:
-        try:
-            if self.path == "/v1/completions":
-                self._completions(self._body())
-            elif self.path == "/update_weights":
-                self._update(self._body())
-            else:
-                self._error(404, f"no route POST {self.path}", "not_found")
-        except BadRequest as e:
-            self._error(400, str(e), "invalid_request_error")
-        except ValueError as e:  # the engine's own validation (token range, prompt length, ...)
-            self._error(400, str(e), "invalid_request_error")
-        except EngineError as e:
-            self._error(503, str(e), "engine_error")
-
-    def _completions(self, body: Any) -> None:
-        params = params_from_body(body)
-        prompt = _prompt_ids(body, self.server.tokenizer)
-        eng = self.server.engine
-        result = eng.generate([prompt], params)[0]
-        self._send(
-            200,
-            completion_response(
-                result,
-                len(prompt),
-                self.server.model_name,
-                bool(body.get("return_tokens_as_token_ids")),
-                self.server.tokenizer,
-                eng.version,
-            ),
-        )
-
-    def _update(self, body: Any) -> None:
-        if not ipaddress.ip_address(self.client_address[0]).is_loopback:
-            self._error(403, "update_weights is accepted from loopback clients only", "forbidden")
-            return
-        if (
-            not isinstance(body, dict)
-            or not isinstance(body.get("path"), str)
-            or not isinstance(body.get("version"), int)
-        ):
-            raise BadRequest('update_weights expects {"path": str, "version": int}')
-        try:
-            self.server.engine.update_weights(body["path"], body["version"])
-        except FileNotFoundError as e:
-            raise BadRequest(f"path: {e}") from e
-        self._send(200, {"status": "ok", "version": self.server.engine.version})
+        add_emulated_routes(app, state, emulate, **emulation_options)
+    app.add_middleware(BodyLimit, limits=limits)
+    return app
 
 
-class _EngineServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, addr, engine: InferenceEngine, tokenizer, model_name: str, verbose: bool) -> None:
-        super().__init__(addr, _Handler)
-        self.engine, self.tokenizer, self.model_name, self.verbose = engine, tokenizer, model_name, verbose
-
-
-def make_server(
-    engine: InferenceEngine,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    *,
-    tokenizer=None,
-    model_name: str = "saorl",
-    verbose: bool = False,
-) -> ThreadingHTTPServer:
-    """A bound (not yet serving) server; ``port=0`` picks a free port (read ``server.server_address``)."""
-    return _EngineServer((host, port), engine, tokenizer, model_name, verbose)
+# ------------------------------------------------------------------------------------- serving
+def bind(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening TCP socket (``port=0`` picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    return sock
 
 
-def serve_in_thread(
-    engine: InferenceEngine, host: str = "127.0.0.1", port: int = 0, **kw: Any
-) -> tuple[ThreadingHTTPServer, str]:
-    """Start a server on a daemon thread; returns ``(server, base_url)``. Stop with ``server.shutdown()``."""
-    server = make_server(engine, host, port, **kw)
-    threading.Thread(target=server.serve_forever, name="saorl-http", daemon=True).start()
-    h, p = server.server_address[:2]
-    return server, f"http://{h}:{p}"
+def make_server(app: FastAPI, sock: socket.socket, *, verbose: bool = False):
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+                            backlog=app.state.saorl.limits.backlog, timeout_keep_alive=30,
+                            timeout_graceful_shutdown=5, lifespan="off")
+    return uvicorn.Server(config)
+
+
+class ServerThread:
+    """A server on a daemon thread (tests, in-process use); ``url`` is its base URL."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> None:
+        self.sock = bind(host, port, app.state.saorl.limits.backlog)
+        self.server = make_server(app, self.sock, verbose=verbose)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="saorl-serve", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.01)
+        h, p = self.sock.getsockname()[:2]
+        self.url = f"http://{h}:{p}"
+
+    def shutdown(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def serve_in_thread(engine: InferenceEngine, host: str = "127.0.0.1", port: int = 0,
+                    **kw: Any) -> tuple[ServerThread, str]:
+    """Start a server for ``engine`` on a daemon thread; returns ``(server, base_url)``."""
+    verbose = kw.pop("verbose", False)
+    srv = ServerThread(create_app(engine, **kw), host, port, verbose)
+    return srv, srv.url
