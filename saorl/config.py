@@ -170,22 +170,61 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature (0 = greedy). RL needs samples from the policy itself: keep 1.0 for training."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling threshold in (0, 1] (1 disables)."""
+    """Nucleus sampling threshold in (0, 1] (1 disables). Allowed with every engine because the
+    trainer scores log-probs under the same truncation (top-k, then top-p), so the DIS ratio
+    compares like with like."""
     top_k: int = Field(0, ge=0)
-    """Top-k sampling (0 disables)."""
+    """Top-k sampling (0 disables); scored by the trainer under the same truncation, as ``top_p``."""
     max_new_tokens: int = Field(48, ge=1)
     """Tokens the policy may sample per turn."""
     max_total_tokens: int = Field(384, ge=2)
     """Tokens per trajectory (prompt + all turns); the episode is truncated past it."""
-    engine: Literal["local", "http"] = "local"
-    """``local``: the in-process torch engine; ``http``: an OpenAI-compatible server at ``http_url``."""
+    engine: Literal["local", "http", "vllm", "sglang"] = "local"
+    """``local``: the in-process torch engine; ``http``: ``saorl serve`` at ``http_url`` (or
+    ``engine_urls``); ``vllm`` / ``sglang``: servers the user started at ``engine_urls``, which the
+    trainer updates in place after every step (docs/engines.md: versions, launch flags)."""
     http_url: str | None = None
-    """Base URL of the inference server (required when ``engine`` is ``http``)."""
+    """Base URL of the ``saorl serve`` server (``engine: http``; or list it in ``engine_urls``)."""
+    engine_urls: list[str] = Field(default_factory=list)
+    """Base URLs (``http://host:port``) of the inference servers for ``engine: vllm | sglang``
+    (required) or ``http``; each worker spreads its requests over all of them."""
+    engine_routing: Literal["least_loaded", "round_robin"] = "least_loaded"
+    """How a worker picks a server per request: the one with the fewest of its requests in flight,
+    or in turn."""
+    engine_model: str | None = None
+    """The served model name sent as ``model`` to vLLM (its ``--served-model-name``); None sends
+    none (the server's only model)."""
+    sglang_pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    """How SGLang pauses for a weight update: ``abort`` returns requests in flight at once and the
+    client continues them with the new weights (exact per-token versions, KV recomputed);
+    ``retract`` / ``in_place`` keep them on the server (their cached KV was computed by the old
+    weights)."""
+    weight_update_timeout_s: float = Field(600.0, gt=0.0)
+    """Watchdog of one weight update on a server (pause + load); past it the run stops with an
+    error naming the server (the server is resumed first)."""
+    logprob_probe_tol: float = Field(0.1, ge=0.0)
+    """With ``vllm`` / ``sglang``: at start, one request per server is compared with the trainer's
+    log-probs of the same tokens (same temperature and truncation); a mean gap above this many
+    nats per token stops the run (e.g. vLLM without ``--logprobs-mode processed_logprobs``)."""
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", u)]
+        if bad:
+            raise ValueError(f"each URL must look like http://host:port, got {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a URL is listed twice: {v}")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> RolloutConfig:
-        if self.engine == "http" and not self.http_url:
-            raise _FieldError("http_url", "required when engine is 'http'")
+        if self.engine == "http" and not (self.http_url or self.engine_urls):
+            raise _FieldError("http_url", "required when engine is 'http' (or set rollout.engine_urls)")
+        if self.engine in ("vllm", "sglang") and not self.engine_urls:
+            raise _FieldError("engine_urls", f"required when engine is {self.engine!r}: the base URLs of "
+                              f"the {self.engine} servers you started, e.g. "
+                              "rollout.engine_urls='[http://127.0.0.1:8000]'")
         if self.max_new_tokens >= self.max_total_tokens:
             raise _FieldError(
                 "max_new_tokens",

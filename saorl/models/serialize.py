@@ -214,3 +214,14 @@ def load_critic(
     critic.to(device=device)
     ensure_cpu_experts(critic.trunk, device)
     return critic
+
+
+def save_hf_weights(model, state_dict: dict[str, Tensor], out_dir: str | Path) -> Path:
+    """``state_dict`` (``model``'s in-memory names) as a Hugging Face model directory at
+    ``out_dir``, atomically: ``config.json`` and safetensors under the on-disk names that
+    ``from_pretrained`` (and vLLM / SGLang) read, tied weights stored once, no tokenizer."""
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(str(tmp), state_dict=state_dict)
+        if not (tmp / "config.json").is_file() or not any(tmp.glob("*.safetensors")):
+            raise RuntimeError(f"save_pretrained wrote no config.json/safetensors into {tmp}")
+    return Path(out_dir)

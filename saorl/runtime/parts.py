@@ -7,7 +7,7 @@ as the wiring. The config is unpacked here, at the call sites; nothing the parts
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from saorl.models.tokenizer import load_tokenizer
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.weights import FileWeightSync, WeightSync
-from saorl.runtime.worker import WorkerSpec
+from saorl.runtime.worker import WorkerSpec, build_engine
 
 
 @dataclass
@@ -79,27 +79,66 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int) 
                    device=cfg.model.device)
 
 
-def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer, env_factory,
-                  weights: WeightSync) -> Backend:
-    """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``)."""
+def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> WorkerSpec:
     r = cfg.rollout
-    if cfg.runtime.backend == "inprocess":
-        from saorl.engines.local import LocalEngine
-        from saorl.runtime.inprocess import InProcessBackend
-
-        model = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-        engine = LocalEngine(model, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
-        return InProcessBackend(engine, env_factory, tokenizer, sampling=sampling_params(cfg),
-                                max_total_tokens=r.max_total_tokens,
-                                concurrency=r.num_workers * r.concurrent_episodes, weights=weights,
-                                owns_engine=True)
-    spec = WorkerSpec(policy=policy_spec, tokenizer=cfg.model.tokenizer, env_type=cfg.env.type,
+    return WorkerSpec(policy=policy_spec, tokenizer=cfg.model.tokenizer, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
                       threads=cfg.runtime.worker_threads, device=cfg.model.device, dtype=cfg.model.dtype,
-                      http_url=r.http_url)
+                      http_url=r.http_url, engine_urls=tuple(r.engine_urls), engine_routing=r.engine_routing,
+                      engine_model=r.engine_model)
+
+
+def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer, env_factory,
+                  weights: WeightSync) -> Backend:
+    """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``)."""
+    r = cfg.rollout
+    spec = worker_spec(cfg, run_dir, policy_spec)
+    if cfg.runtime.backend == "inprocess":
+        from saorl.engines.local import LocalEngine
+        from saorl.runtime.inprocess import InProcessBackend
+
+        if r.engine == "local":
+            model = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+            engine = LocalEngine(model, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
+        else:
+            engine = build_engine(spec, tokenizer)
+        return InProcessBackend(engine, env_factory, tokenizer, sampling=sampling_params(cfg),
+                                max_total_tokens=r.max_total_tokens,
+                                concurrency=r.num_workers * r.concurrent_episodes, weights=weights,
+                                owns_engine=True)
     return LocalBackend(spec, r.num_workers, r.concurrent_episodes)
+
+
+def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> WeightSync:
+    """Files in ``RUN/weights`` for the local engine and ``saorl serve``; for vLLM / SGLang also
+    each version put on the servers in place, with the start-up log-prob probe
+    (:mod:`saorl.runtime.publisher`)."""
+    files = FileWeightSync(run_dir / "weights")
+    r = cfg.rollout
+    if r.engine not in ("vllm", "sglang"):
+        return files
+    from saorl.engines.transport import HttpTransport
+    from saorl.runtime.publisher import LogprobProbe, ServerWeightSync
+
+    transport = HttpTransport(r.engine_urls, timeout_s=r.weight_update_timeout_s)
+    if r.engine == "vllm":
+        from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+
+        admins = [VllmAdmin(u, transport) for u in r.engine_urls]
+        make = lambda url: VllmEngine(url, model=r.engine_model)  # noqa: E731
+    else:
+        from saorl.engines.sglang_client import SglangAdmin, SglangEngine
+
+        admins = [SglangAdmin(u, transport, r.sglang_pause_mode) for u in r.engine_urls]
+        make = SglangEngine
+    probe_prompt = list(tokenizer.encode("The log-prob probe checks the server against the trainer:"))
+    probe_sampling = replace(sampling_params(cfg), max_new_tokens=16, seed=cfg.seed)
+    probe = LogprobProbe(make, probe_prompt, probe_sampling, r.logprob_probe_tol,
+                         "vLLM" if r.engine == "vllm" else "SGLang")
+    return ServerWeightSync(files, admins, transport, policy, timeout_s=r.weight_update_timeout_s,
+                            probe=probe)
 
 
 def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:
@@ -111,7 +150,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     critic = build_critic(cfg, policy, preset, critic_spec)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     train_tasks, test_tasks = build_tasks(cfg, env_factory)
-    weights = FileWeightSync(run_dir / "weights")
+    weights = build_weight_sync(cfg, run_dir, policy, tokenizer)
     backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
     return RunParts(preset, cfg.resolved_mode(), tokenizer, policy, critic, env_factory, train_tasks,
                     test_tasks, backend, weights)

@@ -55,6 +55,9 @@ class WorkerSpec:
     seed: int = 0
     engine_kind: str = "local"
     http_url: str | None = None
+    engine_urls: tuple[str, ...] = ()
+    engine_routing: str = "least_loaded"
+    engine_model: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
 
@@ -107,10 +110,19 @@ async def play_rollout(engine: InferenceEngine, env_factory: Callable, tokenizer
 
 
 def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
+    """The worker's engine: the local torch engine, or a client of the servers in ``spec``."""
     if spec.engine_kind == "http":
         from saorl.engines.http_client import HttpEngine
 
-        return HttpEngine(spec.http_url)
+        return HttpEngine(list(spec.engine_urls) or spec.http_url, routing=spec.engine_routing)
+    if spec.engine_kind == "vllm":
+        from saorl.engines.vllm_client import VllmEngine
+
+        return VllmEngine(list(spec.engine_urls), model=spec.engine_model, routing=spec.engine_routing)
+    if spec.engine_kind == "sglang":
+        from saorl.engines.sglang_client import SglangEngine
+
+        return SglangEngine(list(spec.engine_urls), routing=spec.engine_routing)
     from saorl.engines.local import LocalEngine
     from saorl.models.loading import load_policy
 

@@ -1,0 +1,89 @@
+"""What the vLLM and SGLang clients share: the pooled transport, the version they believe the
+servers run, and the administration steps a weight publisher drives.
+
+A :class:`RemoteEngine` never pushes weights: the trainer's publisher
+(:class:`saorl.runtime.publisher.ServerWeightSync`) puts each version on every server (pause →
+load from disk → label → resume) *before* it announces the version to the rollout workers, so
+``update_weights(path, version)`` on a worker only records that the servers now run ``version``
+(the fallback tag for tokens of a server that reports no version).
+
+:class:`ServerAdmin` is one server's side of that publication; each client module implements it
+with its server's own routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from saorl.engines.base import GenerationResult, SamplingParams
+from saorl.engines.transport import HttpTransport, Routing
+
+
+class ServerAdmin(Protocol):
+    url: str
+
+    async def pause(self) -> None:
+        """Stop scheduling new work (what happens to requests in flight is the server's mode)."""
+        ...
+
+    async def load(self, hf_dir: str, version: int) -> None:
+        """Load the Hugging Face model directory ``hf_dir`` and label the weights ``version``."""
+        ...
+
+    async def resume(self) -> None: ...
+
+
+class RemoteEngine:
+    """Base of the clients of servers that saorl does not run (see the module docstring)."""
+
+    server_name = "server"
+
+    def __init__(self, urls: str | Sequence[str], *, model: str | None = None, timeout_s: float = 600.0,
+                 retries: int = 2, backoff_s: float = 0.5, max_connections: int = 256,
+                 routing: Routing = "least_loaded") -> None:
+        self.transport = HttpTransport(urls, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
+                                       max_connections=max_connections, routing=routing)
+        self.model = model
+        self._version = 0
+        self._stats: dict[str, float] = {"requests": 0, "tokens_generated": 0, "weight_updates": 0,
+                                         "approximate_versions": 0}
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats) | {"version": self._version}
+
+    def _count(self, res: GenerationResult) -> GenerationResult:
+        self._stats["requests"] += 1
+        self._stats["tokens_generated"] += len(res.token_ids)
+        return res
+
+    def _label_to_version(self, label) -> int:
+        """A server's version label as saorl's int version; the believed one if it is not ours."""
+        try:
+            return int(label)
+        except (TypeError, ValueError):
+            return self._version
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        raise NotImplementedError
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        async def all_of() -> list[GenerationResult]:
+            return list(await asyncio.gather(*(self.agenerate(p, params) for p in prompts)))
+
+        return self.transport.run(all_of())
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
+        """Record that the servers now run ``version`` (the publisher has put it there)."""
+        self._version = max(self._version, int(version))
+        self._stats["weight_updates"] += 1
+
+    def close(self) -> None:
+        self.transport.close()
