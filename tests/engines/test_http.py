@@ -1,3 +1,4 @@
+import asyncio
 import json
 import os
 import signal
@@ -6,15 +7,14 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from saorl.engines import EngineError, HttpEngine, LocalEngine, SamplingParams
 from saorl.engines.server import serve_in_thread
+from saorl.models.serialize import save_safetensors_atomic
 from saorl.models.tiny import build_tiny
 from tests.engines.conftest import PROMPTS
 
@@ -27,17 +27,7 @@ def served(tiny_moe, tok):
     server, url = serve_in_thread(eng, tokenizer=tok)
     yield eng, url
     server.shutdown()
-    server.server_close()
     eng.close()
-
-
-def _post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _free_port():
@@ -52,66 +42,53 @@ def test_round_trip_equals_local_engine(served, tok):
     prompts = [tok.encode(s) for s in PROMPTS]
     sp = SamplingParams(temperature=0, max_new_tokens=12)
     local = eng.generate(prompts, sp)
-    remote = HttpEngine(url, timeout_s=30).generate(prompts, sp)
+    client = HttpEngine(url, timeout_s=30)
+    remote = client.generate(prompts, sp)
     for a, b in zip(local, remote):
         assert b.token_ids == a.token_ids
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-6)
         assert (b.finish_reason, b.versions) == (a.finish_reason, a.versions)
     seeded = SamplingParams(temperature=0.8, top_k=30, max_new_tokens=8, seed=5, stop=("ee",))
-    assert (
-        HttpEngine(url).generate(prompts[:1], seeded)[0].token_ids
-        == eng.generate(prompts[:1], seeded)[0].token_ids
-    )
+    assert client.generate(prompts[:1], seeded)[0].token_ids == eng.generate(prompts[:1], seeded)[0].token_ids
+    client.close()
 
 
-def test_openai_fields_and_errors(served, tok):
+def test_engine_errors_are_http_400(served):
     _, url = served
-    code, out = _post(
-        url + "/v1/completions",
-        {
-            "prompt": [tok.encode("hi")],
-            "max_tokens": 3,
-            "temperature": 0,
-            "logprobs": 1,
-            "return_tokens_as_token_ids": True,
-            "top_k": -1,
-        },
-    )
-    assert code == 200
-    choice = out["choices"][0]
-    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
-    assert choice["text"] == tok.decode(choice["token_ids"])
-    assert out["usage"]["completion_tokens"] == len(choice["token_ids"]) and out["saorl"]["versions"]
-    code, out = _post(url + "/v1/completions", {"prompt": [5], "max_tokns": 3})
-    assert code == 400 and "max_tokns" in out["error"]["message"]
-    code, out = _post(url + "/v1/completions", {"prompt": [5], "temperature": -2})
-    assert code == 400 and "temperature" in out["error"]["message"]
-    code, out = _post(url + "/v1/completions", {"prompt": [5, 10**6]})
-    assert code == 400 and "token ids" in out["error"]["message"]
-    with pytest.raises(EngineError, match="HTTP 400"):
-        HttpEngine(url).generate([[5]], SamplingParams(stop_token_ids=(10**6,)))
-    with urllib.request.urlopen(url + "/health") as r:
-        assert json.loads(r.read())["status"] == "ok"
-    with urllib.request.urlopen(url + "/v1/models") as r:
-        assert json.loads(r.read())["data"][0]["id"] == "saorl"
+    client = HttpEngine(url)
+    with pytest.raises(EngineError, match="HTTP 400.*stop_token_ids"):
+        client.generate([[5]], SamplingParams(stop_token_ids=(10**6,)))
+    with pytest.raises(EngineError, match="HTTP 400.*prompt"):
+        client.generate([[5, 10**6]], SamplingParams())
+    client.close()
 
 
-def test_update_weights_over_http(tok):
+def test_update_weights_only_from_the_weights_dir(tok, tmp_path):
     eng = LocalEngine(build_tiny("tiny-moe", seed=0), tok, max_batch_size=2)
-    server, url = serve_in_thread(eng)
+    server, url = serve_in_thread(eng, weights_dir=tmp_path / "w")
+    (tmp_path / "w").mkdir()
     try:
         client = HttpEngine(url)
         sp = SamplingParams(temperature=0, max_new_tokens=10)
         before = client.generate([[5, 6, 7]], sp)[0]
-        client.update_weights(build_tiny("tiny-moe", seed=1).state_dict(), version=3)
+        path = save_safetensors_atomic(build_tiny("tiny-moe", seed=1).state_dict(), tmp_path / "w" / "v3.st")
+        client.update_weights(str(path), version=3)
         after = client.generate([[5, 6, 7]], sp)[0]
         assert client.version == 3 == eng.version and after.versions == [3] * len(after.token_ids)
         assert after.token_ids != before.token_ids
-        with pytest.raises(EngineError, match="HTTP 400"):
-            client.update_weights("/nonexistent/w.safetensors", 4)
+        outside = save_safetensors_atomic(build_tiny("tiny-moe", seed=2).state_dict(), tmp_path / "x.st")
+        with pytest.raises(EngineError, match="HTTP 403.*under the server's weights directory"):
+            client.update_weights(str(outside), 4)
+        with pytest.raises(EngineError, match="HTTP 403.*under the server's weights directory"):
+            client.update_weights("/nonexistent/w.safetensors", 4)  # same answer: existence not revealed
+        with pytest.raises(EngineError, match="HTTP 400.*nothing at"):
+            client.update_weights(str(tmp_path / "w" / "missing.st"), 4)
+        with pytest.raises(EngineError, match="state dict cannot be sent"):
+            client.update_weights(build_tiny("tiny-moe", seed=1).state_dict(), 5)
+        assert eng.version == 3
+        client.close()
     finally:
         server.shutdown()
-        server.server_close()
         eng.close()
 
 
@@ -122,6 +99,7 @@ def test_connection_refused_is_retried_then_fails_clearly():
     with pytest.raises(EngineError, match=r"cannot reach server .* after 3 attempt\(s\)"):
         client.generate([[1, 2]], SamplingParams())
     assert 0.15 <= time.monotonic() - t0 < 5
+    client.close()
 
 
 def test_silent_server_times_out():
@@ -133,71 +111,87 @@ def test_silent_server_times_out():
         with pytest.raises(EngineError, match=r"no response within 0\.5s"):
             client.generate([[1, 2]], SamplingParams())
         assert time.monotonic() - t0 < 3
+        client.close()
 
 
-def test_sglang_dialect_maps_fields():
-    seen = {}
+class _Stub(ThreadingHTTPServer):
+    """Answers each completion after all ``hold`` requests have arrived (or 10 s), counting the
+    most requests it ever had open at once."""
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+    daemon_threads = True
+    request_queue_size = 512
 
-        def do_POST(self):
-            seen["path"] = self.path
-            seen["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            data = json.dumps(
-                {
-                    "text": "ab",
-                    "output_ids": [7, 8],
-                    "meta_info": {
-                        "finish_reason": {"type": "stop", "matched": "b"},
-                        "output_token_logprobs": [[-0.5, 7, "a"], [-1.5, 8, "b"]],
-                    },
-                }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def __init__(self, hold: int) -> None:
+        super().__init__(("127.0.0.1", 0), _StubHandler)
+        self.hold, self.open, self.peak = hold, 0, 0
+        self.cond = threading.Condition()
 
-    server = HTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+class _StubHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        srv: _Stub = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with srv.cond:
+            srv.open += 1
+            srv.peak = max(srv.peak, srv.open)
+            srv.cond.notify_all()
+            srv.cond.wait_for(lambda: srv.peak >= srv.hold, timeout=10)
+            srv.open -= 1
+        ids = body["prompt"][:1]
+        data = json.dumps({"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5]},
+                                        "finish_reason": "length"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_pooled_client_keeps_64_requests_in_flight():
+    stub = _Stub(hold=64)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    client = HttpEngine(f"http://127.0.0.1:{stub.server_address[1]}", timeout_s=30)
     try:
-        client = HttpEngine(f"http://127.0.0.1:{server.server_address[1]}", dialect="sglang")
-        r = client.generate([[1, 2]], SamplingParams(temperature=0.5, top_k=4, stop=("b",), seed=9))[0]
+        async def many():
+            return await asyncio.gather(*(client.agenerate([i + 1], SamplingParams()) for i in range(80)))
+
+        t0 = time.monotonic()
+        results = asyncio.run(many())
+        assert stub.peak >= 64, f"only {stub.peak} requests were in flight at once"
+        assert time.monotonic() - t0 < 10  # released by the 64th arrival, not by the 10 s timeout
+        assert [r.token_ids for r in results] == [[i + 1] for i in range(80)]
     finally:
-        server.shutdown()
-        server.server_close()
-    assert seen["path"] == "/generate" and seen["body"]["input_ids"] == [1, 2]
-    assert (
-        seen["body"]["sampling_params"]["top_k"] == 4
-        and seen["body"]["sampling_params"]["sampling_seed"] == 9
-    )
-    assert (r.token_ids, r.logprobs, r.finish_reason, r.stop_reason) == ([7, 8], [-0.5, -1.5], "stop", "b")
+        client.close()
+        stub.shutdown()
+        stub.server_close()
+
+
+def test_least_loaded_routing_spreads_requests():
+    stubs = [_Stub(hold=8) for _ in range(2)]
+    for s in stubs:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    client = HttpEngine([f"http://127.0.0.1:{s.server_address[1]}" for s in stubs], timeout_s=30)
+    try:
+        client.generate([[i + 1] for i in range(16)], SamplingParams())
+        assert [s.peak for s in stubs] == [8, 8]  # each got half, all at once
+    finally:
+        client.close()
+        for s in stubs:
+            s.shutdown()
+            s.server_close()
 
 
 @pytest.mark.slow
 def test_server_killed_mid_request_raises_engine_error():
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "saorl.cli",
-            "serve",
-            "--model",
-            "tiny-moe",
-            "--port",
-            "0",
-            "--max-batch-size",
-            "2",
-            "--no-stop-on-eos",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=REPO,
-        env=env,
+        [sys.executable, "-m", "saorl.cli", "serve", "--model", "tiny-moe", "--port", "0",
+         "--max-batch-size", "2", "--no-stop-on-eos"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO, env=env,
     )
     try:
         line = proc.stdout.readline()
@@ -221,6 +215,7 @@ def test_server_killed_mid_request_raises_engine_error():
         assert not t.is_alive(), "client hung after the server died"
         assert len(errors) == 1 and "connection lost mid-request" in str(errors[0])
         assert time.monotonic() - t0 < 20
+        client.close()
     finally:
         proc.kill()
         proc.wait()
