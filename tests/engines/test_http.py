@@ -56,9 +56,9 @@ def test_round_trip_equals_local_engine(served, tok):
 def test_engine_errors_are_http_400(served):
     _, url = served
     client = HttpEngine(url)
-    with pytest.raises(EngineError, match="HTTP 400.*stop_token_ids"):
+    with pytest.raises(EngineError, match=r"HTTP 400.*stop_token_ids"):
         client.generate([[5]], SamplingParams(stop_token_ids=(10**6,)))
-    with pytest.raises(EngineError, match="HTTP 400.*prompt"):
+    with pytest.raises(EngineError, match=r"HTTP 400.*prompt"):
         client.generate([[5, 10**6]], SamplingParams())
     client.close()
 
@@ -77,11 +77,11 @@ def test_update_weights_only_from_the_weights_dir(tok, tmp_path):
         assert client.version == 3 == eng.version and after.versions == [3] * len(after.token_ids)
         assert after.token_ids != before.token_ids
         outside = save_safetensors_atomic(build_tiny("tiny-moe", seed=2).state_dict(), tmp_path / "x.st")
-        with pytest.raises(EngineError, match="HTTP 403.*under the server's weights directory"):
+        with pytest.raises(EngineError, match=r"HTTP 403.*under the server's weights directory"):
             client.update_weights(str(outside), 4)
-        with pytest.raises(EngineError, match="HTTP 403.*under the server's weights directory"):
+        with pytest.raises(EngineError, match=r"HTTP 403.*under the server's weights directory"):
             client.update_weights("/nonexistent/w.safetensors", 4)  # same answer: existence not revealed
-        with pytest.raises(EngineError, match="HTTP 400.*nothing at"):
+        with pytest.raises(EngineError, match=r"HTTP 400.*nothing at"):
             client.update_weights(str(tmp_path / "w" / "missing.st"), 4)
         with pytest.raises(EngineError, match="state dict cannot be sent"):
             client.update_weights(build_tiny("tiny-moe", seed=1).state_dict(), 5)

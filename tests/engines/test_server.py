@@ -117,7 +117,7 @@ def test_chat_without_a_template_is_refused_clearly(tiny_moe, tok):
     srv, url = serve_in_thread(eng, tokenizer=tok)
     try:
         c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="no chat template.*--chat-template"):
+        with pytest.raises(openai.BadRequestError, match=r"no chat template.*--chat-template"):
             c.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
     finally:
         srv.shutdown()

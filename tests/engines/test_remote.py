@@ -1,0 +1,251 @@
+"""The vLLM and SGLang clients and the weight publisher, end to end against saorl's emulations of
+those servers (real sockets on loopback, the tiny model)."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from saorl.engines import EngineError, LocalEngine, SamplingParams
+from saorl.engines.server import serve_in_thread
+from saorl.engines.sglang_client import SglangAdmin, SglangEngine
+from saorl.engines.transport import HttpTransport
+from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+from saorl.models.logprobs import token_logprobs
+from saorl.models.tiny import build_tiny
+from saorl.runtime.publisher import LogprobProbe, ServerWeightSync, WeightPublishError
+from saorl.runtime.weights import FileWeightSync
+
+PROMPT = [5, 6, 7, 8]
+
+
+def _emulated(tok, tmp_path, emulate, seed=0, **kw):
+    eng = LocalEngine(build_tiny("tiny-moe", seed=seed), tok, max_batch_size=4, stop_on_eos=False)
+    srv, url = serve_in_thread(eng, tokenizer=tok, weights_dir=tmp_path, emulate=emulate, **kw)
+    return eng, srv, url
+
+
+def _publisher(tmp_path, admins_of, urls, model, **kw):
+    transport = HttpTransport(urls, timeout_s=60)
+    files = FileWeightSync(tmp_path / "weights")
+    return ServerWeightSync(files, admins_of(transport), transport, model, **kw)
+
+
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
+def test_vllm_client_round_trip_and_logprobs_mode(tok, tmp_path, mode):
+    eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode=mode)
+    client = VllmEngine(url)
+    try:
+        sp = SamplingParams(temperature=0.7, top_k=20, max_new_tokens=8, seed=4)
+        got = client.generate([PROMPT], sp)[0]
+        local = eng.generate([PROMPT], sp)[0]
+        assert got.token_ids == local.token_ids and got.versions == [0] * 8
+        if mode == "processed_logprobs":
+            assert got.logprobs == pytest.approx(local.logprobs, abs=1e-5)
+        else:  # the model's own distribution, as vLLM's default returns
+            ids = torch.tensor([PROMPT + got.token_ids])
+            raw = token_logprobs(eng.model, ids, torch.ones_like(ids))[0, len(PROMPT):].tolist()
+            assert got.logprobs == pytest.approx(raw, abs=1e-5)
+            assert max(abs(a - b) for a, b in zip(got.logprobs, local.logprobs)) > 0.05
+        # the wire format: token ids in, logprobs 0, token ids back, a cache salt per version
+        body = client._body(PROMPT, sp, 3)
+        assert (body["prompt"], body["logprobs"], body["return_token_ids"], body["cache_salt"]) == (
+            PROMPT, 0, True, "saorl-w3")
+        plain = httpx.post(url + "/v1/completions", json={"prompt": PROMPT}).json()["choices"][0]
+        assert "versions" not in plain and "token_ids" not in plain  # vLLM's schema, no extension
+    finally:
+        client.close()
+        srv.shutdown()
+        eng.close()
+
+
+def test_vllm_publication_pause_load_label_resume_and_versions(tok, tmp_path):
+    eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode="processed_logprobs")
+    trainer = build_tiny("tiny-moe", seed=0)
+    sync = _publisher(tmp_path, lambda t: [VllmAdmin(url, t)], [url], trainer)
+    client = VllmEngine(url)
+    try:
+        sync.publish(trainer.state_dict(), 0)
+        sp = SamplingParams(temperature=0, max_new_tokens=6)
+        before = client.generate([PROMPT], sp)[0]
+        new = build_tiny("tiny-moe", seed=1)
+        sync.publish(new.state_dict(), 1)
+        assert httpx.get(url + "/weight_info").json() == {"weight_version": "1"}
+        assert httpx.get(url + "/is_paused").json() == {"is_paused": False}  # resumed
+        assert sync.latest()[0] == 1 and (tmp_path / "weights" / "hf" / "v00000001" / "config.json").is_file()
+        after = client.generate([PROMPT], sp)[0]
+        assert after.versions == [1] * 6 and after.token_ids != before.token_ids
+        with LocalEngine(new, tok, max_batch_size=1, stop_on_eos=False) as ref:
+            assert after.token_ids == ref.generate([PROMPT], sp)[0].token_ids  # the weights really moved
+        for v in (2, 3):
+            sync.publish(new.state_dict(), v)
+        assert sorted(p.name for p in (tmp_path / "weights" / "hf").iterdir()) == ["v00000002", "v00000003"]
+    finally:
+        client.close()
+        sync.close()
+        srv.shutdown()
+        eng.close()
+
+
+def test_vllm_request_spanning_an_update_is_tagged_with_the_older_version(tok, tmp_path):
+    eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode="processed_logprobs")
+    trainer = build_tiny("tiny-moe", seed=0)
+    sync = _publisher(tmp_path, lambda t: [VllmAdmin(url, t)], [url], trainer)
+    client = VllmEngine(url)
+    try:
+        sync.publish(trainer.state_dict(), 0)
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", client.generate(
+            [PROMPT], SamplingParams(temperature=0, max_new_tokens=300))[0]))
+        t.start()
+        while eng.stats()["tokens_generated"] < 5:
+            time.sleep(0.005)
+        sync.publish(build_tiny("tiny-moe", seed=1).state_dict(), 1)
+        t.join(60)
+        r = out["r"]
+        assert r.versions == [0] * len(r.token_ids)  # conservative: never newer than the truth
+        assert client.stats()["approximate_versions"] == 1
+    finally:
+        client.close()
+        sync.close()
+        srv.shutdown()
+        eng.close()
+
+
+def test_sglang_client_versions_from_spans_and_abort_continuation(tok, tmp_path):
+    eng, srv, url = _emulated(tok, tmp_path, "sglang")
+    trainer = build_tiny("tiny-moe", seed=0)
+    sync = _publisher(tmp_path, lambda t: [SglangAdmin(url, t, "abort")], [url], trainer)
+    client = SglangEngine(url)
+    try:
+        sync.publish(trainer.state_dict(), 0)
+        sp = SamplingParams(temperature=0, max_new_tokens=120)
+        whole = client.generate([PROMPT], sp)[0]
+        assert whole.metrics["chunks"] == 1 and whole.versions == [0] * 120
+
+        # the same request, aborted mid-way by a pause(abort) and continued at the same weights
+        async def interrupted():
+            task = asyncio.ensure_future(client.agenerate(PROMPT, sp))
+            while eng.stats()["tokens_generated"] < 120 + 20:
+                await asyncio.sleep(0.002)
+            await client.transport.call("POST", "/pause_generation", {"mode": "abort"}, url=url)
+            await asyncio.sleep(0.2)
+            await client.transport.call("POST", "/continue_generation", url=url)
+            return await task
+
+        cont = asyncio.run(interrupted())
+        assert cont.metrics["chunks"] == 2 and client.stats()["continuations"] == 1
+        assert cont.token_ids == whole.token_ids
+        assert cont.logprobs == pytest.approx(whole.logprobs, abs=1e-4)
+        assert cont.versions == [0] * 120 and cont.finish_reason == "length"
+
+        # aborted by a publication: the first chunk is version 0, the continuation version 1, exactly
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", client.generate([PROMPT], sp)[0]))
+        t.start()
+        start = eng.stats()["tokens_generated"]
+        while eng.stats()["tokens_generated"] < start + 10:
+            time.sleep(0.002)
+        new = build_tiny("tiny-moe", seed=1)
+        sync.publish(new.state_dict(), 1)
+        t.join(60)
+        r = out["r"]
+        k = r.versions.index(1)
+        assert 10 <= k < 120 and r.versions == [0] * k + [1] * (120 - k)
+        assert r.token_ids[:k] == whole.token_ids[:k]
+        with LocalEngine(new, tok, max_batch_size=1, stop_on_eos=False) as ref:
+            sp_rest = SamplingParams(temperature=0, max_new_tokens=120 - k)
+            rest = ref.generate([PROMPT + r.token_ids[:k]], sp_rest)
+            assert r.token_ids[k:] == rest[0].token_ids
+    finally:
+        client.close()
+        sync.close()
+        srv.shutdown()
+        eng.close()
+
+
+def test_probe_catches_raw_logprobs_at_temperature_below_one(tok, tmp_path):
+    eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode="raw_logprobs")
+    trainer = build_tiny("tiny-moe", seed=0)
+    try:
+        for temperature, fails in ((0.6, True), (1.0, False)):
+            sp = SamplingParams(temperature=temperature, max_new_tokens=12, seed=1)
+            probe = LogprobProbe(VllmEngine, PROMPT, sp, 0.05, "vLLM")
+            sync = _publisher(tmp_path / str(temperature), lambda t: [VllmAdmin(url, t)], [url], trainer,
+                              probe=probe)
+            if fails:
+                with pytest.raises(WeightPublishError, match="--logprobs-mode processed_logprobs"):
+                    sync.publish(trainer.state_dict(), 0)
+            else:
+                sync.publish(trainer.state_dict(), 0)
+                assert sync.probe_gaps[url] < 1e-4
+            sync.close()
+    finally:
+        srv.shutdown()
+        eng.close()
+
+
+class _Admin:
+    def __init__(self, url, hang=False, fail=False):
+        self.url, self.hang, self.fail, self.calls = url, hang, fail, []
+
+    async def pause(self):
+        self.calls.append("pause")
+
+    async def load(self, hf_dir, version):
+        self.calls.append(("load", version))
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.fail:
+            raise EngineError("bad weights")
+
+    async def resume(self):
+        self.calls.append("resume")
+
+
+@pytest.mark.parametrize("kind", ["hang", "fail"])
+def test_publisher_watchdog_and_resume_always(tmp_path, kind):
+    model = build_tiny("tiny-dense", seed=0)
+    good, bad = _Admin("http://good:1"), _Admin("http://bad:1", hang=kind == "hang", fail=kind == "fail")
+    transport = HttpTransport("http://unused:1")
+    sync = ServerWeightSync(FileWeightSync(tmp_path), [good, bad], transport, model, timeout_s=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(WeightPublishError, match="http://bad:1") as e:
+        sync.publish(model.state_dict(), 4)
+    assert time.monotonic() - t0 < 5
+    assert ("within 0.5s" in str(e.value)) == (kind == "hang")
+    assert ("bad weights" in str(e.value)) == (kind == "fail")
+    assert good.calls == ["pause", ("load", 4), "resume"] and bad.calls == ["pause", ("load", 4), "resume"]
+    assert sync.latest() is None  # the workers are not told about a version the servers do not run
+    sync.close()
+
+
+def test_emulated_weight_routes_stay_inside_the_weights_dir(tok, tmp_path):
+    eng, srv, url = _emulated(tok, tmp_path / "allowed", "sglang")
+    (tmp_path / "allowed").mkdir(exist_ok=True)
+    try:
+        for path in ("/etc", str(tmp_path), "/nonexistent/x"):
+            body = {"model_path": path, "weight_version": "9"}
+            r = httpx.post(url + "/update_weights_from_disk", json=body)
+            assert r.status_code == 403 and "weights directory" in r.json()["error"]["message"], r.text
+        assert httpx.get(url + "/get_weight_version").json() == {"weight_version": "0"}
+    finally:
+        srv.shutdown()
+        eng.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.gpu
+def test_against_a_real_vllm_server():
+    pytest.skip("needs a running vLLM 0.32 server (VLLM_SERVER_DEV_MODE=1) on a GPU machine; "
+                "this CPU test suite drives the clients against saorl's emulation instead")
+
+
+@pytest.mark.vllm
+@pytest.mark.gpu
+def test_against_a_real_sglang_server():
+    pytest.skip("needs a running SGLang 0.5 server on a GPU machine; this CPU test suite drives the "
+                "clients against saorl's emulation instead")
