@@ -81,10 +81,15 @@ async def _load_dir(state, path: Any, what: str) -> None:
         raise oa.BadRequest(f"{what}: {path!r} is not a Hugging Face model directory "
                             "(config.json and *.safetensors)", what)
     from saorl.models.loading import load_policy
+    from saorl.models.serialize import quiet_progress
+
+    def load():
+        with quiet_progress():
+            return load_policy(str(real))
 
     own = state.engine.model.state_dict()
     try:
-        loaded = await asyncio.to_thread(load_policy, str(real))
+        loaded = await asyncio.to_thread(load)
         weights = {k: v for k, v in loaded.state_dict().items() if k in own}
         await asyncio.to_thread(state.engine.update_weights, weights, state.engine.version + 1)
     except (ValueError, OSError) as e:
@@ -93,8 +98,10 @@ async def _load_dir(state, path: Any, what: str) -> None:
 
 async def _pause(state, mode: str) -> None:
     state.resumed.clear()
-    if mode == "abort":
+    if mode == "abort":  # returns once the aborted requests are answered, as the real servers do
         state.engine.abort_all()
+        while state.running:
+            await asyncio.sleep(0.005)
     elif mode == "wait":
         while state.pending:
             await asyncio.sleep(0.01)
@@ -241,10 +248,13 @@ def _sglang_routes(app: FastAPI, state) -> None:
         state.admit(1)
         try:
             await state.wait_resumed()
+            state.running += 1
             try:
                 res = await state.engine.agenerate(req.input_ids, params)
             except ValueError as e:
                 raise oa.BadRequest(f"input_ids: {e}", "input_ids") from None
+            finally:
+                state.running -= 1
         finally:
             state.release(1)
         spans = labels.spans(res.versions)

@@ -83,6 +83,8 @@ class ServerState:
     weights_dir: Path | None
     emulate: Emulate
     pending: int = 0
+    running: int = 0
+    """Requests the engine is working on now (admitted ones waiting for a resume are not)."""
     resumed: asyncio.Event | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -218,10 +220,13 @@ async def generate_all(state: ServerState, prompts: list[list[int]], req: oa._Re
             sp = req.sampling(_max_tokens(req), top, seed)
             kw = {"on_token": on_token(len(calls))} if on_token is not None and state.streams else {}
             calls.append(state.engine.agenerate(prompt, sp, **kw))
+    state.running += len(calls)
     try:
         return list(await asyncio.gather(*calls))
     except ValueError as e:
         raise engine_bad_request(e) from None
+    finally:
+        state.running -= len(calls)
 
 
 def _max_tokens(req: oa._Request) -> int:

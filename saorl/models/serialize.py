@@ -220,8 +220,23 @@ def save_hf_weights(model, state_dict: dict[str, Tensor], out_dir: str | Path) -
     """``state_dict`` (``model``'s in-memory names) as a Hugging Face model directory at
     ``out_dir``, atomically: ``config.json`` and safetensors under the on-disk names that
     ``from_pretrained`` (and vLLM / SGLang) read, tied weights stored once, no tokenizer."""
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp, quiet_progress():
         model.save_pretrained(str(tmp), state_dict=state_dict)
         if not (tmp / "config.json").is_file() or not any(tmp.glob("*.safetensors")):
             raise RuntimeError(f"save_pretrained wrote no config.json/safetensors into {tmp}")
     return Path(out_dir)
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """transformers' progress bars off inside the block (saving or loading once per step would
+    print them every step)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
