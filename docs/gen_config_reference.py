@@ -60,7 +60,8 @@ the command exits with status 2. For example:
 {examples}
 
 Cross-field checks report the field too: `rollout.max_new_tokens` must be smaller than
-`rollout.max_total_tokens`, `rollout.http_url` is required with `rollout.engine: http`, and
+`rollout.max_total_tokens`, `rollout.http_url` (or `rollout.engine_urls`) is required with
+`rollout.engine: http` and `rollout.engine_urls` with `vllm` / `sglang`, and
 `trainer.batch_size` must be a multiple of the preset's group size. A YAML key repeated in one
 mapping is an error (PyYAML would silently keep the last).
 

@@ -62,7 +62,7 @@ def test_reference_types_and_bounds():
     rows = "\n".join(gen.render_sections())
     assert "| `num_workers` | int ≥ 1 | `1` |" in rows
     assert "| `top_p` | float (0.0, 1.0] | `1.0` |" in rows
-    assert '| `engine` | `"local"` \\| `"http"` | `local` |' in rows
+    assert '| `engine` | `"local"` \\| `"http"` \\| `"vllm"` \\| `"sglang"` | `local` |' in rows
     assert "| `critic` | string \\| null | `null` |" in rows
 
 

@@ -195,9 +195,9 @@ def _vllm_routes(app: FastAPI, state) -> None:
 
 
 async def _body(request: Request) -> Any:
-    from saorl.engines.server import _json
+    from saorl.engines.server import read_json
 
-    return await _json(request)
+    return await read_json(request)
 
 
 # ------------------------------------------------------------------------------------- SGLang

@@ -183,7 +183,7 @@ class BodyLimit:
 
 
 # ------------------------------------------------------------------------------------- generation
-async def _json(request: Request) -> Any:
+async def read_json(request: Request) -> Any:
     raw = await request.body()
     try:
         return json.loads(raw or b"null")
@@ -264,7 +264,7 @@ def chat_choice(state: ServerState, req: oa.ChatRequest, i: int, res: Generation
 
 
 async def handle_generation(state: ServerState, request: Request, chat: bool) -> Any:
-    body = await _json(request)
+    body = await read_json(request)
     req = oa.parse(oa.ChatRequest if chat else oa.CompletionRequest, body)
     prompts = [_chat_prompt(state, req)] if chat else _prompts(state, req)
     top = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
@@ -363,7 +363,7 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
 
     @app.post("/update_weights")
     async def update_weights(request: Request):
-        body = await _json(request)
+        body = await read_json(request)
         if not isinstance(body, dict) or set(body) - {"path", "version"}:
             raise oa.BadRequest('update_weights expects {"path": str, "version": int}')
         version = body.get("version")
