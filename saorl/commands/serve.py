@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny-moe",
                         help=f"one of {TINY_KINDS} or a local HF model directory")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer directory (default: the shipped one, or the model directory's own)")
+                        help="tokenizer directory; none: the model directory's own, else the shipped one")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template for /v1/chat/completions when the tokenizer has none")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
