@@ -62,6 +62,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
+"""Tracker names ``run.report_to`` accepts: accelerate's (``saorl.runtime.trackers``)."""
+
+
 # ------------------------------------------------------------------------------------- sections
 class RunConfig(_Section):
     out_dir: str = "runs"
@@ -84,22 +88,61 @@ class RunConfig(_Section):
     """Write a few decoded trajectories to the run directory every this many trainer steps."""
     progress: bool = True
     """Show a live progress display on the terminal."""
+    report_to: list[str] = Field(default_factory=lambda: ["tensorboard"])
+    """Trackers that get every step's metrics besides ``metrics.jsonl`` (always written): any of
+    ``tensorboard`` (in ``RUN/tb``), ``wandb``, ``mlflow``, ``comet_ml``, ``aim``, ``clearml``,
+    ``dvclive``, ``swanlab``, ``trackio`` (accelerate's trackers; all but tensorboard are optional
+    installs, e.g. ``pip install 'saorl[wandb]'``); ``[]`` for none."""
+    tracker_project: str = "saorl"
+    """Project (W&B) or experiment (MLflow) name the trackers file the run under; the tracker's
+    run name is the run directory's name."""
+    tracker_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Keyword arguments per tracker for its init call, e.g. ``{wandb: {entity: me, mode: offline}}``."""
 
     @field_validator("name")
     @classmethod
     def _plain_name(cls, v: str) -> str:
         return plain_name(v)
 
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name not in TRACKERS:
+                hint = difflib.get_close_matches(name, TRACKERS, n=1)
+                raise ValueError(f"unknown tracker {name!r}" + (f" (did you mean {hint[0]}?)" if hint else "")
+                                 + f"; known: {', '.join(TRACKERS)}")
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _options_for_named(self) -> RunConfig:
+        for name in self.tracker_options:
+            if name not in self.report_to:
+                raise _FieldError("tracker_options", f"options for {name!r}, which run.report_to does not "
+                                  f"name ({self.report_to}); add it there or remove its options")
+        return self
+
 
 class ModelConfig(_Section):
     policy: str = "tiny-moe"
-    """Policy: a tiny built-in kind (``tiny-moe``, ``tiny-dense``) or a local Hugging Face model directory."""
+    """Policy: a tiny built-in kind (``tiny-moe``, ``tiny-dense``), a local Hugging Face model
+    directory (config.json + safetensors + tokenizer files) or a Hugging Face Hub model id
+    (``org/name``, taken from the local Hugging Face cache or downloaded into it)."""
     critic: str | None = None
     """Directory of a value-pretrained critic; None initialises the critic from the policy."""
     tokenizer: str | None = None
-    """Tokenizer directory; None uses the policy directory's tokenizer, or the shipped one for tiny kinds."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype of policy and critic."""
+    """Tokenizer directory or Hub id; None (the default) uses the policy's own tokenizer (the shipped
+    one for tiny kinds). Every stage (warm start, value pretraining, rollouts, evaluation, export)
+    uses this one tokenizer; one whose vocabulary differs from the policy's own is an error."""
+    chat_template: bool = True
+    """Format each prompt with the tokenizer's chat template (one user message, then the generation
+    prompt) when the tokenizer has one; false: the prompt text after the tokenizer's own leading
+    special tokens (its BOS, if it adds one). The shipped tokenizer has no template."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the chat template, e.g. ``{enable_thinking: false}`` for Qwen3."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of policy and critic. ``float16`` (CUDA or MPS only) samples in float16 and
+    trains in float32, since AdamW on float16 parameters turns them NaN (docs/models.md)."""
     device: str = "cpu"
     """Torch device for the trainer and the local engine: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
 
@@ -107,7 +150,7 @@ class ModelConfig(_Section):
     @classmethod
     def _nonempty(cls, v: str) -> str:
         if not v.strip():
-            raise ValueError("must name a tiny kind or a model directory")
+            raise ValueError("must name a tiny kind, a model directory or a Hub model id")
         return v
 
     @field_validator("device")
@@ -116,6 +159,14 @@ class ModelConfig(_Section):
         if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", v):
             raise ValueError(f"must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _half_on_cpu(self) -> ModelConfig:
+        if self.dtype == "float16" and self.device == "cpu":
+            raise _FieldError(
+                "dtype", "float16 needs model.device=cuda or mps (GPUs without bfloat16, e.g. V100, T4): on "
+                "CPU half-precision kernels are slow or missing; use float32 or bfloat16 on CPU")
+        return self
 
 
 class EnvConfig(_Section):

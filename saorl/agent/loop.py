@@ -2,20 +2,24 @@
 
 One episode::
 
-    ids  = encode(env.reset(task, progress))                 # prompt, action_mask 0
+    ids  = prompt_ids(env.reset(task, progress))             # prompt, action_mask 0
     loop up to max_turns:
         r    = await engine.agenerate(ids, params)           # stop = sampling.stop + env.stop_strings
         ids += r.token_ids                                   # action_mask 1, r.logprobs, r.versions
-        out  = env.step(decode(r.token_ids minus a final eos))
+        out  = env.step(text of r.token_ids minus a final eos, after ids)
         rewards[last action token of this turn] += out.reward
         if out.done or a limit is hit: stop
-        ids += encode(out.observation)                       # action_mask 0, logprob 0, version -1
+        ids += continuation_ids(ids, out.observation)        # action_mask 0, logprob 0, version -1
 
 Token exactness: earlier text is NEVER re-tokenized. ``traj.token_ids`` is exactly the prompt ids,
-then each turn's sampled ids as the engine returned them, then each observation's ids encoded on
-their own. Because the shipped tokenizer decodes concatenatively (byte level),
-``decode(traj.token_ids)`` equals prompt + actions + observations as text, even where the sampled
-ids are not the canonical tokenization of the action text.
+then each turn's sampled ids as the engine returned them, then each observation's ids. The text
+side goes through :class:`saorl.models.codec.RunTokenizer` (a plain HF tokenizer is wrapped with
+the default prompt format): the prompt through the chat template when the tokenizer has one (else
+after its BOS), each action's text decoded in its context and each observation encoded so that
+it appends exactly its text, for byte-level BPE and SentencePiece tokenizers alike. So
+``decode(traj.token_ids)`` equals the decoded prompt + actions + observations as text, with no
+space inserted or lost at a boundary, even where the sampled ids are not the canonical
+tokenization of the action text.
 
 Decisions that the trainer and the env authors rely on:
 
@@ -35,9 +39,10 @@ Decisions that the trainer and the env authors rely on:
   Ending by a limit rather than by ``done`` sets ``truncated=True`` and
   ``episode.truncation`` to ``"turns"`` or ``"tokens"``. A prompt that leaves no room for a
   single action token raises :class:`PromptTooLongError`.
-- **Action text.** ``env.step`` gets the decoded text of all sampled ids of the turn (minus a
-  final eos). Engines keep the token that completes a stop string whole, so the text may run a
-  few characters past the stop string; envs should search for it, not assume it ends the text.
+- **Action text.** ``env.step`` gets the text all sampled ids of the turn add after the context
+  (minus a final eos; a SentencePiece action sampled as ``"▁foo"`` reads ``" foo"``). Engines
+  keep the token that completes a stop string whole, so the text may run a few characters past
+  the stop string; envs should search for it, not assume it ends the text.
   A multi-byte character split across a turn boundary decodes to U+FFFD in that turn's text
   (the ids, and so the trajectory, are unaffected).
 - **Seeds.** With ``sampling.seed`` set, each request gets a seed derived from it, the task id,
@@ -66,6 +71,7 @@ from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
 from saorl.envs.base import Env, Progress, StepResult
+from saorl.models.codec import RunTokenizer, as_run_tokenizer
 
 ProgressSource = Progress | Callable[[], Progress] | None
 
@@ -161,11 +167,12 @@ async def _generate(engine: InferenceEngine, ids: list[int], params: SamplingPar
     return res
 
 
-def _action_text(tokenizer: Any, ids: list[int]) -> str:
-    eos = tokenizer.eos_token_id
-    if eos is not None and ids and ids[-1] == eos:
-        ids = ids[:-1]
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+def _action_text(codec: RunTokenizer, ids: list[int], start: int) -> str:
+    """The text of ``ids[start:]`` (this turn's action) in its context, minus a final eos."""
+    end = len(ids)
+    if end > start and ids[-1] == codec.eos_token_id:
+        end -= 1
+    return codec.span_text(ids, start, end)
 
 
 async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: Any, *,
@@ -183,11 +190,12 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         raise ValueError(f"need max_turns >= 1 and max_total_tokens >= 2, "
                          f"got max_turns={max_turns}, max_total_tokens={max_total_tokens}")
     kw = dict(env=env, task=task, executor=env_executor)
+    codec = as_run_tokenizer(tokenizer)
     t0 = time.perf_counter()
     prompt = await _call_env(env.reset, task, progress, what="reset", expect=str, **kw)
     env_s, gen_s = time.perf_counter() - t0, 0.0
     b = _Builder()
-    b.add_context(tokenizer.encode(prompt, add_special_tokens=False))
+    b.add_context(codec.prompt_ids(prompt))
     prompt_len = len(b.token_ids)
     if prompt_len == 0:
         raise EpisodeError(f"env {env.name!r} returned an empty prompt for task {task.id!r}")
@@ -197,14 +205,14 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     truncation: str | None = None
     out = StepResult("", 0.0, False)
     while True:
-        params = _turn_params(sampling, env, tokenizer.eos_token_id, max_total_tokens - len(b.token_ids),
+        params = _turn_params(sampling, env, codec.eos_token_id, max_total_tokens - len(b.token_ids),
                               seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}")
         t0 = time.perf_counter()
         res = await _generate(engine, b.token_ids, params, task)
         gen_s += time.perf_counter() - t0
         b.add_action(res)
         t0 = time.perf_counter()
-        action = _action_text(tokenizer, res.token_ids)
+        action = _action_text(codec, b.token_ids, b.turn_spans[-1][0])
         out = await _call_env(env.step, action, what="step", expect=StepResult, **kw)
         env_s += time.perf_counter() - t0
         b.add_reward(out.reward)
@@ -213,7 +221,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         if len(b.turn_spans) >= max_turns:
             truncation = "turns"
             break
-        obs_ids = tokenizer.encode(out.observation, add_special_tokens=False)
+        obs_ids = codec.continuation_ids(b.token_ids, out.observation)
         if len(b.token_ids) + len(obs_ids) + 1 > max_total_tokens:
             truncation = "tokens"
             break

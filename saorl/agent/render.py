@@ -1,10 +1,12 @@
 """Pretty-printing of one episode: prompt, actions and observations visually distinct.
 
 Used by ``saorl eval --show N`` and ``saorl envs sample``. The text comes from decoding the
-trajectory's own token ids span by span (so what is shown is exactly what the trainer sees),
-plus ``episode.final_observation``, the last env message, which the agent loop does not
-tokenize. Turns come from ``episode.turn_spans`` when present (the agent loop writes it),
-else from the runs of ``action_mask == 1``.
+trajectory's own token ids span by span, each span in its context
+(:meth:`saorl.models.codec.RunTokenizer.span_text`, so no space is added or lost at a boundary
+and the parts join up to exactly what the trainer sees), plus ``episode.final_observation``, the
+last env message, which the agent loop does not tokenize. Turns come from
+``episode.turn_spans`` when present (the agent loop writes it), else from the runs of
+``action_mask == 1``.
 
 With ``color`` the parts are ANSI-coloured (prompt dim, actions green, observations yellow,
 rewards magenta) and carry no markers; without it they are labelled ``[prompt]``, ``[act k]``,
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from saorl.data.trajectory import Trajectory
+from saorl.models.codec import as_run_tokenizer
 
 _ANSI = {"prompt": "\x1b[2m", "act": "\x1b[32m", "obs": "\x1b[33m", "reward": "\x1b[35m",
          "header": "\x1b[1m"}
@@ -59,9 +62,10 @@ def _header(traj: Trajectory, turns: int) -> str:
 def render_trajectory(traj: Trajectory, tokenizer: Any, *, color: bool) -> str:
     """One episode as text: a header line, the prompt, then per turn action, reward, observation."""
 
+    codec = as_run_tokenizer(tokenizer)
+
     def dec(a: int, b: int) -> str:
-        return tokenizer.decode(traj.token_ids[a:b], skip_special_tokens=False,
-                                clean_up_tokenization_spaces=False)
+        return codec.span_text(traj.token_ids, a, b)
 
     spans = _action_spans(traj)
     head = _header(traj, len(spans))

@@ -1,8 +1,10 @@
 """A scripted inference engine: "samples" given action strings, for demonstrations and tests.
 
 :class:`ScriptedEngine` implements :class:`~saorl.engines.base.InferenceEngine` by returning the
-next of a list of action strings, tokenized canonically (``encode(action)``), with logprob 0.0
-and the configured version on every token. It ignores the prompt and the sampling temperature.
+next of a list of action strings, tokenized canonically as a continuation of the prompt
+(:meth:`~saorl.models.codec.RunTokenizer.continuation_ids`: ``encode(action)`` for byte-level
+tokenizers, without the dummy prefix space for SentencePiece ones), with logprob 0.0 and the
+configured version on every token. It ignores the prompt and the sampling temperature.
 Running it through :func:`saorl.agent.loop.run_episode` turns an env's demonstration into a
 trajectory for SFT with the very same loop (same masks, same observation handling) as RL.
 
@@ -25,6 +27,7 @@ from saorl.data.task import Task
 from saorl.data.trajectory import Trajectory
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.envs.base import Env
+from saorl.models.codec import as_run_tokenizer
 
 
 class ScriptedEngine:
@@ -57,7 +60,7 @@ class ScriptedEngine:
         action = self._actions[self._next]
         self._next += 1
         self.requests.append(list(prompt_ids))
-        ids = list(self.tokenizer.encode(action, add_special_tokens=False))
+        ids = as_run_tokenizer(self.tokenizer).continuation_ids(list(prompt_ids), action)
         stop = next((s for s in params.stop if action.endswith(s)), None)
         eos = self.tokenizer.eos_token_id
         stop_reason: str | int | None = stop
@@ -96,7 +99,7 @@ async def demonstration_trajectory(env: Env, task: Task, tokenizer: Any, rng: ra
     if not actions:
         raise ValueError(f"env {env.name!r} gave an empty demonstration for task {task.id!r}")
     engine = ScriptedEngine(tokenizer, actions, version=version)
-    longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in actions) + 1
+    longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in actions) + 2  # + eos, a prefix
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max(1, longest))
     traj = await run_episode(engine, env, task, tokenizer, sampling=sampling, max_turns=len(actions),
                              max_total_tokens=max_total_tokens)

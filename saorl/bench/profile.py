@@ -48,10 +48,10 @@ def profile_rows(t: Timings, total_s: float, order: list[str], steps: int = 1) -
 def _engine_parts(cfg: SaorlConfig):
     from saorl.engines.local import LocalEngine
     from saorl.envs.registry import make_env_factory
+    from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy
-    from saorl.models.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(cfg.model.tokenizer)
+    tok = run_tokenizer(cfg.model)
     model = load_policy(cfg.model.policy, seed=cfg.seed)
     engine = LocalEngine(model, tok, max_batch_size=cfg.rollout.engine_slots)
     return engine, tok, make_env_factory(cfg.env.type, cfg.env.options)
@@ -139,10 +139,10 @@ def decode_curve(cfg: SaorlConfig, batches: tuple[int, ...], steps: int = 24) ->
     ``decode_steps`` is the step time."""
     from saorl.engines import SamplingParams
     from saorl.engines.local import LocalEngine
+    from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy
-    from saorl.models.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(cfg.model.tokenizer)
+    tok = run_tokenizer(cfg.model)
     engine = LocalEngine(load_policy(cfg.model.policy, seed=cfg.seed), tok,
                          max_batch_size=max(batches), stop_on_eos=False)
     out = []
@@ -163,14 +163,15 @@ def decode_curve(cfg: SaorlConfig, batches: tuple[int, ...], steps: int = 24) ->
 # -------------------------------------------------------------------------- learner
 def build_learner(cfg: SaorlConfig):
     """A :class:`~saorl.runtime.learner.Learner` as a run builds it, on ``model.policy`` as is."""
-    from saorl.models.loading import load_policy
-    from saorl.models.tokenizer import load_tokenizer
+    from saorl.models.codec import run_tokenizer
+    from saorl.models.loading import load_policy, train_dtype
     from saorl.runtime.parts import build_critic
     from saorl.runtime.parts import build_learner as runtime_learner
 
-    policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
+                         seed=cfg.seed)
     critic = build_critic(cfg, policy, cfg.algo.resolve(), cfg.model.critic)
-    return runtime_learner(cfg, policy, critic, load_tokenizer(cfg.model.tokenizer).pad_token_id)
+    return runtime_learner(cfg, policy, critic, run_tokenizer(cfg.model).pad_token_id)
 
 
 def group_ids(n: int, group_size: int) -> list[int]:

@@ -47,9 +47,7 @@ class Target:
     description: str
     """What is evaluated, for the table header (e.g. ``runs/x (final policy)``)."""
     load: Callable[[], torch.nn.Module]
-    """Loads the policy (in eval mode)."""
-    tokenizer: str | None
-    """Tokenizer directory (None: the shipped one)."""
+    """Loads the policy (in eval mode); its tokenizer is the run's (``run_tokenizer(cfg.model)``)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,13 +93,13 @@ def _run_target(run_dir: Path, overrides: list[str], ckpt: Path | None = None) -
     cfg = load_config(run_dir / "config.yaml", overrides)
     final = run_dir / "final" / "policy"
     if ckpt is None and (final / "config.json").is_file():
-        return Target(cfg, f"{final} (final policy)", _policy_loader(str(final), cfg), cfg.model.tokenizer)
+        return Target(cfg, f"{final} (final policy)", _policy_loader(str(final), cfg))
     ckpt = ckpt or latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise TargetError(f"run directory {run_dir} has no final policy (final/policy) and no checkpoint yet")
     spec = _initial_spec(cfg)
     return Target(cfg, f"{ckpt} (checkpoint, architecture of {spec})",
-                  _policy_loader(spec, cfg, ckpt / "policy.safetensors"), cfg.model.tokenizer)
+                  _policy_loader(spec, cfg, ckpt / "policy.safetensors"))
 
 
 def resolve_target(target: str, overrides: list[str]) -> Target:
@@ -111,8 +109,7 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
     if target in TINY_KINDS:
         cfg = load_config(None, overrides)
         cfg.model.policy = target
-        return Target(cfg, f"{target} (freshly initialised, seed {cfg.seed})",
-                      _policy_loader(target, cfg), cfg.model.tokenizer)
+        return Target(cfg, f"{target} (freshly initialised, seed {cfg.seed})", _policy_loader(target, cfg))
     path = Path(target).expanduser()
     if not path.exists():
         raise TargetError(f"{target!r} does not exist and is not a tiny kind ({', '.join(TINY_KINDS)})")
@@ -133,8 +130,7 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
         check_model_dir(path)
         cfg = load_config(None, overrides)
         cfg.model.policy = str(path)
-        tok = cfg.model.tokenizer or (str(path) if (path / "tokenizer_config.json").is_file() else None)
-        return Target(cfg, str(path), _policy_loader(str(path), cfg), tok)
+        return Target(cfg, str(path), _policy_loader(str(path), cfg))
     raise TargetError(f"{target!r} is not a run directory (no config.yaml), a checkpoint (no manifest.json "
                       "+ policy.safetensors) or an HF policy directory (no config.json)")
 
@@ -151,7 +147,7 @@ def format_table(columns: dict[str, dict[str, float]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from saorl.agent.render import render_trajectory
-    from saorl.models.tokenizer import load_tokenizer
+    from saorl.models.codec import check_vocab, run_tokenizer
     from saorl.stages.evaluate import evaluate_config
 
     bad = [o for o in args.overrides if "=" not in o]
@@ -163,7 +159,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         target = resolve_target(args.target, args.overrides)
-        policy, tokenizer = target.load(), load_tokenizer(target.tokenizer)
+        try:
+            policy, tokenizer = target.load(), run_tokenizer(target.cfg.model)
+            check_vocab(tokenizer, policy)
+        except ValueError as e:  # a tokenizer that is not the policy's
+            raise TargetError(str(e)) from e
         if args.temperature is None:
             args.temperature = target.cfg.run.eval_temperature
         metrics, trajs = evaluate_config(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,

@@ -23,9 +23,10 @@ from saorl.models.tiny import TINY_KINDS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--model", default="tiny-moe",
-                        help=f"one of {TINY_KINDS} or a local HF model directory")
+                        help=f"one of {TINY_KINDS}, a local HF model directory or a Hub id")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer directory; none: the model directory's own, else the shipped one")
+                        help="tokenizer directory or Hub id; none: the model's own (the shipped one for "
+                             "tiny kinds)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template for /v1/chat/completions when the tokenizer has none")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
@@ -59,14 +60,12 @@ def load_model(name: str, seed: int = 0, device: str = "cpu"):
 
 
 def _load_tokenizer(args: argparse.Namespace):
+    from saorl.models.codec import tokenizer_source
     from saorl.models.tokenizer import load_tokenizer
 
-    if args.tokenizer:
-        tok = load_tokenizer(args.tokenizer)
-    elif args.model not in TINY_KINDS and (Path(args.model) / "tokenizer_config.json").exists():
-        tok = load_tokenizer(args.model)
-    else:
-        tok = load_tokenizer()
+    # as runs choose it: --tokenizer, else the model's own (the shipped one for tiny kinds)
+    tok = load_tokenizer(tokenizer_source(args.model, args.tokenizer),
+                         "--tokenizer" if args.tokenizer else "--model")
     if args.chat_template:
         tok.chat_template = Path(args.chat_template).read_text(encoding="utf-8")
     return tok
@@ -92,9 +91,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from saorl.engines.local import LocalEngine
     from saorl.engines.server import ServerLimits, bind, create_app, make_server
+    from saorl.models.codec import check_vocab
 
     tokenizer = _load_tokenizer(args)
-    engine = LocalEngine(load_model(args.model, args.seed, args.device), tokenizer,
+    model = load_model(args.model, args.seed, args.device)
+    check_vocab(tokenizer, model, "--model")
+    engine = LocalEngine(model, tokenizer,
                          max_batch_size=args.max_batch_size, device=args.device,
                          stop_on_eos=not args.no_stop_on_eos)
     limits = ServerLimits(max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,

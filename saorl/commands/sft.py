@@ -29,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from saorl.commands.eval import format_table
+    from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy
-    from saorl.models.tokenizer import load_tokenizer
     from saorl.stages.evaluate import evaluate_config
     from saorl.stages.sft import run_sft, sft_seed
 
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_or_exit("saorl sft", list(args.args))
     m = cfg.model
     try:
-        tokenizer = load_tokenizer(m.tokenizer)
+        tokenizer = run_tokenizer(m)
         before_policy = load_policy(m.policy, dtype=m.dtype, device=m.device, seed=sft_seed(cfg))
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         fail(f"saorl sft: {e}")

@@ -164,14 +164,14 @@ class ExperimentRunner:
         final = run_dir / "final" / "policy"
         if steps == 0 or any(r.get("step") == steps for r in evals) or not final.is_dir():
             return
+        from saorl.models.codec import run_tokenizer
         from saorl.models.loading import load_policy
-        from saorl.models.tokenizer import load_tokenizer
         from saorl.stages.evaluate import evaluate_config
 
         self.log(f"[{cfg.run.name}] evaluating the final policy (step {steps})")
         policy = load_policy(str(final), dtype=cfg.model.dtype, device=cfg.model.device,
                              seed=cfg.seed).eval()
-        metrics, _ = evaluate_config(cfg, policy, load_tokenizer(cfg.model.tokenizer))
+        metrics, _ = evaluate_config(cfg, policy, run_tokenizer(cfg.model))
         row = {"step": steps, "policy/version": None, **metrics, "source": "saorl experiment (final)"}
         with open(run_dir / "eval.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
@@ -200,8 +200,8 @@ class ExperimentRunner:
 
     def _evaluate_start(self, seed: int) -> dict:
         """Evaluate the SFT start as a run's step-0 evaluation would (same tasks, temperature, seed)."""
+        from saorl.models.codec import run_tokenizer
         from saorl.models.loading import load_policy
-        from saorl.models.tokenizer import load_tokenizer
         from saorl.stages.evaluate import evaluate_config
         from saorl.stages.sft import warm_start
 
@@ -209,7 +209,7 @@ class ExperimentRunner:
         spec = warm_start(cfg, self.log)
         self.log(f"[{self.spec.start_arm} seed {seed}] evaluating the starting policy {spec}")
         policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed).eval()
-        tokenizer = load_tokenizer(cfg.model.tokenizer)  # as the trainer's evaluation loads it
+        tokenizer = run_tokenizer(cfg.model)  # as the trainer's evaluation loads it
         metrics, _ = evaluate_config(cfg, policy, tokenizer)
         return {"step": 0, "policy/version": 0, **metrics}
 

@@ -1,9 +1,16 @@
-"""Load a policy: a tiny kind built offline, or an HF causal LM from a local directory.
+"""Load a policy: a tiny kind built offline, or an HF causal LM from a directory or the Hub.
 
 ``load_policy("tiny-moe")`` builds a freshly initialised tiny model (see ``saorl.models.tiny``);
-``load_policy("/path/to/dir")`` loads ``config.json`` + safetensors with ``local_files_only`` —
-the model hub is never contacted. MoE models run their experts with ``grouped_mm`` on CPU
-(``batched_mm``/``eager`` are far slower there), whatever the saved config asked for.
+``load_policy("/path/to/dir")`` loads ``config.json`` + safetensors with ``local_files_only``;
+``load_policy("Qwen/Qwen3-0.6B")`` loads the Hub model's snapshot from the local Hugging Face
+cache, downloading it first when the Hub can be reached (:mod:`saorl.models.hub`). MoE models run
+their experts with ``grouped_mm`` on CPU (``batched_mm``/``eager`` are far slower there), whatever
+the saved config asked for.
+
+dtypes: ``float32``, ``bfloat16`` and ``float16``. Training keeps float16 runs' trainer copies in
+float32 (:func:`train_dtype`): AdamW on float16 parameters is unsound (its ``eps`` of 1e-8
+underflows to 0 in float16, so a parameter whose gradient is 0 turns NaN after one step, and small
+squared gradients underflow in its state), so float16 is what the engines sample with.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from saorl.models.hub import resolve_source
 from saorl.models.tiny import TINY_KINDS, build_tiny
 
 DTYPES: dict[str, torch.dtype] = {
@@ -29,6 +37,12 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(DTYPES)}")
     return DTYPES[dtype]
+
+
+def train_dtype(dtype: str) -> str:
+    """The dtype a trainer (RL, SFT, value pretraining) holds weights in for ``model.dtype``:
+    float16 trains in float32 (see the module docstring); float32 and bfloat16 as they are."""
+    return "float32" if dtype == "float16" else dtype
 
 
 def is_moe(model: PreTrainedModel) -> bool:
@@ -48,8 +62,8 @@ def check_model_dir(path: Path, what: str = "policy") -> None:
     """Raise a clear error unless ``path`` is a directory with ``config.json`` and safetensors weights."""
     if not path.exists():
         raise FileNotFoundError(
-            f"{what} path {str(path)!r} does not exist; expected a tiny kind {TINY_KINDS} "
-            "or a local directory holding an HF causal LM (config.json + *.safetensors)"
+            f"{what} path {str(path)!r} does not exist; expected a tiny kind {TINY_KINDS}, a local "
+            "directory holding an HF causal LM (config.json + *.safetensors) or a Hub model id"
         )
     if not path.is_dir():
         raise NotADirectoryError(f"{what} path {str(path)!r} is a file; expected a model directory")
@@ -66,14 +80,15 @@ def load_policy(
 ) -> PreTrainedModel:
     """The policy named by ``spec``, in eval mode, on ``device`` in ``dtype``.
 
-    ``spec``: a tiny kind (``"tiny-moe"``, ``"tiny-dense"``; initialised from ``seed``) or a local
-    directory with an HF causal LM (``seed`` is then unused: the weights come from disk).
+    ``spec``: a tiny kind (``"tiny-moe"``, ``"tiny-dense"``; initialised from ``seed``), a local
+    directory with an HF causal LM or a Hub model id (``seed`` is then unused: the weights come
+    from disk).
     """
     torch_dtype = resolve_dtype(dtype)
     if spec in TINY_KINDS:
         model = build_tiny(spec, seed=seed).to(device=device, dtype=torch_dtype)
         return ensure_cpu_experts(model, device).eval()
-    path = Path(spec).expanduser()
+    path = resolve_source(spec, "policy")
     check_model_dir(path)
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(

@@ -70,11 +70,26 @@ def build(out_dir: Path = ASSET_DIR, vocab_size: int = VOCAB_SIZE) -> Path:
     return out_dir
 
 
-def load_tokenizer(path: str | Path | None = None):
-    """An HF tokenizer: the shipped one by default, or any local tokenizer directory."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any of these in a directory means it holds a tokenizer."""
+
+
+def load_tokenizer(path: str | Path | None = None, what: str = "model.tokenizer"):
+    """An HF tokenizer: the shipped one by default, or the one of a local directory or Hub model id.
+
+    ``what`` names the config field in errors. The run's tokenizer (the policy's own by default,
+    with its prompt format) is :func:`saorl.models.codec.run_tokenizer`.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path or ASSET_DIR))
+    from saorl.models.hub import resolve_source
+
+    source = ASSET_DIR if path is None else resolve_source(str(path), what)
+    if not any((source / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{what} {str(path)!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); set "
+            "model.tokenizer to the directory (or Hub id) of the tokenizer the policy was trained with")
+    return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -19,9 +19,11 @@ from saorl.data.task import Task
 from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
 from saorl.envs.registry import make_env_factory
+from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
-from saorl.models.loading import load_policy
-from saorl.models.tokenizer import load_tokenizer
+from saorl.models.hub import resolve_source
+from saorl.models.loading import load_policy, train_dtype
+from saorl.models.tiny import TINY_KINDS
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.weights import FileWeightSync, WeightSync
@@ -32,7 +34,7 @@ from saorl.runtime.worker import WorkerSpec, build_engine
 class RunParts:
     preset: AlgoPreset
     mode: Literal["async", "sync"]
-    tokenizer: Any
+    tokenizer: RunTokenizer
     policy: torch.nn.Module
     critic: Critic | None
     env_factory: Callable
@@ -79,9 +81,12 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int) 
                    device=cfg.model.device)
 
 
-def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> WorkerSpec:
+def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer) -> WorkerSpec:
+    """What a rollout worker builds its engine from: the policy's local directory (a Hub id is
+    resolved here, once) and the run's tokenizer spec, so it loads exactly what the trainer did."""
     r = cfg.rollout
-    return WorkerSpec(policy=policy_spec, tokenizer=cfg.model.tokenizer, env_type=cfg.env.type,
+    local = policy_spec if policy_spec in TINY_KINDS else str(resolve_source(policy_spec, "model.policy"))
+    return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
@@ -90,11 +95,11 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str) -> WorkerSpec
                       engine_model=r.engine_model)
 
 
-def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer, env_factory,
+def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer, env_factory,
                   weights: WeightSync) -> Backend:
     """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``)."""
     r = cfg.rollout
-    spec = worker_spec(cfg, run_dir, policy_spec)
+    spec = worker_spec(cfg, run_dir, policy_spec, tokenizer)
     if cfg.runtime.backend == "inprocess":
         from saorl.engines.local import LocalEngine
         from saorl.runtime.inprocess import InProcessBackend
@@ -145,8 +150,10 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     """Everything a :class:`~saorl.runtime.run.Run` needs, starting from ``policy_spec`` (the SFT
     warm start or ``model.policy``) and ``critic_spec`` (a pretrained critic, or None)."""
     preset = cfg.algo.resolve()
-    tokenizer = load_tokenizer(cfg.model.tokenizer)
-    policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    tokenizer = run_tokenizer(cfg.model)
+    policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
+                         seed=cfg.seed)
+    check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     train_tasks, test_tasks = build_tasks(cfg, env_factory)

@@ -27,6 +27,7 @@ from typing import Any
 
 from saorl.data.trajectory import Trajectory
 from saorl.engines.base import InferenceEngine, SamplingParams
+from saorl.models.codec import TokenizerSpec
 from saorl.runtime.messages import (
     EngineStats,
     RolloutFailed,
@@ -44,7 +45,8 @@ class WorkerSpec:
     """Everything a worker process needs to build its engine and env (picklable)."""
 
     policy: str
-    tokenizer: str | None
+    tokenizer: TokenizerSpec
+    """The run's tokenizer (its local directory and prompt format), as the trainer resolved it."""
     env_type: str
     env_options: dict[str, Any]
     weights_dir: str
@@ -132,9 +134,8 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
 
 async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     from saorl.envs.registry import make_env_factory
-    from saorl.models.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(spec.tokenizer)
+    tokenizer = spec.tokenizer.load()
     engine = build_engine(spec, tokenizer)
     follower = WeightFollower(engine, FileWeightSync(spec.weights_dir))
     follower.refresh()

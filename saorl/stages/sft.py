@@ -32,10 +32,10 @@ from saorl.data.task import Task
 from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
 from saorl.envs.registry import make_env_factory
-from saorl.models.loading import load_policy
+from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
+from saorl.models.loading import load_policy, train_dtype
 from saorl.models.logprobs import token_logprobs
 from saorl.models.serialize import export_policy
-from saorl.models.tokenizer import load_tokenizer
 
 WARMUP_STEPS = 20
 """Linear learning-rate warm-up of SFT, then cosine decay to 0."""
@@ -120,16 +120,18 @@ def sft_key(cfg: SaorlConfig) -> str:
         "policy": cfg.model.policy, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
         "env": cfg.env.model_dump(exclude_defaults=True), "seed": sft_seed(cfg),
         "sft": cfg.sft.model_dump(exclude={"enabled", "seed"}),
-        "format": 1,
+        "format": 1, **prompt_format_key(cfg.model),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print) -> dict:
     """Fine-tune ``cfg.model.policy`` on demonstrations of training tasks and export it to ``out_dir``."""
-    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    tokenizer = run_tokenizer(cfg.model)
     seed = sft_seed(cfg)
-    policy = load_policy(cfg.model.policy, dtype=cfg.model.dtype, device=cfg.model.device, seed=seed)
+    policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
+                         seed=seed)
+    check_vocab(tokenizer, policy)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     tasks = load_split(env_factory(), cfg.env, "train", cfg.sft.num_demos, seed + 7919)
     log(f"sft: generating {len(tasks)} demonstrations of {cfg.env.type}")

@@ -48,10 +48,10 @@ from saorl.data.batch import Batch, collate
 from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
 from saorl.envs.registry import make_env_factory
+from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.critic import Critic
-from saorl.models.loading import load_policy
+from saorl.models.loading import load_policy, train_dtype
 from saorl.models.serialize import save_critic
-from saorl.models.tokenizer import load_tokenizer
 from saorl.runtime.messages import RolloutRequest
 from saorl.runtime.parts import sampling_params
 
@@ -75,6 +75,7 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         "value_pretrain": cfg.value_pretrain.model_dump(exclude={"enabled"}),
         "gamma": p.gamma, "freeze_critic_attention": p.freeze_critic_attention,
         "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
+        **prompt_format_key(cfg.model),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -224,8 +225,9 @@ def run_value_pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path,
 def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[str], None]) -> dict:
     vp, preset = cfg.value_pretrain, cfg.algo.resolve()
     t0 = time.monotonic()
-    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    tokenizer = run_tokenizer(cfg.model)
     policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    check_vocab(tokenizer, policy)
     log(f"value pretraining: sampling {vp.rollouts} rollouts of {policy_spec} on {cfg.env.type}")
     trajs = sample_rollouts(cfg, policy, tokenizer, vp.rollouts)
     rollout_s = time.monotonic() - t0
@@ -238,8 +240,8 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
             "critic can only learn that constant (start from a policy that sometimes succeeds, e.g. SFT)")
     kw = dict(pad_id=tokenizer.pad_token_id, device=cfg.model.device)
 
-    def fresh() -> Critic:
-        return Critic.from_policy(policy, seed=cfg.seed)
+    def fresh() -> Critic:  # the policy samples in model.dtype, the critic trains in train_dtype
+        return Critic.from_policy(policy, dtype=train_dtype(cfg.model.dtype), seed=cfg.seed)
 
     rows = [_row(0.0, 0, critic_metrics(fresh(), val, preset, batch_size=vp.batch_size, **kw), None)]
     sizes = sorted({max(1, round(f * len(train))) for f in FRACTIONS})

@@ -10,6 +10,7 @@ from saorl.commands.eval import TargetError, resolve_target
 from saorl.config import load_config, save_resolved
 from saorl.data.tasks import load_tasks
 from saorl.envs.registry import make_env_factory
+from saorl.models.codec import run_tokenizer
 from saorl.models.serialize import export_policy, save_safetensors_atomic
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
@@ -108,7 +109,8 @@ def test_run_dir_without_final_policy_loads_the_latest_checkpoint(tmp_path):
 
 def test_tiny_kind_target():
     t = resolve_target("tiny-moe", ["seed=3"])
-    assert t.cfg.model.policy == "tiny-moe" and t.tokenizer is None
+    assert t.cfg.model.policy == "tiny-moe"
+    assert run_tokenizer(t.cfg.model).spec.source is None  # the shipped tokenizer
     assert "freshly initialised" in t.description
     p0 = next(t.load().parameters())
     assert torch.equal(p0, next(build_tiny("tiny-moe", seed=3).parameters()))
