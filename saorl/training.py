@@ -19,6 +19,7 @@ from saorl.config import SaorlConfig
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_parts
 from saorl.runtime.run import Run
+from saorl.runtime.trackers import check_trackers
 from saorl.stages.evaluate import TestEvaluator
 from saorl.stages.sft import warm_start
 from saorl.stages.value_pretrain import initial_critic
@@ -49,6 +50,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
     Returns the run directory and the last step's metrics. ``resume`` continues the run in
     ``run_dir`` from its last checkpoint and journal. ``observer`` watches the run.
     """
+    check_trackers(cfg.run.report_to)  # a missing tracker package fails now, not after the stages
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(trainer_threads(cfg))
     policy_spec = warm_start(cfg)

@@ -149,7 +149,8 @@ def test_bad_override_paths_fail_naming_the_override(override, expected):
      ("rollout:\n  weight_update_timeout_s: 0\n", "rollout.weight_update_timeout_s: Input should be greater"),
      ("env:\n  type: mathtool\n", "env.type: unknown env 'mathtool'"),
      ("run:\n  name: a/b\n", "run.name: must be a non-empty name"),
-     ("model:\n  dtype: float16\n", "model.dtype: Input should be 'float32' or 'bfloat16'"),
+     ("model:\n  dtype: float64\n", "model.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
+     ("model:\n  dtype: float16\n", "model.dtype: float16 needs model.device=cuda or mps"),
      ("runtime: 3\n", "runtime: Input should be a valid dictionary"),
      ("seeed: 1\n", "seeed: unknown field (did you mean seed?)")],
 )

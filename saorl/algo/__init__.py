@@ -20,6 +20,7 @@ from saorl.algo.losses import (
     masked_mean,
     ppo_clip_loss,
     ratio_histogram,
+    ratio_histogram_edges,
     value_loss,
 )
 from saorl.algo.registry import (
@@ -56,6 +57,7 @@ __all__ = [
     "mc_returns",
     "ppo_clip_loss",
     "ratio_histogram",
+    "ratio_histogram_edges",
     "skip_observation_gae",
     "token_gae",
     "value_loss",

@@ -254,6 +254,13 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def ratio_histogram_edges(bins: int = 24, lo: float = 1e-2, hi: float = 1e2) -> Tensor:
+    """The ``bins + 1`` bin edges of :func:`ratio_histogram`: ``logspace(log10 lo, log10 hi)``, float64."""
+    if bins < 1 or not 0 < lo < hi:
+        raise ValueError(f"need bins >= 1 and 0 < lo < hi, got bins={bins}, lo={lo}, hi={hi}")
+    return torch.logspace(math.log10(lo), math.log10(hi), bins + 1, dtype=torch.float64)
+
+
 def ratio_histogram(ratio: Tensor, mask: Tensor, bins: int = 24, lo: float = 1e-2,
                     hi: float = 1e2) -> tuple[Tensor, Tensor]:
     """Counts of importance ratios over fixed log-spaced edges (for the per-step ratio plot).
@@ -270,9 +277,7 @@ def ratio_histogram(ratio: Tensor, mask: Tensor, bins: int = 24, lo: float = 1e-
     """
     if ratio.shape != mask.shape:
         raise ValueError(f"ratio shape {tuple(ratio.shape)} != mask shape {tuple(mask.shape)}")
-    if bins < 1 or not 0 < lo < hi:
-        raise ValueError(f"need bins >= 1 and 0 < lo < hi, got bins={bins}, lo={lo}, hi={hi}")
-    edges = torch.logspace(math.log10(lo), math.log10(hi), bins + 1, dtype=torch.float64)
+    edges = ratio_histogram_edges(bins, lo, hi)
     r = ratio.detach()[mask.bool()].double().cpu()
     r = r[~torch.isnan(r)]
     idx = torch.bucketize(r, edges[1:-1], right=True)  # bin i holds edges[i] <= r < edges[i+1]

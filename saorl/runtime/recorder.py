@@ -1,9 +1,11 @@
 """Everything a run writes into its directory besides checkpoints, journal and weights, and the
 run's clock.
 
-:class:`RunRecorder` owns ``metrics.jsonl`` (one line per trainer step), the TensorBoard event
-files, the live progress line, ``eval.jsonl``, ``trained.jsonl`` (the audit trail: which rollouts
-each step trained on), ``samples/`` and the final export (``final/policy``, ``final/critic``).
+:class:`RunRecorder` owns ``metrics.jsonl`` (one line per logged row: the step-0 evaluation, then
+one per trainer step), the trackers of ``run.report_to`` (TensorBoard, W&B, MLflow, ...:
+:mod:`saorl.runtime.trackers`, which get the same rows), the live progress line, ``eval.jsonl``,
+``trained.jsonl`` (the audit trail: which rollouts each step trained on), ``samples/`` and the
+final export (``final/policy``, ``final/critic``).
 :class:`StepClock` owns the wall-clock budget and the ``time/*`` metrics of each step, so the
 run loop does no clock arithmetic of its own.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.data.trajectory import Trajectory
+from saorl.runtime.trackers import Trackers
 
 REQUIRED_KEYS = (
     "step", "policy/version", "reward/mean", "policy/dis_kept_frac", "rollout/staleness_mean",
@@ -37,18 +40,11 @@ class RunRecorder:
     """The run directory's logs, samples and final export (see the module docstring)."""
 
     def __init__(self, run_dir: Path, tokenizer: Any, *, progress: bool = True,
-                 total_steps: int | None = None, tensorboard: bool = True) -> None:
+                 total_steps: int | None = None, trackers: Trackers | None = None) -> None:
         self.dir, self.tokenizer = run_dir, tokenizer
         self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self._trained = open(run_dir / "trained.jsonl", "a", encoding="utf-8")
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(run_dir / "tb"))
-            except ImportError:  # tensorboard is a dependency, but a trimmed install still trains
-                self._tb = None
+        self.trackers = trackers
         self._progress = None
         if progress and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -61,15 +57,13 @@ class RunRecorder:
 
     # --------------------------------------------------------------------------- metrics
     def log_step(self, metrics: dict[str, Any]) -> None:
-        """One trainer step's metrics: ``metrics.jsonl``, TensorBoard, the progress line."""
+        """One row (a trainer step's metrics, or the step-0 evaluation): ``metrics.jsonl``, every
+        tracker, the progress line."""
         row = {k: _clean(v) for k, v in metrics.items()}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        step = int(metrics["step"])
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and k != "step" and math.isfinite(float(v)):
-                    self._tb.add_scalar(k, v, step)
+        if self.trackers is not None:
+            self.trackers.log(metrics, int(metrics["step"]))
         if any(k.startswith("eval/") for k in metrics):
             self.last_eval = {k: v for k, v in metrics.items() if k.startswith("eval/")}
         self._show(metrics)
@@ -81,7 +75,8 @@ class RunRecorder:
 
     def _show(self, m: dict[str, Any]) -> None:
         acc = self.last_eval.get("eval/accuracy")
-        info = (f"reward {m.get('reward/mean', float('nan')):.3f} | "
+        reward = m.get("reward/mean")
+        info = (f"reward {'-' if reward is None else f'{reward:.3f}'} | "
                 f"eval acc {'-' if acc is None else f'{acc:.3f}'} | "
                 f"stale {m.get('rollout/staleness_mean', 0):.2f} | "
                 f"idle {m.get('time/trainer_idle_frac', 0):.0%} | "
@@ -137,8 +132,8 @@ class RunRecorder:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-        if self._tb is not None:
-            self._tb.close()
+        if self.trackers is not None:
+            self.trackers.close()
         self._metrics.close()
         self._trained.close()
 

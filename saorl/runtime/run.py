@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from saorl.config import SaorlConfig, save_resolved
+from saorl.config import SaorlConfig, config_to_dict, save_resolved
 from saorl.data.trajectory import Trajectory
 from saorl.envs.base import Progress
 from saorl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -32,6 +32,7 @@ from saorl.runtime.observe import Observer
 from saorl.runtime.parts import RunParts, build_learner
 from saorl.runtime.recorder import RunRecorder, StepClock
 from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
+from saorl.runtime.trackers import Trackers
 
 # Required metrics that an algorithm may not produce (GRPO has no critic, PPO no DIS mask).
 NOT_APPLICABLE = ("policy/dis_kept_frac", "critic/value_loss", "critic/explained_var")
@@ -56,8 +57,10 @@ class Run:
             finished, pending = self._restore()
         save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
         parts.weights.publish(self.learner.policy_state(), self.learner.version)
+        trackers = Trackers(cfg.run.report_to, run_dir, project=cfg.run.tracker_project,
+                            options=cfg.run.tracker_options, config=config_to_dict(cfg))
         self.recorder = RunRecorder(run_dir, parts.tokenizer, progress=cfg.run.progress,
-                                    total_steps=cfg.trainer.steps)
+                                    total_steps=cfg.trainer.steps, trackers=trackers)
         self.clock = StepClock(cfg.trainer.max_wall_s)
         self.feed = RolloutFeed(parts.backend, parts.train_tasks, RolloutCursor(finished), self.journal,
                                 AsyncDispatch() if parts.mode == "async" else SyncDispatch(),
@@ -92,6 +95,7 @@ class Run:
             if self.step == 0:  # the starting point every later evaluation is compared with
                 start = self._evaluate()
                 self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
+                self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
             self._wait_until_ready()
             self.clock.start()
             while self.step < self.cfg.trainer.steps and not self._stop:

@@ -66,3 +66,18 @@ def test_local_dir_loads_with_grouped_mm_even_if_config_says_eager(tmp_path):
     x = torch.randint(2, V, (2, 6))
     with torch.no_grad():
         assert torch.allclose(model(x).logits, loaded(x).logits, atol=1e-6)
+
+
+def test_float16_runs_train_in_float32():
+    """float16 is a GPU setting (a config error on CPU); its trainers hold float32 weights."""
+    from saorl.config import load_config
+    from saorl.models.critic import Critic
+    from saorl.models.loading import train_dtype
+
+    cfg = load_config(None, ["model.dtype=float16", "model.device=cuda"])  # validates without a GPU
+    assert train_dtype(cfg.model.dtype) == "float32"
+    assert train_dtype("bfloat16") == "bfloat16" and train_dtype("float32") == "float32"
+    sampler = load_policy("tiny-dense", dtype="float16")
+    assert next(sampler.parameters()).dtype == torch.float16
+    critic = Critic.from_policy(sampler, dtype=train_dtype("float16"))  # as value pretraining builds it
+    assert {p.dtype for p in critic.trunk.parameters()} == {torch.float32}

@@ -68,7 +68,7 @@ def test_killed_rollout_worker_is_restarted_and_its_episodes_requeued(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert len(rows) == 8
+    assert [r["step"] for r in rows] == list(range(9))  # the step-0 evaluation, then 8 steps
     assert rows[-1]["rollout/worker_restarts"] == 1
     assert "restarted" in log.read_text()
     rids = [rid for r in read_jsonl(run_dir / "trained.jsonl") for rid in r["rids"]]

@@ -6,6 +6,7 @@ import pytest
 import torch
 from runtime_helpers import BASE, read_jsonl
 from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from saorl.config import load_config
 from saorl.models.tiny import build_tiny
@@ -20,7 +21,9 @@ def test_async_sao_trains_with_stale_multi_version_batches(tmp_path):
                              "run.samples_every=6"])
     run_dir, _ = train(cfg, tmp_path / "run")
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["step"] for r in rows] == list(range(0, 13))
+    start, rows = rows[0], rows[1:]  # the step-0 evaluation is a row of its own, in every sink
+    assert start["policy/version"] == 0 and "eval/accuracy" in start and "reward/mean" not in start
     for r in rows:
         missing = [k for k in REQUIRED_KEYS if k not in r]
         assert not missing, missing
@@ -41,7 +44,11 @@ def test_async_sao_trains_with_stale_multi_version_batches(tmp_path):
     assert len(changed) > len(init) // 2
     assert (run_dir / "final" / "policy" / "config.json").exists()
     assert (run_dir / "final" / "critic" / "critic.json").exists()
-    assert any((run_dir / "tb").iterdir())
+    tb = EventAccumulator(str(run_dir / "tb"), size_guidance={"histograms": 0, "scalars": 0}).Reload()
+    assert [e.step for e in tb.Scalars("eval/accuracy")] == [0, 6, 12]
+    ratios = tb.Histograms("policy/ratio_hist")  # the DIS ratio histogram, every step
+    assert [h.step for h in ratios] == list(range(1, 13))
+    assert all(h.histogram_value.num == sum(r["policy/ratio_hist"]) for h, r in zip(ratios, rows))
     evals = read_jsonl(run_dir / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 6, 12] and all("eval/accuracy" in e for e in evals)
     assert (run_dir / "samples" / "step-00000006.txt").read_text().count("[act 1]") >= 1
@@ -51,7 +58,7 @@ def test_async_sao_trains_with_stale_multi_version_batches(tmp_path):
 def test_sync_grpo_has_a_barrier_and_whole_groups(tmp_path):
     cfg = load_config(None, [*BASE, "algo.name=grpo", "algo.group_size=2", "trainer.steps=4"])
     run_dir, _ = train(cfg, tmp_path / "run")
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl")[1:]  # after the step-0 evaluation
     assert len(rows) == 4
     assert all(r["rollout/staleness_max"] == 0 for r in rows)
     for row in read_jsonl(run_dir / "trained.jsonl"):
