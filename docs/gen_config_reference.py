@@ -6,7 +6,7 @@
 
 Every row comes from :mod:`saorl.config`: the field's name, its annotation and validation bounds,
 its default and the docstring under it. The preset table at the end comes from
-:data:`saorl.algo.registry.PRESETS`. ``tests/test_docs.py`` regenerates the page in memory and
+:data:`saorl.algo.presets.PRESETS`. ``tests/test_docs.py`` regenerates the page in memory and
 fails when the file on disk differs.
 """
 
@@ -25,7 +25,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from saorl.algo.registry import PRESETS, AlgoPreset
+from saorl.algo.presets import PRESETS, AlgoPreset
 from saorl.config import SaorlConfig
 
 OUT = Path(__file__).resolve().parent / "config.md"
@@ -170,10 +170,10 @@ def _preset_value(value: Any) -> str:
 
 
 def render_presets() -> list[str]:
-    """The algorithm presets, one column each (``saorl.algo.registry.PRESETS``)."""
+    """The algorithm presets, one column each (``saorl.algo.presets.PRESETS``)."""
     names = list(PRESETS)
     lines = ["## Algorithm presets", "",
-             "The values `algo.name` selects (from `saorl/algo/registry.py`, whose docstring explains "
+             "The values `algo.name` selects (from `saorl/algo/presets.py`, whose docstring explains "
              "each choice); `algo.FIELD=value` overrides one. `–` means unset (None).", "",
              "| field | " + " | ".join(f"`{n}`" for n in names) + " | meaning |",
              "|---|" + "---|" * len(names) + "---|"]

@@ -2,15 +2,26 @@
 
 Each subcommand is a module of :mod:`saorl.commands` with two functions: ``add_arguments(parser)``
 and ``run(args) -> int``. This file only lists them, so adding a command is one line in
-:data:`COMMANDS` and the import cost of one command is not paid by others.
+:data:`COMMANDS`. Building the parser imports every command module, so none of them may import
+torch or transformers at module level (``tests/test_cli.py`` checks): help, ``saorl config`` and
+``saorl envs list`` start in well under a second (``benchmarks/bench_cli_startup.py``).
+
+Exit status (:func:`saorl.commands.common.exit_status`): 0 done; 2 a problem with the input, found
+before anything ran (config, files, env, model, device), one paragraph with the fix; 3 a run that
+started and failed (:class:`saorl.errors.RunFailure`); 1 anything else (a bug), one paragraph too;
+130 interrupted. No Python traceback is printed unless ``--debug`` is given (anywhere on the line)
+or ``SAORL_DEBUG=1`` is set.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+DESCRIPTION = ("saorl: RL post-training of LLM agents with SAO (single-rollout asynchronous optimization) "
+               "and the baselines it is compared with")
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("saorl.commands.train", "train a policy with SAO or a baseline (default: SAO on math_tool)"),
@@ -29,8 +40,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="saorl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="saorl", description=DESCRIPTION)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the Python traceback of a failure (also SAORL_DEBUG=1); "
+                             "accepted anywhere on the command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -53,6 +67,13 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("SAORL_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    # transformers' weight loading / saving progress bars ("Loading weights", "Writing model shards")
+    # print several times per run, here and in the rollout workers (which inherit the environment);
+    # HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     args = parse(parser, argv)
     if args.version:
@@ -68,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.run(args) or 0)
     except SystemExit as e:  # a command's one-paragraph failure (saorl.commands.common.fail)
         return e.code if isinstance(e.code, int) else 1
+    except (Exception, KeyboardInterrupt) as e:
+        from saorl.commands.common import exit_status
+
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        status, message = exit_status(e, f"saorl {args.command}", debug)
+        print(message, file=sys.stderr, flush=True)
+        return status
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The one config tree: pydantic models per component, YAML presets, dotted overrides.
 
 A run's configuration is :class:`SaorlConfig`. It is built from, in order: the defaults below
-(which work on a laptop CPU), a YAML file (``configs/*.yaml``), then command-line overrides of
+(which work on a laptop CPU), a YAML file (a path, or the name of a preset shipped with saorl:
+``sao_math_tool`` is ``configs/sao_math_tool.yaml``, see :func:`find_config`), then command-line overrides of
 the form ``section.field=value`` whose values are parsed by YAML rules (``algo.eps_high=3.0``,
 ``model.critic=null``, ``env.options.difficulty=2``, ``run.name='[a, b]'``).
 
@@ -9,7 +10,7 @@ Every bad value fails at load, never mid-run, with :class:`ConfigError`: one par
 file, the dotted path of the field and the reason (unknown keys get a "did you mean" hint).
 
 The ``algo`` section holds a preset name plus optional overrides (``None`` = the preset's value);
-its fields, documentation and rules are derived from :class:`saorl.algo.registry.AlgoPreset`, where
+its fields, documentation and rules are derived from :class:`saorl.algo.presets.AlgoPreset`, where
 each setting is declared once, and :meth:`AlgoConfig.resolve` returns the frozen preset the trainer
 uses. Because ``None`` means "keep the preset's value", the preset fields that are themselves
 optional (``vapo_alpha``, ``value_clip``) can be changed to another number here but not switched
@@ -287,7 +288,7 @@ class RolloutConfig(_Section):
 
 class _AlgoSection(_Section):
     """The ``algo`` section: a preset name plus overrides; its other fields are derived from
-    :class:`saorl.algo.registry.AlgoPreset` (see :func:`_algo_config`)."""
+    :class:`saorl.algo.presets.AlgoPreset` (see :func:`_algo_config`)."""
 
     name: str = "sao"
     """Algorithm preset: ``sao``, ``grpo``, ``grpo_dis``, ``vapo``, ``ppo`` or ``reinforce_rm``."""
@@ -295,7 +296,7 @@ class _AlgoSection(_Section):
     @field_validator("name")
     @classmethod
     def _known_preset(cls, v: str) -> str:
-        from saorl.algo.registry import list_presets
+        from saorl.algo.presets import list_presets
 
         names = list_presets()
         if v not in names:
@@ -306,7 +307,7 @@ class _AlgoSection(_Section):
 
     @model_validator(mode="after")
     def _resolvable(self) -> _AlgoSection:
-        from saorl.algo.registry import SettingError
+        from saorl.algo.presets import SettingError
 
         try:
             self.resolve()  # the preset's own checks (ranges; e.g. grpo needs group_size >= 2)
@@ -320,7 +321,7 @@ class _AlgoSection(_Section):
 
     def resolve(self) -> Any:
         """The preset ``name`` with the non-None overrides applied (an ``AlgoPreset``)."""
-        from saorl.algo.registry import get_preset
+        from saorl.algo.presets import get_preset
 
         return get_preset(self.name).with_overrides(**self.overrides())
 
@@ -333,7 +334,7 @@ schedule is ``runtime.mode``."""
 def _algo_config() -> type[_AlgoSection]:
     """``AlgoConfig``: every other preset field, optional (None = the preset's value), with the
     preset's own documentation and rule. A setting is declared once, in the preset."""
-    from saorl.algo.registry import setting_docs, setting_rules, setting_types
+    from saorl.algo.presets import setting_docs, setting_rules, setting_types
 
     docs, rules = setting_docs(), setting_rules()
     fields: dict[str, Any] = {}
@@ -575,8 +576,37 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+PRESET_DIR = Path(__file__).resolve().parent / "configs"
+"""The YAML presets shipped with saorl: package data, which is ``configs/`` in a source checkout
+(``saorl/configs`` links to it)."""
+
+
+def preset_names() -> list[str]:
+    """The run-config presets shipped with saorl, by name (``sao_math_tool``, ...)."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def find_config(name: str | os.PathLike) -> Path:
+    """The YAML file ``name`` names: an existing path; else a preset shipped with saorl, by name
+    (``sao_math_tool`` or ``sao_math_tool.yaml``) or by its path in a checkout
+    (``configs/sao_math_tool.yaml``), so the documented commands work from an installed wheel in any
+    directory. :class:`ConfigError` listing the presets otherwise."""
+    path = Path(name).expanduser()
+    if path.exists() or path.is_absolute():
+        return path
+    rel = Path(*path.parts[1:]) if path.parts[:1] == ("configs",) and len(path.parts) > 1 else path
+    for candidate in (PRESET_DIR / rel, PRESET_DIR / f"{rel}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"config error: file not found: {name} (not a path from here, nor a preset shipped "
+                      f"with saorl; presets: {', '.join(preset_names())})")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = ()) -> SaorlConfig:
-    """Defaults ← YAML file at ``path`` (None: defaults only) ← dotted ``overrides``."""
+    """Defaults ← YAML file at ``path`` (None: defaults only; a preset name works, see
+    :func:`find_config`) ← dotted ``overrides``."""
+    if path is not None:
+        path = find_config(path)
     source = str(path) if path is not None else "<defaults>"
     data = _read_yaml(Path(path)) if path is not None else {}
     overrides = list(overrides)
@@ -643,6 +673,29 @@ def config_to_yaml(cfg: SaorlConfig) -> str:
 def resolved_algo_dict(cfg: SaorlConfig) -> dict[str, Any]:
     """The resolved algorithm preset as a dict."""
     return dataclasses.asdict(cfg.algo.resolve())
+
+
+def absolute_paths(cfg: SaorlConfig) -> SaorlConfig:
+    """A copy of ``cfg`` whose paths are absolute (resolved against the working directory), so that it
+    means the same from any directory: a run's saved ``config.yaml`` (``--resume`` from elsewhere) and
+    the keys of the SFT and value-pretraining caches.
+
+    ``run.out_dir`` and the task files are always paths; ``model.policy``, ``model.tokenizer`` and
+    ``model.critic`` are made absolute only when they name an existing path (a tiny kind stays as it is).
+    """
+    out = cfg.model_copy(deep=True)
+
+    def absolute(p: str) -> str:
+        return os.path.abspath(os.path.expanduser(p))
+
+    out.run.out_dir = absolute(out.run.out_dir)
+    for section, name in (("env", "tasks_file"), ("env", "test_tasks_file"), ("model", "policy"),
+                          ("model", "tokenizer"), ("model", "critic")):
+        sec = getattr(out, section)
+        value = getattr(sec, name)
+        if value and (section == "env" or os.path.exists(os.path.expanduser(value))):
+            setattr(sec, name, absolute(value))
+    return out
 
 
 def save_resolved(cfg: SaorlConfig, run_dir: str | os.PathLike) -> Path:

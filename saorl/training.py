@@ -1,39 +1,46 @@
 """``train``: the stages before RL, in order, then the run.
 
+0. start-up checks (:mod:`saorl.stages.preflight`): env, models, device, task files, demonstrations;
 1. warm start: the policy RL starts from (``model.policy``, or its cached SFT fine-tune);
 2. value pretraining: the critic RL starts from (cached), when the algorithm asks for one;
 3. the run's parts (models, env, task splits, backend, weights), then :class:`~saorl.runtime.run.Run`
    until ``trainer.steps``, ``trainer.max_wall_s`` or Ctrl-C / SIGTERM.
+
+The run directory is created in step 3, once the parts are built; if anything before the loop
+fails (or is interrupted), a run directory that this call created is removed again, so a failed
+start leaves nothing behind. The config's paths are made absolute first
+(:func:`~saorl.config.absolute_paths`): the saved ``config.yaml`` means the same from any directory.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from datetime import datetime
 from pathlib import Path
 
 import torch
 
-from saorl.config import SaorlConfig
+from saorl.config import SaorlConfig, absolute_paths
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_parts
 from saorl.runtime.run import Run
-from saorl.runtime.trackers import check_trackers
 from saorl.stages.evaluate import TestEvaluator
+from saorl.stages.preflight import check_run
 from saorl.stages.sft import warm_start
 from saorl.stages.value_pretrain import initial_critic
 
 
 def new_run_dir(cfg: SaorlConfig) -> Path:
-    """A fresh ``run.out_dir/<run.name>-<timestamp>`` (a suffix when that exists already)."""
+    """A fresh ``run.out_dir/<run.name>-<timestamp>`` path (a suffix when that exists already), not
+    created yet: :func:`train` creates it once the run's parts are built."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}"
     n = 1
     while d.exists():
         d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}-{n}"
         n += 1
-    d.mkdir(parents=True)
     return d
 
 
@@ -50,16 +57,15 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
     Returns the run directory and the last step's metrics. ``resume`` continues the run in
     ``run_dir`` from its last checkpoint and journal. ``observer`` watches the run.
     """
-    check_trackers(cfg.run.report_to)  # a missing tracker package fails now, not after the stages
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(trainer_threads(cfg))
-    policy_spec = warm_start(cfg)
-    critic_spec = initial_critic(cfg, policy_spec)
-    run_dir = run_dir if run_dir is not None else new_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    parts = build_parts(cfg, run_dir, policy_spec, critic_spec)
-    run = Run(cfg, run_dir, parts, TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks),
-              resume=resume, observer=observer)
+    cfg = absolute_paths(cfg)
+    run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+    created = not run_dir.exists()
+    try:
+        run = _start(cfg, run_dir, resume, observer)
+    except BaseException:
+        if created:  # a failed start leaves no (empty or half-written) run directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, run.request_stop)
     signal.signal(signal.SIGTERM, run.request_stop)
@@ -68,3 +74,16 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
     finally:
         signal.signal(signal.SIGINT, previous)
     return run_dir, final
+
+
+def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | None) -> Run:
+    """Checks, warm start, value pretraining, parts: a :class:`Run` ready to loop in ``run_dir``."""
+    check_run(cfg)
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(trainer_threads(cfg))
+    policy_spec = warm_start(cfg)
+    critic_spec = initial_critic(cfg, policy_spec)
+    parts = build_parts(cfg, run_dir, policy_spec, critic_spec)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
+    return Run(cfg, run_dir, parts, evaluator, resume=resume, observer=observer)

@@ -20,7 +20,8 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
     p = sub.add_parser("pipeline", help="async vs sync trained tokens/s, idle, slot utilisation, staleness",
-                       description=__doc__.splitlines()[0])
+                       description="measure async (SAO) vs sync (GRPO barrier) throughput, "
+                       "utilisation and staleness on this machine")
     p.add_argument("--quick", action="store_true", help="1 rep of 20 s per mode, short profiles")
     p.add_argument("--out", default="bench-pipeline", help="output directory")
     p.add_argument("--budget-s", type=float, default=None,

@@ -1,4 +1,5 @@
-"""What every command shares: reading ``[CONFIG] [key=value ...]`` and failing with one paragraph."""
+"""What every command shares: reading ``[CONFIG] [key=value ...]``, failing with one paragraph, and
+the exit status of an error that reaches the command line (see :mod:`saorl.errors`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,33 @@ from typing import NoReturn
 
 from saorl.config import ConfigError, SaorlConfig, load_config
 
+EXIT_BUG, EXIT_USER, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 1, 2, 3, 130
+"""Exit statuses: an unexpected error (a bug); a problem with the input, found before anything ran;
+a run that started and failed; Ctrl-C."""
 
-def fail(message: str, code: int = 2) -> NoReturn:
+
+def exit_status(error: BaseException, prog: str, debug: bool = False) -> tuple[int, str]:
+    """The exit status and the one-paragraph message for ``error``, raised out of command ``prog``."""
+    from saorl.data.tasks import TaskFileError
+    from saorl.envs.registry import EnvResolveError
+    from saorl.errors import RunFailure, StartupError
+    from saorl.experiments.spec import SpecError
+
+    text = " ".join(str(error).split())
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, f"{prog}: interrupted"
+    if isinstance(error, ConfigError):
+        return EXIT_USER, text  # it names the file already: "config error in PATH: ..."
+    if isinstance(error, (StartupError, TaskFileError, EnvResolveError, SpecError)):
+        return EXIT_USER, f"{prog}: {text}"
+    if isinstance(error, RunFailure):
+        return EXIT_RUN_FAILED, f"{prog}: the run failed: {text}"
+    hint = "" if debug else " Rerun with --debug (or SAORL_DEBUG=1) to see the traceback."
+    return EXIT_BUG, (f"{prog}: unexpected error: {type(error).__name__}: {text}. This is a bug in saorl or "
+                      f"in code it runs (an env, a reward function); please report it.{hint}")
+
+
+def fail(message: str, code: int = EXIT_USER) -> NoReturn:
     """Print ``message`` (one paragraph) to stderr and exit with ``code`` (2: a user error)."""
     print(message, file=sys.stderr)
     raise SystemExit(code)

@@ -27,10 +27,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from saorl.config import ConfigError, SaorlConfig, load_config
+
+if TYPE_CHECKING:  # torch is imported when a policy is loaded, not when the parser is built
+    import torch
 
 _ROWS = (("accuracy", "eval/accuracy", ".3f"), ("reward mean", "eval/reward_mean", ".3f"),
          ("turns mean", "eval/turns_mean", ".2f"), ("action tokens mean", "eval/action_tokens_mean", ".1f"),
@@ -147,8 +149,10 @@ def format_table(columns: dict[str, dict[str, float]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from saorl.agent.render import render_trajectory
+    from saorl.errors import StartupError
     from saorl.models.codec import check_vocab, run_tokenizer
     from saorl.stages.evaluate import evaluate_config
+    from saorl.stages.preflight import check_device, check_env
 
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
@@ -159,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         target = resolve_target(args.target, args.overrides)
+        check_env(target.cfg)
+        check_device(target.cfg.model.device)
         try:
             policy, tokenizer = target.load(), run_tokenizer(target.cfg.model)
             check_vocab(tokenizer, policy)
@@ -168,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             args.temperature = target.cfg.run.eval_temperature
         metrics, trajs = evaluate_config(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
                                          temperature=args.temperature)
-    except (ConfigError, TargetError, FileNotFoundError, NotADirectoryError) as e:
+    except (ConfigError, TargetError, StartupError, FileNotFoundError, NotADirectoryError) as e:
         print(f"saorl eval: {e}" if not isinstance(e, ConfigError) else str(e), file=sys.stderr)
         return 2
     cfg, shown = target.cfg, trajs[: max(0, args.show)]

@@ -17,13 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from saorl.models.tiny import TINY_KINDS
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--model", default="tiny-moe",
-                        help=f"one of {TINY_KINDS}, a local HF model directory or a Hub id")
+                        help="a tiny built-in kind (tiny-moe, tiny-dense), a local HF model directory or "
+                             "a Hub id")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer directory or Hub id; none: the model's own (the shipped one for "
                              "tiny kinds)")

@@ -32,11 +32,13 @@ def run(args: argparse.Namespace) -> int:
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy
     from saorl.stages.evaluate import evaluate_config
+    from saorl.stages.preflight import check_run
     from saorl.stages.sft import run_sft, sft_seed
 
     if args.tasks is not None and args.tasks < 1:
         fail(f"saorl sft: --tasks must be >= 1, got {args.tasks}")
     cfg = config_or_exit("saorl sft", list(args.args))
+    check_run(cfg, demonstrations=True)
     m = cfg.model
     try:
         tokenizer = run_tokenizer(m)

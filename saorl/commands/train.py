@@ -1,4 +1,10 @@
-"""``saorl train [CONFIG] [key=value ...] [--resume RUN_DIR] [--run-dir DIR]``."""
+"""``saorl train [CONFIG] [key=value ...] [--resume RUN_DIR] [--run-dir DIR]``.
+
+Prints the run directory first (before the start-up checks, the SFT warm start and value
+pretraining), then trains. A start-up problem is one paragraph on stderr and status 2, and leaves
+no run directory behind; a run that starts and then fails exits with status 3 (see
+:mod:`saorl.errors`).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +16,16 @@ from saorl.commands.common import config_or_exit, fail, load_file_or_exit
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs="*", metavar="CONFIG_OR_OVERRIDE",
-                   help="an optional YAML config (default: the built-in SAO on math_tool), then dotted "
-                        "overrides such as algo.eps_high=3.0 trainer.steps=50")
+                   help="an optional YAML config, a path or a shipped preset's name such as sao_code_repair "
+                        "(default: the built-in SAO on math_tool), then dotted overrides such as "
+                        "algo.eps_high=3.0 trainer.steps=50")
     p.add_argument("--resume", metavar="RUN_DIR", type=Path,
                    help="continue a run from its last checkpoint and journal (after a crash or Ctrl-C)")
     p.add_argument("--run-dir", type=Path, help="write the run here instead of run.out_dir/NAME-TIMESTAMP")
 
 
 def run(args: argparse.Namespace) -> int:
-    from saorl.training import train
+    from saorl.training import new_run_dir, train
 
     if args.resume is not None:
         if args.args and "=" not in args.args[0]:
@@ -29,9 +36,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_file_or_exit(str(resolved), list(args.args))
     else:
         cfg = config_or_exit("saorl train", list(args.args))
-    run_dir, final = train(cfg, args.resume or args.run_dir, resume=args.resume is not None)
+    run_dir = args.resume or args.run_dir or new_run_dir(cfg)
+    print(f"run directory: {run_dir}", flush=True)
+    run_dir, final = train(cfg, run_dir, resume=args.resume is not None)
     acc = final.get("eval/accuracy")
-    print(f"run directory: {run_dir}")
     if final:
         print(f"last step {final.get('step')}: reward {final.get('reward/mean', float('nan')):.3f}"
               + (f", eval accuracy {acc:.3f}" if acc is not None else ""))

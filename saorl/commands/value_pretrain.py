@@ -24,12 +24,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from saorl.stages.preflight import check_run
     from saorl.stages.sft import warm_start
     from saorl.stages.value_pretrain import run_value_pretrain
 
     cfg = config_or_exit("saorl value-pretrain", list(args.args))
     if not cfg.algo.resolve().use_critic:
         fail(f"saorl value-pretrain: algorithm {cfg.algo.name!r} trains no critic")
+    check_run(cfg, demonstrations=cfg.sft.enabled and args.policy is None)  # SFT runs only without --policy
     policy = args.policy if args.policy is not None else warm_start(cfg)
     try:
         final = run_value_pretrain(cfg, policy, args.out)

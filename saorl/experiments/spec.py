@@ -24,13 +24,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from saorl.config import ConfigError, SaorlConfig, load_config, plain_name
+from saorl.config import PRESET_DIR, ConfigError, SaorlConfig, absolute_paths, load_config, plain_name
 
 PLOTS = ("accuracy", "reward", "value_loss", "dis_kept_frac", "staleness", "entropy", "switches")
 """Plot names a spec may ask for (``switches`` also adds recovery columns to the table)."""
 LOCKED_PREFIXES = ("seed", "model.", "env.", "sft.", "trainer.steps", "trainer.max_wall_s")
 """Overrides an arm may not give (they change the starting policy or the budget)."""
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = PRESET_DIR.parent
+"""Holds ``configs/`` (the shipped presets): a link to the checkout's ``configs/``, or package data."""
 SPEC_DIR = Path("configs") / "experiments"
 
 
@@ -66,8 +67,8 @@ class ExperimentSpec(_Model):
     description: str = ""
     """What the experiment measures (printed at the top of the report)."""
     base: str | None = None
-    """Base run config (YAML), relative to the spec file, the repository root or the working
-    directory; None = the built-in defaults."""
+    """Base run config (YAML), relative to the spec file, the shipped presets (``configs/...``) or
+    the working directory; None = the built-in defaults."""
     overrides: list[str] = Field(default_factory=list)
     """Dotted overrides for every arm, on top of ``base``."""
     arms: dict[str, list[str]]
@@ -129,16 +130,16 @@ class ExperimentSpec(_Model):
 
 def find_spec(name_or_path: str) -> Path:
     """A spec file: an existing path, else ``configs/experiments/<name>.yaml`` under the working
-    directory or the repository root."""
+    directory or among the presets shipped with saorl."""
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
     if path.suffix not in (".yaml", ".yml") and "/" not in name_or_path:
-        for root in (Path.cwd(), REPO_ROOT):
+        for root in (Path.cwd(), PACKAGE_ROOT):
             candidate = root / SPEC_DIR / f"{name_or_path}.yaml"
             if candidate.is_file():
                 return candidate
-    known = sorted(p.stem for p in (REPO_ROOT / SPEC_DIR).glob("*.yaml"))
+    known = sorted(p.stem for p in (PACKAGE_ROOT / SPEC_DIR).glob("*.yaml"))
     raise SpecError(f"experiment {name_or_path!r}: no such file, and no configs/experiments/"
                     f"{name_or_path}.yaml; known experiments: {', '.join(known) or '(none)'}")
 
@@ -176,11 +177,12 @@ def _describe(err: dict[str, Any]) -> str:
 
 
 def resolve_base(spec: ExperimentSpec, spec_path: Path | None) -> Path | None:
-    """The base config file, looked up next to the spec, in the repository root, then the cwd."""
+    """The base config file, looked up next to the spec, among the shipped presets (``configs/...``),
+    then in the cwd."""
     if spec.base is None:
         return None
     base = Path(spec.base).expanduser()
-    roots = ([spec_path.parent] if spec_path else []) + [REPO_ROOT, Path.cwd()]
+    roots = ([spec_path.parent] if spec_path else []) + [PACKAGE_ROOT, Path.cwd()]
     for candidate in ([base] if base.is_absolute() else [r / base for r in roots]):
         if candidate.is_file():
             return candidate
@@ -198,7 +200,7 @@ def arm_config(spec: ExperimentSpec, spec_path: Path | None, arm: str, seed: int
               f"seed={seed}", f"trainer.steps={budget.steps}",
               f"trainer.max_wall_s={'null' if budget.max_wall_s is None else budget.max_wall_s}", *extra]
     try:
-        return load_config(base, layers)
+        return absolute_paths(load_config(base, layers))  # as train() saves it: same cache keys
     except ConfigError as e:
         raise SpecError(f"experiment {spec.name!r}, arm {arm!r}, seed {seed}: {e}") from None
 

@@ -17,6 +17,7 @@ import queue
 import time
 from typing import Protocol
 
+from saorl.errors import RunFailure
 from saorl.runtime.messages import (
     EngineStats,
     PollResult,
@@ -57,7 +58,7 @@ class Backend(Protocol):
     def shutdown(self) -> None: ...
 
 
-class WorkerFailure(RuntimeError):
+class WorkerFailure(RunFailure):
     """A worker keeps crashing; restarting it again would only hide the bug."""
 
 
@@ -99,7 +100,8 @@ class LocalBackend:
                 self.restarts += 1
                 if self.restarts > self.max_restarts:
                     raise WorkerFailure(f"rollout worker {i} died (exit code {p.exitcode}); "
-                                        f"{self.restarts} restarts so far, giving up")
+                                        f"{self.restarts} restarts so far, giving up; see the log above "
+                                        "for why it died, then continue with saorl train --resume RUN_DIR")
                 out.errors.append(f"rollout worker {i} died (exit code {p.exitcode}); restarted, "
                                   f"{len(self._assigned[i])} rollouts re-queued")
                 out.lost.extend(sorted(self._assigned[i]))

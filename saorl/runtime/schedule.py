@@ -32,6 +32,7 @@ from typing import Protocol
 from saorl.data.task import Task
 from saorl.data.trajectory import Trajectory
 from saorl.envs.base import Progress
+from saorl.errors import RunFailure
 from saorl.runtime.backend import Backend
 from saorl.runtime.journal import Journal, RolloutCursor
 from saorl.runtime.messages import PollResult, RolloutRequest
@@ -73,6 +74,11 @@ class FeedStats:
     dropped_stale: int = 0
     requeued: int = 0
     finished: int = 0
+
+
+def _feed_failed(error: BaseException) -> RuntimeError:
+    """The feeder thread's error, raised again on the trainer's thread (a RunFailure stays one)."""
+    return (RunFailure if isinstance(error, RunFailure) else RuntimeError)(f"rollout feed failed: {error}")
 
 
 class RolloutFeed:
@@ -164,8 +170,8 @@ class RolloutFeed:
         for rid in res.lost:
             self._failures[rid] = self._failures.get(rid, 0) + 1
             if self._failures[rid] > 3:
-                raise RuntimeError(f"rollout {rid} (task {self.task_for(rid).id}) failed 4 times; "
-                                   "see the log")
+                raise RunFailure(f"rollout {rid} (task {self.task_for(rid).id}) failed 4 times; "
+                                 "see the log above for its errors")
             self.cursor.requeue(rid)
             self.stats.requeued += 1
         if res.finished:
@@ -181,7 +187,7 @@ class RolloutFeed:
         """Raise the feeder thread's error, if it died of one."""
         with self._cond:
             if self._error is not None:
-                raise RuntimeError(f"rollout feed failed: {self._error}") from self._error
+                raise _feed_failed(self._error) from self._error
 
     def next_batch(self, learner_version: int, should_stop=lambda: False):
         """Block until ``batch_size`` trajectories (whole groups) are ready; return them.
@@ -197,7 +203,7 @@ class RolloutFeed:
             try:
                 while len(trajs) < self.batch_size:
                     if self._error is not None:
-                        raise RuntimeError(f"rollout feed failed: {self._error}") from self._error
+                        raise _feed_failed(self._error) from self._error
                     ready = self._complete_groups()
                     if len(ready) * self.group_size < self.batch_size - len(trajs):
                         if should_stop():

@@ -1,0 +1,199 @@
+"""Start-up checks: what a run needs from the world, checked before anything runs.
+
+:func:`check_run` is the first thing :func:`saorl.training.train` does, before the SFT warm start,
+value pretraining and the run directory, so a mistake costs a second, not an hour of SFT, and
+leaves nothing behind. Each problem raises :class:`~saorl.errors.StartupError`: one paragraph
+naming the setting, what is wrong and the fix. In order, cheapest first:
+
+1. the trackers of ``run.report_to`` are installed, and the env: its class imports and accepts
+   ``env.options`` (the accepted options are listed);
+2. the models: ``model.policy`` is a tiny kind or a local HF model directory (``config.json`` +
+   ``*.safetensors``; a Hub id is named as one), ``model.tokenizer`` and ``model.critic`` (when the
+   algorithm trains a critic) are directories of the right kind;
+3. the device: ``model.device`` exists on this machine;
+4. the tasks: the task files parse (a bad line is named by file and line), and the env accepts
+   their tasks: **every task read from a file** (train and test split) is passed to a fresh env's
+   ``reset`` once, in file order, and the first one the env rejects is named by file, row and id.
+   Built-in resets take microseconds, so this is all of them in well under a second; for an env
+   whose reset is slow the check stops after :data:`TASK_CHECK_BUDGET_S` seconds (at least the
+   first task of each split is always checked) and the rest are checked as they are played. Tasks
+   from the env's own generator are the env's contract and are not re-checked;
+5. with ``sft.enabled``, the env has demonstrations: one is played on the first training task.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from saorl.config import ModelConfig, SaorlConfig
+from saorl.data.task import Task
+from saorl.data.tasks import TaskFileError, load_split
+from saorl.envs.base import Env, Progress
+from saorl.envs.registry import EnvResolveError, make_env_factory, resolve_env
+from saorl.errors import StartupError
+from saorl.runtime.trackers import TrackerUnavailable, check_trackers
+
+TASK_CHECK_BUDGET_S = 10.0
+"""Seconds the task check may spend resetting the env on file tasks (the first of each split is
+always checked)."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None) -> Callable[[], Env]:
+    """Every check of the module docstring; returns the env factory. ``demonstrations``: whether the
+    env must have them (None: when ``sft.enabled``, i.e. when a run's warm start needs them)."""
+    try:
+        check_trackers(cfg.run.report_to)
+    except TrackerUnavailable as e:
+        raise StartupError(str(e)) from None
+    factory = check_env(cfg)
+    check_models(cfg.model, use_critic=cfg.algo.resolve().use_critic)
+    check_device(cfg.model.device)
+    check_tasks(cfg, factory)
+    if cfg.sft.enabled if demonstrations is None else demonstrations:
+        check_demonstrations(cfg, factory)
+    return factory
+
+
+# ------------------------------------------------------------------------------------------- env
+def check_env(cfg: SaorlConfig) -> Callable[[], Env]:
+    """The env factory of ``cfg``, or :class:`StartupError` (module or class missing, bad options)."""
+    env = cfg.env
+    try:
+        cls = resolve_env(env.type)
+    except EnvResolveError as e:
+        raise StartupError(f"env.type: {e}. A custom env is 'module.path:ClassName' with the "
+                           "module importable from here (installed, or on PYTHONPATH); built-ins are listed "
+                           "by saorl envs list") from None
+    try:
+        return make_env_factory(env.type, env.options)
+    except (ValueError, TypeError) as e:
+        raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
+
+
+def _accepted_options(cls: type) -> str:
+    params = [p for p in inspect.signature(cls.__init__).parameters.values()
+              if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not params:
+        return f"{cls.__name__} takes no options: remove env.options"
+    names = ", ".join(p.name if p.default is p.empty else f"{p.name} (default {p.default!r})" for p in params)
+    return f"{cls.__name__} accepts: {names}; set them as env.options.NAME=VALUE"
+
+
+# ---------------------------------------------------------------------------------------- models
+def check_models(m: ModelConfig, *, use_critic: bool) -> None:
+    """``model.policy``, ``model.tokenizer`` and (with a critic) ``model.critic`` name usable things."""
+    from saorl.models.loading import check_model_dir
+    from saorl.models.tiny import TINY_KINDS
+
+    if m.policy not in TINY_KINDS:
+        path = Path(m.policy).expanduser()
+        if not path.exists() and _HUB_ID.fullmatch(m.policy) and not m.policy.startswith("."):
+            raise StartupError(
+                f"model.policy={m.policy}: no such local directory, and saorl does not download from the "
+                f"Hugging Face Hub. If {m.policy!r} is a Hub id, fetch it first (huggingface-cli download "
+                f"{m.policy} --local-dir DIR) and set model.policy=DIR; the tiny built-in kinds are "
+                f"{', '.join(TINY_KINDS)}")
+        try:
+            check_model_dir(path)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise StartupError(
+                f"model.policy: {e}. It must be a tiny kind ({', '.join(TINY_KINDS)}) or a directory written "
+                "by save_pretrained (config.json + *.safetensors), e.g. a run's final/policy or the "
+                "output of saorl sft --out DIR") from None
+    if m.tokenizer is not None:
+        path = Path(m.tokenizer).expanduser()
+        if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            why = ("does not exist" if not path.exists()
+                   else "holds no tokenizer.json or tokenizer_config.json")
+            raise StartupError(f"model.tokenizer={m.tokenizer}: {why}. Point it at a tokenizer directory "
+                               "(as save_pretrained writes it) or set model.tokenizer=null")
+    if use_critic and m.critic is not None:
+        path = Path(m.critic).expanduser()
+        if not (path / "critic.json").is_file():
+            why = "does not exist" if not path.exists() else "holds no critic.json (it is not a saved critic)"
+            raise StartupError(f"model.critic={m.critic}: {why}. Point it at a critic that saorl wrote (the "
+                               "--out DIR of saorl value-pretrain, or a run's final/critic), or set "
+                               "model.critic=null to initialise the critic from the policy")
+
+
+def check_device(device: str) -> None:
+    """``device`` (``cpu``, ``cuda[:N]``, ``mps``) is there on this machine."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            cuda = torch.version.cuda
+            build = "a CPU-only build" if cuda is None else f"built for CUDA {cuda}"
+            raise StartupError(f"model.device={device}: torch sees no CUDA device on this machine (torch "
+                               f"{torch.__version__}, {build}). Set model.device=cpu, or run on a machine "
+                               "with an NVIDIA GPU and a CUDA build of torch")
+        if index and int(index) >= count:
+            raise StartupError(f"model.device={device}: this machine has {count} CUDA device(s), "
+                               f"cuda:0 to cuda:{count - 1}; pick one of them")
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise StartupError(f"model.device={device}: the Apple MPS backend is not available here; "
+                           "set model.device=cpu")
+
+
+# ----------------------------------------------------------------------------------------- tasks
+def check_tasks(cfg: SaorlConfig, factory: Callable[[], Env],
+                budget_s: float = TASK_CHECK_BUDGET_S) -> None:
+    """Task files parse, and the env accepts every task read from them (see the module docstring)."""
+    env = cfg.env
+    if env.tasks_file is None:
+        return
+    try:
+        train = load_split(factory(), env, "train", None, cfg.seed)
+        test = load_split(factory(), env, "test", None, cfg.seed)
+    except TaskFileError as e:
+        raise StartupError(f"{e}. Fix the file or point env.tasks_file / env.test_tasks_file at another "
+                           "(format: one JSON object per line with a unique string 'id')") from None
+    # row numbers as in the file: the test split is the test file, or the last tasks of the train file
+    offset = 0 if env.test_tasks_file else len(train)
+    splits = [[(env.tasks_file, i + 1, t) for i, t in enumerate(train)],
+              [(env.test_tasks_file or env.tasks_file, offset + i + 1, t) for i, t in enumerate(test)]]
+    deadline = time.monotonic() + budget_s
+    for rows in splits:
+        for j, (path, row, task) in enumerate(rows):
+            if j > 0 and time.monotonic() > deadline:
+                break  # a slow env: the rest are checked as they are played
+            _reset(factory, task, f"{path}: row {row} (task id {task.id!r})", env.type)
+
+
+def _reset(factory: Callable[[], Env], task: Task, where: str, env_type: str) -> Env:
+    env = factory()
+    try:
+        env.reset(task, Progress())
+    except Exception as e:
+        raise StartupError(f"{where}: env {env_type} rejects this task: {type(e).__name__}: {e}. Every task "
+                           "must carry the fields the env's reset() reads (saorl envs sample "
+                           f"{env_type} shows tasks it accepts); fix the row, or set env.type to the env the "
+                           "file was written for") from None
+    return env
+
+
+def check_demonstrations(cfg: SaorlConfig, factory: Callable[[], Env]) -> None:
+    """The env plays a demonstration on the first training task (the SFT warm start needs them)."""
+    try:
+        first = load_split(factory(), cfg.env, "train", 1, cfg.seed)
+    except TaskFileError as e:
+        raise StartupError(str(e)) from None
+    if not first:
+        raise StartupError(f"env {cfg.env.type} made no training tasks; raise env.num_train_tasks")
+    env = _reset(factory, first[0], f"training task {first[0].id!r}", cfg.env.type)
+    try:
+        env.demonstration(first[0], random.Random(0))
+    except NotImplementedError:
+        raise StartupError(
+            f"env {cfg.env.type} has no demonstrations, so the SFT warm start (sft.enabled, on by default) "
+            "has nothing to learn from. Set sft.enabled=false to start RL from model.policy as it is "
+            "(best a model that already follows the env's action format), or give the env a "
+            "demonstration(task, rng) method") from None

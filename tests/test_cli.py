@@ -1,0 +1,56 @@
+"""The ``saorl`` command line itself: start-up imports, help text."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from saorl.cli import build_parser, main
+from saorl.models.tiny import TINY_KINDS
+
+HEAVY = ("torch", "transformers", "matplotlib")
+
+
+def _imported_after(code: str) -> dict[str, bool]:
+    """Which of HEAVY a fresh interpreter has imported after running ``code``."""
+    probe = f"import sys\n{code}\nprint(*[m in sys.modules for m in {HEAVY!r}])"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return dict(zip(HEAVY, (x == "True" for x in r.stdout.split()[-len(HEAVY):])))
+
+
+@pytest.mark.parametrize("code", [
+    "import saorl.cli; saorl.cli.build_parser()",
+    "from saorl.cli import main; main(['config'])",
+    "from saorl.cli import main; main(['envs', 'list'])",
+    "from saorl.cli import main; main(['--version'])",
+])
+def test_help_config_and_env_list_import_no_tensor_library(code):
+    # every command module is imported to build the parser: none may pull torch in at import time
+    assert _imported_after(code) == dict.fromkeys(HEAVY, False)
+
+
+def _subparsers(parser: argparse.ArgumentParser, prefix: str = "saorl"):
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subparsers(sub, f"{prefix} {name}")
+
+
+def test_help_text_has_no_rst_markup():
+    for name, parser in _subparsers(build_parser()):
+        text = parser.format_help()
+        assert "``" not in text and ":class:" not in text and ":func:" not in text, (name, text)
+
+
+def test_serve_help_shows_defaults_and_the_tiny_kinds(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 127.0.0.1)", "(default: 8000)", "(default: 16)", "(default: tiny-moe)"):
+        assert default in out
+    assert all(kind in out for kind in TINY_KINDS)
