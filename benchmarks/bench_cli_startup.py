@@ -33,8 +33,8 @@ COMMANDS: list[tuple[str, list[str]]] = [
     ("saorl serve --help", ["serve", "--help"]),
 ]
 TARGETED = {"saorl --help", "saorl envs list", "saorl config"}
-_IMPORTS_TORCH = ("import sys\nfrom saorl.cli import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
-                  "print('torch' in sys.modules, file=sys.stderr)")
+_IMPORTS_TORCH = ("import sys\nfrom saorl.cli import main\ntry:\n    main({args!r})\n"
+                  "except SystemExit:\n    pass\nprint('torch' in sys.modules, file=sys.stderr)")
 
 
 def _launcher() -> list[str]:

@@ -20,7 +20,8 @@ def exit_status(error: BaseException, prog: str, debug: bool = False) -> tuple[i
     from saorl.errors import RunFailure, StartupError
     from saorl.experiments.spec import SpecError
 
-    text = " ".join(str(error).split())
+    # one paragraph: an error that carries a worker's traceback in its text is cut before it
+    text = " ".join(str(error).split("Traceback (most recent call last)")[0].split())
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED, f"{prog}: interrupted"
     if isinstance(error, ConfigError):

@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.agent.render import render_trajectory
     from saorl.errors import StartupError
     from saorl.models.codec import check_vocab, run_tokenizer
+    from saorl.runtime.recorder import CountProgress
     from saorl.stages.evaluate import evaluate_config
     from saorl.stages.preflight import check_device, check_env
 
@@ -172,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
             raise TargetError(str(e)) from e
         if args.temperature is None:
             args.temperature = target.cfg.run.eval_temperature
-        metrics, trajs = evaluate_config(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
-                                         temperature=args.temperature)
+        with CountProgress(f"eval {args.split}", enabled=target.cfg.run.progress) as count:
+            metrics, trajs = evaluate_config(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
+                                             temperature=args.temperature, on_done=count)
     except (ConfigError, TargetError, StartupError, FileNotFoundError, NotADirectoryError) as e:
         print(f"saorl eval: {e}" if not isinstance(e, ConfigError) else str(e), file=sys.stderr)
         return 2

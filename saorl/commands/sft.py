@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.commands.eval import format_table
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy
+    from saorl.runtime.recorder import CountProgress
     from saorl.stages.evaluate import evaluate_config
     from saorl.stages.preflight import check_run
     from saorl.stages.sft import run_sft, sft_seed
@@ -45,11 +46,13 @@ def run(args: argparse.Namespace) -> int:
         before_policy = load_policy(m.policy, dtype=m.dtype, device=m.device, seed=sft_seed(cfg))
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         fail(f"saorl sft: {e}")
-    before, _ = evaluate_config(cfg, before_policy, tokenizer, n=args.tasks)
+    with CountProgress("eval before SFT", enabled=cfg.run.progress) as count:
+        before, _ = evaluate_config(cfg, before_policy, tokenizer, n=args.tasks, on_done=count)
     del before_policy
     metrics = run_sft(cfg, args.out)
     after_policy = load_policy(str(args.out), dtype=m.dtype, device=m.device)
-    after, _ = evaluate_config(cfg, after_policy, tokenizer, n=args.tasks)
+    with CountProgress("eval after SFT", enabled=cfg.run.progress) as count:
+        after, _ = evaluate_config(cfg, after_policy, tokenizer, n=args.tasks, on_done=count)
     metrics |= {f"before/{k}": v for k, v in before.items()} | {f"after/{k}": v for k, v in after.items()}
     (args.out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     temp = cfg.run.eval_temperature

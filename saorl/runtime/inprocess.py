@@ -151,11 +151,11 @@ class InProcessBackend:
 
 
 def run_requests(backend: InProcessBackend, requests: list[RolloutRequest],
-                 on_done: Callable[[int], None] | None = None) -> dict[int, Any]:
+                 on_done: Callable[[int, int], None] | None = None) -> dict[int, Any]:
     """Play every request on ``backend`` (started and shut down here); trajectories by rollout id.
 
     The first failed rollout raises ``RuntimeError`` with its error (nothing is retried: a
-    fixed set of episodes, as evaluation wants). ``on_done(n)`` is called with the count done.
+    fixed set of episodes, as evaluation wants). ``on_done(done, total)`` is called as rollouts finish.
     """
     todo, out = list(reversed(requests)), {}
     backend.start()
@@ -169,7 +169,7 @@ def run_requests(backend: InProcessBackend, requests: list[RolloutRequest],
             for rid, traj in res.finished:
                 out[rid] = traj
             if res.finished and on_done is not None:
-                on_done(len(out))
+                on_done(len(out), len(requests))
     finally:
         backend.shutdown()
     return out

@@ -4,10 +4,13 @@ run's clock.
 :class:`RunRecorder` owns ``metrics.jsonl`` (one line per logged row: the step-0 evaluation, then
 one per trainer step), the trackers of ``run.report_to`` (TensorBoard, W&B, MLflow, ...:
 :mod:`saorl.runtime.trackers`, which get the same rows), the live progress line, ``eval.jsonl``,
-``trained.jsonl`` (the audit trail: which rollouts each step trained on), ``samples/`` and the
-final export (``final/policy``, ``final/critic``).
+``trained.jsonl`` (the audit trail: which rollouts each step trained on), ``errors.log`` (the
+full text of the failures the run survived), ``samples/`` and the final export (``final/policy``,
+``final/critic``).
 :class:`StepClock` owns the wall-clock budget and the ``time/*`` metrics of each step, so the
-run loop does no clock arithmetic of its own.
+run loop does no clock arithmetic of its own. :class:`CountProgress` shows the progress of a
+counted job (an evaluation's episodes, value-pretraining rollouts, SFT steps) the way the run shows
+its steps: a rich bar on a terminal, plain lines on stderr otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +53,9 @@ class RunRecorder:
         if progress and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("{task.fields[info]}"))
             self._task = self._progress.add_task("train", total=total_steps, info="")
             self._progress.start()
         self.last_eval: dict[str, float] = {}
@@ -91,6 +96,20 @@ class RunRecorder:
             self._progress.console.print(text)
         else:
             print(text, file=sys.stderr, flush=True)
+
+    def error(self, text: str) -> None:
+        """A failure the run survives (a rollout that raised, a worker that died): its first line on
+        the console, the whole text (the traceback) appended to ``errors.log``."""
+        with open(self.dir / "errors.log", "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text.rstrip()}\n")
+        first = text.strip().splitlines()[0] if text.strip() else text
+        more = " (traceback in errors.log)" if "\n" in text.strip() else ""
+        self.message(first + more)
+
+    def count(self, label: str) -> CountProgress:
+        """Progress of a counted job inside the run (an evaluation): a second bar under the run's
+        own on a terminal, else a line every :data:`PROGRESS_EVERY_S` seconds."""
+        return CountProgress(label, bar=self._progress, enabled=True, log=self.message)
 
     # ----------------------------------------------------------------- trajectories
     def trained(self, step: int, trajs: list[Trajectory], train_start: float, train_end: float) -> None:
@@ -136,6 +155,57 @@ class RunRecorder:
             self.trackers.close()
         self._metrics.close()
         self._trained.close()
+
+
+PROGRESS_EVERY_S = 10.0
+"""Without a terminal, a counted job reports a line this often (a shorter job prints none)."""
+
+
+class CountProgress:
+    """Progress of a counted job: call it with ``(done, total)`` as the count moves; close it at the end.
+
+    On a terminal (stderr is a tty) with ``enabled``: a rich bar, added to ``bar`` (a live rich
+    ``Progress``, e.g. the run's) or a bar of its own; otherwise ``log`` gets a line such as
+    ``eval step 0: 48/128 (12s)`` at most every ``every_s`` seconds, so a job shorter than that
+    prints nothing and a long one is never silent.
+    """
+
+    def __init__(self, label: str, *, bar: Any = None, enabled: bool = True,
+                 every_s: float = PROGRESS_EVERY_S, log: Callable[[str], None] | None = None) -> None:
+        self.label, self.every_s = label, every_s
+        self._log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+        self._own = None
+        if bar is None and enabled and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar = self._own = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                       MofNCompleteColumn(), TimeElapsedColumn())
+            bar.start()
+        self._bar = bar if enabled else None
+        self._task = self._bar.add_task(label, total=None, info="") if self._bar is not None else None
+        self._t0 = self._last = time.monotonic()
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self._log(f"{self.label}: {done}{'' if total is None else f'/{total}'} ({now - self._t0:.0f}s)")
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.stop()
+        elif self._bar is not None:
+            self._bar.remove_task(self._task)
+        self._bar = None
+
+    def __enter__(self) -> CountProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class StepClock:

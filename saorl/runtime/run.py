@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -39,8 +40,10 @@ NOT_APPLICABLE = ("policy/dis_kept_frac", "critic/value_loss", "critic/explained
 
 
 class Evaluator(Protocol):
-    def __call__(self, policy: torch.nn.Module, progress: Progress) -> dict[str, float]:
-        """``eval/*`` metrics of ``policy`` on the run's test split."""
+    def __call__(self, policy: torch.nn.Module, progress: Progress,
+                 on_done: Callable[[int, int], None] | None = None) -> dict[str, float]:
+        """``eval/*`` metrics of ``policy`` on the run's test split; ``on_done(done, total)`` as
+        episodes finish."""
         ...
 
 
@@ -67,7 +70,7 @@ class Run:
                                 group_size=parts.preset.group_size, batch_size=cfg.trainer.batch_size,
                                 version=lambda: self.learner.version, progress=self._progress,
                                 max_staleness=cfg.trainer.max_staleness, log=self.recorder.message,
-                                observer=self.observer)
+                                log_error=self.recorder.error, observer=self.observer)
         self.feed.restore_pending(pending)
         self._stop = False
 
@@ -174,7 +177,8 @@ class Run:
 
     def _evaluate(self) -> dict:
         t0 = time.monotonic()
-        m = self.evaluate(self.learner.policy, self._progress())
+        with self.recorder.count(f"eval step {self.step}") as count:
+            m = self.evaluate(self.learner.policy, self._progress(), count)
         m["time/eval_s"] = time.monotonic() - t0
         self.recorder.log_eval(self.step, self.learner.version, m)
         return m

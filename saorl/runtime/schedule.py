@@ -88,12 +88,13 @@ class RolloutFeed:
                  policy: DispatchPolicy, *, group_size: int, batch_size: int,
                  version: Callable[[], int], progress: Callable[[], Progress],
                  max_staleness: int | None = None, log: Callable[[str], None] = print,
-                 observer: Observer | None = None) -> None:
+                 log_error: Callable[[str], None] | None = None, observer: Observer | None = None) -> None:
         if batch_size % group_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of group_size {group_size}")
         self.backend, self.tasks, self.cursor, self.journal = backend, tasks, cursor, journal
         self.policy, self.group_size, self.batch_size = policy, group_size, batch_size
         self.max_staleness, self.log = max_staleness, log
+        self.log_error = log_error or log  # a failed rollout's error (with its traceback)
         self.observer = observer or Observer()
         self._version, self._progress = version, progress
         self.groups: OrderedDict[int, dict[int, Trajectory]] = OrderedDict()  # seq -> {rid: traj}
@@ -166,7 +167,7 @@ class RolloutFeed:
 
     def _apply(self, res: PollResult) -> None:
         for msg in res.errors:
-            self.log(f"[rollout] {msg}")
+            self.log_error(f"[rollout] {msg}")
         for rid in res.lost:
             self._failures[rid] = self._failures.get(rid, 0) + 1
             if self._failures[rid] > 3:

@@ -25,7 +25,7 @@ from saorl.runtime.messages import RolloutRequest
 def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_tokens: int,
              max_total_tokens: int, slots: int = 16, concurrency: int = 32, temperature: float = 0.0,
              progress: Progress | None = None, seed: int = 0,
-             on_done: Callable[[int], None] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
+             on_done: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
     """Run one episode per task; return ``eval/*`` metrics and the trajectories, in task order."""
     from saorl.engines.local import LocalEngine
     from saorl.runtime.inprocess import InProcessBackend, run_requests
@@ -67,7 +67,7 @@ def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int) -> list[Task]:
 
 def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test", n: int | None = None,
                     temperature: float | None = None, progress: Progress | None = None,
-                    on_done: Callable[[int], None] | None = None) -> tuple[dict[str, float], list]:
+                    on_done: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list]:
     """``eval/*`` metrics and trajectories of ``policy`` on the first ``n`` tasks of ``split``.
 
     ``n`` None: as many as a run's evaluation uses, ``min(run.eval_tasks, env.num_test_tasks)``;
@@ -91,12 +91,13 @@ class TestEvaluator:
         self.cfg, self.tokenizer, self.env_factory = cfg, tokenizer, env_factory
         self.tasks = test_tasks[: cfg.run.eval_tasks]
 
-    def __call__(self, policy, progress: Progress) -> dict[str, float]:
+    def __call__(self, policy, progress: Progress,
+                 on_done: Callable[[int, int], None] | None = None) -> dict[str, float]:
         if not self.tasks:
             return {}
         r = self.cfg.rollout
         metrics, _ = evaluate(policy, self.tokenizer, self.env_factory, self.tasks,
                               max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
                               slots=r.engine_slots, temperature=self.cfg.run.eval_temperature,
-                              progress=progress, seed=self.cfg.seed)
+                              progress=progress, seed=self.cfg.seed, on_done=on_done)
         return metrics

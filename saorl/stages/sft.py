@@ -36,6 +36,7 @@ from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
 from saorl.models.logprobs import token_logprobs
 from saorl.models.serialize import export_policy
+from saorl.runtime.recorder import CountProgress
 
 WARMUP_STEPS = 20
 """Linear learning-rate warm-up of SFT, then cosine decay to 0."""
@@ -140,11 +141,14 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
     s = cfg.sft
 
     def on_step(step: int, m: dict) -> None:
+        bar(step, s.steps)
         if step % 50 == 0 or step == s.steps:
             log(f"sft: step {step}/{s.steps} loss {m['sft/loss']:.4f} ({m['sft/elapsed_s']:.0f}s)")
 
-    metrics = sft(policy, demos, tokenizer.pad_token_id, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-                  seed=seed, on_step=on_step)
+    # a bar on a terminal; the lines above are the progress otherwise
+    with CountProgress("sft", enabled=cfg.run.progress, every_s=math.inf) as bar:
+        metrics = sft(policy, demos, tokenizer.pad_token_id, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+                      seed=seed, on_step=on_step)
     export_policy(policy, tokenizer, out_dir)
     metrics |= {"sft/demos": len(demos), "sft/demo_success_frac": success}
     (out_dir / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

@@ -54,6 +54,7 @@ from saorl.models.loading import load_policy, train_dtype
 from saorl.models.serialize import save_critic
 from saorl.runtime.messages import RolloutRequest
 from saorl.runtime.parts import sampling_params
+from saorl.runtime.recorder import CountProgress
 
 FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
 """Fractions of the training rollouts fitted on, one row of the scaling curve each."""
@@ -110,8 +111,10 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
 
 
 # ---------------------------------------------------------------------------------------- data
-def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int) -> list[Trajectory]:
-    """``n`` trajectories of ``policy`` on training tasks, at the rollout sampling settings."""
+def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
+                    on_done: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+    """``n`` trajectories of ``policy`` on training tasks, at the rollout sampling settings;
+    ``on_done(done, n)`` as they finish."""
     from saorl.engines.local import LocalEngine
     from saorl.runtime.inprocess import InProcessBackend, run_requests
 
@@ -125,7 +128,7 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int) -> list[Traject
         backend = InProcessBackend(engine, env_factory, tokenizer,
                                    sampling=replace(sampling_params(cfg), seed=cfg.seed),
                                    max_total_tokens=r.max_total_tokens, concurrency=2 * r.engine_slots)
-        done = run_requests(backend, [RolloutRequest(i, tasks[i % len(tasks)]) for i in range(n)])
+        done = run_requests(backend, [RolloutRequest(i, tasks[i % len(tasks)]) for i in range(n)], on_done)
     finally:
         engine.close()
     return [done[i] for i in range(n)]
@@ -229,7 +232,8 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     log(f"value pretraining: sampling {vp.rollouts} rollouts of {policy_spec} on {cfg.env.type}")
-    trajs = sample_rollouts(cfg, policy, tokenizer, vp.rollouts)
+    with CountProgress("value pretraining rollouts", enabled=cfg.run.progress, log=log) as count:
+        trajs = sample_rollouts(cfg, policy, tokenizer, vp.rollouts, count)
     rollout_s = time.monotonic() - t0
     train, val = split_rollouts(trajs, cfg.seed)
     log(f"value pretraining: {len(trajs)} rollouts in {rollout_s:.0f}s "

@@ -1,0 +1,163 @@
+"""Start-up checks: each problem is one paragraph naming the setting and the fix; task files are
+checked against the env row by row, within a time budget."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+
+import pytest
+
+from saorl.config import load_config
+from saorl.envs.registry import make_env_factory
+from saorl.errors import StartupError
+from saorl.models.serialize import export_policy
+from saorl.models.tiny import build_tiny
+from saorl.models.tokenizer import load_tokenizer
+from saorl.stages.preflight import check_device, check_env, check_models, check_run, check_tasks
+
+ENV_MODULE = textwrap.dedent('''
+    import time
+    from saorl.envs.base import Env, StepResult, Task
+
+    class Counting(Env):
+        """Accepts tasks with a 'ok' key; counts resets; optionally slow."""
+        resets = 0
+
+        def __init__(self, delay: float = 0.0):
+            self.delay = delay
+
+        def generate_tasks(self, split, n, seed):
+            return [Task(f"{split}-{i}", {"ok": True}) for i in range(n)]
+
+        def reset(self, task, progress=None):
+            type(self).resets += 1
+            time.sleep(self.delay)
+            if "ok" not in task.data:
+                raise KeyError("ok")
+            return "go"
+
+        def step(self, action):
+            return StepResult("", 1.0, True, {"success": True})
+''')
+
+
+@pytest.fixture
+def env_module(tmp_path, monkeypatch):
+    (tmp_path / "preflight_envs.py").write_text(ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import preflight_envs
+
+    preflight_envs.Counting.resets = 0
+    yield preflight_envs
+    monkeypatch.delitem(__import__("sys").modules, "preflight_envs", raising=False)
+
+
+def _tasks(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _one_paragraph(info) -> str:
+    msg = str(info.value)
+    assert "\n" not in msg and msg.strip() == msg
+    return msg
+
+
+def test_first_bad_row_is_named_by_file_row_and_id_in_either_split(tmp_path, env_module):
+    rows = [{"id": f"t{i}", "ok": 1} for i in range(10)]
+    rows[7] = {"id": "bad", "nope": 1}  # row 8: in the held-out test split (the last 4 rows)
+    path = _tasks(tmp_path / "tasks.jsonl", rows)
+    cfg = load_config(None, ["env.type=preflight_envs:Counting", f"env.tasks_file={path}",
+                             "env.num_test_tasks=4", "sft.enabled=false"])
+    with pytest.raises(StartupError) as info:
+        check_tasks(cfg, make_env_factory(cfg.env.type))
+    msg = _one_paragraph(info)
+    assert f"{path}: row 8 (task id 'bad')" in msg and "KeyError" in msg and "fix the row" in msg
+    # a separate test file: rows counted in that file
+    test = _tasks(tmp_path / "test.jsonl", [{"id": "u0", "ok": 1}, {"id": "u1"}])
+    cfg = load_config(None, ["env.type=preflight_envs:Counting", f"env.tasks_file={path}",
+                             f"env.test_tasks_file={test}", "sft.enabled=false"])
+    rows[7] = {"id": "t7", "ok": 1}
+    _tasks(path, rows)
+    with pytest.raises(StartupError, match=rf"{test}: row 2 \(task id 'u1'\)"):
+        check_tasks(cfg, make_env_factory(cfg.env.type))
+
+
+def test_every_file_task_is_reset_once_and_generated_tasks_are_not(tmp_path, env_module):
+    path = _tasks(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "ok": 1} for i in range(30)])
+    cfg = load_config(None, ["env.type=preflight_envs:Counting", f"env.tasks_file={path}",
+                             "env.num_test_tasks=5", "sft.enabled=false"])
+    factory = make_env_factory(cfg.env.type)
+    env_module.Counting.resets = 0
+    check_tasks(cfg, factory)
+    assert env_module.Counting.resets == 30
+    env_module.Counting.resets = 0
+    check_tasks(load_config(None, ["env.type=preflight_envs:Counting"]), factory)
+    assert env_module.Counting.resets == 0
+
+
+def test_a_slow_env_is_checked_within_the_budget_first_task_of_each_split_always(tmp_path, env_module):
+    path = _tasks(tmp_path / "tasks.jsonl", [{"id": f"t{i}", "ok": 1} for i in range(40)] + [{"id": "late"}])
+    cfg = load_config(None, ["env.type=preflight_envs:Counting", "env.options.delay=0.05",
+                             f"env.tasks_file={path}", "env.num_test_tasks=10", "sft.enabled=false"])
+    t0 = time.monotonic()
+    check_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options), budget_s=0.2)  # 'late' not reached
+    assert time.monotonic() - t0 < 1.5
+    assert 2 <= env_module.Counting.resets < 20
+    with pytest.raises(StartupError, match="late"):  # with time enough, it is
+        check_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options), budget_s=60)
+
+
+def test_env_module_class_and_options(env_module):
+    cases = [("env.type=no_such_pkg.envs:Env", "cannot import module 'no_such_pkg.envs'", "PYTHONPATH"),
+             ("env.type=preflight_envs:Missing", "has no attribute 'Missing'", "saorl envs list"),
+             ("env.options.colour=red", "unknown options: ['colour']", "MathToolEnv accepts: family")]
+    for override, what, fix in cases:
+        with pytest.raises(StartupError) as info:
+            check_env(load_config(None, [override]))
+        msg = _one_paragraph(info)
+        assert what in msg and fix in msg, msg
+
+
+def test_models_hub_id_non_model_dir_tokenizer_and_critic(tmp_path):
+    cfg = load_config(None)
+    for policy, expected in [("Qwen/Qwen3-0.6B", "huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR"),
+                             (str(tmp_path), "has no config.json"),
+                             (str(tmp_path / "missing"), "does not exist")]:
+        cfg.model.policy = policy
+        with pytest.raises(StartupError) as info:
+            check_models(cfg.model, use_critic=True)
+        assert expected in _one_paragraph(info) and "model.policy" in str(info.value)
+    cfg.model.policy = str(export_policy(build_tiny("tiny-dense"), load_tokenizer(), tmp_path / "policy"))
+    check_models(cfg.model, use_critic=True)  # a real model directory passes
+    cfg.model.critic = str(tmp_path / "no-critic")
+    with pytest.raises(StartupError, match=r"model\.critic=null"):
+        check_models(cfg.model, use_critic=True)
+    check_models(cfg.model, use_critic=False)  # GRPO never reads it
+    cfg.model.critic, cfg.model.tokenizer = None, str(tmp_path)
+    with pytest.raises(StartupError, match=r"holds no tokenizer\.json"):
+        check_models(cfg.model, use_critic=True)
+
+
+def test_device_that_is_not_there():
+    import torch
+
+    check_device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(StartupError, match=r"torch sees no CUDA device.*model\.device=cpu"):
+            check_device("cuda:0")
+    else:
+        with pytest.raises(StartupError, match="pick one of them"):
+            check_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_sft_needs_demonstrations_unless_disabled():
+    cfg = load_config(None, ["env.type=synthetic"])
+    with pytest.raises(StartupError) as info:
+        check_run(cfg)
+    assert "sft.enabled=false" in _one_paragraph(info)
+    cfg.sft.enabled = False
+    check_run(cfg)
+    check_run(load_config(None))  # the defaults pass (math_tool has demonstrations)
