@@ -211,3 +211,29 @@ def test_saorl_debug_shows_the_traceback(tmp_path):
     r = _cli("train", "env.type=no_such_pkg.envs:MyEnv", cwd=tmp_path, env={"SAORL_DEBUG": "1"})
     assert r.returncode == 2 and "Traceback (most recent call last)" in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("saorl train: env.type: ")
+
+
+@pytest.mark.slow
+def test_run_dir_first_no_library_bars_absolute_paths_and_resume_from_elsewhere(tmp_path):
+    """A real ``saorl train`` from one directory with relative paths, resumed from another."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    _tasks(here / "tasks.jsonl", _math_rows(24))
+    sft = ["sft.enabled=true", "sft.steps=2", "sft.num_demos=4", "sft.batch_size=2"]
+    r = _cli("train", *FAST, *sft, "env.tasks_file=tasks.jsonl", "run.checkpoint_every=1", cwd=here)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("run directory: runs/sao-math_tool-")
+    assert any(line.startswith("sft: ") for line in lines[1:])  # the warm start came after it
+    for bar in ("Writing model shards", "Loading weights", "Traceback"):
+        assert bar not in r.stdout + r.stderr
+    run_dir = here / lines[0].removeprefix("run directory: ")
+    saved = (run_dir / "config.yaml").read_text()
+    assert f"out_dir: {here / 'runs'}" in saved and f"tasks_file: {here / 'tasks.jsonl'}" in saved
+    r = _cli("train", "--resume", str(run_dir), "trainer.steps=3", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert "sft: using the cached warm start" in r.stdout  # same (absolute) cache key
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    assert not (elsewhere / "runs").exists()
