@@ -179,7 +179,9 @@ class EnvConfig(_Section):
     tasks_file: str | None = None
     """JSONL file of training tasks (format: ``saorl.data.tasks``) used instead of the env's task
     generator. Without ``test_tasks_file``, its last ``num_test_tasks`` tasks are held out as the
-    test split and never trained on."""
+    test split and never trained on. Before anything runs, every task of the file(s) is passed to
+    the env's ``reset`` once, so a row the env rejects stops the run at start, named by file and row
+    (for an env whose reset is slow, as many as 10 seconds allow)."""
     test_tasks_file: str | None = None
     """JSONL file of held-out test tasks (needs ``tasks_file``); no id may be in both files."""
     num_train_tasks: int = Field(5000, ge=1)
