@@ -2,9 +2,10 @@
 
 Each subcommand is a module of :mod:`saorl.commands` with two functions: ``add_arguments(parser)``
 and ``run(args) -> int``. This file only lists them, so adding a command is one line in
-:data:`COMMANDS`. Building the parser imports every command module, so none of them may import
-torch or transformers at module level (``tests/test_cli.py`` checks): help, ``saorl config`` and
-``saorl envs list`` start in well under a second (``benchmarks/bench_cli_startup.py``).
+:data:`COMMANDS`, and only the module of the command being run is imported (``saorl --help`` imports
+none). No command module imports torch or transformers at module level (``tests/test_cli.py``
+checks, on the parser with every command): help, ``saorl config`` and ``saorl envs list`` start in
+well under a second (``benchmarks/bench_cli_startup.py``).
 
 Exit status (:func:`saorl.commands.common.exit_status`): 0 done; 2 a problem with the input, found
 before anything ran (config, files, env, model, device), one paragraph with the fix; 3 a run that
@@ -39,7 +40,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = "") -> argparse.ArgumentParser:
+    """The parser; each command's arguments are added by its module, for every command by default,
+    or for the command named ``only`` alone (None: for none; the top-level help needs none)."""
     parser = argparse.ArgumentParser(prog="saorl", description=DESCRIPTION)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--debug", action="store_true",
@@ -49,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if only == "" or only == name:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     # print several times per run, here and in the rollout workers (which inherit the environment);
     # HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    parser = build_parser()
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parse(parser, argv)
     if args.version:
         from saorl import __version__
@@ -89,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.run(args) or 0)
     except SystemExit as e:  # a command's one-paragraph failure (saorl.commands.common.fail)
         return e.code if isinstance(e.code, int) else 1
+    except BrokenPipeError:  # `saorl envs list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except (Exception, KeyboardInterrupt) as e:
         from saorl.commands.common import exit_status
 

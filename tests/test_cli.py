@@ -27,10 +27,28 @@ def _imported_after(code: str) -> dict[str, bool]:
     "from saorl.cli import main; main(['config'])",
     "from saorl.cli import main; main(['envs', 'list'])",
     "from saorl.cli import main; main(['--version'])",
+    "from saorl.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass",
 ])
 def test_help_config_and_env_list_import_no_tensor_library(code):
     # every command module is imported to build the parser: none may pull torch in at import time
     assert _imported_after(code) == dict.fromkeys(HEAVY, False)
+
+
+def test_top_level_help_imports_no_command_module():
+    probe = ("import sys\nfrom saorl.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
+             "    pass\nprint(sorted(m for m in sys.modules if m.startswith('saorl.commands.')),\n"
+             "      'pydantic' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "COMMAND" in r.stdout and r.stdout.splitlines()[-1] == "[] False", r.stdout
+
+
+def test_only_the_command_being_run_is_set_up():
+    parser = build_parser("envs")
+    args = parser.parse_args(["envs", "list"])
+    assert args.envs_command == "list"
+    with pytest.raises(SystemExit):  # train's arguments were never added
+        build_parser(None).parse_args(["train", "--resume", "x"])
+    assert build_parser().parse_args(["train", "--resume", "x"]).resume.name == "x"
 
 
 def _subparsers(parser: argparse.ArgumentParser, prefix: str = "saorl"):

@@ -97,6 +97,7 @@ def _run_list() -> int:
             continue
         module = importlib.import_module(cls.__module__)
         summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+        summary = summary.replace("``", "")  # the docstring's markup, not for a terminal
         print(f"{name:<12} {target}  stop={list(cls.stop_strings)}\n{'':<12} {summary}")
     return 0
 
