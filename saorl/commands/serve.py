@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template for /v1/chat/completions when the tokenizer has none")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed for tiny models")
     parser.add_argument("--no-stop-on-eos", action="store_true",
                         help="do not stop at EOS (benchmarks, fixed-length tests)")
