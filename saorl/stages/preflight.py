@@ -7,9 +7,10 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
 
 1. the trackers of ``run.report_to`` are installed, and the env: its class imports and accepts
    ``env.options`` (the accepted options are listed);
-2. the models: ``model.policy`` is a tiny kind or a local HF model directory (``config.json`` +
-   ``*.safetensors``; a Hub id is named as one), ``model.tokenizer`` and ``model.critic`` (when the
-   algorithm trains a critic) are directories of the right kind;
+2. the models: ``model.policy`` is a tiny kind, a local HF model directory (``config.json`` +
+   ``*.safetensors``) or a Hub id (found in the local cache, or downloaded now when the Hub can be
+   reached: :mod:`saorl.models.hub`), ``model.tokenizer`` and ``model.critic`` (when the algorithm
+   trains a critic) are directories of the right kind;
 3. the device: ``model.device`` exists on this machine;
 4. the tasks: the task files parse (a bad line is named by file and line), and the env accepts
    their tasks: **every task read from a file** (train and test split) is passed to a fresh env's
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import random
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +41,6 @@ from saorl.runtime.trackers import TrackerUnavailable, check_trackers
 TASK_CHECK_BUDGET_S = 10.0
 """Seconds the task check may spend resetting the env on file tasks (the first of each split is
 always checked)."""
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None) -> Callable[[], Env]:
@@ -88,31 +87,31 @@ def _accepted_options(cls: type) -> str:
 # ---------------------------------------------------------------------------------------- models
 def check_models(m: ModelConfig, *, use_critic: bool) -> None:
     """``model.policy``, ``model.tokenizer`` and (with a critic) ``model.critic`` name usable things."""
+    from saorl.models.hub import resolve_source
     from saorl.models.loading import check_model_dir
     from saorl.models.tiny import TINY_KINDS
 
     if m.policy not in TINY_KINDS:
-        path = Path(m.policy).expanduser()
-        if not path.exists() and _HUB_ID.fullmatch(m.policy) and not m.policy.startswith("."):
-            raise StartupError(
-                f"model.policy={m.policy}: no such local directory, and saorl does not download from the "
-                f"Hugging Face Hub. If {m.policy!r} is a Hub id, fetch it first (huggingface-cli download "
-                f"{m.policy} --local-dir DIR) and set model.policy=DIR; the tiny built-in kinds are "
-                f"{', '.join(TINY_KINDS)}")
+        try:  # a Hub id resolves to its snapshot in the local cache, downloaded first when reachable
+            path = resolve_source(m.policy, "model.policy")
+        except (FileNotFoundError, NotADirectoryError) as e:  # ModelSourceError: says what to do
+            raise StartupError(str(e)) from None
         try:
             check_model_dir(path)
         except (FileNotFoundError, NotADirectoryError) as e:
             raise StartupError(
-                f"model.policy: {e}. It must be a tiny kind ({', '.join(TINY_KINDS)}) or a directory written "
-                "by save_pretrained (config.json + *.safetensors), e.g. a run's final/policy or the "
-                "output of saorl sft --out DIR") from None
+                f"model.policy: {e}. It must be a tiny kind ({', '.join(TINY_KINDS)}), a directory written "
+                "by save_pretrained (config.json + *.safetensors), e.g. a run's final/policy or the output "
+                "of saorl sft --out DIR, or a Hub model id") from None
     if m.tokenizer is not None:
-        path = Path(m.tokenizer).expanduser()
+        try:
+            path = resolve_source(m.tokenizer, "model.tokenizer")
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise StartupError(str(e)) from None
         if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-            why = ("does not exist" if not path.exists()
-                   else "holds no tokenizer.json or tokenizer_config.json")
-            raise StartupError(f"model.tokenizer={m.tokenizer}: {why}. Point it at a tokenizer directory "
-                               "(as save_pretrained writes it) or set model.tokenizer=null")
+            raise StartupError(f"model.tokenizer={m.tokenizer}: holds no tokenizer.json or "
+                               "tokenizer_config.json. Point it at a tokenizer directory (as save_pretrained "
+                               "writes it) or a Hub id, or set model.tokenizer=null to use the policy's own")
     if use_critic and m.critic is not None:
         path = Path(m.critic).expanduser()
         if not (path / "critic.json").is_file():

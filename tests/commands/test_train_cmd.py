@@ -50,6 +50,15 @@ ENV_MODULE = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(autouse=True)
+def _no_hub(tmp_path, monkeypatch):
+    """An empty Hugging Face cache and no Hub access, as on a machine without network."""
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+
+
 @pytest.fixture
 def env_module(tmp_path, monkeypatch):
     (tmp_path / "cli_envs.py").write_text(ENV_MODULE)
@@ -98,8 +107,9 @@ CASES = {
                                 ["t.jsonl: row 6 (task id 'x')", "rejects this task", "fix the row"]),
     "env without demonstrations": (lambda d: ["env.type=synthetic", "sft.enabled=true"],
                                    ["has no demonstrations", "sft.enabled=false"]),
-    "hub id as policy": (lambda d: ["model.policy=Qwen/Qwen3-0.6B"],
-                         ["does not download", "huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR"]),
+    "hub id not in the cache, offline": (lambda d: ["model.policy=saorl-tests/not-cached"],
+                                         ["not in the local Hugging Face cache",
+                                          "hf download saorl-tests/not-cached --local-dir DIR"]),
     "non-model directory as policy": (lambda d: [f"model.policy={d}"],
                                       ["has no config.json", "save_pretrained"]),
     "missing critic": (lambda d: [f"model.critic={d / 'critic'}", "sft.enabled=false"],
@@ -190,13 +200,14 @@ def test_exit_statuses():
 
 
 def _cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cwd / "hf-cache")}
     return subprocess.run([sys.executable, "-m", "saorl.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
+                          timeout=300, env={**os.environ, **offline, **(env or {})})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
-    (["model.policy=Qwen/Qwen3-0.6B"], "huggingface-cli download"),
+    (["model.policy=saorl-tests/not-cached"], "hf download saorl-tests/not-cached --local-dir DIR"),
     (["env.type=no_such_pkg.envs:MyEnv"], "cannot import module"),
 ])
 def test_a_real_process_prints_one_paragraph_and_exits_2(tmp_path, args, expected):
@@ -204,6 +215,7 @@ def test_a_real_process_prints_one_paragraph_and_exits_2(tmp_path, args, expecte
     assert r.returncode == 2, r.stderr
     assert expected in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stdout.startswith("run directory: runs/") and not (tmp_path / "runs").exists()
+    assert set(p.name for p in tmp_path.iterdir()) <= {"hf-cache"}
 
 
 @pytest.mark.slow
@@ -235,5 +247,5 @@ def test_run_dir_first_no_library_bars_absolute_paths_and_resume_from_elsewhere(
     assert r.returncode == 0, r.stderr
     assert "sft: using the cached warm start" in r.stdout  # same (absolute) cache key
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
+    assert [s for s in steps if s > 0] == [1, 2, 3]  # (row 0: the step-0 evaluation)
     assert not (elsewhere / "runs").exists()

@@ -121,9 +121,13 @@ def test_env_module_class_and_options(env_module):
         assert what in msg and fix in msg, msg
 
 
-def test_models_hub_id_non_model_dir_tokenizer_and_critic(tmp_path):
+def test_models_hub_id_non_model_dir_tokenizer_and_critic(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)  # as on a machine without the Hub
     cfg = load_config(None)
-    for policy, expected in [("Qwen/Qwen3-0.6B", "huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR"),
+    for policy, expected in [("saorl-tests/not-cached", "hf download saorl-tests/not-cached --local-dir DIR"),
                              (str(tmp_path), "has no config.json"),
                              (str(tmp_path / "missing"), "does not exist")]:
         cfg.model.policy = policy
