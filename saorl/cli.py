@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("SAORL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     # transformers' weight loading / saving progress bars ("Loading weights", "Writing model shards")
-    # print several times per run, here and in the rollout workers (which inherit the environment);
-    # HF_HUB_DISABLE_PROGRESS_BARS=0 brings them back
+    # print several times per run, here and in the rollout workers (which inherit the environment).
+    # The switch is the Hub's, so its download bars go too (the start-up checks say when a Hub model
+    # is fetched); HF_HUB_DISABLE_PROGRESS_BARS=0 brings them all back
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parse(parser, argv)

@@ -43,15 +43,17 @@ TASK_CHECK_BUDGET_S = 10.0
 always checked)."""
 
 
-def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None) -> Callable[[], Env]:
+def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
+              log: Callable[[str], None] = print) -> Callable[[], Env]:
     """Every check of the module docstring; returns the env factory. ``demonstrations``: whether the
-    env must have them (None: when ``sft.enabled``, i.e. when a run's warm start needs them)."""
+    env must have them (None: when ``sft.enabled``, i.e. when a run's warm start needs them);
+    ``log`` hears of a Hub model being fetched."""
     try:
         check_trackers(cfg.run.report_to)
     except TrackerUnavailable as e:
         raise StartupError(str(e)) from None
     factory = check_env(cfg)
-    check_models(cfg.model, use_critic=cfg.algo.resolve().use_critic)
+    check_models(cfg.model, use_critic=cfg.algo.resolve().use_critic, log=log)
     check_device(cfg.model.device)
     check_tasks(cfg, factory)
     if cfg.sft.enabled if demonstrations is None else demonstrations:
@@ -85,13 +87,18 @@ def _accepted_options(cls: type) -> str:
 
 
 # ---------------------------------------------------------------------------------------- models
-def check_models(m: ModelConfig, *, use_critic: bool) -> None:
-    """``model.policy``, ``model.tokenizer`` and (with a critic) ``model.critic`` name usable things."""
-    from saorl.models.hub import resolve_source
+def check_models(m: ModelConfig, *, use_critic: bool, log: Callable[[str], None] | None = None) -> None:
+    """``model.policy``, ``model.tokenizer`` and (with a critic) ``model.critic`` name usable things;
+    ``log`` hears when a Hub id is looked up (a download can take minutes, and ``saorl`` turns the
+    Hub's progress bars off)."""
+    from saorl.models.hub import is_hub_id, resolve_source
     from saorl.models.loading import check_model_dir
     from saorl.models.tiny import TINY_KINDS
 
     if m.policy not in TINY_KINDS:
+        if log is not None and is_hub_id(m.policy) and not Path(m.policy).expanduser().exists():
+            log(f"model.policy {m.policy}: a Hugging Face Hub model, taken from the local cache or "
+                "downloaded into it now (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the download's progress)")
         try:  # a Hub id resolves to its snapshot in the local cache, downloaded first when reachable
             path = resolve_source(m.policy, "model.policy")
         except (FileNotFoundError, NotADirectoryError) as e:  # ModelSourceError: says what to do
