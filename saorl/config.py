@@ -371,12 +371,31 @@ class TrainerConfig(_Section):
     in the metrics); None = no limit."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up over this many steps (0 = none)."""
+    shard: Literal["none", "fsdp2"] = "none"
+    """``none``: policy and critic train in one process. ``fsdp2``: torch FSDP2 shards them over
+    the ranks of a ``torchrun`` launch (``torchrun --standalone --nproc-per-node N -m saorl.cli
+    train ...``; gloo on CPU, NCCL on CUDA); rank 0 runs the rollout feed, journal and
+    checkpoints and hands every rank its share of each batch (docs/scaling.md)."""
+    shard_checkpoint: Literal["sharded", "full"] = "sharded"
+    """With ``shard: fsdp2``: ``sharded`` writes each rank's shards with
+    ``torch.distributed.checkpoint`` (no rank ever holds the whole model); ``full`` gathers the
+    weights and optimizer states to rank 0 and writes the single-process layout. Resume reads
+    either, and a single-process run resumes from a ``full`` one."""
+    publish_bucket_mb: float = Field(512.0, gt=0.0)
+    """With ``shard: fsdp2``: published weights are gathered and written in buckets of at most
+    this many MiB (a tensor larger than that is a bucket of its own), so rank 0 never holds more
+    than one bucket of the full model at a time."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (less memory for long sequences, about a third more compute); policy and critic."""
 
 
 class RuntimeConfig(_Section):
-    backend: Literal["local", "inprocess"] = "local"
+    backend: Literal["local", "inprocess", "ray"] = "local"
     """``local``: rollout workers as processes on this machine; ``inprocess``: episodes on one engine
-    in the trainer's own process (no worker processes; for debugging and small machines)."""
+    in the trainer's own process (no worker processes; for debugging and small machines);
+    ``ray``: rollout workers as Ray actors, on this machine or a cluster (the ``ray`` section;
+    needs ``pip install -e ".[ray]"``)."""
     mode: Literal["auto", "async", "sync"] = "auto"
     """Rollout/training schedule; ``auto`` uses the algorithm preset's mode."""
     trainer_threads: int | None = Field(None, ge=1)
@@ -384,6 +403,50 @@ class RuntimeConfig(_Section):
     worker (at least 1). Oversubscribing cores makes OpenMP spin and everything crawl."""
     worker_threads: int = Field(1, ge=1)
     """Torch threads of each rollout worker process."""
+
+    @field_validator("backend")
+    @classmethod
+    def _ray_installed(cls, v: str) -> str:
+        import importlib.util
+
+        if v == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("'ray' needs Ray installed: pip install -e \".[ray]\" (or pip install ray)")
+        return v
+
+
+class RayConfig(_Section):
+    """Where and how the Ray backend (``runtime.backend: ray``) places rollout workers."""
+
+    address: str | None = None
+    """Address of a running Ray cluster (``auto``, ``ray://host:10001``, ``host:6379``); None
+    starts a private local cluster for the run and stops it at the end."""
+    num_cpus: float | None = Field(None, gt=0.0)
+    """Logical CPUs of the private local cluster (None: the machine's cores); ignored with
+    ``address``."""
+    num_gpus: int | None = Field(None, ge=0)
+    """GPUs of the private local cluster (None: those Ray detects); ignored with ``address``."""
+    temp_dir: str | None = None
+    """Session directory of the private local cluster; None makes a short one under /tmp (Ray's
+    Unix socket paths must stay under 107 bytes). Removed at shutdown."""
+    worker_cpus: float = Field(1.0, gt=0.0)
+    """CPUs reserved for each rollout worker actor (fractions allowed)."""
+    worker_gpus: float = Field(0.0, ge=0.0)
+    """GPUs reserved for each rollout worker actor (its engine runs on ``cuda`` when > 0)."""
+    trainer_cpus: float = Field(1.0, ge=0.0)
+    """CPUs reserved for the trainer (this process) on its own node, so no worker takes them."""
+    trainer_gpus: float = Field(0.0, ge=0.0)
+    """GPUs reserved for the trainer on its own node (the ranks of a sharded trainer use them)."""
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Ray placement-group strategy for the workers' bundles (one bundle per worker)."""
+    max_restarts: int = Field(5, ge=0)
+    """Worker actors Ray may restart after they die, over the whole run; one more death stops the
+    run with an error (a worker that keeps dying is a bug to see, not to hide)."""
+    weights: Literal["shared_fs", "object_store"] = "shared_fs"
+    """How published weights reach the workers: ``shared_fs`` through files in the run directory
+    (every node must see it at the same path); ``object_store`` through Ray's object store (no
+    shared filesystem needed; the model directory must still exist on every node)."""
+    ready_timeout_s: float = Field(600.0, gt=0.0)
+    """Seconds to wait for the cluster to grant the placement group before failing."""
 
 
 class SFTConfig(_Section):
@@ -439,6 +502,8 @@ class SaorlConfig(_Section):
     """Optimisation: batch, steps, learning rates, staleness limit."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """Orchestration backend and schedule."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """The Ray cluster and the workers' resources (used with ``runtime.backend: ray``)."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
     """Supervised warm start of the policy before RL."""
     value_pretrain: ValuePretrainConfig = Field(default_factory=ValuePretrainConfig)

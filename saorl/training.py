@@ -84,6 +84,10 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | N
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)
     parts = build_parts(cfg, run_dir, policy_spec, critic_spec)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
-    return Run(cfg, run_dir, parts, evaluator, resume=resume, observer=observer)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
+        return Run(cfg, run_dir, parts, evaluator, resume=resume, observer=observer)
+    except BaseException:
+        parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind
+        raise

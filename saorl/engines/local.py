@@ -178,11 +178,13 @@ class LocalEngine:
             raise
 
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
-        """Load weights (state dict or safetensors file) between decode steps; blocks until applied."""
+        """Load weights between decode steps; blocks until applied. ``weights``: a state dict in the
+        model's own names, a safetensors file of one, or a Hugging Face directory (checkpoint names,
+        converted by transformers; what the sharded trainer publishes)."""
         if isinstance(weights, str):
-            from safetensors.torch import load_file
+            from saorl.models.hf_format import read_weights
 
-            weights = load_file(weights)
+            weights = read_weights(weights, like=self.model)
         own = self.model.state_dict()
         unknown = sorted(set(weights) - set(own))
         if unknown:

@@ -82,8 +82,9 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int) 
 
 
 def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer) -> WorkerSpec:
-    """What a rollout worker builds its engine from: the policy's local directory (a Hub id is
-    resolved here, once) and the run's tokenizer spec, so it loads exactly what the trainer did."""
+    """What a rollout worker (a process or a Ray actor) builds its engine from: the policy's local
+    directory (a Hub id is resolved here, once) and the run's tokenizer spec, so it loads exactly
+    what the trainer did."""
     r = cfg.rollout
     local = policy_spec if policy_spec in TINY_KINDS else str(resolve_source(policy_spec, "model.policy"))
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
@@ -95,9 +96,34 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                       engine_model=r.engine_model)
 
 
+def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer,
+              weights: WeightSync) -> tuple[Backend, WeightSync]:
+    """The Ray backend and the weight sync its workers follow: ``weights`` (files in the run
+    directory), or with ``ray.weights: object_store`` Ray's object store; on the cluster of
+    ``cfg.ray`` (joined or started here; stopped by the backend's shutdown)."""
+    from saorl.runtime.ray_backend import RayBackend, RayCluster
+
+    cluster = RayCluster(cfg.ray)
+    try:
+        remote: WeightSync | None = None
+        if cfg.ray.weights == "object_store":
+            from saorl.runtime.ray_weights import RayWeightSync
+
+            weights = remote = RayWeightSync.create()
+        device = "cuda" if cfg.ray.worker_gpus else "cpu"  # Ray hands a worker its own GPUs
+        spec = replace(worker_spec(cfg, run_dir, policy_spec, tokenizer), device=device)
+        backend = RayBackend(spec, cfg.ray, cfg.rollout.num_workers, cfg.rollout.concurrent_episodes,
+                             cluster, remote)
+        return backend, weights
+    except BaseException:
+        cluster.stop()
+        raise
+
+
 def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer, env_factory,
                   weights: WeightSync) -> Backend:
-    """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``)."""
+    """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``);
+    ``ray`` is :func:`build_ray`."""
     r = cfg.rollout
     spec = worker_spec(cfg, run_dir, policy_spec, tokenizer)
     if cfg.runtime.backend == "inprocess":
@@ -158,6 +184,9 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     train_tasks, test_tasks = build_tasks(cfg, env_factory)
     weights = build_weight_sync(cfg, run_dir, policy, tokenizer)
-    backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
+    if cfg.runtime.backend == "ray":
+        backend, weights = build_ray(cfg, run_dir, policy_spec, tokenizer, weights)
+    else:
+        backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
     return RunParts(preset, cfg.resolved_mode(), tokenizer, policy, critic, env_factory, train_tasks,
                     test_tasks, backend, weights)

@@ -1,37 +1,52 @@
 """Versioned weight publication from the trainer to rollout workers, through files.
 
-The trainer writes ``v{version:08d}.safetensors`` atomically (temp file + fsync + rename), then
-atomically replaces ``latest.json`` (``{"version": N, "file": "v0000000N.safetensors"}``).
-A worker only ever opens a file named by ``latest.json``, so it never sees half-written
-weights. Old versions are pruned, keeping the newest ``keep`` files so a worker that read the
-pointer a moment ago can still open its file.
+Two forms of a version: :meth:`FileWeightSync.publish` writes one state dict in the model's own
+(in-memory) names as ``v{version:08d}.safetensors`` (the single-process trainer: trainer and
+engine hold the same model class); :meth:`FileWeightSync.publish_checkpoint` writes a Hugging
+Face directory ``v{version:08d}/`` — ``config.json``, shard files in checkpoint names and
+``model.safetensors.index.json`` — from buckets of full tensors, one bucket in memory at a time
+(the sharded trainer: what inference servers load, :mod:`saorl.models.hf_format`). Either is
+written atomically (temp file or directory + fsync + rename), then ``latest.json`` (``{"version":
+N, "file": "v0000000N..."}``) is replaced atomically. A worker only ever opens what
+``latest.json`` names, so it never sees half-written weights. Old versions are pruned, keeping
+the newest ``keep`` so a worker that read the pointer a moment ago can still open its version.
 
-This is the local backend's :class:`WeightSync`; a Ray or NCCL implementation publishes the same
-(version, tensors) pairs by other means. Readers get the *path* of the newest version
-(:meth:`latest`), which an engine loads itself (the local engine reads the file, an HTTP server
-is told the path), so no reader copies the tensors to a file of its own.
+This is the local backend's :class:`WeightSync`; :class:`~saorl.runtime.ray_weights.RayWeightSync`
+publishes the same versions through Ray's object store. Readers get the *source* of the newest
+version (:meth:`latest`) — here the path, which an engine loads itself (the local engine reads the
+file or directory, an HTTP server is told the path), so no reader copies the tensors.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file
 
-from saorl.models.serialize import save_safetensors_atomic
+from saorl.models.hf_format import INDEX, write_index
+from saorl.models.serialize import atomic_dir, save_safetensors_atomic
 
 
 class WeightSync(Protocol):
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Make ``state_dict`` the newest weights, tagged ``version``."""
+        """Make ``state_dict`` (the model's in-memory names) the newest weights, tagged ``version``."""
         ...
 
-    def latest(self) -> tuple[int, str] | None:
-        """``(version, path of its safetensors file)`` of the newest weights, or None."""
+    def publish_checkpoint(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
+                           config: Any) -> None:
+        """Make a version in Hugging Face checkpoint names the newest, from ``buckets`` of full
+        tensors (each consumed before the next is drawn) and the model's ``PretrainedConfig``."""
+        ...
+
+    def latest(self) -> tuple[int, Any] | None:
+        """``(version, source)`` of the newest weights, or None; ``source`` is what
+        ``InferenceEngine.update_weights`` takes (a path, or a state dict in in-memory names)."""
         ...
 
     def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
@@ -63,10 +78,32 @@ class FileWeightSync:
         _write_json_atomic(self._pointer, {"version": version, "file": name})
         self._prune()
 
+    def publish_checkpoint(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
+                           config: Any) -> None:
+        name = f"v{version:08d}"
+        with atomic_dir(self.dir / name) as tmp:
+            weight_map, total, parts = {}, 0, []
+            for i, bucket in enumerate(buckets):
+                part = f"bucket-{i:05d}.safetensors"
+                save_safetensors_atomic(bucket, tmp / part, metadata={"format": "pt"})
+                parts.append((part, list(bucket)))
+                total += sum(t.numel() * t.element_size() for t in bucket.values())
+            for i, (part, names) in enumerate(parts):  # the standard shard names, now that n is known
+                final = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+                os.replace(tmp / part, tmp / final)
+                weight_map |= dict.fromkeys(names, final)
+            write_index(tmp, weight_map, total)
+            config.to_json_file(str(tmp / "config.json"))
+        _write_json_atomic(self._pointer, {"version": version, "file": name})
+        self._prune()
+
     def _prune(self) -> None:
-        files = sorted(self.dir.glob("v*.safetensors"))
-        for old in files[: -self.keep]:
-            old.unlink(missing_ok=True)
+        versions = sorted(p for p in self.dir.glob("v*") if not p.name.startswith("."))
+        for old in versions[: -self.keep]:
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
 
     def _read_pointer(self) -> dict | None:
         try:
@@ -87,7 +124,16 @@ class FileWeightSync:
             name = f"v{version:08d}.safetensors"
         else:
             version, name = int(p["version"]), p["file"]
+        path = self.dir / name
+        if not path.exists() and version is not None:
+            path = self.dir / f"v{version:08d}"
         try:
-            return int(version), load_file(str(self.dir / name))
+            if path.is_dir():  # a checkpoint-named directory: its shards, merged
+                index = json.loads((path / INDEX).read_text())
+                out = {}
+                for part in sorted(set(index["weight_map"].values())):
+                    out |= load_file(str(path / part))
+                return int(version), out
+            return int(version), load_file(str(path))
         except FileNotFoundError:
             return None  # pruned between pointer read and open; the caller polls again

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -65,27 +66,33 @@ class WorkerSpec:
 
 
 class WeightFollower:
-    """Loads newly published weights into the engine; waits for a minimum version on demand."""
+    """Loads newly published weights into the engine; waits for a minimum version on demand.
+
+    :meth:`refresh` may be called from several threads (an event loop and its executor): one
+    update at a time."""
 
     def __init__(self, engine: InferenceEngine, sync: WeightSync) -> None:
         self.engine, self.sync = engine, sync
         self.version = -1
+        self._lock = threading.Lock()
 
     def refresh(self) -> None:
-        latest = self.sync.latest()
-        if latest is None or latest[0] <= self.version:
-            return
-        version, path = latest
-        try:
-            self.engine.update_weights(path, version)
-        except FileNotFoundError:
-            return  # pruned between the pointer read and the load: a newer one is published
-        self.version = version
+        with self._lock:
+            latest = self.sync.latest()
+            if latest is None or latest[0] <= self.version:
+                return
+            version, source = latest
+            try:
+                self.engine.update_weights(source, version)
+            except FileNotFoundError:
+                return  # pruned between the pointer read and the load: a newer one is published
+            self.version = version
 
     async def wait_for(self, version: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while self.version < version:
-            self.refresh()
+            # off the event loop: reading the pointer may be a remote call (Ray's registry)
+            await asyncio.get_running_loop().run_in_executor(None, self.refresh)
             if self.version >= version:
                 return
             if time.monotonic() > deadline:
@@ -132,21 +139,49 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
     return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device)
 
 
-async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
+@dataclass
+class WorkerStack:
+    """What one rollout worker runs: its tokenizer, engine, weight follower and env factory."""
+
+    tokenizer: Any
+    engine: InferenceEngine
+    follower: WeightFollower
+    env_factory: Callable
+
+
+def build_worker(spec: WorkerSpec, weights: WeightSync | None = None) -> WorkerStack:
+    """A worker's engine and env from ``spec``, following ``weights`` (default: the files in
+    ``spec.weights_dir``); the newest published weights are loaded before it returns."""
     from saorl.envs.registry import make_env_factory
 
     tokenizer = spec.tokenizer.load()
     engine = build_engine(spec, tokenizer)
-    follower = WeightFollower(engine, FileWeightSync(spec.weights_dir))
+    follower = WeightFollower(engine, weights if weights is not None else FileWeightSync(spec.weights_dir))
     follower.refresh()
-    env_factory = make_env_factory(spec.env_type, spec.env_options)
+    return WorkerStack(tokenizer, engine, follower, make_env_factory(spec.env_type, spec.env_options))
+
+
+def prepare_worker_process(worker_id: int, spec: WorkerSpec) -> None:
+    """Threads, seeds and quiet libraries for a process that hosts one rollout worker."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.seed + 1000 * worker_id)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    hf_logging.disable_progress_bar()  # a weight update from a model directory loads it each version
+
+
+async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
+    stack = build_worker(spec)
+    engine, follower = stack.engine, stack.follower
     results.put(EngineStats(worker_id, engine.stats()))  # ready: the engine is built
     loop = asyncio.get_running_loop()
     running: set[asyncio.Task] = set()
 
     async def one(req: RolloutRequest) -> None:
         try:
-            traj = await play_rollout(engine, env_factory, tokenizer, req, sampling=spec.sampling,
+            traj = await play_rollout(engine, stack.env_factory, stack.tokenizer, req, sampling=spec.sampling,
                                       max_total_tokens=spec.max_total_tokens, worker=worker_id,
                                       follower=follower)
             results.put(RolloutFinished(worker_id, req.rid, traj))
@@ -180,14 +215,10 @@ def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     """Process entry point (spawned)."""
     import signal
 
-    import torch
-
     # Ctrl-C in a terminal reaches the whole process group: the trainer handles it (checkpoint,
     # then an orderly shutdown of the workers), so a worker must not die of it first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(spec.threads)
-    torch.manual_seed(spec.seed + 1000 * worker_id)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    prepare_worker_process(worker_id, spec)
     try:
         asyncio.run(_serve(worker_id, spec, requests, results))
     except KeyboardInterrupt:

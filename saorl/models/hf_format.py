@@ -1,0 +1,80 @@
+"""Hugging Face checkpoint names: what ``save_pretrained`` writes and inference servers load.
+
+transformers keeps some weights in a fused in-memory layout that differs from the names on disk:
+a Qwen3-MoE layer holds its experts as ``mlp.experts.gate_up_proj [E, 2I, H]`` and
+``mlp.experts.down_proj [E, H, I]``, while its checkpoint (and vLLM / SGLang) name them
+``mlp.experts.{e}.gate_proj.weight``, ``up_proj``, ``down_proj`` per expert. Every conversion here
+is transformers' own — ``revert_weight_conversion`` and ``remove_tied_weights_from_state_dict``
+(what ``save_pretrained`` calls), ``from_pretrained`` (the way back) — never a hand-written map,
+so a family transformers learns to fuse converts the same way.
+
+- :func:`saved_names`: the in-memory names ``save_pretrained`` keeps (a tied LM head is dropped).
+- :func:`to_checkpoint`: full tensors in in-memory names → checkpoint names. It may be applied to
+  a *bucket* of the state dict at a time, as ``save_pretrained`` does for offloaded shards, as long
+  as every tensor one conversion reads is in the same bucket (for the families saorl supports,
+  each conversion reads one tensor).
+- :func:`from_checkpoint` / :func:`read_weights`: checkpoint-named tensors, or a directory / a
+  safetensors file, → a state dict in the in-memory names of a model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+INDEX = "model.safetensors.index.json"
+
+
+def saved_names(model: PreTrainedModel) -> list[str]:
+    """The state-dict keys ``save_pretrained`` writes (before renaming), in state-dict order."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    kept = remove_tied_weights_from_state_dict(dict(model.state_dict()), model)
+    return [k for k in model.state_dict() if k in kept]
+
+
+def to_checkpoint(model: PreTrainedModel, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` (full, in-memory names of ``model``) in Hugging Face checkpoint names."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return {k: v.contiguous() for k, v in revert_weight_conversion(model, dict(tensors)).items()}
+
+
+def model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
+    """The causal-LM class ``AutoModelForCausalLM`` builds for ``config`` (built on the meta device)."""
+    with torch.device("meta"):
+        return type(AutoModelForCausalLM.from_config(config))
+
+
+def from_checkpoint(config: PretrainedConfig, tensors: dict[str, Tensor],
+                    dtype: torch.dtype | None = None,
+                    cls: type[PreTrainedModel] | None = None) -> dict[str, Tensor]:
+    """Checkpoint-named ``tensors`` of a causal LM → its state dict in in-memory names, through
+    ``from_pretrained`` (a CPU model is built and discarded)."""
+    cls = cls or model_class(config)
+    model = cls.from_pretrained(None, config=config, state_dict=dict(tensors), dtype=dtype)
+    return model.state_dict()
+
+
+def read_weights(path: str | Path, like: PreTrainedModel) -> dict[str, Tensor]:
+    """The weights at ``path`` in ``like``'s in-memory names: a safetensors file of a state dict
+    (loaded as is) or a Hugging Face directory (converted by ``from_pretrained``)."""
+    path = Path(path)
+    if path.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} is neither a safetensors file nor a model directory")
+    model = type(like).from_pretrained(str(path), local_files_only=True, dtype=like.dtype)
+    return model.state_dict()
+
+
+def write_index(directory: Path, weight_map: dict[str, str], total_size: int) -> None:
+    """``model.safetensors.index.json`` for shard files already in ``directory``."""
+    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")

@@ -1,0 +1,122 @@
+"""The Ray backend on a private local cluster: same metrics, exactly once, a killed actor, clean exit.
+
+Each test starts its own cluster through the run's config (``ray.num_cpus=4`` logical CPUs for
+the trainer and two workers, a short session directory under /tmp: Unix socket paths must stay
+under 107 bytes, and a pytest path is longer) with token auth off, and checks at the end that
+none of that cluster's processes is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from runtime_helpers import BASE, read_jsonl
+
+from saorl.config import load_config
+from saorl.runtime.checkpoint import latest_checkpoint
+from saorl.runtime.journal import RangeSet
+from saorl.runtime.observe import Observer
+from saorl.training import train
+
+ray = pytest.importorskip("ray", reason="the Ray backend needs ray installed (pip install -e '.[ray]')")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture
+def ray_dir(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # Ray >= 2.59 turns token auth on by default
+    d = tempfile.mkdtemp(prefix="sr-", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def cluster_processes(temp_dir: str) -> list[str]:
+    """Command lines of the Ray daemons (raylet, gcs_server, ...) whose session is under ``temp_dir``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if temp_dir in cmd:
+                out.append(cmd)
+    return out
+
+
+def ray_args(temp_dir: str, *extra: str) -> list[str]:
+    return [*BASE, "runtime.backend=ray", "ray.num_cpus=4", "ray.worker_cpus=1", "ray.trainer_cpus=1",
+            f"ray.temp_dir={temp_dir}", "rollout.concurrent_episodes=4", "rollout.engine_slots=4",
+            "runtime.trainer_threads=1", *extra]
+
+
+class KillWorker(Observer):
+    """At step ``at``, ``kill -9`` the process of Ray actor ``saorl-rollout-0``; notes the daemons."""
+
+    def __init__(self, at: int, temp_dir: str) -> None:
+        self.at, self.temp_dir = at, temp_dir
+        self.killed: int | None = None
+        self.daemons: list[str] = []
+
+    def step_done(self, step, metrics, trajectories) -> None:
+        if step == self.at:
+            self.daemons = [c for c in cluster_processes(self.temp_dir) if "raylet" in c or "gcs_server" in c]
+            self.killed = ray.get(ray.get_actor("saorl-rollout-0").pid.remote())
+            os.kill(self.killed, signal.SIGKILL)
+
+
+def _pending(ckpt: Path) -> set[int]:
+    return {json.loads(line)["rid"] for line in (ckpt / "pending.jsonl").read_text().splitlines()}
+
+
+def test_ray_run_survives_a_killed_actor_trains_each_rollout_once_and_leaves_no_process(tmp_path, ray_dir):
+    local = load_config(None, [*BASE, "trainer.steps=2", "rollout.concurrent_episodes=4",
+                               "rollout.engine_slots=4"])
+    local_dir, _ = train(local, tmp_path / "local")
+    cfg = load_config(None, ray_args(ray_dir, "rollout.num_workers=2", "trainer.steps=8"))
+    kill = KillWorker(at=2, temp_dir=ray_dir)
+    run_dir, _ = train(cfg, tmp_path / "ray", observer=kill)
+
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    local_rows = read_jsonl(local_dir / "metrics.jsonl")
+    assert set(rows[0]) == set(local_rows[0])  # the same metrics as the local backend
+    assert kill.killed is not None
+    assert rows[-1]["rollout/worker_restarts"] >= 1
+    assert rows[-1]["rollout/requeued"] > 0
+    # weights reached the actors: trajectories sampled by versions > 0
+    trained = read_jsonl(run_dir / "trained.jsonl")
+    assert max(v for row in trained for vs in row["versions"] for v in vs) > 0
+    # exactly once: no rid in two steps; every journalled rid trained or pending at the end
+    rids = [rid for row in trained for rid in row["rids"]]
+    assert len(rids) == len(set(rids)) == 8 * 4
+    final = latest_checkpoint(run_dir / "checkpoints")
+    finished = set(RangeSet.from_ranges(json.loads((final / "manifest.json").read_text())["finished"]))
+    pending = _pending(final)
+    assert set(rids) | pending == finished and not set(rids) & pending
+    # the private cluster is gone: its daemons ran during the run, none is left
+    assert kill.daemons, "no raylet / gcs_server of this test's cluster was seen during the run"
+    time.sleep(1.0)
+    assert cluster_processes(ray_dir) == []
+
+
+def test_ray_run_past_the_restart_limit_stops_with_one_paragraph(tmp_path, ray_dir):
+    cfg = load_config(None, ray_args(ray_dir, "rollout.num_workers=1", "trainer.steps=50",
+                                     "ray.max_restarts=0", "ray.weights=object_store"))
+    kill = KillWorker(at=2, temp_dir=ray_dir)
+    with pytest.raises(RuntimeError) as info:
+        train(cfg, tmp_path / "ray", observer=kill)
+    message = str(info.value.__cause__ or info.value)
+    assert "ray.max_restarts=0" in message and "rollout worker 0" in message
+    assert "\n" not in message
+    trained = read_jsonl(tmp_path / "ray" / "trained.jsonl")
+    assert max(v for row in trained for vs in row["versions"] for v in vs) > 0  # via the object store
+    time.sleep(1.0)
+    assert cluster_processes(ray_dir) == []
