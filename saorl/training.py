@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 from saorl.config import SaorlConfig, absolute_paths
+from saorl.runtime import shard_group
 from saorl.runtime.observe import Observer
-from saorl.runtime.parts import build_parts
+from saorl.runtime.parts import build_learner, build_parts
 from saorl.runtime.run import Run
 from saorl.stages.evaluate import TestEvaluator
 from saorl.stages.preflight import check_run
@@ -45,19 +46,28 @@ def new_run_dir(cfg: SaorlConfig) -> Path:
 
 
 def trainer_threads(cfg: SaorlConfig) -> int:
-    """Torch threads for the trainer: what the rollout workers leave of the machine's cores."""
+    """Torch threads for the trainer: what the rollout workers leave of the machine's cores (shared
+    by the trainer ranks of this machine when it is sharded)."""
     workers = 0 if cfg.runtime.backend == "inprocess" else cfg.rollout.num_workers
-    return cfg.runtime.trainer_threads or max(1, (os.cpu_count() or 1) - workers * cfg.runtime.worker_threads)
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.trainer.shard == "fsdp2" else 1
+    free = (os.cpu_count() or 1) - workers * cfg.runtime.worker_threads
+    return cfg.runtime.trainer_threads or max(1, free // ranks)
 
 
 def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False,
-          observer: Observer | None = None) -> tuple[Path, dict]:
+          observer: Observer | None = None) -> tuple[Path | None, dict]:
     """Run the stages and the RL run of ``cfg`` in ``run_dir`` (a new one when None).
 
-    Returns the run directory and the last step's metrics. ``resume`` continues the run in
+    Returns the run directory and the last step's metrics (``(None, {})`` on a sharded trainer's
+    ranks other than 0, which only serve rank 0's learner). ``resume`` continues the run in
     ``run_dir`` from its last checkpoint and journal. ``observer`` watches the run.
     """
     cfg = absolute_paths(cfg)
+    group = shard_group.join(cfg.model.device) if cfg.trainer.shard == "fsdp2" else None
+    if group is not None and group.rank > 0:
+        torch.set_num_threads(trainer_threads(cfg))
+        serve_rank(cfg)
+        return None, {}
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     created = not run_dir.exists()
     try:
@@ -73,6 +83,9 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         final = run.loop()
     finally:
         signal.signal(signal.SIGINT, previous)
+        if group is not None:
+            run.learner.close()
+            shard_group.leave()
     return run_dir, final
 
 
@@ -91,3 +104,15 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | N
     except BaseException:
         parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind
         raise
+
+
+def serve_rank(cfg: SaorlConfig) -> None:
+    """A sharded trainer's rank other than 0: the same learner, on rank 0's models, serving rank
+    0's commands until it closes (docs/scaling.md). Rank 0 owns Ctrl-C and SIGTERM: it finishes
+    its step and checkpoint, which need this rank, then releases it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        build_learner(cfg, None, None, None).follow()  # models and pad id: rank 0's
+    finally:
+        shard_group.leave()

@@ -9,6 +9,7 @@ no run directory behind; a run that starts and then fails exits with status 3 (s
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from saorl.commands.common import config_or_exit, fail, load_file_or_exit
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = config_or_exit("saorl train", list(args.args))
     run_dir = args.resume or args.run_dir or new_run_dir(cfg)
-    print(f"run directory: {run_dir}", flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:  # a sharded trainer's other ranks: rank 0 reports
+        print(f"run directory: {run_dir}", flush=True)
     run_dir, final = train(cfg, run_dir, resume=args.resume is not None)
     acc = final.get("eval/accuracy")
     if final:

@@ -58,6 +58,14 @@ def ensure_cpu_experts(model: PreTrainedModel, device: str | torch.device) -> Pr
     return model
 
 
+def checkpoint_activations(*models: PreTrainedModel | None) -> None:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' own switch, non-reentrant; it acts in training mode only)."""
+    for model in models:
+        if model is not None:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+
+
 def check_model_dir(path: Path, what: str = "policy") -> None:
     """Raise a clear error unless ``path`` is a directory with ``config.json`` and safetensors weights."""
     if not path.exists():

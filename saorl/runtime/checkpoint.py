@@ -1,13 +1,19 @@
 """Run checkpoints: written atomically, never loaded half-written.
 
-``RUN/checkpoints/step-00000050/`` holds ``policy.safetensors``, ``critic.safetensors``,
-``optim.safetensors`` (both optimizers' tensors, flattened), ``rng.safetensors`` (torch RNG
+``RUN/checkpoints/step-00000050/`` holds the learner's state, ``rng.safetensors`` (torch RNG
 state), ``pending.jsonl`` (trajectories finished but not yet trained) and ``manifest.json``
 (step, policy version, optimizer hyper-parameters, Python RNG state, the finished-rollout
 ranges, the journal segment the checkpoint continues from, counters). Everything is written into
 a temporary directory that is renamed into place at the end; ``RUN/checkpoints/latest`` (a file
 holding the directory name) is then replaced atomically. A directory without a manifest, or
 not named by ``latest``, is never loaded.
+
+The learner writes its own state (``learner.save_state(directory)``, read back by
+``learner.load_state``). The single-process layout (:func:`save_learner_files`):
+``policy.safetensors``, ``critic.safetensors`` (state dicts in the models' own names) and
+``optim.safetensors`` (both optimizers' tensors, flattened by parameter index). The sharded
+learner writes either the same layout (gathered to rank 0) or its ranks' shards
+(:mod:`saorl.runtime.sharded`).
 """
 
 from __future__ import annotations
@@ -27,8 +33,7 @@ from saorl.models.serialize import load_safetensors, save_safetensors_atomic
 MANIFEST = "manifest.json"
 
 
-def _flatten_optimizer(opt: torch.optim.Optimizer, prefix: str) -> tuple[dict[str, torch.Tensor], dict]:
-    sd = opt.state_dict()
+def _flatten_optimizer(sd: dict, prefix: str) -> tuple[dict[str, torch.Tensor], dict]:
     tensors, scalars = {}, {}
     for pid, state in sd["state"].items():
         for k, v in state.items():
@@ -59,6 +64,38 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def save_learner_files(directory: Path, policy: dict[str, torch.Tensor], policy_optim: dict,
+                       critic: dict[str, torch.Tensor] | None = None,
+                       critic_optim: dict | None = None) -> dict[str, Any]:
+    """The single-process layout of a learner's state: model state dicts and optimizer state dicts
+    (torch's format, parameters by index) → files in ``directory``; returns the manifest entries."""
+    save_safetensors_atomic(policy, directory / "policy.safetensors")
+    optim_tensors, meta = _flatten_optimizer(policy_optim, "policy")
+    optim_meta = {"policy": meta}
+    if critic is not None:
+        save_safetensors_atomic({k: v.detach() for k, v in critic.items()}, directory / "critic.safetensors")
+        t, meta = _flatten_optimizer(critic_optim, "critic")
+        optim_tensors |= t
+        optim_meta["critic"] = meta
+    if optim_tensors:
+        save_safetensors_atomic(optim_tensors, directory / "optim.safetensors")
+    return {"optim": optim_meta}
+
+
+def load_learner_files(directory: Path,
+                       manifest: dict[str, Any]) -> tuple[dict, dict, dict | None, dict | None]:
+    """``(policy, policy optimizer, critic, critic optimizer)`` state dicts of the single-process
+    layout (the critic's are None when the checkpoint has none)."""
+    optim_path = directory / "optim.safetensors"
+    optim = load_safetensors(optim_path) if optim_path.exists() else {}
+    policy = load_safetensors(directory / "policy.safetensors")
+    policy_optim = _unflatten_optimizer(optim, manifest["optim"]["policy"], "policy")
+    if not (directory / "critic.safetensors").exists():
+        return policy, policy_optim, None, None
+    critic = load_safetensors(directory / "critic.safetensors")
+    return policy, policy_optim, critic, _unflatten_optimizer(optim, manifest["optim"]["critic"], "critic")
+
+
 def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
                     pending: list[tuple[int, Trajectory]], keep: int = 2) -> Path:
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -66,17 +103,7 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
     final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_safetensors_atomic(learner.policy_state(), tmp / "policy.safetensors")
-    optim_tensors, meta = _flatten_optimizer(learner.policy_opt, "policy")
-    optim_meta = {"policy": meta}
-    if learner.critic is not None:
-        save_safetensors_atomic({k: v.detach() for k, v in learner.critic.state_dict().items()},
-                                tmp / "critic.safetensors")
-        t, meta = _flatten_optimizer(learner.critic_opt, "critic")
-        optim_tensors |= t
-        optim_meta["critic"] = meta
-    if optim_tensors:
-        save_safetensors_atomic(optim_tensors, tmp / "optim.safetensors")
+    learner_meta = learner.save_state(tmp)
     save_safetensors_atomic({"torch": torch.get_rng_state()}, tmp / "rng.safetensors")
     with open(tmp / "pending.jsonl", "w", encoding="utf-8") as f:
         for rid, traj in pending:
@@ -84,7 +111,7 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
     manifest = {
         "step": step, "version": learner.version, "nonfinite_skips": learner.nonfinite_skips,
         "learner_steps": learner.steps_done,
-        "optim": optim_meta, "python_rng": _py_rng_to_json(random.getstate()),
+        **learner_meta, "python_rng": _py_rng_to_json(random.getstate()),
         "baseline": learner.baseline.state_dict(), **extra,
     }
     with open(tmp / MANIFEST, "w") as f:
@@ -124,13 +151,7 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 def load_checkpoint(ckpt_dir: Path, learner) -> tuple[dict[str, Any], list[tuple[int, Trajectory]]]:
     """Restore the learner in place; return the manifest and the pending trajectories."""
     manifest = json.loads((ckpt_dir / MANIFEST).read_text())
-    learner.policy.load_state_dict(load_safetensors(ckpt_dir / "policy.safetensors"))
-    optim_path = ckpt_dir / "optim.safetensors"
-    optim = load_safetensors(optim_path) if optim_path.exists() else {}
-    learner.policy_opt.load_state_dict(_unflatten_optimizer(optim, manifest["optim"]["policy"], "policy"))
-    if learner.critic is not None and (ckpt_dir / "critic.safetensors").exists():
-        learner.critic.load_state_dict(load_safetensors(ckpt_dir / "critic.safetensors"))
-        learner.critic_opt.load_state_dict(_unflatten_optimizer(optim, manifest["optim"]["critic"], "critic"))
+    learner.load_state(ckpt_dir, manifest)
     torch.set_rng_state(load_safetensors(ckpt_dir / "rng.safetensors")["torch"])
     s = manifest["python_rng"]
     random.setstate((s[0], tuple(s[1]), s[2]))

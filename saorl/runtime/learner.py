@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -36,7 +37,9 @@ from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageIn
 from saorl.data.batch import Batch, collate
 from saorl.data.trajectory import Trajectory
 from saorl.models.logprobs import token_logprobs
+from saorl.runtime.checkpoint import load_learner_files, save_learner_files
 from saorl.runtime.observe import Timings
+from saorl.runtime.weights import WeightSync
 
 
 @dataclass
@@ -204,6 +207,30 @@ class Learner:
         metrics["train/nonfinite_skips"] = self.nonfinite_skips
         return metrics
 
-    # ------------------------------------------------------------- checkpoint
+    # ------------------------------------------------- weights out, checkpoints
     def policy_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.policy.state_dict().items()}
+
+    def publish(self, sync: WeightSync) -> None:
+        """Publish the policy's current weights as version :attr:`version`."""
+        sync.publish(self.policy_state(), self.version)
+
+    def full_models(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """Plain (unsharded) policy and critic holding the current weights, for evaluation and export."""
+        return self.policy, self.critic
+
+    def save_state(self, directory: Path) -> dict:
+        """Write weights and optimizer states into ``directory``; the checkpoint manifest's entries."""
+        critic = self.critic is not None
+        return save_learner_files(directory, self.policy_state(), self.policy_opt.state_dict(),
+                                  self.critic.state_dict() if critic else None,
+                                  self.critic_opt.state_dict() if critic else None)
+
+    def load_state(self, directory: Path, manifest: dict) -> None:
+        """Restore what :meth:`save_state` wrote (the counters are the checkpoint's business)."""
+        policy, policy_optim, critic, critic_optim = load_learner_files(directory, manifest)
+        self.policy.load_state_dict(policy)
+        self.policy_opt.load_state_dict(policy_optim)
+        if self.critic is not None and critic is not None:
+            self.critic.load_state_dict(critic)
+            self.critic_opt.load_state_dict(critic_optim)

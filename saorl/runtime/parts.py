@@ -22,7 +22,7 @@ from saorl.envs.registry import make_env_factory
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.hub import resolve_source
-from saorl.models.loading import load_policy, train_dtype
+from saorl.models.loading import checkpoint_activations, load_policy, train_dtype
 from saorl.models.tiny import TINY_KINDS
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
@@ -68,17 +68,29 @@ def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str 
     if critic_spec:
         from saorl.models.serialize import load_critic
 
-        return load_critic(critic_spec, device=cfg.model.device)
+        return load_critic(critic_spec, device=next(policy.parameters()).device)
     return Critic.from_policy(policy, seed=cfg.seed)
 
 
 def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int) -> Learner:
-    """The learner of ``cfg``'s algorithm, trainer settings and sampler (for exact DIS ratios)."""
+    """The learner of ``cfg``'s algorithm, trainer settings and sampler (for exact DIS ratios):
+    in this process, or sharded over the ranks of a torchrun launch (``trainer.shard: fsdp2``;
+    there the ranks other than 0 pass ``policy=None`` and receive rank 0's models)."""
     t, r = cfg.trainer, cfg.rollout
-    return Learner(policy, critic, cfg.algo.resolve(),
-                   OptimConfig(t.policy_lr, t.critic_lr, t.weight_decay, t.grad_clip, t.warmup_steps),
-                   pad_id=pad_id, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                   device=cfg.model.device)
+    optim = OptimConfig(t.policy_lr, t.critic_lr, t.weight_decay, t.grad_clip, t.warmup_steps)
+    sampler = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
+    if t.shard == "fsdp2":
+        from saorl.runtime import shard_group
+        from saorl.runtime.sharded import ShardedLearner
+
+        return ShardedLearner(policy, critic, cfg.algo.resolve(), optim, group=shard_group.current(),
+                              pad_id=pad_id, bucket_mb=t.publish_bucket_mb,
+                              checkpoint_format=t.shard_checkpoint,
+                              activation_checkpointing=t.activation_checkpointing, **sampler)
+    if t.activation_checkpointing:
+        checkpoint_activations(policy, critic.trunk if critic is not None else None)
+    return Learner(policy, critic, cfg.algo.resolve(), optim, pad_id=pad_id, device=cfg.model.device,
+                   **sampler)
 
 
 def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer) -> WorkerSpec:
@@ -177,8 +189,9 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     warm start or ``model.policy``) and ``critic_spec`` (a pretrained critic, or None)."""
     preset = cfg.algo.resolve()
     tokenizer = run_tokenizer(cfg.model)
-    policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
-                         seed=cfg.seed)
+    # sharded: the full models stay on the CPU; each rank's shards go to its device
+    device = "cpu" if cfg.trainer.shard == "fsdp2" else cfg.model.device
+    policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)

@@ -59,7 +59,7 @@ class Run:
         if resume:
             finished, pending = self._restore()
         save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
-        parts.weights.publish(self.learner.policy_state(), self.learner.version)
+        self.learner.publish(parts.weights)
         trackers = Trackers(cfg.run.report_to, run_dir, project=cfg.run.tracker_project,
                             options=cfg.run.tracker_options, config=config_to_dict(cfg))
         self.recorder = RunRecorder(run_dir, parts.tokenizer, progress=cfg.run.progress,
@@ -128,7 +128,7 @@ class Run:
             self.recorder.message(f"step {self.step + 1}: non-finite loss or gradient, update skipped "
                                   f"({self.learner.nonfinite_skips} so far); the weights are unchanged")
         self.step += 1
-        self.parts.weights.publish(self.learner.policy_state(), self.learner.version)
+        self.learner.publish(self.parts.weights)
         metrics |= self.clock.step_finished(wait_s, trajs) | self._step_metrics(trajs, version)
         for key in NOT_APPLICABLE:  # e.g. no critic in GRPO: logged as null, never as 0
             metrics.setdefault(key, math.nan)
@@ -178,7 +178,7 @@ class Run:
     def _evaluate(self) -> dict:
         t0 = time.monotonic()
         with self.recorder.count(f"eval step {self.step}") as count:
-            m = self.evaluate(self.learner.policy, self._progress(), count)
+            m = self.evaluate(self.learner.full_models()[0], self._progress(), count)
         m["time/eval_s"] = time.monotonic() - t0
         self.recorder.log_eval(self.step, self.learner.version, m)
         return m
@@ -203,7 +203,7 @@ class Run:
         try:
             if self.step > 0:
                 self.checkpoint()
-                self.recorder.export_final(self.learner.policy, self.learner.critic)
+                self.recorder.export_final(*self.learner.full_models())
         finally:
             self.parts.backend.shutdown()
             self.journal.close()

@@ -1,0 +1,139 @@
+"""Two trainer ranks in spawned processes (gloo), for the sharded-learner tests.
+
+:func:`launch` starts ``world`` processes that join a process group as torchrun's would and run
+:func:`rank_main`: rank 0 drives a :class:`~saorl.runtime.sharded.ShardedLearner` through the
+cases and writes what it saw to ``out``; the other ranks serve it (``follow``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from saorl.algo.registry import get_preset
+from saorl.data.batch import collate
+from saorl.data.trajectory import Episode, Trajectory
+from saorl.models.critic import Critic
+from saorl.models.logprobs import token_logprobs
+from saorl.models.serialize import save_safetensors_atomic
+from saorl.models.tiny import build_tiny
+from saorl.runtime.learner import OptimConfig
+
+PAD = 1
+OPTIM = OptimConfig(policy_lr=1e-5, critic_lr=1e-5)
+# (name, model kind, preset, trajectories, group size): uneven shares, a rank with no share
+# (one GRPO group of 4 on 2 ranks), the running-mean baseline over every rank's scores
+CASES = [("moe_sao", "tiny-moe", "sao", 5, 1), ("dense_sao", "tiny-dense", "sao", 3, 1),
+         ("dense_grpo", "tiny-dense", "grpo", 4, 4), ("dense_rm", "tiny-dense", "reinforce_rm", 4, 1)]
+
+
+def trajectories(policy, n: int, group: int, seed: int = 0) -> tuple[list[Trajectory], list[int]]:
+    """Multi-turn trajectories whose rollout log-probs are the policy's own plus noise (so that
+    DIS keeps most tokens, masks a few), with varied lengths and rewards; and their group ids."""
+    rng = random.Random(seed)
+    raw = []
+    for i in range(n):
+        p, a1, o, a2 = rng.randint(3, 6), rng.randint(2, 6), rng.randint(2, 4), rng.randint(2, 8)
+        ids = [rng.randint(2, 1000) for _ in range(p + a1 + o + a2)]
+        mask = [0] * p + [1] * a1 + [0] * o + [1] * a2
+        rewards = [0.0] * len(ids)
+        rewards[-1] = float(rng.random() < 0.5)
+        raw.append((ids, mask, rewards, p))
+    b = collate([Trajectory(ids, m, [0.0] * len(ids), r, [0 if x else -1 for x in m], p)
+                 for ids, m, r, p in raw], PAD)
+    with torch.no_grad():
+        lp = token_logprobs(policy, b.input_ids, b.attention_mask)
+    out = []
+    for i, (ids, mask, rewards, p) in enumerate(raw):
+        lps = [min(0.0, float(lp[i, j]) + rng.gauss(0, 0.3)) if m else 0.0 for j, m in enumerate(mask)]
+        out.append(Trajectory(ids, mask, lps, rewards, [0 if m else -1 for m in mask], p, task_id=f"t{i}",
+                              episode=Episode(success=rewards[-1] > 0)))
+    return out, [i // group for i in range(n)]
+
+
+def models(kind: str, preset: str, seed: int = 0):
+    policy = build_tiny(kind, seed=seed).train()
+    critic = Critic.from_policy(policy, seed=seed) if get_preset(preset).use_critic else None
+    return policy, critic
+
+
+def _save(path: Path, module) -> None:
+    save_safetensors_atomic(module.state_dict(), path)
+
+
+def _drive(group, out: Path) -> None:
+    """Rank 0: every case's step; for the MoE also publication and checkpoints both ways."""
+    from saorl.runtime.sharded import ShardedLearner
+    from saorl.runtime.weights import FileWeightSync
+
+    for name, kind, preset, n, g in CASES:
+        policy, critic = models(kind, preset)
+        trajs, gids = trajectories(policy, n, g)
+        learner = ShardedLearner(policy, critic, get_preset(preset), OPTIM, group=group, pad_id=PAD,
+                                 bucket_mb=0.2, checkpoint_format="sharded")
+        metrics = learner.step(trajs, gids)
+        (out / f"{name}.json").write_text(json.dumps(metrics))
+        full_policy, full_critic = learner.full_models()
+        _save(out / f"{name}_policy.safetensors", full_policy)
+        if full_critic is not None:
+            _save(out / f"{name}_critic.safetensors", full_critic)
+        if name == "moe_sao":
+            learner.publish(FileWeightSync(out / "published"))
+            for fmt in ("sharded", "full"):
+                learner.checkpoint_format = fmt
+                meta = learner.save_state(out / fmt)
+                (out / fmt / "manifest.json").write_text(json.dumps(
+                    meta | {"version": learner.version, "learner_steps": learner.steps_done,
+                            "nonfinite_skips": 0, "baseline": learner.baseline.state_dict()}))
+        learner.close()
+        if name == "moe_sao":
+            for fmt in ("sharded", "full"):  # a fresh learner (other weights) resumes each
+                fresh = ShardedLearner(*models(kind, preset, seed=1), get_preset(preset), OPTIM, group=group,
+                                       pad_id=PAD)
+                fresh.load_state(out / fmt, json.loads((out / fmt / "manifest.json").read_text()))
+                p, c = fresh.full_models()
+                _save(out / f"resumed_{fmt}_policy.safetensors", p)
+                _save(out / f"resumed_{fmt}_critic.safetensors", c)
+                fresh.close()
+
+
+def _follow(group) -> None:
+    from saorl.runtime.sharded import ShardedLearner
+
+    for name, _kind, preset, _n, _g in CASES:
+        ShardedLearner(None, None, get_preset(preset), OPTIM, group=group, pad_id=PAD).follow()
+        if name == "moe_sao":  # the two fresh learners that resume from the checkpoints
+            for _ in range(2):
+                ShardedLearner(None, None, get_preset(preset), OPTIM, group=group, pad_id=PAD).follow()
+
+
+def rank_main(rank: int, world: int, port: int, out: str) -> None:
+    from saorl.runtime import shard_group
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    group = shard_group.join("cpu")
+    try:
+        if rank == 0:
+            _drive(group, Path(out))
+        else:
+            _follow(group)
+    finally:
+        shard_group.leave()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out: Path, world: int = 2) -> None:
+    mp.spawn(rank_main, args=(world, free_port(), str(out)), nprocs=world, join=True)
