@@ -63,7 +63,7 @@ def checkpoint_activations(*models: PreTrainedModel | None) -> None:
     (transformers' own switch, non-reentrant; it acts in training mode only)."""
     for model in models:
         if model is not None:
-            model.gradient_checkpointing_enable({"use_reentrant": False})
+            model.activation_checkpointing_enable({"use_reentrant": False})
 
 
 def check_model_dir(path: Path, what: str = "policy") -> None:

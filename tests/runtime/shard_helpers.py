@@ -38,7 +38,7 @@ def trajectories(policy, n: int, group: int, seed: int = 0) -> tuple[list[Trajec
     DIS keeps most tokens, masks a few), with varied lengths and rewards; and their group ids."""
     rng = random.Random(seed)
     raw = []
-    for i in range(n):
+    for _ in range(n):
         p, a1, o, a2 = rng.randint(3, 6), rng.randint(2, 6), rng.randint(2, 4), rng.randint(2, 8)
         ids = [rng.randint(2, 1000) for _ in range(p + a1 + o + a2)]
         mask = [0] * p + [1] * a1 + [0] * o + [1] * a2

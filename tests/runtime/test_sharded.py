@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -154,3 +157,38 @@ def test_sharding_outside_torchrun_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(shard_group.ShardError, match="torchrun --standalone --nproc-per-node"):
         shard_group.join("cpu")
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_three_steps_then_resume(tmp_path):
+    """``torchrun --nproc-per-node 2`` end to end (full checkpoints), then ``--resume`` (which
+    writes sharded ones): every trajectory trained once, an exported policy that loads."""
+    from runtime_helpers import BASE, read_jsonl
+    from transformers import AutoModelForCausalLM
+
+    from saorl.runtime.checkpoint import latest_checkpoint
+
+    run_dir = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "saorl.cli", "train"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    first = subprocess.run([*torchrun, *BASE, "runtime.backend=inprocess", "trainer.shard=fsdp2",
+                            "trainer.shard_checkpoint=full", "trainer.steps=3", "--run-dir", str(run_dir)],
+                           capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    assert (ckpt / "policy.safetensors").is_file()  # the full layout
+    resumed = subprocess.run([*torchrun, "--resume", str(run_dir), "trainer.steps=5",
+                              "trainer.shard_checkpoint=sharded"],
+                             capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert (latest_checkpoint(run_dir / "checkpoints") / "shards").is_dir()
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[-1]["policy/version"] == 5
+    rids = [rid for r in read_jsonl(run_dir / "trained.jsonl") for rid in r["rids"]]
+    assert len(rids) == len(set(rids)) == 20
+    published = json.loads((run_dir / "weights" / "latest.json").read_text())
+    assert published["version"] == 5 and (run_dir / "weights" / published["file"] / INDEX).is_file()
+    policy = AutoModelForCausalLM.from_pretrained(str(run_dir / "final" / "policy"))
+    assert sum(p.numel() for p in policy.parameters()) > 0
