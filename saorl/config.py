@@ -75,8 +75,11 @@ class RunConfig(_Section):
     """Run name: the run directory's name (no path separators)."""
     eval_every: int = Field(25, ge=1)
     """Evaluate on the test split every this many trainer steps."""
-    eval_tasks: int = Field(128, ge=1)
-    """Test tasks per evaluation (at most ``env.num_test_tasks`` are available)."""
+    eval_tasks: int = Field(128, ge=0)
+    """Test tasks per evaluation (at most ``env.num_test_tasks`` are available). 0: no evaluation
+    during the run, not even at step 0 — for models too big to evaluate on the trainer (a sharded
+    trainer evaluates a full copy of the policy on rank 0's CPU); evaluate exported checkpoints with
+    ``saorl eval`` instead."""
     eval_temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of evaluation episodes: 1.0 measures the policy RL trains (mean
     success of sampled episodes, seeded so every evaluation sees the same random stream);
@@ -519,6 +522,9 @@ class SaorlConfig(_Section):
                 f"({group}, algo {self.algo.name!r}): every update takes whole groups; set "
                 f"trainer.batch_size to a multiple of {group} (e.g. trainer.batch_size={group})"
             )
+        if self.trainer.shard == "fsdp2" and self.model.device == "mps":
+            raise _FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
+                                               "(model.device=cuda), not mps; set trainer.shard=none")
         return self
 
     def resolved_mode(self) -> Literal["async", "sync"]:

@@ -141,3 +141,25 @@ def test_readme_lists_exactly_the_cli_commands_and_links_resolve():
     assert listed == set(COMMANDS), f"README lists {sorted(listed)}, the CLI has {sorted(COMMANDS)}"
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / link).exists(), f"README links to missing {link}"
+
+
+# ------------------------------------------------------------------------------------ scaling
+def test_scaling_md_train_commands_load_as_configs():
+    """Every ``saorl train`` / ``torchrun ... saorl.cli train`` command in docs/scaling.md names a
+    config that exists and overrides that validate (what a user pastes fails at load, not later)."""
+    from saorl.config import load_config
+
+    text = (DOCS / "scaling.md").read_text(encoding="utf-8")
+    commands = [line for block in _blocks(text, "bash") for line in block.replace("\\\n", " ").splitlines()]
+    checked = 0
+    for line in commands:
+        m = re.search(r"saorl(?:\.cli)? train (.*)", line)
+        if m is None or "--resume" in line:
+            continue
+        args = [a for a in re.sub(r"--run-dir \S+", "", m.group(1)).split() if not a.startswith("-")]
+        path = ROOT / args[0] if args and args[0].endswith(".yaml") else None
+        overrides = args[1:] if path else args
+        assert path is None or path.is_file(), line
+        load_config(path, overrides)
+        checked += 1
+    assert checked >= 4

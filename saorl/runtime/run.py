@@ -95,7 +95,7 @@ class Run:
         self.feed.start()
         metrics: dict = {}
         try:
-            if self.step == 0:  # the starting point every later evaluation is compared with
+            if self.step == 0 and self.cfg.run.eval_tasks:  # what every later evaluation is compared with
                 start = self._evaluate()
                 self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
                 self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
@@ -176,6 +176,8 @@ class Run:
             self.checkpoint()
 
     def _evaluate(self) -> dict:
+        if not self.cfg.run.eval_tasks:
+            return {}
         t0 = time.monotonic()
         with self.recorder.count(f"eval step {self.step}") as count:
             m = self.evaluate(self.learner.full_models()[0], self._progress(), count)

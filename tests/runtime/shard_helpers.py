@@ -67,12 +67,12 @@ def _save(path: Path, module) -> None:
     save_safetensors_atomic(module.state_dict(), path)
 
 
-def _drive(group, out: Path) -> None:
+def _drive(group, out: Path, cases: list[tuple]) -> None:
     """Rank 0: every case's step; for the MoE also publication and checkpoints both ways."""
     from saorl.runtime.sharded import ShardedLearner
     from saorl.runtime.weights import FileWeightSync
 
-    for name, kind, preset, n, g in CASES:
+    for name, kind, preset, n, g in cases:
         policy, critic = models(kind, preset)
         trajs, gids = trajectories(policy, n, g)
         learner = ShardedLearner(policy, critic, get_preset(preset), OPTIM, group=group, pad_id=PAD,
@@ -103,28 +103,31 @@ def _drive(group, out: Path) -> None:
                 fresh.close()
 
 
-def _follow(group) -> None:
+def _follow(group, cases: list[tuple]) -> None:
     from saorl.runtime.sharded import ShardedLearner
 
-    for name, _kind, preset, _n, _g in CASES:
+    for name, _kind, preset, _n, _g in cases:
         ShardedLearner(None, None, get_preset(preset), OPTIM, group=group, pad_id=PAD).follow()
         if name == "moe_sao":  # the two fresh learners that resume from the checkpoints
             for _ in range(2):
                 ShardedLearner(None, None, get_preset(preset), OPTIM, group=group, pad_id=PAD).follow()
 
 
-def rank_main(rank: int, world: int, port: int, out: str) -> None:
+def rank_main(rank: int, world: int, port: int, out: str, device: str, names: list[str]) -> None:
     from saorl.runtime import shard_group
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    group = shard_group.join("cpu")
+    torch.backends.cuda.matmul.allow_tf32 = False  # on a GPU, compare float32 with float32
+    torch.backends.cudnn.allow_tf32 = False
+    cases = [c for c in CASES if c[0] in names]
+    group = shard_group.join(device)
     try:
         if rank == 0:
-            _drive(group, Path(out))
+            _drive(group, Path(out), cases)
         else:
-            _follow(group)
+            _follow(group, cases)
     finally:
         shard_group.leave()
 
@@ -135,5 +138,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out: Path, world: int = 2) -> None:
-    mp.spawn(rank_main, args=(world, free_port(), str(out)), nprocs=world, join=True)
+def launch(out: Path, world: int = 2, device: str = "cpu", names: list[str] | None = None) -> None:
+    """``world`` ranks on ``device`` (gloo on the CPU, NCCL on CUDA) playing the named cases."""
+    names = names if names is not None else [c[0] for c in CASES]
+    mp.spawn(rank_main, args=(world, free_port(), str(out), device, names), nprocs=world, join=True)

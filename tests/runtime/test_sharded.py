@@ -38,14 +38,15 @@ def sharded(tmp_path_factory):
     return out
 
 
-def single(name: str, seed: int = 0):
+def single(name: str, seed: int = 0, device: str = "cpu"):
     """The single-process learner of case ``name`` after one step on the same batch, its metrics
     and the weights before the step."""
     _, kind, preset, n, g = next(c for c in CASES if c[0] == name)
     policy, critic = models(kind, preset, seed=seed)
     trajs, gids = trajectories(policy, n, g)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    learner = Learner(policy, critic, get_preset(preset), OPTIM, pad_id=PAD)
+    policy, critic = policy.to(device), critic.to(device) if critic is not None else None
+    learner = Learner(policy, critic, get_preset(preset), OPTIM, pad_id=PAD, device=device)
     return learner, learner.step(trajs, gids), before
 
 
@@ -53,11 +54,10 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
     return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= rel * max(abs(a), abs(b), 1e-8)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [c[0] for c in CASES])
-def test_one_sharded_step_equals_one_single_process_step(sharded, name):
-    learner, metrics, before = single(name)
-    got = json.loads((sharded / f"{name}.json").read_text())
+def check_step(out, name: str, device: str = "cpu") -> None:
+    """What the ranks wrote for case ``name`` equals one single-process step (module docstring)."""
+    learner, metrics, before = single(name, device=device)
+    got = json.loads((out / f"{name}.json").read_text())
     assert set(got) == set(metrics)
     for key, value in metrics.items():
         if isinstance(value, list):  # the ratio histogram: the same counts
@@ -65,15 +65,22 @@ def test_one_sharded_step_equals_one_single_process_step(sharded, name):
         else:
             assert _close(float(got[key]), float(value)), (key, got[key], value)
     assert "critic/value_loss" in got or learner.critic is None
-    policy = load_file(str(sharded / f"{name}_policy.safetensors"))
-    for k, v in learner.policy.state_dict().items():
+    policy = load_file(str(out / f"{name}_policy.safetensors"))
+    after = {k: v.cpu() for k, v in learner.policy.state_dict().items()}
+    for k, v in after.items():
         assert (policy[k] - v).abs().max() <= 1e-6, k
-    moved = [k for k, v in learner.policy.state_dict().items() if (v - before[k]).abs().max() > 1e-6]
+    moved = [k for k, v in after.items() if (v - before[k]).abs().max() > 1e-6]
     assert len(moved) > 10, "the step should move most policy parameters"
     if learner.critic is not None:
-        critic = load_file(str(sharded / f"{name}_critic.safetensors"))
+        critic = load_file(str(out / f"{name}_critic.safetensors"))
         for k, v in learner.critic.state_dict().items():
-            assert (critic[k] - v).abs().max() <= 1e-6, k
+            assert (critic[k] - v.cpu()).abs().max() <= 1e-6, k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_one_sharded_step_equals_one_single_process_step(sharded, name):
+    check_step(sharded, name)
 
 
 @pytest.mark.slow
