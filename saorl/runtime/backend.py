@@ -6,8 +6,9 @@ it held are reported as lost, so the feed re-queues them (nothing in flight is s
 ``max_restarts`` restarts it raises :class:`WorkerFailure`.
 
 Implementations: :class:`LocalBackend` (one spawned OS process per worker, typed messages over
-``multiprocessing`` queues) and :class:`~saorl.runtime.inprocess.InProcessBackend` (episodes on
-one engine in this process: tests, evaluation, value pretraining).
+``multiprocessing`` queues), :class:`~saorl.runtime.inprocess.InProcessBackend` (episodes on
+one engine in this process: tests, evaluation, value pretraining) and
+:class:`~saorl.runtime.ray_backend.RayBackend` (one Ray actor per worker, on a cluster).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -52,6 +53,10 @@ class WeightSync(Protocol):
     def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The newest (or ``version``'s) weights as tensors, or None."""
         ...
+
+
+_VERSION = re.compile(r"v\d{8}(\.safetensors)?")
+"""A published version: a file of a state dict or a checkpoint-named directory."""
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -98,7 +103,7 @@ class FileWeightSync:
         self._prune()
 
     def _prune(self) -> None:
-        versions = sorted(p for p in self.dir.glob("v*") if not p.name.startswith("."))
+        versions = sorted(p for p in self.dir.glob("v*") if _VERSION.fullmatch(p.name))
         for old in versions[: -self.keep]:
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

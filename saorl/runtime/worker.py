@@ -6,10 +6,11 @@ agent loop (its sampling seed derived from the rollout id), and fill in the traj
 record (rollout id, worker, wall-clock start and end).
 
 :func:`worker_main` is the local backend's worker process: it builds its engine and env from a
-:class:`WorkerSpec`, receives requests on a queue, runs each as an asyncio task and sends each
-finished trajectory back the moment it is done. It samples with the newest weights it has: a
-:class:`WeightFollower` polls the run's :class:`~saorl.runtime.weights.WeightSync` and hands the
-engine the path of each newly published version, which it applies between decode steps, so a
+:class:`WorkerSpec` (:func:`build_worker`, which the Ray backend's actors call too), receives
+requests on a queue, runs each as an asyncio task and sends each finished trajectory back the
+moment it is done. It samples with the newest weights it has: a :class:`WeightFollower` polls the
+run's :class:`~saorl.runtime.weights.WeightSync` and hands the engine each newly published
+version (a path, or tensors from Ray's object store), which it applies between decode steps, so a
 trajectory can span versions and records the version of every token.
 """
 
