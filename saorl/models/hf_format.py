@@ -55,8 +55,11 @@ def from_checkpoint(config: PretrainedConfig, tensors: dict[str, Tensor],
                     cls: type[PreTrainedModel] | None = None) -> dict[str, Tensor]:
     """Checkpoint-named ``tensors`` of a causal LM → its state dict in in-memory names, through
     ``from_pretrained`` (a CPU model is built and discarded)."""
+    from saorl.models.serialize import quiet_progress
+
     cls = cls or model_class(config)
-    model = cls.from_pretrained(None, config=config, state_dict=dict(tensors), dtype=dtype)
+    with quiet_progress():
+        model = cls.from_pretrained(None, config=config, state_dict=dict(tensors), dtype=dtype)
     return model.state_dict()
 
 
@@ -70,7 +73,10 @@ def read_weights(path: str | Path, like: PreTrainedModel) -> dict[str, Tensor]:
         return load_file(str(path))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{str(path)!r} is neither a safetensors file nor a model directory")
-    model = type(like).from_pretrained(str(path), local_files_only=True, dtype=like.dtype)
+    from saorl.models.serialize import quiet_progress
+
+    with quiet_progress():
+        model = type(like).from_pretrained(str(path), local_files_only=True, dtype=like.dtype)
     return model.state_dict()
 
 

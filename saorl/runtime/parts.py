@@ -72,10 +72,10 @@ def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str 
     return Critic.from_policy(policy, seed=cfg.seed)
 
 
-def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int) -> Learner:
+def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int | None) -> Learner:
     """The learner of ``cfg``'s algorithm, trainer settings and sampler (for exact DIS ratios):
     in this process, or sharded over the ranks of a torchrun launch (``trainer.shard: fsdp2``;
-    there the ranks other than 0 pass ``policy=None`` and receive rank 0's models)."""
+    there the ranks other than 0 pass ``policy=None`` and ``pad_id=None`` and receive rank 0's)."""
     t, r = cfg.trainer, cfg.rollout
     optim = OptimConfig(t.policy_lr, t.critic_lr, t.weight_decay, t.grad_clip, t.warmup_steps)
     sampler = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}

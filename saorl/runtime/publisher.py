@@ -17,6 +17,11 @@ two publications never interleave), does:
    worker's belief (its fallback version tag) is never ahead of the servers;
 4. keep the newest ``keep`` directories and delete older ones.
 
+``publish_checkpoint(buckets, version, config)`` — the sharded trainer's publication, buckets of
+full tensors already in checkpoint names — does the same with the directory written bucket by
+bucket (never the whole model in memory), without the log-prob probe (which needs the whole
+policy in this process).
+
 After the first publication (the run's starting weights) a :class:`LogprobProbe` sends one request
 to each server with the run's sampling settings and compares the log-probs it returns with the
 trainer's own (:func:`saorl.models.logprobs.token_logprobs` under the same temperature and
@@ -40,7 +45,7 @@ from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
 from saorl.engines.remote import ServerAdmin
 from saorl.engines.transport import HttpTransport
 from saorl.models.serialize import save_hf_weights
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.weights import FileWeightSync, write_checkpoint_dir
 
 
 class WeightPublishError(RuntimeError):
@@ -112,6 +117,17 @@ class ServerWeightSync:
             self._prune()
             if self.probe is not None and self.probe_gaps is None:
                 self.probe_gaps = self.probe.check(self.model, [a.url for a in self.admins])
+
+    def publish_checkpoint(self, buckets, version: int, config) -> None:
+        """The sharded trainer's publication (buckets already in checkpoint names): the directory
+        is written once, bucket by bucket, then put on the servers and announced, as in
+        :meth:`publish`. The log-prob probe needs the whole policy in this process, so a sharded
+        run does without it."""
+        with self._lock:
+            path = write_checkpoint_dir(buckets, config, self.root / f"v{version:08d}")
+            self.transport.run(self._put_everywhere(str(path.resolve()), version))
+            self.files.announce(version, f"{self.root.name}/{path.name}")
+            self._prune()
 
     async def _put_everywhere(self, path: str, version: int) -> None:
         errors = [e for e in await asyncio.gather(*(self._put(a, path, version) for a in self.admins)) if e]

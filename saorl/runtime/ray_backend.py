@@ -88,6 +88,9 @@ class RolloutActor:
     """One rollout worker in a Ray actor (used through ``ray.remote``; see the module docstring)."""
 
     def __init__(self, worker_id: int, spec: WorkerSpec, weights: WeightSync | None) -> None:
+        # the weight follower's ray.get runs in executor threads, never on the event loop; Ray
+        # warns of any ray.get in an async actor
+        os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
         prepare_worker_process(worker_id, spec)
         self.id, self.spec = worker_id, spec
         self.stack = build_worker(spec, weights)

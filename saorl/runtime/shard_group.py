@@ -163,10 +163,11 @@ def fill_from_rank0(model: nn.Module, full_state: dict[str, torch.Tensor], group
         dist.broadcast(buf, src=0)
 
 
-def describe(policy: nn.Module, critic: Critic | None) -> dict[str, Any]:
-    """What the other ranks need to build :func:`skeleton` s of rank 0's models."""
+def describe(policy: nn.Module, critic: Critic | None, pad_id: int) -> dict[str, Any]:
+    """What the other ranks need to build :func:`skeleton` s of rank 0's models (and its pad id)."""
     dtype = next(policy.parameters()).dtype
-    out: dict[str, Any] = {"policy": (type(policy), policy.config), "dtype": dtype, "critic": None}
+    out: dict[str, Any] = {"policy": (type(policy), policy.config), "dtype": dtype, "critic": None,
+                           "pad_id": pad_id}
     if critic is not None:
         out["critic"] = (type(critic.trunk), critic.trunk.config, next(critic.trunk.parameters()).dtype)
     return out

@@ -60,6 +60,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from saorl.algo.advantages import RunningMeanBaseline
+from saorl.algo.diagnostics import mismatch_metrics
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
@@ -123,17 +124,17 @@ def _rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class ShardedLearner(Learner):
     """A :class:`~saorl.runtime.learner.Learner` whose models are FSDP2-sharded (module docstring).
 
-    Rank 0 passes its real ``policy`` / ``critic``; the other ranks pass None and get skeletons of
-    rank 0's architecture, filled with rank 0's weights after sharding.
+    Rank 0 passes its real ``policy`` / ``critic`` and ``pad_id``; the other ranks pass None and
+    get skeletons of rank 0's architecture, filled with rank 0's weights after sharding.
     """
 
     def __init__(self, policy, critic: Critic | None, preset: AlgoPreset, optim: OptimConfig, *,
-                 group: sg.ShardGroup, pad_id: int, temperature: float = 1.0, top_k: int = 0,
+                 group: sg.ShardGroup, pad_id: int | None, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, bucket_mb: float = 512.0, checkpoint_format: str = "sharded",
                  activation_checkpointing: bool = False) -> None:
         self.group, self.checkpoint_format = group, checkpoint_format
         self.bucket_bytes = int(bucket_mb * 2**20)
-        desc = group.broadcast(sg.describe(policy, critic) if group.rank == 0 else None)
+        desc = group.broadcast(sg.describe(policy, critic, pad_id) if group.rank == 0 else None)
         if group.rank != 0:
             policy, critic = sg.skeleton(desc)
         self._classes = desc
@@ -151,7 +152,7 @@ class ShardedLearner(Learner):
             sg.shard(critic, group.mesh)
             sg.fill_from_rank0(critic, full_critic, group)
         del full_policy, full_critic
-        super().__init__(policy, critic, preset, optim, pad_id=pad_id, temperature=temperature,
+        super().__init__(policy, critic, preset, optim, pad_id=desc["pad_id"], temperature=temperature,
                          top_k=top_k, top_p=top_p, device=str(group.device))
         self.baseline = GlobalBaseline(preset.baseline_momentum, group)
 
@@ -276,14 +277,19 @@ class ShardedLearner(Learner):
             logprobs, entropy = token_logprobs(self.policy, batch.input_ids, batch.attention_mask,
                                                temperature=self.temperature, top_k=self.top_k,
                                                top_p=self.top_p, return_entropy=True)
+        # behaviour "trainer": the step's own log-probs, detached (ratio 1: nothing corrected)
+        behaviour = batch.rollout_logprobs if p.behaviour == "rollout" else logprobs.detach()
         loss, _ = POLICY_LOSSES[p.policy_loss](
-            logprobs, batch.rollout_logprobs, advantages, batch.action_mask, p.eps_low, p.eps_high)
+            logprobs, behaviour, advantages, batch.action_mask, p.eps_low, p.eps_high)
         if p.entropy_coef:
             loss = loss - p.entropy_coef * masked_mean(entropy, batch.action_mask)
         loss = loss * (n_act / max(g_act, 1.0))
         if p.lm_loss_coef:
             lm = lm_loss(logprobs, batch.action_mask, positive)
             loss = loss + p.lm_loss_coef * lm * (n_pos / max(g_pos, 1.0))
+        act = batch.action_mask
+        tokens = (_rows(logprobs, act), _rows(batch.rollout_logprobs, act), _rows(advantages, act),
+                  _rows(entropy, act), _rows(pos_tokens, act), _rows(self.version - batch.versions, act))
         with self.timings.span("policy backward + optimizer"):
             norm = self._finite_step(self.policy_params, self.policy_opt, loss * world)
         self.policy.eval()
@@ -291,9 +297,7 @@ class ShardedLearner(Learner):
             self.nonfinite_skips += 1
         else:
             self.version += 1
-        act = batch.action_mask
-        tokens = self.group.gather((_rows(logprobs, act), _rows(batch.rollout_logprobs, act),
-                                    _rows(advantages, act), _rows(entropy, act), _rows(pos_tokens, act)))
+        tokens = self.group.gather(tokens)
         if tokens is None:
             return None
         metrics |= _policy_metrics(p, tokens)
@@ -440,9 +444,11 @@ def _critic_metrics(tokens: list[tuple], value_clip: float | None) -> dict[str, 
 def _policy_metrics(p: AlgoPreset, tokens: list[tuple]) -> dict[str, float]:
     """The single-process learner's policy metrics (and its loss value), from every rank's action
     tokens: the same functions over the whole batch's tokens, one token per row."""
-    logprobs, rollout, adv, entropy, pos = (_cat(tokens, i) for i in range(5))
+    logprobs, rollout, adv, entropy, pos, staleness = (_cat(tokens, i) for i in range(6))
     ones = torch.ones_like(logprobs)
-    loss, metrics = POLICY_LOSSES[p.policy_loss](logprobs, rollout, adv, ones, p.eps_low, p.eps_high)
+    behaviour = rollout if p.behaviour == "rollout" else logprobs
+    loss, metrics = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, adv, ones, p.eps_low, p.eps_high)
+    metrics |= mismatch_metrics(logprobs, rollout, ones, staleness.long(), p.eps_low, p.eps_high)
     adv_mean = masked_mean(adv, ones)
     metrics["advantage/mean"] = float(adv_mean)
     metrics["advantage/std"] = float(masked_mean((adv - adv_mean) ** 2, ones).sqrt())

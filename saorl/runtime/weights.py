@@ -59,6 +59,26 @@ _VERSION = re.compile(r"v\d{8}(\.safetensors)?")
 """A published version: a file of a state dict or a checkpoint-named directory."""
 
 
+def write_checkpoint_dir(buckets: Iterable[dict[str, torch.Tensor]], config: Any, out_dir: Path) -> Path:
+    """A Hugging Face model directory at ``out_dir``, atomically: ``config.json``, one
+    ``model-0000k-of-0000n.safetensors`` per bucket (each written as it arrives) and
+    ``model.safetensors.index.json``."""
+    with atomic_dir(out_dir) as tmp:
+        weight_map, total, parts = {}, 0, []
+        for i, bucket in enumerate(buckets):
+            part = f"bucket-{i:05d}.safetensors"
+            save_safetensors_atomic(bucket, tmp / part, metadata={"format": "pt"})
+            parts.append((part, list(bucket)))
+            total += sum(t.numel() * t.element_size() for t in bucket.values())
+        for i, (part, names) in enumerate(parts):  # the standard shard names, now that n is known
+            final = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+            os.replace(tmp / part, tmp / final)
+            weight_map |= dict.fromkeys(names, final)
+        write_index(tmp, weight_map, total)
+        config.to_json_file(str(tmp / "config.json"))
+    return out_dir
+
+
 def _write_json_atomic(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
@@ -86,19 +106,12 @@ class FileWeightSync:
     def publish_checkpoint(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
                            config: Any) -> None:
         name = f"v{version:08d}"
-        with atomic_dir(self.dir / name) as tmp:
-            weight_map, total, parts = {}, 0, []
-            for i, bucket in enumerate(buckets):
-                part = f"bucket-{i:05d}.safetensors"
-                save_safetensors_atomic(bucket, tmp / part, metadata={"format": "pt"})
-                parts.append((part, list(bucket)))
-                total += sum(t.numel() * t.element_size() for t in bucket.values())
-            for i, (part, names) in enumerate(parts):  # the standard shard names, now that n is known
-                final = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
-                os.replace(tmp / part, tmp / final)
-                weight_map |= dict.fromkeys(names, final)
-            write_index(tmp, weight_map, total)
-            config.to_json_file(str(tmp / "config.json"))
+        write_checkpoint_dir(buckets, config, self.dir / name)
+        self.announce(version, name)
+
+    def announce(self, version: int, name: str) -> None:
+        """Point readers at ``name`` (a file or directory under this one, already complete) as
+        ``version``."""
         _write_json_atomic(self._pointer, {"version": version, "file": name})
         self._prune()
 

@@ -163,14 +163,12 @@ def build_worker(spec: WorkerSpec, weights: WeightSync | None = None) -> WorkerS
 
 
 def prepare_worker_process(worker_id: int, spec: WorkerSpec) -> None:
-    """Threads, seeds and quiet libraries for a process that hosts one rollout worker."""
+    """Threads and seeds of a process that hosts one rollout worker."""
     import torch
-    from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed + 1000 * worker_id)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    hf_logging.disable_progress_bar()  # a weight update from a model directory loads it each version
 
 
 async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:

@@ -249,3 +249,32 @@ def test_against_a_real_vllm_server():
 def test_against_a_real_sglang_server():
     pytest.skip("needs a running SGLang 0.5 server on a GPU machine; this CPU test suite drives the "
                 "clients against saorl's emulation instead")
+
+
+def test_sharded_publication_in_buckets_reaches_the_server(tok, tmp_path):
+    """``publish_checkpoint`` (the sharded trainer's buckets in checkpoint names): written once,
+    loaded by the server, labelled and announced like ``publish``."""
+    from saorl.models.hf_format import saved_names, to_checkpoint
+
+    eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode="processed_logprobs")
+    new = build_tiny("tiny-moe", seed=1)
+    sync = _publisher(tmp_path, lambda t: [VllmAdmin(url, t)], [url], new)
+    client = VllmEngine(url)
+    try:
+        state = new.state_dict()
+        names = saved_names(new)
+        buckets = (to_checkpoint(new, {n: state[n] for n in names[i:i + 10]})
+                   for i in range(0, len(names), 10))
+        sync.publish_checkpoint(buckets, 1, new.config)
+        assert httpx.get(url + "/weight_info").json() == {"weight_version": "1"}
+        assert sync.latest() == (1, str(tmp_path / "weights" / "hf" / "v00000001"))
+        assert len(list((tmp_path / "weights" / "hf" / "v00000001").glob("model-*.safetensors"))) >= 2
+        sp = SamplingParams(temperature=0, max_new_tokens=6)
+        got = client.generate([PROMPT], sp)[0]
+        with LocalEngine(new, tok, max_batch_size=1, stop_on_eos=False) as ref:
+            assert got.token_ids == ref.generate([PROMPT], sp)[0].token_ids and got.versions == [1] * 6
+    finally:
+        client.close()
+        sync.close()
+        srv.shutdown()
+        eng.close()

@@ -2,6 +2,7 @@
 
 - Qwen3 with a byte-level BPE tokenizer (no prefix space, decoding concatenative) and a ChatML
   chat template; eos ``<|im_end|>``, pad ``<|endoftext|>``; no BOS.
+- Qwen3-MoE with the same tokenizer (:func:`qwen3_moe_dir`).
 - Llama with a SentencePiece-style Unigram tokenizer: the ``▁`` dummy prefix and spaces as ``▁``
   (a ``Prepend`` + ``Replace`` normalizer, as converted Llama 2 / Mistral tokenizers have it),
   byte fallback, BOS ``<s>`` added by the tokenizer, eos ``</s>``, no pad token, no chat template.
@@ -20,7 +21,15 @@ from typing import ClassVar
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 CORPUS = [
     "Add 12 and 30. The answer is 42.", "<out>5</out> then </answer> and more text",
@@ -87,6 +96,17 @@ def llama_dir(path: Path, seed: int = 0) -> Path:
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=None)
     return _save(LlamaForCausalLM, cfg, tok, path, seed)
+
+
+def qwen3_moe_dir(path: Path, seed: int = 0) -> Path:
+    """A random-init Qwen3-MoE (hidden 32, 2 layers, 4 experts, top 2) + :func:`bpe_tokenizer`."""
+    tok = bpe_tokenizer()
+    cfg = Qwen3MoeConfig(vocab_size=len(tok) + 16, hidden_size=32, intermediate_size=64,
+                         moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    return _save(Qwen3MoeForCausalLM, cfg, tok, path, seed)
 
 
 def _save(cls, cfg, tok, path: Path, seed: int) -> Path:

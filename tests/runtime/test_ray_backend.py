@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -58,18 +59,26 @@ def ray_args(temp_dir: str, *extra: str) -> list[str]:
 
 
 class KillWorker(Observer):
-    """At step ``at``, ``kill -9`` the process of Ray actor ``saorl-rollout-0``; notes the daemons."""
+    """At step ``at``, ``kill -9`` the process of Ray actor ``saorl-rollout-0`` once its engine runs
+    weights of version >= ``at - 1`` (published after step ``at - 1``); notes the Ray daemons."""
 
     def __init__(self, at: int, temp_dir: str) -> None:
         self.at, self.temp_dir = at, temp_dir
         self.killed: int | None = None
+        self.engine_version = -1
         self.daemons: list[str] = []
 
     def step_done(self, step, metrics, trajectories) -> None:
-        if step == self.at:
-            self.daemons = [c for c in cluster_processes(self.temp_dir) if "raylet" in c or "gcs_server" in c]
-            self.killed = ray.get(ray.get_actor("saorl-rollout-0").pid.remote())
-            os.kill(self.killed, signal.SIGKILL)
+        if step != self.at:
+            return
+        self.daemons = [c for c in cluster_processes(self.temp_dir) if "raylet" in c or "gcs_server" in c]
+        actor = ray.get_actor("saorl-rollout-0")
+        deadline = time.monotonic() + 60
+        while self.engine_version < self.at - 1 and time.monotonic() < deadline:
+            self.engine_version = int(ray.get(actor.stats.remote(0.0)).stats["version"])
+            time.sleep(0.05)
+        self.killed = ray.get(actor.pid.remote())
+        os.kill(self.killed, signal.SIGKILL)
 
 
 def _pending(ckpt: Path) -> set[int]:
@@ -84,16 +93,22 @@ def test_ray_run_survives_a_killed_actor_trains_each_rollout_once_and_leaves_no_
     kill = KillWorker(at=2, temp_dir=ray_dir)
     run_dir, _ = train(cfg, tmp_path / "ray", observer=kill)
 
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["step"] > 0]  # (step 0: evaluation)
     assert [r["step"] for r in rows] == list(range(1, 9))
-    local_rows = read_jsonl(local_dir / "metrics.jsonl")
-    assert set(rows[0]) == set(local_rows[0])  # the same metrics as the local backend
-    assert kill.killed is not None
+    local_rows = [r for r in read_jsonl(local_dir / "metrics.jsonl") if r["step"] > 0]
+    # the same metrics as the local backend, but for those that depend on the data or the timing:
+    # the slot utilisation appears once a worker's engine stats (sent about once a second) count
+    # decode steps; a mismatch bucket appears when a batch has tokens of that staleness
+    def stable(keys: set[str]) -> set[str]:
+        return {k for k in keys if k != "rollout/slot_util" and not re.match(r"mismatch/.*_s\d", k)}
+
+    keys, local_keys = set().union(*rows), set().union(*local_rows)
+    assert "rollout/slot_util" in keys and "mismatch/kl_s0" in keys
+    assert stable(keys) == stable(local_keys)
+    assert kill.killed is not None and kill.engine_version >= 1  # weights reached the actor
     assert rows[-1]["rollout/worker_restarts"] >= 1
     assert rows[-1]["rollout/requeued"] > 0
-    # weights reached the actors: trajectories sampled by versions > 0
     trained = read_jsonl(run_dir / "trained.jsonl")
-    assert max(v for row in trained for vs in row["versions"] for v in vs) > 0
     # exactly once: no rid in two steps; every journalled rid trained or pending at the end
     rids = [rid for row in trained for rid in row["rids"]]
     assert len(rids) == len(set(rids)) == 8 * 4
@@ -116,7 +131,6 @@ def test_ray_run_past_the_restart_limit_stops_with_one_paragraph(tmp_path, ray_d
     message = str(info.value.__cause__ or info.value)
     assert "ray.max_restarts=0" in message and "rollout worker 0" in message
     assert "\n" not in message
-    trained = read_jsonl(tmp_path / "ray" / "trained.jsonl")
-    assert max(v for row in trained for vs in row["versions"] for v in vs) > 0  # via the object store
+    assert kill.engine_version >= 1  # the actor's engine loaded published weights, via the object store
     time.sleep(1.0)
     assert cluster_processes(ray_dir) == []

@@ -191,7 +191,7 @@ def test_torchrun_two_ranks_three_steps_then_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert (latest_checkpoint(run_dir / "checkpoints") / "shards").is_dir()
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]  # step 0: the evaluation before training
     assert rows[-1]["policy/version"] == 5
     rids = [rid for r in read_jsonl(run_dir / "trained.jsonl") for rid in r["rids"]]
     assert len(rids) == len(set(rids)) == 20
