@@ -31,6 +31,8 @@ from saorl.data.trajectory import Trajectory
 from saorl.models.serialize import load_safetensors, save_safetensors_atomic
 
 MANIFEST = "manifest.json"
+SHARDS = "shards"
+"""The subdirectory of a sharded learner's state (``torch.distributed.checkpoint``, one file per rank)."""
 
 
 def _flatten_optimizer(sd: dict, prefix: str) -> tuple[dict[str, torch.Tensor], dict]:
@@ -86,6 +88,12 @@ def load_learner_files(directory: Path,
                        manifest: dict[str, Any]) -> tuple[dict, dict, dict | None, dict | None]:
     """``(policy, policy optimizer, critic, critic optimizer)`` state dicts of the single-process
     layout (the critic's are None when the checkpoint has none)."""
+    if (directory / SHARDS).is_dir() and not (directory / "policy.safetensors").exists():
+        raise ValueError(
+            f"checkpoint {str(directory)!r} holds a sharded learner's state (trainer.shard_checkpoint="
+            "sharded: each rank's shards, written by torch.distributed.checkpoint); resume it with "
+            "trainer.shard=fsdp2 under torchrun, or have the sharded run write full checkpoints "
+            "(trainer.shard_checkpoint=full) to resume in one process")
     optim_path = directory / "optim.safetensors"
     optim = load_safetensors(optim_path) if optim_path.exists() else {}
     policy = load_safetensors(directory / "policy.safetensors")

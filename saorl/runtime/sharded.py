@@ -71,12 +71,9 @@ from saorl.models.hf_format import saved_names, to_checkpoint
 from saorl.models.loading import checkpoint_activations
 from saorl.models.logprobs import token_logprobs
 from saorl.runtime import shard_group as sg
-from saorl.runtime.checkpoint import load_learner_files, save_learner_files
+from saorl.runtime.checkpoint import SHARDS, load_learner_files, save_learner_files
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.weights import WeightSync
-
-SHARDS = "shards"
-"""The checkpoint subdirectory of a sharded (``torch.distributed.checkpoint``) learner state."""
 
 
 class GlobalBaseline(RunningMeanBaseline):

@@ -199,3 +199,12 @@ def test_torchrun_two_ranks_three_steps_then_resume(tmp_path):
     assert published["version"] == 5 and (run_dir / "weights" / published["file"] / INDEX).is_file()
     policy = AutoModelForCausalLM.from_pretrained(str(run_dir / "final" / "policy"))
     assert sum(p.numel() for p in policy.parameters()) > 0
+
+
+def test_a_sharded_checkpoint_refuses_a_single_process_resume_in_one_paragraph(tmp_path):
+    from saorl.runtime.checkpoint import SHARDS, load_learner_files
+
+    (tmp_path / SHARDS).mkdir()
+    with pytest.raises(ValueError, match=r"trainer\.shard=fsdp2 under torchrun") as info:
+        load_learner_files(tmp_path, {})
+    assert "\n" not in str(info.value)
