@@ -264,6 +264,17 @@ class RolloutConfig(_Section):
     log-probs of the same tokens (same temperature and truncation); a mean gap above this many
     nats per token stops the run (e.g. vLLM without ``--logprobs-mode processed_logprobs``)."""
 
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The local engine's own parameter dtype (None: ``model.dtype``); the trainer keeps
+    ``model.dtype``. An engine in lower precision than the trainer is the engine/trainer mismatch of
+    real deployments, which DIS exists to absorb."""
+    moe_top_k: int | None = Field(None, ge=1)
+    """The local engine routes each token to this many experts (None: the model's own); the trainer
+    keeps the model's. A dial for engine/trainer routing mismatch (MoE policies only)."""
+    router_noise: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    """The local engine picks experts from router logits plus N(0, σ²) noise, σ = this (the picked
+    experts' weights stay the router's own probabilities); 0 = none. MoE policies only."""
+
     @field_validator("engine_urls")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
@@ -278,6 +289,11 @@ class RolloutConfig(_Section):
     def _consistent(self) -> RolloutConfig:
         if self.engine == "http" and not (self.http_url or self.engine_urls):
             raise _FieldError("http_url", "required when engine is 'http' (or set rollout.engine_urls)")
+        if self.engine != "local":
+            for name in ("dtype", "moe_top_k", "router_noise"):
+                if getattr(self, name):
+                    raise _FieldError(name, "changes the local engine only; rollout.engine is "
+                                            f"{self.engine!r}")
         if self.engine in ("vllm", "sglang") and not self.engine_urls:
             raise _FieldError("engine_urls", f"required when engine is {self.engine!r}: the base URLs of "
                               f"the {self.engine} servers you started, e.g. "

@@ -103,7 +103,8 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
-                      threads=cfg.runtime.worker_threads, device=cfg.model.device, dtype=cfg.model.dtype,
+                      threads=cfg.runtime.worker_threads, device=cfg.model.device,
+                      dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,
                       http_url=r.http_url, engine_urls=tuple(r.engine_urls), engine_routing=r.engine_routing,
                       engine_model=r.engine_model)
 
@@ -139,14 +140,9 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
     r = cfg.rollout
     spec = worker_spec(cfg, run_dir, policy_spec, tokenizer)
     if cfg.runtime.backend == "inprocess":
-        from saorl.engines.local import LocalEngine
         from saorl.runtime.inprocess import InProcessBackend
 
-        if r.engine == "local":
-            model = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-            engine = LocalEngine(model, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
-        else:
-            engine = build_engine(spec, tokenizer)
+        engine = build_engine(spec, tokenizer)
         return InProcessBackend(engine, env_factory, tokenizer, sampling=sampling_params(cfg),
                                 max_total_tokens=r.max_total_tokens,
                                 concurrency=r.num_workers * r.concurrent_episodes, weights=weights,

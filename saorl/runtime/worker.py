@@ -64,6 +64,10 @@ class WorkerSpec:
     engine_model: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    moe_top_k: int | None = None
+    """Engine-only MoE routing: experts per token (None: the model's)."""
+    router_noise: float = 0.0
+    """Engine-only MoE routing: std of the noise on router logits when picking experts."""
 
 
 class WeightFollower:
@@ -137,6 +141,10 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
     from saorl.models.loading import load_policy
 
     model = load_policy(spec.policy, seed=spec.seed, device=spec.device, dtype=spec.dtype)
+    if spec.moe_top_k is not None or spec.router_noise:
+        from saorl.models.routing import perturb_routing
+
+        perturb_routing(model, top_k=spec.moe_top_k, noise_std=spec.router_noise, seed=spec.seed)
     return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device)
 
 
