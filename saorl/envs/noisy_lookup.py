@@ -75,7 +75,7 @@ class NoisyLookupEnv(Env):
     name: ClassVar[str] = "noisy_lookup"
     stop_strings: ClassVar[tuple[str, ...]] = ("</tool>", "</answer>")
 
-    def __init__(self, mean_calls: float = 3.0, cv: float = 1.0, max_calls: int = 8, noise_words: int = 24,
+    def __init__(self, mean_calls: float = 3.0, cv: float = 1.0, max_calls: int = 8, noise_words: int = 16,
                  extra_turns: int = 1, demo_error_rate: float = 0.3, **options: Any) -> None:
         """Options: ``mean_calls`` (>= 1), ``cv`` (>= 0), ``max_calls`` (1..len(NAMES)),
         ``noise_words`` (filler words per observation, >= 0), ``extra_turns`` (turns past the k

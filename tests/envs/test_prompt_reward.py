@@ -145,3 +145,29 @@ def test_number_answer_hand_cases():
     assert number_answer("q", "nothing", 1, extra="ignored") == 0.0
     with pytest.raises(ValueError, match="holds no number"):
         number_answer("q", "1", "none")
+
+
+def test_a_gsm8k_shaped_dataset_as_docs_envs_md_shows(tmp_path):
+    """Columns ``question`` and ``answer`` (a worked solution ending ``#### N``), saved with
+    save_to_disk and read through env.dataset, as the GSM8K command in docs/envs.md does."""
+    datasets = pytest.importorskip("datasets")
+    from saorl.config import load_config
+    from saorl.data.tasks import load_split
+
+    rows = [{"question": f"Tom has {i} apples and buys {i} more. How many?",
+             "answer": f"He has {i} + {i} = {2 * i} apples.\n#### {2 * i}"} for i in range(1, 6)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:4]),
+                          "test": datasets.Dataset.from_list(rows[4:])}).save_to_disk(str(tmp_path / "gsm"))
+    cfg = load_config(None, ["env.type=prompt_reward", f"env.dataset.path={tmp_path / 'gsm'}",
+                             "env.options.prompt_column=question",
+                             "env.options.reward_fn=saorl.envs.rewards:number_answer",
+                             "env.options.demo_column=answer"])
+    env = make_env_factory(cfg.env.type, cfg.env.options)()
+    train = load_split(env, cfg.env, "train", None, 0)
+    assert len(train) == 4 and len(load_split(env, cfg.env, "test", None, 0)) == 1
+    for task in train:
+        assert env.reset(task) == task.data["question"]
+        (r,) = play(env, task, env.demonstration(task, random.Random(0)))
+        assert r.reward == 1.0 and r.info["success"]
+        (r,) = play(env, task, ["I think 3"])
+        assert r.reward == 0.0
