@@ -231,6 +231,10 @@ def test_env_metrics_reach_the_episode_and_survive_json(tok):
     # means over the trajectories that report each key; keys no one reports are absent
     assert env_metric_means([traj, plain, other]) == {"env/dist": 3.0, "env/hit": 0.5}
     assert env_metric_means([plain], "eval/env/") == {}
+    from saorl.stages.evaluate import eval_metrics
+
+    m = eval_metrics([traj, plain, other])
+    assert (m["eval/env/hit"], m["eval/env/dist"]) == (0.5, 3.0)
 
 
 @pytest.mark.parametrize("metrics", [[1.0], {"x": float("nan")}, {"x": "high"}, {3: 1.0}, {"x": None}])
