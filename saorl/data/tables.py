@@ -7,7 +7,7 @@ Ids. With ``id_column`` set, that column (text or an integer) is the id and is r
 payload; else an ``id`` column is used the same way when there is one; else a row's id is
 ``row-`` + a hash of its content, so the same row in a train and a test file gets the same id
 and :func:`saorl.data.tasks.check_disjoint` catches it. Rows repeated within one source get
-``#2``, ``#3``, … appended. Any other duplicate id is an error naming the rows.
+``#2``, ``#3``, … appended. Any other duplicate id is an error naming the rows (numbered from 1).
 
 Sources (nothing here ever downloads: a path that does not exist is an error, never a Hub name):
 
@@ -62,7 +62,7 @@ def tasks_from_rows(rows: Iterable[Mapping[str, Any]], where: str,
     tasks: list[Task] = []
     first: dict[str, int] = {}
     repeats: dict[str, int] = {}
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows, 1):  # rows are numbered from 1, as saorl's other messages do
         data = dict(row)
         column = id_column or ("id" if "id" in data else None)
         if column is not None:

@@ -169,7 +169,8 @@ def _source(src: str | os.PathLike | Source) -> Source:
     return (str(src[0]), src[1]) if isinstance(src, tuple) else (str(src), None)
 
 
-def _name(src: Source) -> str:
+def source_name(src: Source) -> str:
+    """How errors name a source: its path, with the split in brackets when it has one."""
     return src[0] if src[1] is None else f"{src[0]} [{src[1]}]"
 
 
@@ -181,13 +182,13 @@ def file_splits(tasks_file: str | os.PathLike | Source, test_tasks_file: str | o
     if test_tasks_file is not None:
         test_src = _source(test_tasks_file)
         test = read_tasks(*test_src, id_column=id_column)
-        check_disjoint(tasks, test, _name(train_src), _name(test_src))
+        check_disjoint(tasks, test, source_name(train_src), source_name(test_src))
         return tasks, test
     if held_out <= 0:
         return tasks, None
     if len(tasks) <= held_out:
-        raise TaskFileError(f"{_name(train_src)}: {len(tasks)} tasks, but {held_out} are held out as the "
-                            "test split and at least one must be left to train on; give a test file "
+        raise TaskFileError(f"{source_name(train_src)}: {len(tasks)} tasks, but {held_out} are held out as "
+                            "the test split and at least one must be left to train on; give a test file "
                             "(env.test_tasks_file or env.dataset.test_split) or lower env.num_test_tasks")
     return tasks[:-held_out], tasks[-held_out:]
 

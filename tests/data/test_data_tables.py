@@ -41,12 +41,12 @@ def test_id_columns():
     assert tasks_from_rows(rows, "f") == [Task("7", {"q": "a"}), Task("x", {"q": "b"})]
     rows = [{"uid": "u1", "id": 1, "q": "a"}]
     assert tasks_from_rows(rows, "f", id_column="uid") == [Task("u1", {"id": 1, "q": "a"})]
-    with pytest.raises(TaskFileError, match=r"f row 1: duplicate id '1' \(first at row 0\)"):
+    with pytest.raises(TaskFileError, match=r"f row 2: duplicate id '1' \(first at row 1\)"):
         tasks_from_rows([{"id": 1}, {"id": "1"}], "f")
-    with pytest.raises(TaskFileError, match=r"f row 0: no id column 'uid' \(columns: \['q'\]\)"):
+    with pytest.raises(TaskFileError, match=r"f row 1: no id column 'uid' \(columns: \['q'\]\)"):
         tasks_from_rows([{"q": 1}], "f", id_column="uid")
     for bad in (None, "", 1.5, True):
-        with pytest.raises(TaskFileError, match="f row 0: id column 'id' must hold non-empty text or an int"):
+        with pytest.raises(TaskFileError, match="f row 1: id column 'id' must hold non-empty text or an int"):
             tasks_from_rows([{"id": bad}], "f")
     with pytest.raises(TaskFileError, match="f: no rows"):
         tasks_from_rows([], "f")
