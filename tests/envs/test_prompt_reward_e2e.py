@@ -34,8 +34,8 @@ def test_train_on_a_parquet_dataset_with_a_reward_function_module(tmp_path):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(math.isfinite(r["reward/mean"]) and 0.0 <= r["reward/mean"] <= 1.0 for r in rows)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the evaluation before any training
+    assert all(math.isfinite(r["reward/mean"]) and 0.0 <= r["reward/mean"] <= 1.0 for r in rows[1:])
     evals = read_jsonl(run_dir / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 2] and all(e["eval/episodes"] == 4 for e in evals)
     train_ids = {t.id for t in read_tasks(data / "train.parquet")}
