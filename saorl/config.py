@@ -798,8 +798,9 @@ def absolute_paths(cfg: SaorlConfig) -> SaorlConfig:
     means the same from any directory: a run's saved ``config.yaml`` (``--resume`` from elsewhere) and
     the keys of the SFT and value-pretraining caches.
 
-    ``run.out_dir`` and the task files are always paths; ``model.policy``, ``model.tokenizer`` and
-    ``model.critic`` are made absolute only when they name an existing path (a tiny kind stays as it is).
+    ``run.out_dir``, the task files and ``env.dataset.path`` are always paths; ``model.policy``,
+    ``model.tokenizer`` and ``model.critic`` are made absolute only when they name an existing path
+    (a tiny kind stays as it is).
     """
     out = cfg.model_copy(deep=True)
 
@@ -813,6 +814,8 @@ def absolute_paths(cfg: SaorlConfig) -> SaorlConfig:
         value = getattr(sec, name)
         if value and (section == "env" or os.path.exists(os.path.expanduser(value))):
             setattr(sec, name, absolute(value))
+    if out.env.dataset is not None:
+        out.env.dataset.path = absolute(out.env.dataset.path)
     return out
 
 
