@@ -93,6 +93,8 @@ def _type_name(annotation: Any) -> str:
         return "mapping"
     if annotation is type(None):
         return "null"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "section"
     if isinstance(annotation, type):
         return {"str": "string", "int": "int", "float": "float", "bool": "bool"}.get(
             annotation.__name__, annotation.__name__)
@@ -120,6 +122,8 @@ def _bounds(info: FieldInfo) -> str:
 
 
 def _default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
     value = info.default_factory() if info.default_factory is not None else info.default
     if value is None:
         return "`null`"
@@ -146,8 +150,17 @@ def _is_section(info: FieldInfo) -> bool:
     return isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
 
 
+def _subsection(info: FieldInfo) -> type[BaseModel] | None:
+    """The model of an optional subsection (a field annotated ``Model | None``), else None."""
+    for a in typing.get_args(info.annotation):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
 def render_sections() -> list[str]:
-    """One Markdown table per section of :class:`SaorlConfig`, top-level scalars first."""
+    """One Markdown table per section of :class:`SaorlConfig`, top-level scalars first; an
+    optional subsection (``env.dataset``) gets a table of its own after its section's."""
     fields = SaorlConfig.model_fields
     lines = ["## Top level", "", *_table([_field_row(n, f) for n, f in fields.items() if not _is_section(f)])]
     for name, info in fields.items():
@@ -156,6 +169,12 @@ def render_sections() -> list[str]:
         model: type[BaseModel] = info.annotation  # type: ignore[assignment]
         lines += ["", f"## `{name}`", "", _md(info.description or "").replace("\\|", "|"), ""]
         lines += _table([_field_row(n, f) for n, f in model.model_fields.items()])
+        for sub_name, sub_info in model.model_fields.items():
+            sub = _subsection(sub_info)
+            if sub is not None:
+                about = _md(sub_info.description or "").replace("\\|", "|")
+                lines += ["", f"### `{name}.{sub_name}`", "", about + " Null by default; its fields:", ""]
+                lines += _table([_field_row(n, f) for n, f in sub.model_fields.items()])
     return lines
 
 

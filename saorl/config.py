@@ -173,20 +173,54 @@ class ModelConfig(_Section):
         return self
 
 
+class DatasetConfig(_Section):
+    path: str
+    """A local dataset: a directory written by ``datasets``' ``save_to_disk`` (a ``DatasetDict``
+    holding the splits below), or a directory with one file per split (``train.parquet``,
+    ``test.jsonl``, or shards ``train-*.parquet``, also under ``data/``). Never a Hub name:
+    download it first (``datasets.load_dataset(NAME).save_to_disk(DIR)``)."""
+    train_split: str = "train"
+    """The split trained on."""
+    test_split: str | None = "test"
+    """The held-out split evaluated on (no task may be in both); null = hold out the last
+    ``env.num_test_tasks`` tasks of the train split."""
+
+    @field_validator("path", "train_split", "test_split")
+    @classmethod
+    def _nonempty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DatasetConfig:
+        if self.test_split == self.train_split:
+            raise _FieldError("test_split", f"is the train split ({self.train_split!r}) too: a model "
+                                            "would be evaluated on what it trained on")
+        return self
+
+
 class EnvConfig(_Section):
     type: str = "math_tool"
-    """Environment: a built-in name (``math_tool``, ``code_repair``, ``style_shift``) or
-    ``module.path:ClassName``."""
+    """Environment: a built-in name (``math_tool``, ``math_levels``, ``noisy_lookup``,
+    ``code_repair``, ``style_shift``, ``synthetic``, ``prompt_reward``) or ``module.path:ClassName``."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the env class (e.g. ``difficulty: 2``); checked when the env is built."""
     tasks_file: str | None = None
-    """JSONL file of training tasks (format: ``saorl.data.tasks``) used instead of the env's task
-    generator. Without ``test_tasks_file``, its last ``num_test_tasks`` tasks are held out as the
-    test split and never trained on. Before anything runs, every task of the file(s) is passed to
-    the env's ``reset`` once, so a row the env rejects stops the run at start, named by file and row
-    (for an env whose reset is slow, as many as 10 seconds allow)."""
+    """Training tasks used instead of the env's task generator: a JSONL file (format:
+    ``saorl.data.tasks``), a ``.parquet`` file, or a ``datasets`` directory of one split
+    (``save_to_disk``). Without ``test_tasks_file``, its last ``num_test_tasks`` tasks are held out
+    as the test split and never trained on. Before anything runs, every task of the file(s) is
+    passed to the env's ``reset`` once, so a row the env rejects stops the run at start, named by
+    file and row (for an env whose reset is slow, as many as 10 seconds allow)."""
     test_tasks_file: str | None = None
-    """JSONL file of held-out test tasks (needs ``tasks_file``); no id may be in both files."""
+    """Held-out test tasks, in any format ``tasks_file`` takes (needs ``tasks_file``); no id may be
+    in both."""
+    dataset: DatasetConfig | None = None
+    """Train and test tasks from one local dataset with named splits (instead of ``tasks_file``)."""
+    id_column: str | None = None
+    """Parquet and dataset rows: the column holding unique task ids; null = an ``id`` column if
+    there is one, else a hash of each row's content (so a row in both splits is caught)."""
     num_train_tasks: int = Field(5000, ge=1)
     """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
     num_test_tasks: int = Field(128, ge=1)
@@ -196,6 +230,9 @@ class EnvConfig(_Section):
     def _files(self) -> EnvConfig:
         if self.test_tasks_file and not self.tasks_file:
             raise _FieldError("test_tasks_file", "needs env.tasks_file (the training tasks) too")
+        if self.dataset is not None and (self.tasks_file or self.test_tasks_file):
+            raise _FieldError("dataset", "give the tasks either as env.dataset or as env.tasks_file / "
+                                         "env.test_tasks_file, not both")
         return self
 
     @field_validator("type")
@@ -601,13 +638,21 @@ def _check_path(schema: type[BaseModel], parts: list[str], item: str) -> None:
         fields = model.model_fields
         if part not in fields:
             raise ConfigError(f"bad override {item!r}: {where}: {_unknown(part, list(fields))}")
-        annotation = fields[part].annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        annotation = _section_type(fields[part].annotation)
+        if annotation is not None:
             model = annotation
-        elif _is_free_dict(annotation):
+        elif _is_free_dict(fields[part].annotation):
             return
         else:
             model = None
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a field annotated ``Section`` or ``Section | None``, else None."""
+    for a in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
 
 
 def _is_free_dict(annotation: Any) -> bool:
@@ -733,10 +778,10 @@ def _describe(err: Mapping[str, Any]) -> str:
 def _known_fields(loc: list[str]) -> list[str]:
     model: type[BaseModel] = SaorlConfig
     for part in loc:
-        annotation = model.model_fields[part].annotation if part in model.model_fields else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        section = _section_type(model.model_fields[part].annotation) if part in model.model_fields else None
+        if section is None:
             return []
-        model = annotation
+        model = section
     return list(model.model_fields)
 
 
@@ -769,8 +814,9 @@ def absolute_paths(cfg: SaorlConfig) -> SaorlConfig:
     means the same from any directory: a run's saved ``config.yaml`` (``--resume`` from elsewhere) and
     the keys of the SFT and value-pretraining caches.
 
-    ``run.out_dir`` and the task files are always paths; ``model.policy``, ``model.tokenizer`` and
-    ``model.critic`` are made absolute only when they name an existing path (a tiny kind stays as it is).
+    ``run.out_dir``, the task files and ``env.dataset.path`` are always paths; ``model.policy``,
+    ``model.tokenizer`` and ``model.critic`` are made absolute only when they name an existing path
+    (a tiny kind stays as it is).
     """
     out = cfg.model_copy(deep=True)
 
@@ -784,6 +830,8 @@ def absolute_paths(cfg: SaorlConfig) -> SaorlConfig:
         value = getattr(sec, name)
         if value and (section == "env" or os.path.exists(os.path.expanduser(value))):
             setattr(sec, name, absolute(value))
+    if out.env.dataset is not None:
+        out.env.dataset.path = absolute(out.env.dataset.path)
     return out
 
 

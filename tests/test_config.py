@@ -234,3 +234,14 @@ def test_overrides_after_a_commands_options_are_accepted():
         parse(parser, ["experiment", "math", "--quick", "--no-such-flag"])
     with pytest.raises(SystemExit):
         parse(parser, ["experiment", "math", "--quick", "stray"])
+
+
+def test_absolute_paths_cover_env_dataset(tmp_path, monkeypatch):
+    from saorl.config import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["env.dataset.path=data/gsm8k", "env.dataset.test_split=null"])
+    out = absolute_paths(cfg)
+    assert out.env.dataset.path == str(tmp_path / "data" / "gsm8k") and out.env.dataset.test_split is None
+    assert cfg.env.dataset.path == "data/gsm8k"  # a copy: the original is unchanged
+    assert absolute_paths(load_config(None, [])).env.dataset is None

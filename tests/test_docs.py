@@ -125,7 +125,7 @@ def test_doc_env_sample_command(reverse_env, capsys):
 
 
 # --------------------------------------------------------------------------- transcripts, README
-@pytest.mark.parametrize("env", ["math_tool", "code_repair", "style_shift"])
+@pytest.mark.parametrize("env", ["math_tool", "math_levels", "code_repair", "noisy_lookup", "style_shift"])
 def test_envs_md_samples_match_the_command(env, capsys):
     text = (DOCS / "envs.md").read_text(encoding="utf-8")
     command = f"$ saorl envs sample {env} --n 1 --no-color\n"
@@ -141,6 +141,14 @@ def test_readme_lists_exactly_the_cli_commands_and_links_resolve():
     assert listed == set(COMMANDS), f"README lists {sorted(listed)}, the CLI has {sorted(COMMANDS)}"
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / link).exists(), f"README links to missing {link}"
+
+
+def test_envs_md_quotes_the_example_reward_module_verbatim():
+    text = (DOCS / "envs.md").read_text(encoding="utf-8")
+    header = "# examples/prompt_reward/my_rewards.py\n"
+    block = next(b for b in _blocks(text, "python") if b.startswith(header))
+    source = ROOT / "examples" / "prompt_reward" / "my_rewards.py"
+    assert block[len(header):] == source.read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------ scaling

@@ -49,6 +49,8 @@ Decisions that the trainer and the env authors rely on:
   ``sample_index`` and the turn number: reproducible, yet episodes and turns do not replay one
   random stream. :func:`run_episodes` / :func:`stream_episodes` pass a task's position as
   ``sample_index``, so a task listed twice gets two different samples.
+- **Env metrics.** The last step's ``info["metrics"]`` (optional: names → finite numbers) becomes
+  ``episode.env_metrics``; anything else there is an env bug (:class:`EpisodeError`).
 - **Errors.** :class:`EngineError` propagates with the task id prefixed; an aborted or empty
   generation is an :class:`EngineError` too. Any exception from the env (``reset`` or ``step``)
   is an env bug and surfaces as :class:`EpisodeError` naming the env and the task.
@@ -60,9 +62,10 @@ episode overlap decoding of the others.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -230,10 +233,25 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         env=env.name, turns=len(b.turn_spans), success=bool(out.info.get("success", False)),
         final_reward=float(out.reward), turn_rewards=b.turn_rewards, turn_spans=b.turn_spans,
         finish_reasons=b.finish_reasons, final_observation=out.observation, truncation=truncation,
-        gen_seconds=gen_s, env_seconds=env_s)
+        gen_seconds=gen_s, env_seconds=env_s, env_metrics=_env_metrics(out.info, env, task))
     return Trajectory(token_ids=b.token_ids, action_mask=b.action_mask, rollout_logprobs=b.logprobs,
                       rewards=b.rewards, versions=b.versions, prompt_len=prompt_len, task_id=task.id,
                       truncated=truncation is not None, episode=episode)
+
+
+def _env_metrics(info: dict[str, Any], env: Env, task: Task) -> dict[str, float]:
+    """The last step's ``info["metrics"]``, checked: a mapping of names to finite numbers."""
+    metrics = info.get("metrics", {})
+    if not isinstance(metrics, Mapping):
+        raise EpisodeError(f"env {env.name!r} on task {task.id!r}: info['metrics'] must be a dict of "
+                           f"numbers, got {type(metrics).__name__}")
+    out = {}
+    for k, v in metrics.items():
+        if not (isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v)):
+            raise EpisodeError(f"env {env.name!r} on task {task.id!r}: info['metrics'][{k!r}] must be a "
+                               f"finite number under a string key, got {v!r}")
+        out[k] = float(v)
+    return out
 
 
 def _resolve_progress(progress: ProgressSource) -> Progress | None:

@@ -93,12 +93,12 @@ def _run_list() -> int:
         try:
             cls = resolve_env(name)
         except EnvResolveError as e:
-            print(f"{name:<12} {target}  (unavailable: {e})")
+            print(f"{name:<13} {target}  (unavailable: {e})")
             continue
         module = importlib.import_module(cls.__module__)
         summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
         summary = summary.replace("``", "")  # the docstring's markup, not for a terminal
-        print(f"{name:<12} {target}  stop={list(cls.stop_strings)}\n{'':<12} {summary}")
+        print(f"{name:<13} {target}  stop={list(cls.stop_strings)}\n{'':<13} {summary}")
     return 0
 
 

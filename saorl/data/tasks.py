@@ -1,4 +1,5 @@
-"""Task datasets from files: JSONL and (optionally) Hugging Face ``datasets``.
+"""Task datasets from files: JSONL here; parquet and Hugging Face ``datasets`` directories in
+:mod:`saorl.data.tables` (optional packages), all read through :func:`read_tasks`.
 
 JSONL format: one JSON object per line; blank lines are skipped. Each object is a task in one of
 two shapes:
@@ -10,13 +11,19 @@ two shapes:
 
 ``id`` must be a non-empty string, unique in the file.
 
-Splits (:func:`load_tasks`). Without files, an env's generator makes each split (the env promises
-that train and test ids never overlap). With a train file and a test file, each file is its
-split, and an id in both is an error. With a train file alone, a run holds out its last
-``held_out`` tasks as the test split, so nothing it trains on (SFT demonstrations, value
+A task source (:func:`read_tasks`) is a JSONL file (any name but the ones below), a ``.parquet``
+file, or a directory: one written by ``datasets``' ``save_to_disk``, or one holding a file per
+split (``train.parquet``, ``test.jsonl``, ...). Parquet and dataset rows need no ``id`` column
+(:mod:`saorl.data.tables` says how ids are made then).
+
+Splits (:func:`load_tasks`, :func:`load_split`). Without files, an env's generator makes each
+split (the env promises that train and test ids never overlap). With a train source and a test
+source (``env.tasks_file`` + ``env.test_tasks_file``, or ``env.dataset`` with both split names),
+each is its split, and an id in both is an error. With a train source alone, a run holds out its
+last ``held_out`` tasks as the test split, so nothing it trains on (SFT demonstrations, value
 pretraining rollouts, RL prompts) is ever evaluated on. The payload is handed to the env
 unchanged, so which keys it needs is the env's business. Every problem raises
-:class:`TaskFileError` naming ``path:line`` and the reason.
+:class:`TaskFileError` naming ``path:line`` (or the row) and the reason.
 """
 
 from __future__ import annotations
@@ -89,51 +96,6 @@ def _unique(records: Iterable[tuple[str, Any]]) -> list[Task]:
     return tasks
 
 
-def load_tasks_hf(path_or_name: str | os.PathLike, split: str, id_field: str | None = "id") -> list[Task]:
-    """Tasks from a Hugging Face dataset (a local directory, a data file or a hub name), one per row.
-
-    Rows map like JSONL records. With ``id_field`` other than ``"id"``, that column becomes the
-    id; with ``id_field=None``, ids are ``"<split>-<row index>"``. Needs the optional
-    ``datasets`` package. Local directories saved with ``Dataset.save_to_disk`` are loaded with
-    ``load_from_disk``; anything else goes through ``load_dataset``.
-    """
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(
-            "load_tasks_hf needs the Hugging Face 'datasets' package, which is not installed: "
-            "pip install datasets (or convert the data to JSONL and use load_tasks_jsonl)"
-        ) from None
-    name = str(path_or_name)
-    try:
-        if Path(name).is_dir() and (Path(name) / "dataset_info.json").exists():
-            ds = datasets.load_from_disk(name)
-            ds = ds[split] if isinstance(ds, Mapping) or hasattr(ds, "keys") else ds
-        else:
-            ds = datasets.load_dataset(name, split=split)
-    except Exception as e:
-        raise TaskFileError(f"{name} [{split}]: cannot load dataset: {e}") from e
-    return _unique(_rows(ds, name, split, id_field))
-
-
-def _rows(ds: Iterable[Mapping[str, Any]], name: str, split: str, id_field: str | None):
-    for i, row in enumerate(ds):
-        where = f"{name} [{split}] row {i}"
-        row = dict(row)
-        if id_field is None:
-            if "id" in row:
-                raise TaskFileError(f"{where}: has an 'id' column; pass id_field='id' to use it")
-            row = {"id": f"{split}-{i}", **row}
-        elif id_field != "id":
-            if id_field not in row:
-                raise TaskFileError(f"{where}: missing id column {id_field!r}")
-            if "id" in row:
-                raise TaskFileError(f"{where}: has both 'id' and id column {id_field!r}")
-            value = row.pop(id_field)
-            row = {"id": value if isinstance(value, str) else str(value), **row}
-        yield where, row
-
-
 def _json_type(value: Any) -> str:
     names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
              float: "number", type(None): "null"}
@@ -147,15 +109,48 @@ class TaskGenerator(Protocol):
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]: ...
 
 
+Source = tuple[str, str | None]
+"""A task source: (path, split name or None); the split picks a part of a directory."""
+
+
+def read_tasks(path: str | os.PathLike, split: str | None = None, id_column: str | None = None) -> list[Task]:
+    """The tasks of one source (see the module docstring); ``split`` names a part of a directory."""
+    from saorl.data import tables
+
+    p = Path(path)
+    if p.is_dir():
+        if tables.is_saved_dataset(p):
+            return tables.load_tasks_hf(p, split, id_column)
+        if split is None:
+            raise TaskFileError(f"{path}: a directory, but not one written by datasets' save_to_disk; give a "
+                                "file, or the directory as env.dataset.path with split names")
+        files = tables.split_files(p, split)
+        if not files:
+            raise TaskFileError(f"{path}: no file for split {split!r} (looked for {split}.parquet, "
+                                f"{split}.jsonl and {split}-*.parquet, also under data/)")
+        if files[0].suffix == ".jsonl":
+            return load_tasks_jsonl(files[0])
+        return tables.load_tasks_parquet(files, id_column, where=f"{path} [{split}]")
+    if split is not None:
+        raise TaskFileError(f"{path}: split {split!r} asked of a file; splits are parts of a directory")
+    if p.suffix == ".parquet":
+        return tables.load_tasks_parquet(p, id_column)
+    if not p.exists():
+        raise TaskFileError(f"{path}: task file not found (saorl reads local files only)")
+    return load_tasks_jsonl(p)
+
+
 def load_tasks(env: TaskGenerator, split: Split, n: int | None, seed: int,
-               tasks_file: str | os.PathLike | None = None, test_tasks_file: str | os.PathLike | None = None,
-               held_out: int = 0) -> list[Task]:
+               tasks_file: str | os.PathLike | Source | None = None,
+               test_tasks_file: str | os.PathLike | Source | None = None,
+               held_out: int = 0, id_column: str | None = None) -> list[Task]:
     """The first ``n`` tasks (all when ``n`` is None) of ``split`` (see "Splits" above).
 
     Without ``tasks_file``: ``env.generate_tasks(split, n, seed)``. With it, ``seed`` does not
     apply: the train split is ``tasks_file`` less its last ``held_out`` tasks and the test split
     is ``test_tasks_file``, or else those last ``held_out`` tasks, or else (``held_out`` 0, no
-    test file) the file itself is taken to hold tasks of the requested split.
+    test file) the file itself is taken to hold tasks of the requested split. A source is a path
+    or a ``(path, split name)`` pair.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -165,25 +160,36 @@ def load_tasks(env: TaskGenerator, split: Split, n: int | None, seed: int,
         if n is None or n < 0:
             raise ValueError(f"n must be a non-negative number of tasks to generate, got {n!r}")
         return env.generate_tasks(split, n, seed)
-    train, test = file_splits(tasks_file, test_tasks_file, held_out)
+    train, test = file_splits(tasks_file, test_tasks_file, held_out, id_column)
     tasks = test if split == "test" and test is not None else train
     return tasks if n is None else tasks[:n]
 
 
-def file_splits(tasks_file: str | os.PathLike, test_tasks_file: str | os.PathLike | None,
-                held_out: int) -> tuple[list[Task], list[Task] | None]:
-    """``(train, test)`` from files; ``test`` is None when there is neither a test file nor a hold-out."""
-    tasks = load_tasks_jsonl(tasks_file)
+def _source(src: str | os.PathLike | Source) -> Source:
+    return (str(src[0]), src[1]) if isinstance(src, tuple) else (str(src), None)
+
+
+def source_name(src: Source) -> str:
+    """How errors name a source: its path, with the split in brackets when it has one."""
+    return src[0] if src[1] is None else f"{src[0]} [{src[1]}]"
+
+
+def file_splits(tasks_file: str | os.PathLike | Source, test_tasks_file: str | os.PathLike | Source | None,
+                held_out: int, id_column: str | None = None) -> tuple[list[Task], list[Task] | None]:
+    """``(train, test)`` from sources; ``test`` is None when there is neither a test source nor a hold-out."""
+    train_src = _source(tasks_file)
+    tasks = read_tasks(*train_src, id_column=id_column)
     if test_tasks_file is not None:
-        test = load_tasks_jsonl(test_tasks_file)
-        check_disjoint(tasks, test, str(tasks_file), str(test_tasks_file))
+        test_src = _source(test_tasks_file)
+        test = read_tasks(*test_src, id_column=id_column)
+        check_disjoint(tasks, test, source_name(train_src), source_name(test_src))
         return tasks, test
     if held_out <= 0:
         return tasks, None
     if len(tasks) <= held_out:
-        raise TaskFileError(f"{tasks_file}: {len(tasks)} tasks, but {held_out} are held out as the test "
-                            "split and at least one must be left to train on; give a test file "
-                            "(env.test_tasks_file) or lower env.num_test_tasks")
+        raise TaskFileError(f"{source_name(train_src)}: {len(tasks)} tasks, but {held_out} are held out as "
+                            "the test split and at least one must be left to train on; give a test file "
+                            "(env.test_tasks_file or env.dataset.test_split) or lower env.num_test_tasks")
     return tasks[:-held_out], tasks[-held_out:]
 
 
@@ -197,8 +203,21 @@ def check_disjoint(train: Iterable[Task], test: Iterable[Task], train_name: str,
                             "on tasks it trained on")
 
 
+def env_sources(env_cfg: Any) -> tuple[Source | None, Source | None]:
+    """(train, test) sources of a run's ``env`` config section: ``env.dataset`` (a path and split
+    names) or ``env.tasks_file`` / ``env.test_tasks_file``; (None, None) for the env's generator."""
+    ds = env_cfg.dataset
+    if ds is not None:
+        return (ds.path, ds.train_split), (None if ds.test_split is None else (ds.path, ds.test_split))
+    train = None if env_cfg.tasks_file is None else (env_cfg.tasks_file, None)
+    test = None if env_cfg.test_tasks_file is None else (env_cfg.test_tasks_file, None)
+    return train, test
+
+
 def load_split(env: TaskGenerator, env_cfg: Any, split: Split, n: int | None, seed: int) -> list[Task]:
-    """:func:`load_tasks` with the files and hold-out of a run's ``env`` config section
-    (``tasks_file``, ``test_tasks_file``, ``num_test_tasks``): every stage reads its tasks here."""
-    held = 0 if env_cfg.test_tasks_file else env_cfg.num_test_tasks
-    return load_tasks(env, split, n, seed, env_cfg.tasks_file, env_cfg.test_tasks_file, held_out=held)
+    """:func:`load_tasks` with the sources and hold-out of a run's ``env`` config section
+    (``dataset`` or ``tasks_file`` / ``test_tasks_file``, ``num_test_tasks``, ``id_column``):
+    every stage reads its tasks here."""
+    train, test = env_sources(env_cfg)
+    held = 0 if test is not None else env_cfg.num_test_tasks
+    return load_tasks(env, split, n, seed, train, test, held_out=held, id_column=env_cfg.id_column)

@@ -51,6 +51,9 @@ class Episode:
     """``"turns"`` or ``"tokens"`` when a limit ended the episode rather than the env."""
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
+    env_metrics: dict[str, float] = field(default_factory=dict)
+    """The env's own numbers about the episode (its final ``info["metrics"]``, e.g. which style a
+    ``style_shift`` line matched); runs log their batch means as ``env/<key>``."""
     rid: int = -1
     """Rollout id (``-1`` outside a training run)."""
     worker: int | None = None
@@ -65,6 +68,15 @@ class Episode:
         if unknown:
             raise TrajectoryError(f"unknown episode fields: {sorted(unknown)}")
         return cls(**d)
+
+
+def env_metric_means(trajs: list[Trajectory], prefix: str = "env/") -> dict[str, float]:
+    """``prefix + key`` → mean of ``episode.env_metrics[key]`` over the trajectories that report it."""
+    values: dict[str, list[float]] = {}
+    for t in trajs:
+        for k, v in t.episode.env_metrics.items():
+            values.setdefault(k, []).append(float(v))
+    return {prefix + k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
 @dataclass

@@ -1,8 +1,11 @@
 """Environments: the :class:`Env` protocol, the built-in envs and the registry that names them.
 
 Built-ins (see :data:`saorl.envs.registry.BUILTIN_ENVS`): ``math_tool`` (multi-turn arithmetic and
-countdown with a Python tool), ``code_repair`` (fix a function until its tests pass) and
-``style_shift`` (online learning: the rewarded writing style switches during training).
+countdown with a Python tool), ``math_levels`` (the same at mixed difficulty, the level named in
+the prompt), ``noisy_lookup`` (k tool calls with long, noisy observations), ``code_repair`` (fix a
+function until its tests pass), ``style_shift`` (online learning: the rewarded writing style
+switches during training), ``synthetic`` (a long-tailed workload for benchmarks) and
+``prompt_reward`` (a dataset's prompt column scored by a user's reward function).
 Importing this package imports no env module; :func:`resolve_env` does that lazily.
 """
 

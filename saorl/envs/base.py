@@ -11,7 +11,9 @@ episode, so ``__init__`` must be cheap). The loop is::
 
 The agent loop (``saorl.agent``) turns this into token ids without ever re-tokenizing earlier
 text; env authors never see tokens. Rewards may be given at every turn. The final
-``StepResult.info["success"]`` (bool) is what evaluation accuracy counts.
+``StepResult.info["success"]`` (bool) is what evaluation accuracy counts; an optional final
+``info["metrics"]`` (names → finite numbers) is kept on the episode (``Episode.env_metrics``) and
+logged as batch means, ``env/<name>`` per trainer step and ``eval/env/<name>`` per evaluation.
 """
 
 from __future__ import annotations

@@ -15,14 +15,33 @@ from saorl.envs.base import Env
 
 BUILTIN_ENVS: dict[str, str] = {
     "math_tool": "saorl.envs.math_tool:MathToolEnv",
+    "math_levels": "saorl.envs.math_levels:MathLevelsEnv",
     "code_repair": "saorl.envs.code_repair:CodeRepairEnv",
     "style_shift": "saorl.envs.style_shift:StyleShiftEnv",
     "synthetic": "saorl.envs.synthetic:SyntheticLengthEnv",
+    "noisy_lookup": "saorl.envs.noisy_lookup:NoisyLookupEnv",
+    "prompt_reward": "saorl.envs.prompt_reward:PromptRewardEnv",
 }
 
 
 class EnvResolveError(ValueError):
     """An env type string that names no usable Env subclass."""
+
+
+def import_object(spec: str, what: str) -> Any:
+    """The attribute named by ``"module.path:name"``; ``EnvResolveError`` that starts with ``what``
+    and says which part failed (not of that form, module not importable, no such attribute)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise EnvResolveError(f"{what}: expected 'module.path:name', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise EnvResolveError(f"{what}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise EnvResolveError(f"{what}: module {module_name!r} has no attribute {attr!r}")
+    return obj
 
 
 def resolve_env(type_str: str) -> type[Env]:
@@ -35,14 +54,7 @@ def resolve_env(type_str: str) -> type[Env]:
             f"unknown env {type_str!r}: not a built-in ({', '.join(sorted(BUILTIN_ENVS))}) "
             "and not of the form 'module.path:ClassName'"
         )
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise EnvResolveError(f"env {type_str!r}: cannot import module {module_name!r}: {e}") from e
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise EnvResolveError(f"env {type_str!r}: module {module_name!r} has no attribute {class_name!r}")
+    cls = import_object(target, f"env {type_str!r}")
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise EnvResolveError(f"env {type_str!r}: {target} is not a subclass of saorl.envs.base.Env")
     return cls

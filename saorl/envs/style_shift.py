@@ -7,7 +7,8 @@ The preferred style is never in the prompt: it comes from the :class:`Progress` 
 ``reset`` and cycles through ``schedule`` every ``switch_every`` trainer steps (or episodes), so a
 policy must notice the reward moving and re-adapt. Plots mark :meth:`StyleShiftEnv.switch_points`.
 
-Reward (in [0, 1]) = quality gate × topic factor × style score:
+Reward (in [0, 1]) = quality gate × topic factor × style score (the *score*), times the topic's
+scale when ``topic_scale`` is set (below):
 
 - quality gate (0 or 1): 4..24 words and at most 160 characters, mostly letters, no content word
   more than twice, at least 60% distinct words, at most 5 ``!``; else 0 (empty, spam, too long);
@@ -18,8 +19,22 @@ Reward (in [0, 1]) = quality gate × topic factor × style score:
   you/your, ends with ``.``), minus 0.25 per distinct word of the other styles' lexicons (max 2),
   clipped to [0, 1].
 
-``info["success"]`` is ``reward >= 0.5``: on topic, well formed, and clearly in the preferred
-style (at least one lexicon word plus the feature, or two lexicon words).
+``info["success"]`` is ``score >= 0.5`` (the score above, before any topic scale): on topic, well
+formed, and clearly in the preferred style (at least one lexicon word plus the feature, or two
+lexicon words).
+
+Prompt-dependent reward scale (option ``topic_scale: [lo, hi]``, off by default). The reward is
+then ``scale(topic) × score``, with the 40 topics' scales spread evenly over ``[lo, hi]`` in an
+order fixed by a hash of the topic. The reward level now depends on the prompt, so a baseline
+that ignores the prompt (a global running mean) is a poor one, while a critic can learn it.
+
+What the sample matched. Every episode's ``info`` says which style the line is clearly in —
+``matched_style``: the one style scoring ``>= 0.5``, or ``"none"`` (none does, or two tie at 0.5)
+— and carries the same as numbers in ``info["metrics"]`` (``matched_sweet``,
+``matched_youthful``, ``matched_classical``: 1 or 0, and ``matched_preferred``: 1 if it is the
+preferred style), which a run logs per step as ``env/matched_*``: right after a switch,
+``env/matched_<new style>`` is the rate at which the policy already samples the newly rewarded
+style.
 """
 
 from __future__ import annotations
@@ -131,6 +146,18 @@ def score_text(text: str, topic: str, style: str) -> tuple[float, str | None]:
     return factor * style_score(text, style), reason
 
 
+def topic_scales(bounds: Sequence[float]) -> dict[str, float]:
+    """Each topic's reward scale: ``lo .. hi`` evenly spread over the topics in hash order."""
+    if isinstance(bounds, str) or len(bounds) != 2:
+        raise ValueError(f"topic_scale must be [lo, hi], got {bounds!r}")
+    lo, hi = bounds
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and 0 < lo <= hi):
+        raise ValueError(f"topic_scale must be [lo, hi] with 0 < lo <= hi, got {list(bounds)!r}")
+    order = sorted(TOPICS, key=lambda t: content_hash("style_shift/scale", t))
+    step = (hi - lo) / (len(order) - 1)
+    return {t: float(lo + i * step) for i, t in enumerate(order)}
+
+
 class StyleShiftEnv(Env):
     name: ClassVar[str] = "style_shift"
     stop_strings: ClassVar[tuple[str, ...]] = ("\n",)
@@ -141,11 +168,13 @@ class StyleShiftEnv(Env):
         schedule: Sequence[str] = STYLES,
         schedule_unit: str = "trainer_step",
         demo_error_rate: float = 0.2,
+        topic_scale: Sequence[float] | None = None,
         **options: Any,
     ) -> None:
         """Options: ``switch_every`` (units per style, >= 1), ``schedule`` (style names, cycled),
         ``schedule_unit`` (trainer_step | episode), ``demo_error_rate`` (probability that a
-        demonstration is a plain line with no style)."""
+        demonstration is a plain line with no style), ``topic_scale`` (``[lo, hi]`` with
+        0 < lo <= hi: per-topic reward scales; None = 1 everywhere)."""
         super().__init__(**options)
         if not isinstance(switch_every, int) or switch_every < 1:
             raise ValueError(f"switch_every must be an int >= 1, got {switch_every!r}")
@@ -158,6 +187,7 @@ class StyleShiftEnv(Env):
             raise ValueError(f"schedule_unit must be 'trainer_step' or 'episode', got {schedule_unit!r}")
         if not 0.0 <= demo_error_rate <= 1.0:
             raise ValueError(f"demo_error_rate must be in [0, 1], got {demo_error_rate!r}")
+        self.scales = topic_scales(topic_scale) if topic_scale is not None else None
         self.switch_every, self.schedule = switch_every, tuple(schedule)
         self.schedule_unit, self.demo_error_rate = schedule_unit, demo_error_rate
         self.max_turns = 1
@@ -221,11 +251,17 @@ class StyleShiftEnv(Env):
             raise RuntimeError("StyleShiftEnv.step called before reset (or after the episode ended)")
         text = action.split("\n", 1)[0].strip()
         topic = self._task.data["topic"]
-        reward, reason = score_text(text, topic, self._style)
+        score, reason = score_text(text, topic, self._style)
         scores = {s: score_text(text, topic, s)[0] for s in STYLES}
-        info = {"success": reward >= 0.5, "style": self._style, "style_scores": scores, "error": reason}
+        clear = [s for s in STYLES if scores[s] >= 0.5]
+        matched = clear[0] if len(clear) == 1 else "none"  # two can tie at exactly 0.5: ambiguous
+        scale = 1.0 if self.scales is None else self.scales[topic]
+        metrics = {f"matched_{s}": float(matched == s) for s in STYLES}
+        metrics["matched_preferred"] = float(matched == self._style)
+        info = {"success": score >= 0.5, "style": self._style, "style_scores": scores, "error": reason,
+                "matched_style": matched, "scale": scale, "metrics": metrics}
         self._task = self._style = None
-        return StepResult("", reward, True, info)
+        return StepResult("", scale * score, True, info)
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
         """One line in a uniformly random style (so SFT starts mixed), or with probability

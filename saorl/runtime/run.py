@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 
 from saorl.config import SaorlConfig, config_to_dict, save_resolved
-from saorl.data.trajectory import Trajectory
+from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.envs.base import Progress
 from saorl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
@@ -157,7 +157,7 @@ class Run:
             "rollout/finished": s.finished, "rollout/trained": len(trajs),
             "rollout/worker_restarts": self.parts.backend.restarts,
         }
-        return m | self._slot_utilisation()
+        return m | env_metric_means(trajs) | self._slot_utilisation()
 
     def _slot_utilisation(self) -> dict:
         """Busy decode slots over all slots of the decode steps run so far (all workers)."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from saorl.config import SaorlConfig
 from saorl.data.task import Task
 from saorl.data.tasks import load_split
-from saorl.data.trajectory import Trajectory
+from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.engines.base import SamplingParams
 from saorl.envs.base import Progress
 from saorl.envs.registry import make_env_factory
@@ -54,7 +54,7 @@ def eval_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "eval/action_tokens_mean": statistics.fmean(t.num_action_tokens for t in trajs),
         "eval/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
         "eval/episodes": float(len(trajs)),
-    }
+    } | env_metric_means(trajs, "eval/env/")
 
 
 def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int) -> list[Task]:

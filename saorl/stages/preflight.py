@@ -12,9 +12,10 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
    reached: :mod:`saorl.models.hub`), ``model.tokenizer`` and ``model.critic`` (when the algorithm
    trains a critic) are directories of the right kind;
 3. the device: ``model.device`` exists on this machine;
-4. the tasks: the task files parse (a bad line is named by file and line), and the env accepts
-   their tasks: **every task read from a file** (train and test split) is passed to a fresh env's
-   ``reset`` once, in file order, and the first one the env rejects is named by file, row and id.
+4. the tasks: the task files or ``env.dataset`` parse (a bad line is named by file and line), and
+   the env accepts their tasks: **every task read from a file** (train and test split) is passed
+   to a fresh env's ``reset`` once, in file order, and the first one the env rejects is named by
+   file, row and id.
    Built-in resets take microseconds, so this is all of them in well under a second; for an env
    whose reset is slow the check stops after :data:`TASK_CHECK_BUDGET_S` seconds (at least the
    first task of each split is always checked) and the rest are checked as they are played. Tasks
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from saorl.config import ModelConfig, SaorlConfig
 from saorl.data.task import Task
-from saorl.data.tasks import TaskFileError, load_split
+from saorl.data.tasks import TaskFileError, env_sources, load_split, source_name
 from saorl.envs.base import Env, Progress
 from saorl.envs.registry import EnvResolveError, make_env_factory, resolve_env
 from saorl.errors import StartupError
@@ -154,24 +155,30 @@ def check_tasks(cfg: SaorlConfig, factory: Callable[[], Env],
                 budget_s: float = TASK_CHECK_BUDGET_S) -> None:
     """Task files parse, and the env accepts every task read from them (see the module docstring)."""
     env = cfg.env
-    if env.tasks_file is None:
+    train_src, test_src = env_sources(env)
+    if train_src is None:
         return
     try:
         train = load_split(factory(), env, "train", None, cfg.seed)
         test = load_split(factory(), env, "test", None, cfg.seed)
     except TaskFileError as e:
-        raise StartupError(f"{e}. Fix the file or point env.tasks_file / env.test_tasks_file at another "
-                           "(format: one JSON object per line with a unique string 'id')") from None
-    # row numbers as in the file: the test split is the test file, or the last tasks of the train file
-    offset = 0 if env.test_tasks_file else len(train)
-    splits = [[(env.tasks_file, i + 1, t) for i, t in enumerate(train)],
-              [(env.test_tasks_file or env.tasks_file, offset + i + 1, t) for i, t in enumerate(test)]]
+        raise StartupError(f"{e}. Fix the data or point {_source_setting(env)} at other data (JSONL: one "
+                           "JSON object per line with a unique string 'id'; parquet and datasets "
+                           "directories as docs/envs.md says)") from None
+    # row numbers as in the source: the test split is the test source, or the last tasks of the train one
+    offset = 0 if test_src is not None else len(train)
+    splits = [[(source_name(train_src), i + 1, t) for i, t in enumerate(train)],
+              [(source_name(test_src or train_src), offset + i + 1, t) for i, t in enumerate(test)]]
     deadline = time.monotonic() + budget_s
     for rows in splits:
         for j, (path, row, task) in enumerate(rows):
             if j > 0 and time.monotonic() > deadline:
                 break  # a slow env: the rest are checked as they are played
             _reset(factory, task, f"{path}: row {row} (task id {task.id!r})", env.type)
+
+
+def _source_setting(env) -> str:
+    return "env.dataset.path" if env.dataset is not None else "env.tasks_file / env.test_tasks_file"
 
 
 def _reset(factory: Callable[[], Env], task: Task, where: str, env_type: str) -> Env:

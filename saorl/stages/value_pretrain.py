@@ -45,7 +45,7 @@ from saorl.algo.losses import value_loss
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
 from saorl.data.batch import Batch, collate
-from saorl.data.tasks import load_split
+from saorl.data.tasks import env_sources, load_split
 from saorl.data.trajectory import Trajectory
 from saorl.envs.registry import make_env_factory
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
@@ -83,7 +83,8 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
 
 def _unused_env_fields(cfg: SaorlConfig) -> set[str]:
     """Env fields that do not change which training tasks value pretraining sees."""
-    held_out_of_file = cfg.env.tasks_file is not None and cfg.env.test_tasks_file is None
+    train, test = env_sources(cfg.env)
+    held_out_of_file = train is not None and test is None
     return {"num_train_tasks"} | (set() if held_out_of_file else {"num_test_tasks"})
 
 

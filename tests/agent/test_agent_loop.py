@@ -206,3 +206,38 @@ def test_env_returning_the_wrong_type_is_an_episode_error(tok):
 
     with pytest.raises(EpisodeError, match="step on task 't-7' returned tuple, expected StepResult"):
         play(FakeEngine([[5]]), Sloppy(), tok)
+
+
+def _with_metrics(metrics):
+    class Measured(ToyEnv):
+        def step(self, action):
+            out = super().step(action)
+            if out.done:
+                out.info["metrics"] = metrics
+            return out
+
+    return Measured()
+
+
+def test_env_metrics_reach_the_episode_and_survive_json(tok):
+    from saorl.data.trajectory import Trajectory, env_metric_means
+
+    traj = play(FakeEngine([enc(tok, "a</a>")] * 2), _with_metrics({"hit": True, "dist": 3}), tok)
+    assert traj.episode.env_metrics == {"hit": 1.0, "dist": 3.0}
+    assert Trajectory.from_json(traj.to_json()).episode.env_metrics == {"hit": 1.0, "dist": 3.0}
+    plain = play(FakeEngine([enc(tok, "a</a>")] * 2), ToyEnv(), tok)
+    assert plain.episode.env_metrics == {}
+    other = play(FakeEngine([enc(tok, "a</a>")] * 2), _with_metrics({"hit": 0.0}), tok)
+    # means over the trajectories that report each key; keys no one reports are absent
+    assert env_metric_means([traj, plain, other]) == {"env/dist": 3.0, "env/hit": 0.5}
+    assert env_metric_means([plain], "eval/env/") == {}
+    from saorl.stages.evaluate import eval_metrics
+
+    m = eval_metrics([traj, plain, other])
+    assert (m["eval/env/hit"], m["eval/env/dist"]) == (0.5, 3.0)
+
+
+@pytest.mark.parametrize("metrics", [[1.0], {"x": float("nan")}, {"x": "high"}, {3: 1.0}, {"x": None}])
+def test_bad_env_metrics_are_episode_errors(tok, metrics):
+    with pytest.raises(EpisodeError, match=r"env 'toy' on task 't-7': info\['metrics'\]"):
+        play(FakeEngine([enc(tok, "a</a>")] * 2), _with_metrics(metrics), tok)

@@ -1,14 +1,12 @@
-"""Task files: both JSONL shapes, errors naming path:line, and the optional HF datasets loader."""
+"""Task files: both JSONL shapes, errors naming path:line, and the train/test splits of a run."""
 
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 
-from saorl.data.tasks import TaskFileError, load_tasks_hf, load_tasks_jsonl
+from saorl.data.tasks import TaskFileError, load_tasks_jsonl
 from saorl.envs.base import Task
 
 
@@ -60,45 +58,6 @@ def test_missing_and_empty_files(tmp_path):
         load_tasks_jsonl(tmp_path / "nope.jsonl")
     with pytest.raises(TaskFileError, match="no tasks"):
         load_tasks_jsonl(_file(tmp_path, ["", ""]))
-
-
-def test_hf_loader_without_datasets_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
-    with pytest.raises(ImportError, match="pip install datasets"):
-        load_tasks_hf("some/dataset", "train")
-
-
-def _fake_datasets(monkeypatch, rows):
-    calls = []
-
-    def load_dataset(name, split):
-        calls.append((name, split))
-        return rows
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    return calls
-
-
-def test_hf_loader_maps_rows_like_jsonl(monkeypatch):
-    calls = _fake_datasets(monkeypatch, [{"id": "a", "q": 1}, {"id": "b", "data": {"q": 2}}])
-    assert load_tasks_hf("org/math", "test") == [Task("a", {"q": 1}), Task("b", {"q": 2})]
-    assert calls == [("org/math", "test")]
-
-
-def test_hf_loader_id_column_and_generated_ids(monkeypatch):
-    _fake_datasets(monkeypatch, [{"uid": 11, "q": 1}, {"uid": 12, "q": 2}])
-    assert load_tasks_hf("d", "train", id_field="uid") == [Task("11", {"q": 1}), Task("12", {"q": 2})]
-    _fake_datasets(monkeypatch, [{"q": 1}, {"q": 2}])
-    assert [t.id for t in load_tasks_hf("d", "train", id_field=None)] == ["train-0", "train-1"]
-
-
-def test_hf_loader_errors_name_the_row(monkeypatch):
-    _fake_datasets(monkeypatch, [{"id": "a"}, {"id": "a"}])
-    with pytest.raises(TaskFileError, match=r"d \[train\] row 1: duplicate id 'a'"):
-        load_tasks_hf("d", "train")
-    _fake_datasets(monkeypatch, [{"q": 1}])
-    with pytest.raises(TaskFileError, match=r"d \[train\] row 0: missing 'id'"):
-        load_tasks_hf("d", "train")
 
 
 def _write_tasks(path, ids):

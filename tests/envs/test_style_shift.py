@@ -1,10 +1,11 @@
+import itertools
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saorl.envs.base import Progress
+from saorl.envs.base import Progress, Task
 from saorl.envs.style_shift import DEMOS, LEXICONS, STYLES, StyleShiftEnv, score_text, style_score
 from saorl.models.tokenizer import load_tokenizer
 
@@ -160,3 +161,55 @@ def test_bad_options_and_misuse():
     env = StyleShiftEnv()
     with pytest.raises(RuntimeError, match="before reset"):
         env.step("hello\n")
+
+
+# ---------------------------------------------------------------- prompt-dependent scale, matched style
+
+
+def test_topic_scale_spreads_the_reward_over_topics_and_leaves_success_alone():
+    plain, scaled = StyleShiftEnv(), StyleShiftEnv(topic_scale=[0.2, 1.0])
+    scales = sorted(scaled.scales.values())
+    assert len(scales) == 40 and scales[0] == pytest.approx(0.2) and scales[-1] == pytest.approx(1.0)
+    assert all(b - a == pytest.approx(0.8 / 39) for a, b in itertools.pairwise(scales))  # evenly spread
+    assert StyleShiftEnv(topic_scale=[0.2, 1.0]).scales == scaled.scales  # fixed, not random per run
+    for task in plain.generate_tasks("train", 40, 0):
+        topic = task.data["topic"]
+        text = HAND["sweet"].replace("moon", topic) + "\n"
+        plain.reset(task)
+        scaled.reset(task)
+        a, b = plain.step(text), scaled.step(text)
+        assert a.reward == 1.0 and a.info["scale"] == 1.0
+        assert b.reward == pytest.approx(scaled.scales[topic]) and b.info["scale"] == scaled.scales[topic]
+        assert a.info["success"] and b.info["success"]  # success reads the unscaled score
+    for bad in ([0, 1], [1.0, 0.5], [0.5], "0.5,1", [0.5, "x"]):
+        with pytest.raises(ValueError, match="topic_scale"):
+            StyleShiftEnv(topic_scale=bad)
+
+
+@pytest.mark.parametrize("preferred_step, preferred", [(0, "sweet"), (100, "youthful")])
+def test_info_says_which_style_the_sample_matched(preferred_step, preferred):
+    env = StyleShiftEnv()
+    task = env.generate_tasks("train", 1, 0)[0]
+    topic = task.data["topic"]
+    for text, matched in [(HAND["sweet"], "sweet"), (HAND["youthful"], "youthful"),
+                          (HAND["classical"], "classical"), (PLAIN, "none"), ("", "none")]:
+        env.reset(task, Progress(trainer_step=preferred_step))
+        info = env.step(text.replace("moon", topic) + "\n").info
+        assert info["matched_style"] == matched
+        assert info["metrics"] == {"matched_sweet": float(matched == "sweet"),
+                                   "matched_youthful": float(matched == "youthful"),
+                                   "matched_classical": float(matched == "classical"),
+                                   "matched_preferred": float(matched == preferred)}
+
+
+def test_a_tie_at_one_half_matches_no_style():
+    # two sweet words + 'my' (sweet feature), two classical words, ends with '.' (classical feature):
+    # each style scores 0.75 + 0.25 - 2 * 0.25 = 0.5
+    text = "My sweet dear moon doth shine and thus the night is done."
+    scores = {s: score_text(text, "moon", s)[0] for s in STYLES}
+    assert scores["sweet"] == scores["classical"] == 0.5
+    env = StyleShiftEnv()
+    env.reset(Task("t", {"topic": "moon", "request": "Write a line about the moon."}))
+    info = env.step(text + "\n").info
+    assert info["matched_style"] == "none" and info["metrics"]["matched_preferred"] == 0.0
+    assert info["success"]  # sweet is preferred at step 0 and scores 0.5

@@ -165,3 +165,22 @@ def test_sft_needs_demonstrations_unless_disabled():
     cfg.sft.enabled = False
     check_run(cfg)
     check_run(load_config(None))  # the defaults pass (math_tool has demonstrations)
+
+
+def test_tasks_of_env_dataset_are_checked_and_named_by_split_and_row(tmp_path, env_module):
+    datasets = pytest.importorskip("datasets")
+    train = datasets.Dataset.from_list([{"id": f"t{i}", "ok": 1} for i in range(3)])
+    dd = datasets.DatasetDict({"train": train,
+                               "test": datasets.Dataset.from_list([{"id": "u0", "nope": 1}])})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    cfg = load_config(None, ["env.type=preflight_envs:Counting", f"env.dataset.path={tmp_path / 'dd'}",
+                             "sft.enabled=false"])
+    env_module.Counting.resets = 0
+    with pytest.raises(StartupError) as info:
+        check_tasks(cfg, make_env_factory(cfg.env.type))
+    assert f"{tmp_path / 'dd'} [test]: row 1 (task id 'u0')" in _one_paragraph(info)
+    assert env_module.Counting.resets == 4  # the three training rows passed
+    cfg = load_config(None, ["env.type=preflight_envs:Counting", f"env.dataset.path={tmp_path / 'dd'}",
+                             "env.dataset.test_split=valid", "sft.enabled=false"])
+    with pytest.raises(StartupError, match=r"has no split 'valid'.*point env\.dataset\.path at other data"):
+        check_tasks(cfg, make_env_factory(cfg.env.type))

@@ -1,0 +1,143 @@
+import asyncio
+import random
+import statistics
+
+import pytest
+import torch
+
+from saorl.agent.scripted import demonstration_trajectory
+from saorl.algo.gae import skip_observation_gae, token_gae
+from saorl.data.batch import collate
+from saorl.envs.base import Task
+from saorl.envs.noisy_lookup import NAMES, NOISE, NoisyLookupEnv, noise_text
+from saorl.envs.synthetic import turns_distribution
+from saorl.models.tokenizer import load_tokenizer
+
+from .episodes import play
+
+TASK = Task("noisy_lookup/k3/x", {"names": ["kiwi", "fig", "tea"], "codes": [417, 902, 133]})
+
+
+def _code_in(observation: str, name: str) -> int:
+    (pair,) = [w for w in observation.removeprefix("<out>").split("</out>")[0].split() if "=" in w]
+    key, code = pair.split("=")
+    assert key == name
+    return int(code)
+
+
+def test_tasks_deterministic_disjoint_and_long_tailed():
+    env = NoisyLookupEnv()
+    a = env.generate_tasks("train", 400, 0)
+    assert a == env.generate_tasks("train", 400, 0) and a != env.generate_tasks("train", 400, 1)
+    test = env.generate_tasks("test", 400, 0)
+    assert len({t.id for t in a}) == 400 and not {t.id for t in a} & {t.id for t in test}
+    content = lambda ts: {(*t.data["names"], *t.data["codes"]) for t in ts}  # noqa: E731
+    assert not content(a) & content(test)
+    ks = [len(t.data["names"]) for t in a + test]
+    for t in a:
+        names, codes = t.data["names"], t.data["codes"]
+        assert len(set(names)) == len(names) == len(codes) and set(names) <= set(NAMES)
+        assert all(100 <= c <= 999 for c in codes) and t.id.startswith(f"noisy_lookup/k{len(names)}/")
+    # k follows the clipped lognormal: the empirical frequencies match turns_distribution
+    p = turns_distribution(3.0, 1.0, 8)
+    for k in (1, 2, 3, 8):
+        assert abs(ks.count(k) / len(ks) - p[k]) < 0.05, (k, ks.count(k) / len(ks), p[k])
+    assert max(ks) == 8 and statistics.median(ks) <= 3  # long-tailed: the tail is far above the median
+
+
+def test_observations_carry_the_code_among_noise_deterministically():
+    env = NoisyLookupEnv(noise_words=20)
+    assert env.reset(TASK) == "Look up: kiwi fig tea.\n"
+    first = env.step("<tool>fig</tool>")
+    assert not first.done and first.reward == 0.0 and _code_in(first.observation, "fig") == 902
+    words = first.observation.removeprefix("<out>").removesuffix("</out>\n").split()
+    assert len(words) == 21 and sum(w in NOISE for w in words) >= 10
+    env.reset(TASK)
+    assert env.step("<tool>fig</tool>").observation == first.observation  # replayable
+    assert env.step("<tool>fig</tool>").observation != first.observation  # the next call's noise differs
+    assert noise_text("s", 5) == noise_text("s", 5) and len(noise_text("s", 0)) == 0
+    quiet = NoisyLookupEnv(noise_words=0)
+    quiet.reset(TASK)
+    assert quiet.step("<tool>kiwi</tool>").observation == "<out>kiwi=417</out>\n"
+
+
+def test_rewards_on_hand_made_actions():
+    env = NoisyLookupEnv()
+    calls = ["<tool>kiwi</tool>", "<tool>fig</tool>", "<tool>tea</tool>"]
+    *obs, end = play(env, TASK, [*calls, "<answer>417 902 133</answer>"])
+    assert [o.reward for o in obs] == [0.0, 0.0, 0.0] and not any(o.done for o in obs)
+    assert (end.reward, end.done, end.info["success"], end.info["calls"]) == (1.0, True, True, 3)
+    (end,) = play(env, TASK, ["<answer>417 902 133</answer>"])  # guessing right is allowed
+    assert end.reward == 1.0 and end.info["calls"] == 0
+    cases = [("417 902 134", 2 / 3), ("417 902", 2 / 3), ("417 902 133 555", 3 / 4), ("133 902 417", 1 / 3),
+             ("417,902,133", 0.0), ("", 0.0), ("41 902 133", 0.0)]
+    for answer, reward in cases:
+        (end,) = play(env, TASK, [f"<answer>{answer}</answer>"])
+        assert end.done and end.reward == pytest.approx(reward) and not end.info["success"], answer
+
+
+def test_mistakes_cost_turns_and_the_turn_limit_ends_the_episode():
+    env = NoisyLookupEnv(extra_turns=1)
+    assert env.max_turns == 8 + 1
+    env.reset(TASK)
+    unknown = env.step("<tool>pear</tool>")
+    assert unknown.observation == "<out>error: unknown name 'pear'</out>\n" and not unknown.done
+    bad = env.step("kiwi")
+    assert bad.observation.startswith("<out>error: expected <tool>") and not bad.done
+    env.step("<tool>kiwi</tool>")
+    last = env.step("<tool>fig</tool>")  # turn 4 = k + extra_turns: over
+    assert last.done and last.reward == 0.0 and "out of turns (4)" in last.info["error"]
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("<answer>1</answer>")
+
+
+def test_bad_options_and_tasks():
+    for kwargs, name in [({"mean_calls": 0.5}, "mean_calls"), ({"cv": -1}, "cv"),
+                         ({"max_calls": 0}, "max_calls"), ({"max_calls": 999}, "max_calls"),
+                         ({"noise_words": -1}, "noise_words"),
+                         ({"extra_turns": 0}, "extra_turns"), ({"demo_error_rate": 2}, "demo_error_rate")]:
+        with pytest.raises(ValueError, match=name):
+            NoisyLookupEnv(**kwargs)
+    with pytest.raises(ValueError, match="not a noisy_lookup task"):
+        NoisyLookupEnv().reset(Task("x", {"names": ["a"], "codes": []}))
+
+
+def test_demonstrations_succeed_or_fail_by_one_typo():
+    rng = random.Random(0)
+    tasks = NoisyLookupEnv().generate_tasks("train", 60, 0)
+    good = NoisyLookupEnv(demo_error_rate=0.0)
+    bad = NoisyLookupEnv(demo_error_rate=1.0)
+    for task in tasks:
+        k = len(task.data["names"])
+        results = play(good, task, good.demonstration(task, rng))
+        assert len(results) == k + 1 and results[-1].info["success"] and results[-1].reward == 1.0
+        results = play(bad, task, bad.demonstration(task, rng))
+        assert not results[-1].info["success"] and results[-1].reward == pytest.approx((k - 1) / k)
+
+
+def test_skip_observation_and_plain_gae_differ_by_design():
+    """gamma = 1, lambda = 0.95, V = 0, reward 1 at the end: the first action's advantage is
+    lambda^(action tokens after it) under skip-observation GAE and lambda^(response tokens after
+    it) under plain GAE; the noisy observations make the second far smaller, more so for larger k."""
+    tok = load_tokenizer()
+    env = NoisyLookupEnv(demo_error_rate=0.0)
+    by_k = {}
+    for task in env.generate_tasks("train", 200, 0):
+        by_k.setdefault(len(task.data["names"]), task)
+    ratios = {}
+    for k in (1, 3, 6):
+        traj = asyncio.run(demonstration_trajectory(NoisyLookupEnv(demo_error_rate=0.0), by_k[k], tok,
+                                                    random.Random(0)))
+        assert traj.total_reward == 1.0 and traj.episode.turns == k + 1
+        b = collate([traj], tok.pad_token_id)
+        values = torch.zeros_like(b.rewards)
+        skip, _ = skip_observation_gae(b.rewards, values, b.action_mask, 1.0, 0.95)
+        plain, _ = token_gae(b.rewards, values, b.response_mask, 1.0, 0.95)
+        first = traj.prompt_len
+        n_act, n_resp = traj.num_action_tokens, len(traj) - traj.prompt_len
+        assert skip[0, first].item() == pytest.approx(0.95 ** (n_act - 1), rel=1e-5)
+        assert plain[0, first].item() == pytest.approx(0.95 ** (n_resp - 1), rel=1e-5)
+        obs_tokens = n_resp - n_act
+        assert obs_tokens >= 40 * k  # tens of noise tokens per call
+        ratios[k] = plain[0, first].item() / skip[0, first].item()
+    assert ratios[1] < 0.2 and ratios[3] < 0.01 and ratios[6] < ratios[3] < ratios[1]
