@@ -101,7 +101,8 @@ class AlgoPreset:
     lam_critic: float = field(metadata=_about(
         "GAE λ for the critic's targets; 1 = Monte-Carlo returns.", "in [0, 1]", lambda v: 0.0 <= v <= 1.0))
     vapo_alpha: float | None = field(metadata=_about(
-        "When set, λ_policy = 1 − 1/(α·l) per trajectory, l = its action-token count.", "> 0 or None",
+        "When set, λ_policy = 1 − 1/(α·l) per trajectory, l = its action-token count (the model's own "
+        "tokens; observation tokens do not count).", "> 0 or None",
         lambda v: v is None or v > 0))
     eps_low: float = field(metadata=_about(
         "Lower band / clip: ratios below 1 − eps_low are masked (DIS) or clipped (PPO).", "in [0, 1)",

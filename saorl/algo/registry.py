@@ -87,7 +87,8 @@ def _gae_estimator(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     chain = x.action_mask if x.skip_observation else x.response_mask
     _require(chain, "response_mask (skip_observation=False)", "gae")
     assert chain is not None and x.values is not None
-    lam = x.lam if x.lam_alpha is None else length_adaptive_lambda(chain, x.lam_alpha)
+    # VAPO's l counts the model's own tokens: observation tokens are not "length" the policy wrote
+    lam = x.lam if x.lam_alpha is None else length_adaptive_lambda(x.action_mask, x.lam_alpha)
     fn = skip_observation_gae if x.skip_observation else token_gae
     return fn(x.rewards, x.values, chain, x.gamma, lam)
 

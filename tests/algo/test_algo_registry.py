@@ -116,6 +116,12 @@ def test_gae_estimator_dispatch():
     inputs = AdvantageInputs(rewards, mask, values=values, response_mask=response, skip_observation=False)
     adv, _ = est(inputs)
     assert torch.equal(adv, token_gae(rewards, values, response, 1.0, 1.0)[0])
+    # VAPO's length-adaptive λ on the token chain still counts action tokens only
+    vapo = AdvantageInputs(rewards, mask, values=values, response_mask=response, skip_observation=False,
+                           lam_alpha=0.5)
+    lam = length_adaptive_lambda(mask, 0.5)
+    assert not torch.equal(lam, length_adaptive_lambda(response, 0.5))
+    assert torch.equal(est(vapo)[0], token_gae(rewards, values, response, 1.0, lam)[0])
     with pytest.raises(ValueError, match="values"):
         est(AdvantageInputs(rewards, mask))
     with pytest.raises(ValueError, match="response_mask"):
