@@ -444,6 +444,16 @@ class TrainerConfig(_Section):
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (less memory for long sequences, about a third more compute); policy and critic."""
+    max_tokens_per_microbatch: int = Field(4096, ge=1)
+    """Token budget of one forward/backward pass of the policy or the critic: a batch is cut into
+    micro-batches of at most this many positions and gradients accumulate across them; losses
+    are still normalised by the whole batch's token counts. A trajectory longer than the budget
+    gets a micro-batch of its own (nothing is truncated)."""
+    packing: bool = True
+    """Pack the trajectories of a micro-batch end to end in one row with no padding (sequence
+    boundaries through per-sequence position ids; every HF causal LM with sdpa, eager or
+    flash-attention honours them). False: right-padded micro-batches of similar lengths, for a
+    model whose attention ignores restarting position ids."""
 
 
 class RuntimeConfig(_Section):

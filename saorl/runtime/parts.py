@@ -90,7 +90,7 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int |
     if t.activation_checkpointing:
         checkpoint_activations(policy, critic.trunk if critic is not None else None)
     return Learner(policy, critic, cfg.algo.resolve(), optim, pad_id=pad_id, device=cfg.model.device,
-                   **sampler)
+                   max_tokens_per_microbatch=t.max_tokens_per_microbatch, packing=t.packing, **sampler)
 
 
 def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer) -> WorkerSpec:
