@@ -261,6 +261,10 @@ class RolloutConfig(_Section):
     """Episodes in flight per worker (their turns are batched by the engine)."""
     engine_slots: int = Field(16, ge=1)
     """Sequences the local engine decodes together (its batch size)."""
+    prefix_cache_tokens: int = Field(65536, ge=0)
+    """Tokens of KV cache the local engine keeps between the turns of its episodes, so a turn
+    prefills only the new observation tokens (0 = off: every turn re-prefills its context). Kept
+    only while the weights that computed it are current."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature (0 = greedy). RL needs samples from the policy itself: keep 1.0 for training."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)

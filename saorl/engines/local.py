@@ -14,6 +14,19 @@ sequences. Each iteration of its loop:
 So a finished sequence's slot is refilled on the very next iteration and a long straggler
 never idles the other slots (continuous batching, as in vLLM / SGLang, without paged memory).
 
+Prefix reuse across the turns of an episode. A request with ``SamplingParams.session`` leaves,
+when it finishes, a copy of its KV row behind (prompt + sampled tokens, all but the last, which
+was never fed to the model), keyed by the session. When the session's next request arrives and
+its prompt extends those tokens (the agent loop's next turn: context + sampled tokens +
+observation), only the new tokens are prefilled, on top of the stored rows (several such
+requests are prefilled together, left-padded, then compacted, :func:`saorl.engines.kv.compact`).
+The stored rows are held in LRU order up to ``prefix_cache_tokens`` tokens. Reuse is exact: a
+stored row is used only if every one of its keys / values was computed by the current weights —
+a weight update drops the whole store, and a request during which weights changed leaves nothing
+behind — so a turn's first token is sampled from the same distribution as after a full
+re-prefill (up to float rounding), and the turn after a weight update re-prefills its whole
+context with the new weights (what the engine did for every turn before prefix reuse).
+
 Weight updates follow asynchronous-RL engines (AReaL, slime, PipelineRL): in-flight sequences
 keep their KV cache, computed by the old weights, and continue with the new ones; each token
 records the version of the weights that sampled it (``GenerationResult.versions``). The
@@ -42,6 +55,7 @@ from transformers import DynamicCache
 
 from saorl.engines import kv
 from saorl.engines.base import EngineError, FinishReason, GenerationResult, SamplingParams
+from saorl.engines.prefix import Prefix, PrefixStore
 from saorl.engines.sampling import sample_rows, top_alternatives
 
 Deliver = Callable[[Any], None]
@@ -65,6 +79,8 @@ class _Request:
     cancelled: bool = False
     on_token: OnToken | None = None
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    kv_version: int = -1
+    """The weights version that computed this request's KV at its prefill."""
 
 
 class LocalEngine:
@@ -80,9 +96,11 @@ class LocalEngine:
         version: int = 0,
         max_seq_len: int | None = None,
         stop_on_eos: bool = True,
+        prefix_cache_tokens: int = 65536,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._prefixes = PrefixStore(prefix_cache_tokens)
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -108,6 +126,9 @@ class LocalEngine:
             busy_slot_steps=0,
             prefills=0,
             prefill_batches=0,
+            prefill_tokens=0,
+            prefix_hits=0,
+            prefix_tokens_reused=0,
             weight_updates=0,
             requests_finished=0,
             # seconds spent in each phase of the loop (a profile reads these, see stats())
@@ -218,7 +239,10 @@ class LocalEngine:
         ``*_s`` are seconds spent in each phase of the engine loop: ``prefill_s`` (admitting
         requests; of which ``prefill_forward_s`` the model), ``decode_step_s`` (decode steps; of
         which ``decode_forward_s`` the model), ``sampling_s`` (both) and ``kv_s`` (cache
-        bookkeeping: merge, row selection, trimming, zeroing padding)."""
+        bookkeeping: merge, row selection, trimming, zeroing padding, prefix copies).
+        ``prefill_tokens`` counts the prompt tokens run through the model, ``prefix_hits`` the
+        requests that extended a stored session prefix, ``prefix_tokens_reused`` the prompt
+        tokens those did not recompute."""
         s: dict[str, float] = dict(self._stats)
         total = s["decode_steps"] * self.max_batch_size
         s["utilisation"] = s["busy_slot_steps"] / total if total else 0.0
@@ -253,6 +277,8 @@ class LocalEngine:
         bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids must be ints in [0, {self.vocab_size}), got {bad}")
+        if params.session is not None and not isinstance(params.session, str):
+            raise ValueError(f"session must be a string or None, got {params.session!r}")
         if params.seed is not None and not isinstance(params.seed, int):
             raise ValueError(f"seed must be an int or None, got {params.seed!r}")
 
@@ -292,7 +318,7 @@ class LocalEngine:
                 with torch.inference_mode():
                     if admitted:
                         with self._timed("prefill_s"):
-                            self._prefill(admitted)
+                            self._admit(admitted)
                     if self._active:
                         with self._timed("decode_step_s"):
                             self._decode_step()
@@ -313,6 +339,17 @@ class LocalEngine:
                 own[name].copy_(t.to(own[name].device, own[name].dtype))
         self._version = version
         self._stats["weight_updates"] += 1
+        self._prefixes.clear()  # computed by the old weights: the next turns re-prefill
+
+    def _keep_prefix(self, r: _Request, cache: DynamicCache, mask: torch.Tensor, row: int) -> None:
+        """Store finished ``r``'s KV row (right-aligned in ``cache``) for its session's next turn."""
+        tokens = r.prompt + r.tokens[:-1]  # the last sampled token was never fed to the model
+        if (not self._prefixes.wants(r.params.session, len(tokens)) or r.finish[0] == "abort"
+                or r.kv_version != self._version or int(mask[row].sum()) != len(tokens)):
+            return
+        with self._timed("kv_s"):
+            self._prefixes.keep(r.params.session, Prefix(tokens, kv.row_kv(cache, row, len(tokens)),
+                                                         self._version))
 
     @contextlib.contextmanager
     def _timed(self, key: str) -> Iterator[None]:
@@ -329,6 +366,17 @@ class LocalEngine:
                 r.deliver(err)
         self._active, self._cache, self._mask = [], None, None
 
+    def _admit(self, reqs: list[_Request]) -> None:
+        """Prefill newly admitted requests: whole prompts, or only what extends a stored prefix."""
+        reuse = [(r, e) for r in reqs
+                 if (e := self._prefixes.take(r.params.session, r.prompt, self._version)) is not None]
+        hits = {id(r) for r, _ in reuse}
+        fresh = [r for r in reqs if id(r) not in hits]
+        if fresh:
+            self._prefill(fresh)
+        if reuse:
+            self._extend(reuse)
+
     def _prefill(self, reqs: list[_Request]) -> None:
         length = max(len(r.prompt) for r in reqs)
         ids = torch.full((len(reqs), length), self._pad, dtype=torch.long)
@@ -338,21 +386,45 @@ class LocalEngine:
             mask[i, length - len(r.prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        fresh = DynamicCache(config=self.model.config)
+        self._start(reqs, fresh, ids, mask, pos, sum(len(r.prompt) for r in reqs))
+
+    def _extend(self, pairs: list[tuple[_Request, Prefix]]) -> None:
+        """Prefill the new tokens of requests on top of their sessions' stored rows."""
+        with self._timed("kv_s"):
+            cache, past = kv.from_rows(self.model.config, [e.kv for _, e in pairs])
+        news = [r.prompt[len(e.tokens):] for r, e in pairs]
+        length = max(map(len, news))
+        ids = torch.full((len(pairs), length), self._pad, dtype=torch.long)
+        new_mask = torch.zeros((len(pairs), length), dtype=torch.long)
+        pos = torch.zeros((len(pairs), length), dtype=torch.long)
+        for i, ((_, e), new) in enumerate(zip(pairs, news)):
+            ids[i, length - len(new):] = torch.tensor(new)
+            new_mask[i, length - len(new):] = 1
+            pos[i, length - len(new):] = torch.arange(len(e.tokens), len(e.tokens) + len(new))
+        self._stats["prefix_hits"] += len(pairs)
+        self._stats["prefix_tokens_reused"] += sum(len(e.tokens) for _, e in pairs)
+        mask = torch.cat([past, new_mask.to(self.device)], dim=1)
+        self._start([r for r, _ in pairs], cache, ids.to(self.device), mask, pos.to(self.device),
+                    sum(map(len, news)))
+
+    def _start(self, reqs: list[_Request], cache: DynamicCache, ids: torch.Tensor, mask: torch.Tensor,
+               pos: torch.Tensor, new_tokens: int) -> None:
+        """Run the prompts' (new) tokens through the model on top of ``cache``, sample each
+        request's first token and merge the survivors into the running batch."""
         with self._timed("prefill_forward_s"):
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                             use_cache=True, logits_to_keep=1)
         with self._timed("kv_s"):
             kv.zero_padding(cache, mask)
+            mask = kv.compact(cache, mask)
+        version = self._version
+        for r in reqs:
+            r.kv_version = version
         self._stats["prefills"] += len(reqs)
         self._stats["prefill_batches"] += 1
-        keep = self._sample_and_retire(reqs, out.logits[:, -1])
+        self._stats["prefill_tokens"] += new_tokens
+        keep = self._sample_and_retire(reqs, out.logits[:, -1], cache, mask)
         if not keep:
             return
         rows = torch.tensor(keep, device=self.device)
@@ -381,7 +453,7 @@ class LocalEngine:
             )
         self._stats["decode_steps"] += 1
         self._stats["busy_slot_steps"] += len(reqs)
-        keep = self._sample_and_retire(reqs, out.logits[:, -1])
+        keep = self._sample_and_retire(reqs, out.logits[:, -1], self._cache, self._mask)
         if len(keep) == len(reqs):
             return
         if not keep:
@@ -393,8 +465,10 @@ class LocalEngine:
             self._mask = kv.trim(self._cache, self._mask)
         self._active = [reqs[i] for i in keep]
 
-    def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
-        """Sample one token per request, record it, deliver finished ones; returns kept indices."""
+    def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor, cache: DynamicCache,
+                           mask: torch.Tensor) -> list[int]:
+        """Sample one token per request, record it, deliver finished ones (keeping their KV rows
+        of ``cache`` for their sessions); returns kept indices."""
         dev = logits.device
         temp = torch.tensor([r.params.temperature for r in reqs], device=dev)
         top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
@@ -420,6 +494,7 @@ class LocalEngine:
             if r.finish is None:
                 keep.append(i)
             else:
+                self._keep_prefix(r, cache, mask, i)
                 self._deliver(r)
         return keep
 
