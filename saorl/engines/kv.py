@@ -94,15 +94,18 @@ def row_kv(cache: DynamicCache, row: int, length: int) -> RowKV:
             for layer in cache.layers]
 
 
-def from_rows(config, rows: list[RowKV]) -> tuple[DynamicCache, torch.Tensor]:
-    """A cache of the given rows (each from :func:`row_kv`), left-padded to the longest; returns
-    ``(cache, mask [B, L])``."""
-    length = max(r[0][0].shape[-2] for r in rows)
+def from_rows(config, rows: list[RowKV | None]) -> tuple[DynamicCache, torch.Tensor]:
+    """A cache of the given rows (each from :func:`row_kv`; None = no past, all padding),
+    left-padded to the longest; returns ``(cache, mask [B, L])``. At least one row is not None."""
+    some = next(r for r in rows if r is not None)
+    length = max(r[0][0].shape[-2] for r in rows if r is not None)
     cache = DynamicCache(config=config)
     for i, layer in enumerate(cache.layers):
-        _set(layer, torch.stack([_left_pad(r[i][0], length) for r in rows]),
-             torch.stack([_left_pad(r[i][1], length) for r in rows]))
-    sizes = torch.tensor([r[0][0].shape[-2] for r in rows], device=rows[0][0][0].device)
+        keys = some[i][0]
+        empty = keys.new_zeros(keys.shape[0], 0, keys.shape[-1])
+        _set(layer, torch.stack([_left_pad(empty if r is None else r[i][0], length) for r in rows]),
+             torch.stack([_left_pad(empty if r is None else r[i][1], length) for r in rows]))
+    sizes = torch.tensor([0 if r is None else r[0][0].shape[-2] for r in rows], device=some[0][0].device)
     mask = (torch.arange(length, device=sizes.device)[None] >= (length - sizes)[:, None]).long()
     return cache, mask
 

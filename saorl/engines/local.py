@@ -63,6 +63,14 @@ OnToken = Callable[[int, float, int, "list[tuple[int, float]] | None"], None]
 """Called from the engine thread with (token id, log-prob, version, top alternatives or None) as
 each token is sampled."""
 
+FEED_MAX_TOKENS = 8
+"""A session request (an agent's turn) with at most this many new tokens — beyond its session's
+stored row (the last sampled token and a short observation), or a short first prompt — joins the
+running batch at once, and the decode steps feed those tokens one per step, sampling nothing
+until the last. A forward of its own would cost about a whole decode step (on a CPU a small
+forward is mostly fixed cost); a fed token costs one row of a decode step. Longer prompts, and
+requests without a session, are prefilled in one forward."""
+
 
 @dataclass
 class _Request:
@@ -81,6 +89,8 @@ class _Request:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     kv_version: int = -1
     """The weights version that computed this request's KV at its prefill."""
+    feed: list[int] = field(default_factory=list)
+    """Prompt tokens the next decode steps feed before this request samples (see ``_join``)."""
 
 
 class LocalEngine:
@@ -127,6 +137,7 @@ class LocalEngine:
             prefills=0,
             prefill_batches=0,
             prefill_tokens=0,
+            fed_tokens=0,
             prefix_hits=0,
             prefix_tokens_reused=0,
             weight_updates=0,
@@ -138,6 +149,7 @@ class LocalEngine:
             decode_forward_s=0.0,
             sampling_s=0.0,
             kv_s=0.0,
+            fed_s=0.0,
         )
         self._thread = threading.Thread(target=self._loop, name="saorl-local-engine", daemon=True)
         self._thread.start()
@@ -240,9 +252,10 @@ class LocalEngine:
         requests; of which ``prefill_forward_s`` the model), ``decode_step_s`` (decode steps; of
         which ``decode_forward_s`` the model), ``sampling_s`` (both) and ``kv_s`` (cache
         bookkeeping: merge, row selection, trimming, zeroing padding, prefix copies).
-        ``prefill_tokens`` counts the prompt tokens run through the model, ``prefix_hits`` the
-        requests that extended a stored session prefix, ``prefix_tokens_reused`` the prompt
-        tokens those did not recompute."""
+        ``prefill_tokens`` counts the prompt tokens run through the model (in prefill forwards,
+        or ``fed_tokens`` of them fed by decode steps, whose share of the decode forwards is
+        ``fed_s``, part of ``decode_forward_s``), ``prefix_hits`` the requests that extended a
+        stored session prefix, ``prefix_tokens_reused`` the prompt tokens those did not recompute."""
         s: dict[str, float] = dict(self._stats)
         total = s["decode_steps"] * self.max_batch_size
         s["utilisation"] = s["busy_slot_steps"] / total if total else 0.0
@@ -367,15 +380,41 @@ class LocalEngine:
         self._active, self._cache, self._mask = [], None, None
 
     def _admit(self, reqs: list[_Request]) -> None:
-        """Prefill newly admitted requests: whole prompts, or only what extends a stored prefix."""
-        reuse = [(r, e) for r in reqs
-                 if (e := self._prefixes.take(r.params.session, r.prompt, self._version)) is not None]
-        hits = {id(r) for r, _ in reuse}
-        fresh = [r for r in reqs if id(r) not in hits]
-        if fresh:
-            self._prefill(fresh)
-        if reuse:
-            self._extend(reuse)
+        """Admit requests: join session requests with at most ``FEED_MAX_TOKENS`` new tokens (beyond
+        a stored prefix, or a whole short first prompt while a batch runs) to the running batch,
+        whose decode steps feed them; prefill the others in one forward (only what extends a
+        stored prefix, or whole prompts)."""
+        pairs = [(r, self._prefixes.take(r.params.session, r.prompt, self._version)) for r in reqs]
+        join = [(r, e) for r, e in pairs if r.params.session is not None
+                and (e is not None or self._cache is not None)
+                and len(r.prompt) - (len(e.tokens) if e else 0) <= FEED_MAX_TOKENS]
+        rest = [(r, e) for r, e in pairs if not any(r is j for j, _ in join)]
+        if join:
+            self._join(join)
+        if any(e is not None for _, e in rest):
+            self._extend(rest)
+        elif rest:
+            self._prefill([r for r, _ in rest])
+
+    def _join(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
+        """Merge the sessions' stored rows (or empty rows) into the running batch; the decode steps
+        feed the new tokens, one per step, and the request samples after the last."""
+        like = self._cache.layers if self._cache is not None else None
+        with self._timed("kv_s"):
+            empty = None if like is None else [(x.keys.new_zeros(x.keys.shape[1], 0, x.keys.shape[-1]),) * 2
+                                               for x in like]
+            cache, mask = kv.from_rows(self.model.config, [e.kv if e else empty for _, e in pairs])
+            if self._cache is None:
+                self._cache, self._mask = cache, mask
+            else:
+                self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
+        for r, e in pairs:
+            r.feed, r.kv_version = r.prompt[len(e.tokens) if e else 0:], self._version
+        self._stats["prefills"] += len(pairs)
+        self._stats["prefix_hits"] += sum(e is not None for _, e in pairs)
+        self._stats["prefix_tokens_reused"] += sum(len(e.tokens) for _, e in pairs if e)
+        self._stats["prefill_tokens"] += sum(len(r.feed) for r, _ in pairs)
+        self._active.extend(r for r, _ in pairs)
 
     def _prefill(self, reqs: list[_Request]) -> None:
         length = max(len(r.prompt) for r in reqs)
@@ -389,21 +428,23 @@ class LocalEngine:
         fresh = DynamicCache(config=self.model.config)
         self._start(reqs, fresh, ids, mask, pos, sum(len(r.prompt) for r in reqs))
 
-    def _extend(self, pairs: list[tuple[_Request, Prefix]]) -> None:
-        """Prefill the new tokens of requests on top of their sessions' stored rows."""
+    def _extend(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
+        """Prefill the new tokens of requests on top of their sessions' stored rows (a request
+        without one: its whole prompt)."""
         with self._timed("kv_s"):
-            cache, past = kv.from_rows(self.model.config, [e.kv for _, e in pairs])
-        news = [r.prompt[len(e.tokens):] for r, e in pairs]
+            cache, past = kv.from_rows(self.model.config, [e and e.kv for _, e in pairs])
+        done = [len(e.tokens) if e else 0 for _, e in pairs]
+        news = [r.prompt[n:] for (r, _), n in zip(pairs, done)]
         length = max(map(len, news))
         ids = torch.full((len(pairs), length), self._pad, dtype=torch.long)
         new_mask = torch.zeros((len(pairs), length), dtype=torch.long)
         pos = torch.zeros((len(pairs), length), dtype=torch.long)
-        for i, ((_, e), new) in enumerate(zip(pairs, news)):
+        for i, (n, new) in enumerate(zip(done, news)):
             ids[i, length - len(new):] = torch.tensor(new)
             new_mask[i, length - len(new):] = 1
-            pos[i, length - len(new):] = torch.arange(len(e.tokens), len(e.tokens) + len(new))
-        self._stats["prefix_hits"] += len(pairs)
-        self._stats["prefix_tokens_reused"] += sum(len(e.tokens) for _, e in pairs)
+            pos[i, length - len(new):] = torch.arange(n, n + len(new))
+        self._stats["prefix_hits"] += sum(n > 0 for n in done)
+        self._stats["prefix_tokens_reused"] += sum(done)
         mask = torch.cat([past, new_mask.to(self.device)], dim=1)
         self._start([r for r, _ in pairs], cache, ids.to(self.device), mask, pos.to(self.device),
                     sum(map(len, news)))
@@ -439,9 +480,10 @@ class LocalEngine:
 
     def _decode_step(self) -> None:
         reqs = self._active
-        ids = torch.tensor([[r.tokens[-1]] for r in reqs], device=self.device)
+        ids = torch.tensor([[r.feed[0] if r.feed else r.tokens[-1]] for r in reqs], device=self.device)
         pos = self._mask.sum(dim=1, keepdim=True)
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
+        forward_before = self._stats["decode_forward_s"]
         with self._timed("decode_forward_s"):
             out = self.model(
                 input_ids=ids,
@@ -453,7 +495,17 @@ class LocalEngine:
             )
         self._stats["decode_steps"] += 1
         self._stats["busy_slot_steps"] += len(reqs)
-        keep = self._sample_and_retire(reqs, out.logits[:, -1], self._cache, self._mask)
+        fed = [r for r in reqs if r.feed]
+        for r in fed:
+            r.feed.pop(0)
+        # the rows' share of the forward that went to feeding prompt tokens: prefill work
+        self._stats["fed_tokens"] += len(fed)
+        self._stats["fed_s"] += (self._stats["decode_forward_s"] - forward_before) * len(fed) / len(reqs)
+        ready = [i for i, r in enumerate(reqs) if not r.feed]  # a row still being fed samples nothing
+        logits = out.logits[:, -1]
+        kept = self._sample_and_retire([reqs[i] for i in ready], logits[ready] if len(ready) < len(reqs)
+                                       else logits, self._cache, self._mask, rows=ready)
+        keep = sorted({i for i, r in enumerate(reqs) if r.feed} | {ready[j] for j in kept})
         if len(keep) == len(reqs):
             return
         if not keep:
@@ -466,9 +518,11 @@ class LocalEngine:
         self._active = [reqs[i] for i in keep]
 
     def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor, cache: DynamicCache,
-                           mask: torch.Tensor) -> list[int]:
+                           mask: torch.Tensor, rows: list[int] | None = None) -> list[int]:
         """Sample one token per request, record it, deliver finished ones (keeping their KV rows
-        of ``cache`` for their sessions); returns kept indices."""
+        of ``cache``, ``rows[i]`` for ``reqs[i]``, for their sessions); returns kept indices."""
+        if not reqs:
+            return []
         dev = logits.device
         temp = torch.tensor([r.params.temperature for r in reqs], device=dev)
         top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
@@ -494,7 +548,7 @@ class LocalEngine:
             if r.finish is None:
                 keep.append(i)
             else:
-                self._keep_prefix(r, cache, mask, i)
+                self._keep_prefix(r, cache, mask, i if rows is None else rows[i])
                 self._deliver(r)
         return keep
 

@@ -13,14 +13,15 @@ from saorl.envs.synthetic import SyntheticLengthEnv
 from saorl.models.tiny import build_tiny
 
 PROMPTS = [[5, 6, 7], list(range(40, 61)), [9], list(range(100, 108)), [300, 301, 302, 303, 304]]
-OBS = [[11], [12, 13, 14], [15, 16], [17] * 7, [18]]
+OBS = [[11], [12, 13, 14], [15, 16], [17] * 12, [18]]  # 12: longer than FEED_MAX_TOKENS
 TURNS, NEW = 4, [6, 3, 9, 5, 12]
 
 
 def _episodes(engine, sessions=True):
     """Every prompt as a 4-turn episode, all at once: each turn's context = the previous context +
     its sampled tokens + an observation. Returns per episode the final context and every turn's
-    (start, tokens, logprobs, versions)."""
+    (start, tokens, logprobs, versions). With 3 slots for 5 episodes, turns are admitted into
+    running batches: fed by decode steps, or prefilled together with other sessions' rows."""
 
     async def one(i):
         ctx, turns = list(PROMPTS[i]), []
@@ -67,6 +68,8 @@ def test_multi_turn_reuse_is_token_exact():
     new_tokens = sum(len(p) for p in PROMPTS) + sum(1 + len(OBS[(i + t) % len(OBS)])
                                                     for i in range(len(PROMPTS)) for t in range(TURNS - 1))
     assert s_reuse["prefill_tokens"] == new_tokens
+    # short extensions are fed by decode steps, the 13-token ones and the long first prompt prefilled
+    assert 0 < s_reuse["fed_tokens"] < new_tokens - len(PROMPTS[1])
     assert s_full["prefill_tokens"] == sum(start for _, turns in got for start, *_ in turns)
     assert s_reuse["prefix_tokens_reused"] + s_reuse["prefill_tokens"] == s_full["prefill_tokens"]
 
