@@ -13,9 +13,12 @@ both sides load the same files.
 
 Sides, each for ``--budget-s`` seconds of wall clock, interleaved (the order alternates per rep):
 
-- **trl**: ``GRPOTrainer``, groups of 4, 16 completions per optimizer step generated right before
-  it (sync), ``beta = 0`` (no reference model), one iteration per batch, lr 1e-4, torch threads =
-  ``--trl-threads`` (default: every core, its best case);
+- **trl-Nt**: ``GRPOTrainer`` with N torch threads, groups of 4, 16 completions per optimizer
+  step generated right before it (sync), ``beta = 0`` (no reference model), one iteration per
+  batch, lr 1e-4, no gradient checkpointing (not needed at this size); each of ``--trl-threads``
+  (default 1 and every core) is run, and the ratio is taken against the faster, its best case (on
+  a loaded machine two OpenMP threads can be 20× slower than one: a step measured 138 s against
+  7 s);
 - **saorl-async**: ``saorl train`` with ``algo.name=sao`` (critic, K = 2 value updates, DIS),
   ``runtime.mode=async``, batches of 16 trajectories, one rollout worker with one thread and the
   trainer with one (both cores);
@@ -59,8 +62,8 @@ def calibrated_model(out_dir: Path, mean_len: float, seed: int = 0, cap: int = 2
     eos = tok.eos_token_id
     with torch.no_grad():  # hidden states along the model's own samples (EOS not yet raised)
         prompts = torch.tensor([tok.encode(f"Write {c}:") for c in CHARS * 4])
-        ids = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
-                             max_new_tokens=cap, min_new_tokens=cap, pad_token_id=tok.pad_token_id)
+        ids = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
+                             top_p=1.0, max_new_tokens=cap, min_new_tokens=cap, pad_token_id=tok.pad_token_id)
         hidden = model.model(input_ids=ids).last_hidden_state[:, prompts.shape[1] - 1:-1]  # [S, cap, H]
         logits = model.lm_head(hidden)
         u = hidden.mean((0, 1)) / hidden.mean((0, 1)).norm()
@@ -133,7 +136,8 @@ def run_trl(path: Path, budget_s: float, threads: int, out: Path) -> dict:
     cfg = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=16, num_generations=4,
                      steps_per_generation=1, max_completion_length=256, temperature=1.0, learning_rate=1e-4,
                      beta=0.0, num_iterations=1, logging_steps=1, save_strategy="no", report_to="none",
-                     use_cpu=True, bf16=False, max_steps=10**6, seed=0, disable_tqdm=True)
+                     use_cpu=True, bf16=False, max_steps=10**6, seed=0, disable_tqdm=True,
+                     gradient_checkpointing=False)
     clock = Clock()
     trainer = GRPOTrainer(model=load_policy(str(path)), reward_funcs=char_reward, args=cfg,
                           train_dataset=data, processing_class=tok, callbacks=[clock])
@@ -173,15 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="1 rep of 20 s per side")
     ap.add_argument("--mean-len", type=float, default=50.0, help="target mean completion length")
-    ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--trl-threads", default=f"1,{os.cpu_count() or 1}",
+                    help="comma-separated torch thread counts for TRL, each run (default 1 and every core)")
     ap.add_argument("--saorl-grpo", action="store_true", help="also run saorl's sync GRPO")
     ap.add_argument("--out", default="bench-trl")
     args = ap.parse_args(argv)
     if args.quick:
         args.budget_s, args.reps = 20.0, 1
-    if args.budget_s <= 0 or args.reps < 1 or args.mean_len < 2 or args.trl_threads < 1:
-        print("bench_trl: need --budget-s > 0, --reps >= 1, --mean-len >= 2, --trl-threads >= 1",
-              file=sys.stderr)
+    try:
+        trl_threads = sorted({int(x) for x in str(args.trl_threads).split(",")})
+    except ValueError:
+        trl_threads = [0]
+    if args.budget_s <= 0 or args.reps < 1 or args.mean_len < 2 or min(trl_threads) < 1:
+        print("bench_trl: need --budget-s > 0, --reps >= 1, --mean-len >= 2 and --trl-threads a "
+              f"comma-separated list of thread counts >= 1, got {args.trl_threads!r}", file=sys.stderr)
         return 2
     try:
         import trl  # noqa: F401
@@ -195,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     mean, cv = completion_stats(path)
     print(f"[bench-trl] model {path}: completion length mean {mean:.1f}, CV {cv:.2f} "
           f"(load {load_average():.1f})", flush=True)
-    sides = ["trl", "saorl-async"] + (["saorl-sync-grpo"] if args.saorl_grpo else [])
+    sides = [f"trl-{n}t" for n in trl_threads] + ["saorl-async"]
+    sides += ["saorl-sync-grpo"] if args.saorl_grpo else []
     records = []
     for rep in range(args.reps):
         for side in sides if rep % 2 == 0 else sides[::-1]:
@@ -203,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench-trl] rep {rep + 1}: {side} for {args.budget_s:.0f}s (load {load0:.1f})",
                   flush=True)
             rep_out = out / f"rep{rep}"
-            if side == "trl":
-                r = run_trl(path, args.budget_s, args.trl_threads, rep_out)
+            if side.startswith("trl-"):
+                r = run_trl(path, args.budget_s, int(side[4:-1]), rep_out)
             else:
                 r = run_saorl(path, args.budget_s, side, rep_out)
             r |= {"side": side, "rep": rep, "load_start": load0, "load_end": load_average()}
@@ -212,16 +222,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['mean_length']:.1f}", flush=True)
             records.append(r)
     by = {(r["side"], r["rep"]): r["tokens_per_s"] for r in records}
-    ratios = [by[("saorl-async", k)] / by[("trl", k)] for k in range(args.reps)]
+    ratios = [by[("saorl-async", k)] / max(by[(f"trl-{n}t", k)] for n in trl_threads)
+              for k in range(args.reps)]
     lines = [f"# saorl async SAO vs TRL GRPOTrainer (sync), {os.cpu_count()} cores, completion length mean "
-             f"{mean:.1f} CV {cv:.2f}, TRL threads {args.trl_threads}", "",
+             f"{mean:.1f} CV {cv:.2f}", "",
              "| side | rep | window s | steps | trained tok/s | mean length | load 1 min |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['side']} | {r['rep'] + 1} | {r['window_s']:.1f} | {r['steps']} | "
               f"{r['tokens_per_s']:.0f} | {r['mean_length']:.1f} | {r['load_start']:.1f} → "
               f"{r['load_end']:.1f} |" for r in records]
-    lines += ["", f"saorl async SAO / TRL GRPO trained tokens/s: **{statistics.fmean(ratios):.2f}×** "
-              f"(each rep: {', '.join(f'{x:.2f}×' for x in ratios)})"]
+    lines += ["", f"saorl async SAO / TRL GRPO (its faster thread count) trained tokens/s: "
+              f"**{statistics.fmean(ratios):.2f}×** (each rep: {', '.join(f'{x:.2f}×' for x in ratios)})"]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text, encoding="utf-8")
     (out / "results.json").write_text(json.dumps({"records": records, "ratios": ratios, "mean_length": mean,
