@@ -56,7 +56,8 @@ def _engine_parts(cfg: SaorlConfig):
     tok = run_tokenizer(cfg.model)
     model = load_policy(cfg.model.policy, seed=cfg.seed)
     engine = LocalEngine(model, tok, max_batch_size=cfg.rollout.engine_slots,
-                         prefix_cache_tokens=cfg.rollout.prefix_cache_tokens)
+                         prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
+                         prefix_after_update=cfg.rollout.prefix_after_update)
     return engine, tok, make_env_factory(cfg.env.type, cfg.env.options)
 
 

@@ -20,12 +20,20 @@ was never fed to the model), keyed by the session. When the session's next reque
 its prompt extends those tokens (the agent loop's next turn: context + sampled tokens +
 observation), only the new tokens are prefilled, on top of the stored rows (several such
 requests are prefilled together, left-padded, then compacted, :func:`saorl.engines.kv.compact`).
-The stored rows are held in LRU order up to ``prefix_cache_tokens`` tokens. Reuse is exact: a
-stored row is used only if every one of its keys / values was computed by the current weights —
-a weight update drops the whole store, and a request during which weights changed leaves nothing
-behind — so a turn's first token is sampled from the same distribution as after a full
-re-prefill (up to float rounding), and the turn after a weight update re-prefills its whole
-context with the new weights (what the engine did for every turn before prefix reuse).
+The stored rows are held in LRU order up to ``prefix_cache_tokens`` tokens. Across a weight
+update, ``prefix_after_update`` decides:
+
+- ``"recompute"``: a stored row is used only if every one of its keys / values was computed by
+  the current weights — a weight update drops the whole store, and a request during which
+  weights changed leaves nothing behind — so every turn is sampled from the same distribution as
+  after a full re-prefill (up to float rounding), and the turn after an update re-prefills its
+  whole context with the new weights;
+- ``"keep"``: the rows survive updates, and the next turn continues on keys / values computed by
+  older weights — exactly what a sequence in flight during an update does (below). Each token's
+  log-prob is still that of the distribution it was drawn from, and ``versions`` still names the
+  weights that drew it; the older context is one more off-policy term for DIS to absorb. In an
+  asynchronous run, where weights change every trainer step, this saves re-prefilling most
+  contexts (docs/performance.md).
 
 Weight updates follow asynchronous-RL engines (AReaL, slime, PipelineRL): in-flight sequences
 keep their KV cache, computed by the old weights, and continue with the new ones; each token
@@ -107,9 +115,14 @@ class LocalEngine:
         max_seq_len: int | None = None,
         stop_on_eos: bool = True,
         prefix_cache_tokens: int = 65536,
+        prefix_after_update: str = "recompute",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_after_update not in ("recompute", "keep"):
+            raise ValueError(f"prefix_after_update must be 'recompute' or 'keep', "
+                             f"got {prefix_after_update!r}")
+        self._exact_prefix = prefix_after_update == "recompute"
         self._prefixes = PrefixStore(prefix_cache_tokens)
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
@@ -352,13 +365,15 @@ class LocalEngine:
                 own[name].copy_(t.to(own[name].device, own[name].dtype))
         self._version = version
         self._stats["weight_updates"] += 1
-        self._prefixes.clear()  # computed by the old weights: the next turns re-prefill
+        if self._exact_prefix:
+            self._prefixes.clear()  # computed by the old weights: the next turns re-prefill
 
     def _keep_prefix(self, r: _Request, cache: DynamicCache, mask: torch.Tensor, row: int) -> None:
         """Store finished ``r``'s KV row (right-aligned in ``cache``) for its session's next turn."""
         tokens = r.prompt + r.tokens[:-1]  # the last sampled token was never fed to the model
         if (not self._prefixes.wants(r.params.session, len(tokens)) or r.finish[0] == "abort"
-                or r.kv_version != self._version or int(mask[row].sum()) != len(tokens)):
+                or (self._exact_prefix and r.kv_version != self._version)
+                or int(mask[row].sum()) != len(tokens)):
             return
         with self._timed("kv_s"):
             self._prefixes.keep(r.params.session, Prefix(tokens, kv.row_kv(cache, row, len(tokens)),
@@ -384,7 +399,8 @@ class LocalEngine:
         a stored prefix, or a whole short first prompt while a batch runs) to the running batch,
         whose decode steps feed them; prefill the others in one forward (only what extends a
         stored prefix, or whole prompts)."""
-        pairs = [(r, self._prefixes.take(r.params.session, r.prompt, self._version)) for r in reqs]
+        version = self._version if self._exact_prefix else None
+        pairs = [(r, self._prefixes.take(r.params.session, r.prompt, version)) for r in reqs]
         join = [(r, e) for r, e in pairs if r.params.session is not None
                 and (e is not None or self._cache is not None)
                 and len(r.prompt) - (len(e.tokens) if e else 0) <= FEED_MAX_TOKENS]

@@ -3,8 +3,9 @@
 A finished request of session ``s`` leaves its KV row (:func:`saorl.engines.kv.row_kv`) behind,
 with the tokens it covers and the weights version that computed it. The session's next request
 takes it back if its prompt strictly extends those tokens and the weights have not changed since;
-otherwise the row is dropped and the request is prefilled in full. Rows are held in LRU order up
-to a budget in tokens (the oldest session's row goes first), and a weight update drops them all.
+otherwise the row is dropped and the request is prefilled in full (the engine may waive the
+version check: ``prefix_after_update="keep"``). Rows are held in LRU order up to a budget in
+tokens (the oldest session's row goes first).
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ class PrefixStore:
             self.held -= len(entry.tokens)
         return entry
 
-    def take(self, session: str | None, prompt: list[int], version: int) -> Prefix | None:
+    def take(self, session: str | None, prompt: list[int], version: int | None) -> Prefix | None:
         """The session's row if ``prompt`` strictly extends its tokens and ``version`` computed it
-        (the row leaves the store either way)."""
+        (None: any version); the row leaves the store either way."""
         entry = None if session is None else self._pop(session)
         if entry is None:
             return None
         n = len(entry.tokens)
-        if entry.version != version or n >= len(prompt) or prompt[:n] != entry.tokens:
+        stale = version is not None and entry.version != version
+        if stale or n >= len(prompt) or prompt[:n] != entry.tokens:
             return None
         return entry
 

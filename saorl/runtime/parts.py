@@ -102,7 +102,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
-                      prefix_cache_tokens=r.prefix_cache_tokens,
+                      prefix_cache_tokens=r.prefix_cache_tokens, prefix_after_update=r.prefix_after_update,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
                       threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,

@@ -55,6 +55,7 @@ class WorkerSpec:
     sampling: SamplingParams
     engine_slots: int = 16
     prefix_cache_tokens: int = 65536
+    prefix_after_update: str = "recompute"
     max_total_tokens: int = 384
     threads: int = 1
     seed: int = 0
@@ -147,7 +148,8 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
 
         perturb_routing(model, top_k=spec.moe_top_k, noise_std=spec.router_noise, seed=spec.seed)
     return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device,
-                       prefix_cache_tokens=spec.prefix_cache_tokens)
+                       prefix_cache_tokens=spec.prefix_cache_tokens,
+                       prefix_after_update=spec.prefix_after_update)
 
 
 @dataclass

@@ -103,6 +103,39 @@ def test_weight_update_between_turns_recomputes_the_context(tmp_path):
         eng.close()
 
 
+def test_keep_mode_continues_on_the_older_weights_kv(tmp_path):
+    """``prefix_after_update="keep"``: the turn after an update reuses the row computed by the old
+    weights; its log-probs are those of the new weights on top of that older context."""
+    from safetensors.torch import save_file
+    from transformers import DynamicCache
+
+    model_a, model_b = build_tiny("tiny-moe", seed=0), build_tiny("tiny-moe", seed=1)
+    path = tmp_path / "b.safetensors"
+    save_file({k: v.contiguous() for k, v in model_b.state_dict().items() if k != "lm_head.weight"}, path)
+    eng = LocalEngine(build_tiny("tiny-moe", seed=0), _tok(), max_batch_size=2, stop_on_eos=False,
+                      prefix_after_update="keep")
+    try:
+        first = eng.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=5, seed=0, session="s"))[0]
+        eng.update_weights(str(path), version=1)
+        ctx = [5, 6, 7, 8, *first.token_ids, 20, 21]
+        r = eng.generate([ctx], SamplingParams(max_new_tokens=6, seed=1, session="s"))[0]
+        assert eng.stats()["prefix_hits"] == 1 and r.versions == [1] * 6
+    finally:
+        eng.close()
+    kept = 4 + len(first.token_ids) - 1  # the row: the prompt and every sampled token but the last
+    full = ctx + r.token_ids
+    with torch.no_grad():
+        cache = DynamicCache(config=model_a.config)
+        model_a(input_ids=torch.tensor([full[:kept]]), cache=cache, use_cache=True)
+        logits = model_b(input_ids=torch.tensor([full[kept:]]), cache=cache, use_cache=True,
+                         position_ids=torch.arange(kept, len(full))[None]).logits[0]
+    lp = torch.log_softmax(logits.float(), -1)
+    ref = [float(lp[len(ctx) - 1 - kept + j, t]) for j, t in enumerate(r.token_ids)]
+    assert max(abs(a - b) for a, b in zip(r.logprobs, ref)) < 1e-4
+    recomputed = _teacher_forced(model_b, full, len(ctx), r.token_ids)
+    assert max(abs(a - b) for a, b in zip(r.logprobs, recomputed)) > 1e-3  # it really is the old context
+
+
 def test_a_prompt_that_does_not_extend_the_session_is_prefilled_in_full():
     model = build_tiny("tiny-dense", seed=0)
     eng = LocalEngine(model, _tok(), max_batch_size=2, stop_on_eos=False)
