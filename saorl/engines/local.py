@@ -23,17 +23,17 @@ requests are prefilled together, left-padded, then compacted, :func:`saorl.engin
 The stored rows are held in LRU order up to ``prefix_cache_tokens`` tokens. Across a weight
 update, ``prefix_after_update`` decides:
 
+- ``"keep"`` (the default): the rows survive updates, and the next turn continues on keys /
+  values computed by older weights — exactly what a sequence in flight during an update does
+  (below). Each token's log-prob is still that of the distribution it was drawn from, and
+  ``versions`` still names the weights that drew it; the older context is one more off-policy
+  term for DIS to absorb. In an asynchronous run, where weights change every trainer step, this
+  saves re-prefilling most contexts (docs/performance.md);
 - ``"recompute"``: a stored row is used only if every one of its keys / values was computed by
   the current weights — a weight update drops the whole store, and a request during which
   weights changed leaves nothing behind — so every turn is sampled from the same distribution as
   after a full re-prefill (up to float rounding), and the turn after an update re-prefills its
-  whole context with the new weights;
-- ``"keep"``: the rows survive updates, and the next turn continues on keys / values computed by
-  older weights — exactly what a sequence in flight during an update does (below). Each token's
-  log-prob is still that of the distribution it was drawn from, and ``versions`` still names the
-  weights that drew it; the older context is one more off-policy term for DIS to absorb. In an
-  asynchronous run, where weights change every trainer step, this saves re-prefilling most
-  contexts (docs/performance.md).
+  whole context with the new weights.
 
 Weight updates follow asynchronous-RL engines (AReaL, slime, PipelineRL): in-flight sequences
 keep their KV cache, computed by the old weights, and continue with the new ones; each token
@@ -115,7 +115,7 @@ class LocalEngine:
         max_seq_len: int | None = None,
         stop_on_eos: bool = True,
         prefix_cache_tokens: int = 65536,
-        prefix_after_update: str = "recompute",
+        prefix_after_update: str = "keep",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

@@ -55,7 +55,7 @@ class WorkerSpec:
     sampling: SamplingParams
     engine_slots: int = 16
     prefix_cache_tokens: int = 65536
-    prefix_after_update: str = "recompute"
+    prefix_after_update: str = "keep"
     max_total_tokens: int = 384
     threads: int = 1
     seed: int = 0

@@ -80,7 +80,8 @@ def test_weight_update_between_turns_recomputes_the_context(tmp_path):
     model_b = build_tiny("tiny-moe", seed=1)
     path = tmp_path / "b.safetensors"
     save_file({k: v.contiguous() for k, v in model_b.state_dict().items() if k != "lm_head.weight"}, path)
-    eng = LocalEngine(build_tiny("tiny-moe", seed=0), _tok(), max_batch_size=2, stop_on_eos=False)
+    eng = LocalEngine(build_tiny("tiny-moe", seed=0), _tok(), max_batch_size=2, stop_on_eos=False,
+                      prefix_after_update="recompute")
     ctx = [5, 6, 7, 8]
     try:
         def turn(seed):
