@@ -14,26 +14,10 @@ sequences. Each iteration of its loop:
 So a finished sequence's slot is refilled on the very next iteration and a long straggler
 never idles the other slots (continuous batching, as in vLLM / SGLang, without paged memory).
 
-Prefix reuse across the turns of an episode. A request with ``SamplingParams.session`` leaves,
-when it finishes, a copy of its KV row behind (prompt + sampled tokens, all but the last, which
-was never fed to the model), keyed by the session. When the session's next request arrives and
-its prompt extends those tokens (the agent loop's next turn: context + sampled tokens +
-observation), only the new tokens are prefilled, on top of the stored rows (several such
-requests are prefilled together, left-padded, then compacted, :func:`saorl.engines.kv.compact`).
-The stored rows are held in LRU order up to ``prefix_cache_tokens`` tokens. Across a weight
-update, ``prefix_after_update`` decides:
-
-- ``"keep"`` (the default): the rows survive updates, and the next turn continues on keys /
-  values computed by older weights — exactly what a sequence in flight during an update does
-  (below). Each token's log-prob is still that of the distribution it was drawn from, and
-  ``versions`` still names the weights that drew it; the older context is one more off-policy
-  term for DIS to absorb. In an asynchronous run, where weights change every trainer step, this
-  saves re-prefilling most contexts (docs/performance.md);
-- ``"recompute"``: a stored row is used only if every one of its keys / values was computed by
-  the current weights — a weight update drops the whole store, and a request during which
-  weights changed leaves nothing behind — so every turn is sampled from the same distribution as
-  after a full re-prefill (up to float rounding), and the turn after an update re-prefills its
-  whole context with the new weights.
+Prefix reuse across the turns of an episode (:mod:`saorl.engines.prefix`): a request with
+``SamplingParams.session`` leaves its KV row behind, and the session's next turn extends it —
+its few new tokens fed by the decode steps (``_join``), or prefilled on top of it — instead of
+re-prefilling its context; ``prefix_after_update`` says whether a weight update keeps the rows.
 
 Weight updates follow asynchronous-RL engines (AReaL, slime, PipelineRL): in-flight sequences
 keep their KV cache, computed by the old weights, and continue with the new ones; each token
@@ -63,7 +47,7 @@ from transformers import DynamicCache
 
 from saorl.engines import kv
 from saorl.engines.base import EngineError, FinishReason, GenerationResult, SamplingParams
-from saorl.engines.prefix import Prefix, PrefixStore
+from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs
 from saorl.engines.sampling import sample_rows, top_alternatives
 
 Deliver = Callable[[Any], None]
@@ -71,13 +55,6 @@ OnToken = Callable[[int, float, int, "list[tuple[int, float]] | None"], None]
 """Called from the engine thread with (token id, log-prob, version, top alternatives or None) as
 each token is sampled."""
 
-FEED_MAX_TOKENS = 8
-"""A session request (an agent's turn) with at most this many new tokens — beyond its session's
-stored row (the last sampled token and a short observation), or a short first prompt — joins the
-running batch at once, and the decode steps feed those tokens one per step, sampling nothing
-until the last. A forward of its own would cost about a whole decode step (on a CPU a small
-forward is mostly fixed cost); a fed token costs one row of a decode step. Longer prompts, and
-requests without a session, are prefilled in one forward."""
 
 
 @dataclass
@@ -407,10 +384,8 @@ class LocalEngine:
         rest = [(r, e) for r, e in pairs if not any(r is j for j, _ in join)]
         if join:
             self._join(join)
-        if any(e is not None for _, e in rest):
-            self._extend(rest)
-        elif rest:
-            self._prefill([r for r, _ in rest])
+        if rest:
+            self._prefill(rest)
 
     def _join(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
         """Merge the sessions' stored rows (or empty rows) into the running batch; the decode steps
@@ -432,38 +407,21 @@ class LocalEngine:
         self._stats["prefill_tokens"] += sum(len(r.feed) for r, _ in pairs)
         self._active.extend(r for r, _ in pairs)
 
-    def _prefill(self, reqs: list[_Request]) -> None:
-        length = max(len(r.prompt) for r in reqs)
-        ids = torch.full((len(reqs), length), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(reqs), length), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, length - len(r.prompt) :] = torch.tensor(r.prompt)
-            mask[i, length - len(r.prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(1) - 1).clamp(min=0)
-        fresh = DynamicCache(config=self.model.config)
-        self._start(reqs, fresh, ids, mask, pos, sum(len(r.prompt) for r in reqs))
-
-    def _extend(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
-        """Prefill the new tokens of requests on top of their sessions' stored rows (a request
-        without one: its whole prompt)."""
-        with self._timed("kv_s"):
-            cache, past = kv.from_rows(self.model.config, [e and e.kv for _, e in pairs])
+    def _prefill(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
+        """Prefill, in one forward, each request's tokens beyond its session's stored row (a
+        request without one: its whole prompt) on top of those rows."""
         done = [len(e.tokens) if e else 0 for _, e in pairs]
-        news = [r.prompt[n:] for (r, _), n in zip(pairs, done)]
-        length = max(map(len, news))
-        ids = torch.full((len(pairs), length), self._pad, dtype=torch.long)
-        new_mask = torch.zeros((len(pairs), length), dtype=torch.long)
-        pos = torch.zeros((len(pairs), length), dtype=torch.long)
-        for i, (n, new) in enumerate(zip(done, news)):
-            ids[i, length - len(new):] = torch.tensor(new)
-            new_mask[i, length - len(new):] = 1
-            pos[i, length - len(new):] = torch.arange(n, n + len(new))
+        ids, new_mask, pos = new_token_inputs([r.prompt for r, _ in pairs], done, self._pad)
+        if any(done):
+            with self._timed("kv_s"):
+                cache, past = kv.from_rows(self.model.config, [e and e.kv for _, e in pairs])
+            mask = torch.cat([past, new_mask.to(self.device)], dim=1)
+        else:
+            cache, mask = DynamicCache(config=self.model.config), new_mask.to(self.device)
         self._stats["prefix_hits"] += sum(n > 0 for n in done)
         self._stats["prefix_tokens_reused"] += sum(done)
-        mask = torch.cat([past, new_mask.to(self.device)], dim=1)
         self._start([r for r, _ in pairs], cache, ids.to(self.device), mask, pos.to(self.device),
-                    sum(map(len, news)))
+                    int(new_mask.sum()))
 
     def _start(self, reqs: list[_Request], cache: DynamicCache, ids: torch.Tensor, mask: torch.Tensor,
                pos: torch.Tensor, new_tokens: int) -> None:

@@ -1,5 +1,28 @@
 """The local engine's per-session prefix store: KV rows kept between the turns of an episode.
 
+A request with ``SamplingParams.session`` leaves, when it finishes, a copy of its KV row behind
+(prompt + sampled tokens, all but the last, which was never fed to the model), keyed by the
+session. When the session's next request arrives and its prompt extends those tokens (the agent
+loop's next turn: context + sampled tokens + observation), only the new tokens are computed: at
+most ``FEED_MAX_TOKENS`` of them are fed by the running batch's decode steps, more are prefilled
+on top of the stored rows (several requests together, left-padded, then compacted,
+:func:`saorl.engines.kv.compact`). Across a weight update, the engine's ``prefix_after_update``
+decides:
+
+- ``"keep"`` (the default): the rows survive updates, and the next turn continues on keys /
+  values computed by older weights — exactly what a sequence in flight during an update does.
+  Each token's log-prob is still that of the distribution it was drawn from, and ``versions``
+  still names the weights that drew it; the older context is one more off-policy term for DIS to
+  absorb. In an asynchronous run, where weights change every trainer step, this saves
+  re-prefilling most contexts (docs/performance.md);
+- ``"recompute"``: a stored row is used only if every one of its keys / values was computed by
+  the current weights — a weight update drops the whole store, and a request during which
+  weights changed leaves nothing behind — so every turn is sampled from the same distribution as
+  after a full re-prefill (up to float rounding), and the turn after an update re-prefills its
+  whole context with the new weights.
+
+The store itself:
+
 A finished request of session ``s`` leaves its KV row (:func:`saorl.engines.kv.row_kv`) behind,
 with the tokens it covers and the weights version that computed it. The session's next request
 takes it back if its prompt strictly extends those tokens and the weights have not changed since;
@@ -13,7 +36,33 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import torch
+
 from saorl.engines.kv import RowKV
+
+FEED_MAX_TOKENS = 8
+"""A session request (an agent's turn) with at most this many new tokens — beyond its session's
+stored row (the last sampled token and a short observation), or a short first prompt — joins the
+running batch at once, and the decode steps feed those tokens one per step, sampling nothing
+until the last. A forward of its own would cost about a whole decode step (on a CPU a small
+forward is mostly fixed cost); a fed token costs one row of a decode step. Longer prompts, and
+requests without a session, are prefilled in one forward."""
+
+
+def new_token_inputs(prompts: list[list[int]], done: list[int], pad: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded ``[B, L]`` ids, mask and position ids of each prompt's tokens after its first
+    ``done[i]`` (those a stored row already holds); positions continue from ``done[i]``."""
+    news = [p[n:] for p, n in zip(prompts, done)]
+    length = max(map(len, news))
+    ids = torch.full((len(news), length), pad, dtype=torch.long)
+    mask = torch.zeros((len(news), length), dtype=torch.long)
+    pos = torch.zeros((len(news), length), dtype=torch.long)
+    for i, (n, new) in enumerate(zip(done, news)):
+        ids[i, length - len(new):] = torch.tensor(new)
+        mask[i, length - len(new):] = 1
+        pos[i, length - len(new):] = torch.arange(n, n + len(new))
+    return ids, mask, pos
 
 
 @dataclass
