@@ -1,6 +1,6 @@
 """Async SAO (saorl) against TRL's synchronous ``GRPOTrainer``: same model, same workload, one run.
 
-    pip install "trl>=1.0"            # an optional dependency of this benchmark only
+    pip install -c constraints-cpu.txt -e ".[bench-trl]"   # TRL: for this benchmark only
     python benchmarks/bench_trl.py --budget-s 60 --reps 2 --out /tmp/bench-trl
     python benchmarks/bench_trl.py --quick                  # 1 rep of 20 s per side
 
@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import trl  # noqa: F401
     except ImportError:
-        print("bench_trl: TRL is not installed; pip install 'trl>=1.0' (an optional dependency of this "
-              "benchmark only)", file=sys.stderr)
+        print("bench_trl: TRL is not installed; pip install -e '.[bench-trl]' (an optional dependency of "
+              "this benchmark only)", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
