@@ -261,6 +261,16 @@ class RolloutConfig(_Section):
     """Episodes in flight per worker (their turns are batched by the engine)."""
     engine_slots: int = Field(16, ge=1)
     """Sequences the local engine decodes together (its batch size)."""
+    prefix_cache_tokens: int = Field(65536, ge=0)
+    """Tokens of KV cache the local engine keeps between the turns of its episodes, so a turn
+    prefills only the new observation tokens (0 = off: every turn re-prefills its context)."""
+    prefix_after_update: Literal["recompute", "keep"] = "keep"
+    """What a weight update does to the kept KV: ``keep`` lets the next turn continue on KV
+    computed by older weights, as a sequence in flight during an update does (each token's
+    log-prob and version stay those of the weights that drew it; DIS absorbs the older context;
+    in async runs, where weights change every step, ~1.6× the trained tokens/s of ``recompute``,
+    docs/performance.md); ``recompute`` drops it, so the next turn re-prefills its context with
+    the new weights and every turn is sampled exactly as after a full re-prefill."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature (0 = greedy). RL needs samples from the policy itself: keep 1.0 for training."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -444,6 +454,16 @@ class TrainerConfig(_Section):
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (less memory for long sequences, about a third more compute); policy and critic."""
+    max_tokens_per_microbatch: int = Field(4096, ge=1)
+    """Token budget of one forward/backward pass of the policy or the critic: a batch is cut into
+    micro-batches of at most this many positions and gradients accumulate across them; losses
+    are still normalised by the whole batch's token counts. A trajectory longer than the budget
+    gets a micro-batch of its own (nothing is truncated)."""
+    packing: bool = True
+    """Pack the trajectories of a micro-batch end to end in one row with no padding (sequence
+    boundaries through per-sequence position ids; every HF causal LM with sdpa, eager or
+    flash-attention honours them). False: right-padded micro-batches of similar lengths, for a
+    model whose attention ignores restarting position ids."""
 
 
 class RuntimeConfig(_Section):

@@ -45,6 +45,9 @@ Decisions that the trainer and the env authors rely on:
   the stop string; envs should search for it, not assume it ends the text.
   A multi-byte character split across a turn boundary decodes to U+FFFD in that turn's text
   (the ids, and so the trajectory, are unaffected).
+- **Prefix reuse.** Every request of an episode carries one ``SamplingParams.session`` (unique per
+  episode), and each turn's context extends the previous one's tokens, so an engine that keeps a
+  session's KV cache (the local engine) prefills only the new observation tokens.
 - **Seeds.** With ``sampling.seed`` set, each request gets a seed derived from it, the task id,
   ``sample_index`` and the turn number: reproducible, yet episodes and turns do not replay one
   random stream. :func:`run_episodes` / :func:`stream_episodes` pass a task's position as
@@ -64,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -138,12 +142,12 @@ def _check_result(res: GenerationResult, params: SamplingParams) -> None:
 
 
 def _turn_params(sampling: SamplingParams, env: Env, eos_id: int | None, left: int,
-                 seed_key: str) -> SamplingParams:
+                 seed_key: str, session: str) -> SamplingParams:
     stop = tuple(dict.fromkeys((*sampling.stop, *env.stop_strings)))
     stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *(() if eos_id is None else (eos_id,)))))
     seed = None if sampling.seed is None else zlib.crc32(f"{sampling.seed}/{seed_key}".encode())
     return replace(sampling, stop=stop, stop_token_ids=stop_ids, seed=seed,
-                   max_new_tokens=min(sampling.max_new_tokens, left))
+                   max_new_tokens=min(sampling.max_new_tokens, left), session=session)
 
 
 async def _call_env(fn: Callable[..., Any], *args: Any, env: Env, task: Task, what: str,
@@ -207,9 +211,10 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
                                  f"max_total_tokens={max_total_tokens} leaves no room for an action")
     truncation: str | None = None
     out = StepResult("", 0.0, False)
+    session = f"{task.id}/{sample_index}/{uuid.uuid4().hex}"  # this episode's turns share a KV prefix
     while True:
         params = _turn_params(sampling, env, codec.eos_token_id, max_total_tokens - len(b.token_ids),
-                              seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}")
+                              seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}", session=session)
         t0 = time.perf_counter()
         res = await _generate(engine, b.token_ids, params, task)
         gen_s += time.perf_counter() - t0

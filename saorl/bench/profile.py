@@ -6,11 +6,13 @@ rename inside the runtime cannot silently break them. The pieces do not nest exc
 
 - :func:`rollout_profile` — one :class:`~saorl.engines.local.LocalEngine` with the run's slots,
   driven by the agent loop over the run's env at steady state (every slot refilled at once), no
-  trainer. Pieces: prefill (model forward on prompts), decode forward, sampling
-  (``sample_rows``), KV bookkeeping (``kv.merge`` / ``select_rows`` / ``trim`` /
-  ``zero_padding``), the rest of a decode step (per-row stop checks, delivery), and the engine
-  thread's time outside steps (waiting for the event loop to submit the next turn). Also gives
-  the generation throughput of this workload (action tokens / s) — the pipeline's rollout limit.
+  trainer. Pieces: prefill (model forward on prompts), decode forward (of which the share of its
+  rows that fed a session turn's new tokens, ``fed_s``), sampling (``sample_rows``), KV
+  bookkeeping (``kv.merge`` / ``select_rows`` / ``trim`` / ``zero_padding`` / prefix copies), the
+  rest of a decode step (per-row stop checks, delivery), and the engine thread's time outside
+  steps (waiting for the event loop to submit the next turn). Also gives the generation
+  throughput of this workload (action tokens / s) — the pipeline's rollout limit — and the
+  **prefill share**: (prefill + fed rows' share of the decode forwards) / wall time.
 - :func:`decode_curve` — seconds per decode step (forward + sampling + bookkeeping) vs the
   number of sequences decoding, for the simulator.
 - :func:`learner_profile` — :meth:`~saorl.runtime.learner.Learner.step` on a batch of real
@@ -53,7 +55,9 @@ def _engine_parts(cfg: SaorlConfig):
 
     tok = run_tokenizer(cfg.model)
     model = load_policy(cfg.model.policy, seed=cfg.seed)
-    engine = LocalEngine(model, tok, max_batch_size=cfg.rollout.engine_slots)
+    engine = LocalEngine(model, tok, max_batch_size=cfg.rollout.engine_slots,
+                         prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
+                         prefix_after_update=cfg.rollout.prefix_after_update)
     return engine, tok, make_env_factory(cfg.env.type, cfg.env.options)
 
 
@@ -82,7 +86,8 @@ async def _stream_for(engine, tok, env_factory, tasks, cfg: SaorlConfig, warmup_
 
 
 ENGINE_PIECES = {"prefill forward": "prefill_forward_s", "prefill (total)": "prefill_s",
-                 "decode forward": "decode_forward_s", "sampling": "sampling_s",
+                 "decode forward": "decode_forward_s",
+                 "of which feeding turns' new tokens": "fed_s", "sampling": "sampling_s",
                  "kv merge/select/trim": "kv_s", "decode step (total)": "decode_step_s"}
 """Profile rows and the ``LocalEngine.stats()`` seconds they come from."""
 
@@ -122,12 +127,16 @@ def rollout_profile(cfg: SaorlConfig, duration_s: float, warmup_s: float = 2.0) 
                                                     - sec["sampling"])
     sec["outside steps (waiting for turns, loop)"] = max(0.0, wall - sec["decode step (total)"]
                                                          - sec["prefill (total)"])
-    order = ["prefill forward", "prefill (total)", "decode forward", "sampling", "kv merge/select/trim",
-             "decode rest (stop checks, delivery)", "decode step (total)",
+    order = ["prefill forward", "prefill (total)", "decode forward", "of which feeding turns' new tokens",
+             "sampling", "kv merge/select/trim", "decode rest (stop checks, delivery)", "decode step (total)",
              "outside steps (waiting for turns, loop)"]
+    prefill = sec["prefill (total)"] + sec["of which feeding turns' new tokens"]
     return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "decode_steps": steps,
             "mean_batch": busy / steps if steps else 0.0, "slots": cfg.rollout.engine_slots,
             "pure_decode_tokens_per_s": busy / max(sec["decode step (total)"], 1e-9),
+            "prefill_share": prefill / wall, "prefill_tokens": _delta(s0, s1, "prefill_tokens"),
+            "prefix_tokens_reused": _delta(s0, s1, "prefix_tokens_reused"),
+            "prefix_hits": int(_delta(s0, s1, "prefix_hits")), "requests": int(_delta(s0, s1, "prefills")),
             "rows": profile_rows(t, wall, order), "trajectories": trajs}
 
 
@@ -178,14 +187,17 @@ def group_ids(n: int, group_size: int) -> list[int]:
     return [i // group_size for i in range(n)]
 
 
-def time_steps(learner, batches: list[list[Trajectory]], group_size: int) -> tuple[Timings, float]:
+def time_steps(learner, batches: list[list[Trajectory]], group_size: int,
+               metrics: list[dict] | None = None) -> tuple[Timings, float]:
     """``learner.step`` over ``batches`` (after one untimed warm-up step): its own span timings
-    (``Learner.timings``) and the total seconds."""
+    (``Learner.timings``) and the total seconds; each step's metrics go to ``metrics`` if given."""
     learner.step(batches[0], group_ids(len(batches[0]), group_size))
     learner.timings.reset()
     t0 = time.perf_counter()
     for b in batches:
-        learner.step(b, group_ids(len(b), group_size))
+        m = learner.step(b, group_ids(len(b), group_size))
+        if metrics is not None:
+            metrics.append(m)
     total = time.perf_counter() - t0
     t = Timings()
     t.seconds.update(learner.timings.seconds)
@@ -203,7 +215,8 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
         raise ValueError(f"learner_profile needs at least batch_size={bs} trajectories, got {len(trajs)}")
     learner = build_learner(cfg)
     batches = [trajs[(i * bs) % (len(trajs) - bs + 1):][:bs] for i in range(repeats)]
-    t, total = time_steps(learner, batches, g)
+    step_metrics: list[dict] = []
+    t, total = time_steps(learner, batches, g, step_metrics)
     sec = t.seconds
     sec["losses, metrics (rest)"] = max(0.0, total - sum(sec.values()))
     sec["learner.step (total)"] = total
@@ -236,7 +249,10 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
              "weight load + apply (worker side)", "transport (pickle round trip)",
              "journal append (fsync)"]
     step_s = total / repeats
+    positions = sum(m["throughput/positions_per_action_token"] * sum(tr.num_action_tokens for tr in b)
+                    for m, b in zip(step_metrics, batches)) / (tokens * repeats)
     return {"step_s": step_s, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,
+            "positions_per_action_token": positions,
             "publish_s": sec["weight publication (state dict -> file)"] / repeats,
             "rows": [r for r in profile_rows(t, total, order, repeats) if r["calls"] or r["ms_per_step"]]}
 

@@ -6,7 +6,8 @@ import statistics
 from pathlib import Path
 
 RUN_COLUMNS = ["mode", "rep", "window s", "steps", "trained tok/s", "traj/s", "trainer idle", "slot util",
-               "engine step util", "staleness mean", "p50", "p90", "max"]
+               "engine step util", "staleness mean", "p50", "p90", "max", "positions / action tok",
+               "load 1 min"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -20,7 +21,10 @@ def run_rows(records: list[dict]) -> list[list[str]]:
              f"{r['tokens_per_s']:.0f}",
              f"{r['trajectories_per_s']:.2f}", f"{r['trainer_idle_frac']:.2f}", f"{r['slot_util']:.2f}",
              f"{r['engine_step_util']:.2f}", f"{r['staleness_mean']:.2f}", f"{r['staleness_p50']:.1f}",
-             f"{r['staleness_p90']:.1f}", str(r["staleness_max"])] for r in records]
+             f"{r['staleness_p90']:.1f}", str(r["staleness_max"]),
+             f"{r.get('positions_per_action_token', float('nan')):.2f}",
+             f"{r.get('load_start', float('nan')):.1f} → {r.get('load_end', float('nan')):.1f}"]
+            for r in records]
 
 
 def ratio_line(rs: list[float], what: str = "async/sync") -> str:
@@ -35,15 +39,24 @@ def ratio_line(rs: list[float], what: str = "async/sync") -> str:
 def profile_lines(pieces: dict) -> list[str]:
     learn, gen = pieces["learner"], pieces["generation"]
     lines = [f"One SAO step (K critic updates + one policy update) on {learn['tokens_per_step']:.0f} action "
-             f"tokens: {1000 * learn['step_s']:.0f} ms ({learn['tokens_per_s']:.0f} tok/s); shares are of "
-             "`learner.step`.", ""]
+             f"tokens: {1000 * learn['step_s']:.0f} ms ({learn['tokens_per_s']:.0f} tok/s); "
+             f"{learn.get('positions_per_action_token', float('nan')):.2f} positions per action token; "
+             "shares are of `learner.step`.", ""]
     lines += _table(["piece", "ms / step", "share", "calls / step"],
                     [[r["piece"], f"{r['ms_per_step']:.1f}", f"{100 * r['share']:.1f}%", f"{r['calls']:.1f}"]
                      for r in learn["rows"]])
     lines += ["", f"Engine, generation alone ({gen['wall_s']:.1f} s, {gen['slots']} slots, mean batch "
               f"{gen['mean_batch']:.1f}): {gen['tokens_per_s']:.0f} action tok/s; decode steps alone "
               f"{gen['pure_decode_tokens_per_s']:.0f} tok/s. Shares are of wall time; `(total)` rows "
-              "include the rows above them.", ""]
+              "include the rows above them."]
+    if "prefill_share" in gen:
+        lines += ["", f"Prefill share of generation: **{100 * gen['prefill_share']:.1f}%** (prefill forwards "
+                  "and the decode rows that fed session turns' new tokens); "
+                  f"{gen['prefill_tokens']:.0f} prompt tokens run through the model for "
+                  f"{gen['tokens']:.0f} sampled; {gen['prefix_hits']} of {gen['requests']} requests "
+                  f"extended their session's cached prefix ({gen['prefix_tokens_reused']:.0f} tokens not "
+                  "recomputed)."]
+    lines += [""]
     lines += _table(["piece", "seconds", "share", "calls"],
                     [[r["piece"], f"{r['ms_per_step'] / 1000:.2f}", f"{100 * r['share']:.1f}%",
                       f"{r['calls']:.0f}"] for r in gen["rows"]])

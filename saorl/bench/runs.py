@@ -24,7 +24,10 @@ training end]`` (worker start-up and the step-0 evaluation are excluded; both mo
   workers are pooled (the recorder does not know an unfinished rollout's worker), which
   overstates utilisation only if the workers are unevenly loaded;
 - staleness of each trained trajectory = (trainer version at its step = step − 1) − the oldest
-  version of its action tokens; mean, p50, p90, max.
+  version of its action tokens; mean, p50, p90, max;
+- positions per action token = the positions the trainer's model passes processed per trained
+  action token (``throughput/positions_per_action_token`` of each step, weighted by the step's
+  action tokens): 1 + prompt and observation tokens, plus any padding.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class RunStats:
     staleness_p50: float
     staleness_p90: float
     staleness_max: int
+    positions_per_action_token: float
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +162,11 @@ def analyse(run_dir: Path, slots: int) -> RunStats:
     stale = stale or [0.0]
     engine_util = next((m["rollout/slot_util"] for m in reversed(metrics) if "rollout/slot_util" in m),
                        float("nan"))
+    ratio = {m["step"]: m["throughput/positions_per_action_token"] for m in metrics
+             if "throughput/positions_per_action_token" in m}
+    weighted = [(ratio[row["step"]], sum(row["action_tokens"])) for row in trained if row["step"] in ratio]
+    positions = (sum(r * n for r, n in weighted) / sum(n for _, n in weighted)
+                 if weighted and sum(n for _, n in weighted) else float("nan"))
     return RunStats(
         window_s=window, steps=len(trained), trained_tokens=tokens, trained_trajectories=n_traj,
         tokens_per_s=tokens / window, trajectories_per_s=n_traj / window,
@@ -165,4 +174,4 @@ def analyse(run_dir: Path, slots: int) -> RunStats:
         slot_util=slot_busy_seconds(rollouts, t0, t1, slots) / (slots * window),
         engine_step_util=engine_util, staleness_mean=statistics.fmean(stale),
         staleness_p50=percentile(stale, 50), staleness_p90=percentile(stale, 90),
-        staleness_max=int(max(stale)))
+        staleness_max=int(max(stale)), positions_per_action_token=positions)

@@ -33,6 +33,10 @@ class SamplingParams:
     top_logprobs: int = 0
     """Also return, per generated token, this many most likely alternatives of the distribution
     it was sampled from (``GenerationResult.top_logprobs``); 0 = none."""
+    session: str | None = None
+    """Episode id for prefix reuse (a saorl extension): the local engine keeps the KV cache of a
+    finished request of this session, and when the session's next request extends those tokens
+    it prefills only the new ones. Engines without it ignore the field."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -10,6 +10,11 @@ Operations between decode steps: :func:`merge` (append newly prefilled rows, pad
 on the left to a common ``L``), :func:`select_rows` (drop finished rows) and :func:`trim` (drop
 leading columns that are padding in every row). Only full-attention ``DynamicLayer`` caches are
 supported (no sliding window layers).
+
+Prefix reuse (a session's next turn): :func:`row_kv` copies one row's real keys / values out of a
+batch cache, :func:`from_rows` stacks such copies into a left-padded cache that a prefill of the
+new tokens extends, and :func:`compact` moves each row's real columns to the right end again
+(the new tokens of rows with fewer of them leave padding between the old tokens and the new).
 """
 
 from __future__ import annotations
@@ -77,3 +82,40 @@ def trim(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
     for layer in cache.layers:
         _set(layer, layer.keys[:, :, start:], layer.values[:, :, start:])
     return mask[:, start:]
+
+
+RowKV = list[tuple[torch.Tensor, torch.Tensor]]
+"""One sequence's keys and values, ``[H, L, D]`` each, per layer."""
+
+
+def row_kv(cache: DynamicCache, row: int, length: int) -> RowKV:
+    """Copies of row ``row``'s last ``length`` columns (its real tokens), ``[H, length, D]`` per layer."""
+    return [(layer.keys[row, :, -length:].clone(), layer.values[row, :, -length:].clone())
+            for layer in cache.layers]
+
+
+def from_rows(config, rows: list[RowKV | None]) -> tuple[DynamicCache, torch.Tensor]:
+    """A cache of the given rows (each from :func:`row_kv`; None = no past, all padding),
+    left-padded to the longest; returns ``(cache, mask [B, L])``. At least one row is not None."""
+    some = next(r for r in rows if r is not None)
+    length = max(r[0][0].shape[-2] for r in rows if r is not None)
+    cache = DynamicCache(config=config)
+    for i, layer in enumerate(cache.layers):
+        keys = some[i][0]
+        empty = keys.new_zeros(keys.shape[0], 0, keys.shape[-1])
+        _set(layer, torch.stack([_left_pad(empty if r is None else r[i][0], length) for r in rows]),
+             torch.stack([_left_pad(empty if r is None else r[i][1], length) for r in rows]))
+    sizes = torch.tensor([0 if r is None else r[0][0].shape[-2] for r in rows], device=some[0][0].device)
+    mask = (torch.arange(length, device=sizes.device)[None] >= (length - sizes)[:, None]).long()
+    return cache, mask
+
+
+def compact(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
+    """Move every row's real columns to the right end (order kept), in place; returns the new mask."""
+    order = torch.argsort(mask, dim=1, stable=True)  # padding (0) first, then the real tokens in order
+    if torch.equal(order, torch.arange(mask.shape[1], device=mask.device).expand_as(order)):
+        return mask
+    for layer in cache.layers:
+        idx = order[:, None, :, None].expand_as(layer.keys)
+        _set(layer, layer.keys.gather(2, idx), layer.values.gather(2, idx))
+    return mask.gather(1, order)

@@ -14,6 +14,11 @@ sequences. Each iteration of its loop:
 So a finished sequence's slot is refilled on the very next iteration and a long straggler
 never idles the other slots (continuous batching, as in vLLM / SGLang, without paged memory).
 
+Prefix reuse across the turns of an episode (:mod:`saorl.engines.prefix`): a request with
+``SamplingParams.session`` leaves its KV row behind, and the session's next turn extends it —
+its few new tokens fed by the decode steps (``_join``), or prefilled on top of it — instead of
+re-prefilling its context; ``prefix_after_update`` says whether a weight update keeps the rows.
+
 Weight updates follow asynchronous-RL engines (AReaL, slime, PipelineRL): in-flight sequences
 keep their KV cache, computed by the old weights, and continue with the new ones; each token
 records the version of the weights that sampled it (``GenerationResult.versions``). The
@@ -42,12 +47,14 @@ from transformers import DynamicCache
 
 from saorl.engines import kv
 from saorl.engines.base import EngineError, FinishReason, GenerationResult, SamplingParams
+from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs
 from saorl.engines.sampling import sample_rows, top_alternatives
 
 Deliver = Callable[[Any], None]
 OnToken = Callable[[int, float, int, "list[tuple[int, float]] | None"], None]
 """Called from the engine thread with (token id, log-prob, version, top alternatives or None) as
 each token is sampled."""
+
 
 
 @dataclass
@@ -65,6 +72,10 @@ class _Request:
     cancelled: bool = False
     on_token: OnToken | None = None
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    kv_version: int = -1
+    """The weights version that computed this request's KV at its prefill."""
+    feed: list[int] = field(default_factory=list)
+    """Prompt tokens the next decode steps feed before this request samples (see ``_join``)."""
 
 
 class LocalEngine:
@@ -80,9 +91,16 @@ class LocalEngine:
         version: int = 0,
         max_seq_len: int | None = None,
         stop_on_eos: bool = True,
+        prefix_cache_tokens: int = 65536,
+        prefix_after_update: str = "keep",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_after_update not in ("recompute", "keep"):
+            raise ValueError(f"prefix_after_update must be 'recompute' or 'keep', "
+                             f"got {prefix_after_update!r}")
+        self._exact_prefix = prefix_after_update == "recompute"
+        self._prefixes = PrefixStore(prefix_cache_tokens)
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -108,6 +126,10 @@ class LocalEngine:
             busy_slot_steps=0,
             prefills=0,
             prefill_batches=0,
+            prefill_tokens=0,
+            fed_tokens=0,
+            prefix_hits=0,
+            prefix_tokens_reused=0,
             weight_updates=0,
             requests_finished=0,
             # seconds spent in each phase of the loop (a profile reads these, see stats())
@@ -117,6 +139,7 @@ class LocalEngine:
             decode_forward_s=0.0,
             sampling_s=0.0,
             kv_s=0.0,
+            fed_s=0.0,
         )
         self._thread = threading.Thread(target=self._loop, name="saorl-local-engine", daemon=True)
         self._thread.start()
@@ -218,7 +241,11 @@ class LocalEngine:
         ``*_s`` are seconds spent in each phase of the engine loop: ``prefill_s`` (admitting
         requests; of which ``prefill_forward_s`` the model), ``decode_step_s`` (decode steps; of
         which ``decode_forward_s`` the model), ``sampling_s`` (both) and ``kv_s`` (cache
-        bookkeeping: merge, row selection, trimming, zeroing padding)."""
+        bookkeeping: merge, row selection, trimming, zeroing padding, prefix copies).
+        ``prefill_tokens`` counts the prompt tokens run through the model (in prefill forwards,
+        or ``fed_tokens`` of them fed by decode steps, whose share of the decode forwards is
+        ``fed_s``, part of ``decode_forward_s``), ``prefix_hits`` the requests that extended a
+        stored session prefix, ``prefix_tokens_reused`` the prompt tokens those did not recompute."""
         s: dict[str, float] = dict(self._stats)
         total = s["decode_steps"] * self.max_batch_size
         s["utilisation"] = s["busy_slot_steps"] / total if total else 0.0
@@ -253,6 +280,8 @@ class LocalEngine:
         bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids must be ints in [0, {self.vocab_size}), got {bad}")
+        if params.session is not None and not isinstance(params.session, str):
+            raise ValueError(f"session must be a string or None, got {params.session!r}")
         if params.seed is not None and not isinstance(params.seed, int):
             raise ValueError(f"seed must be an int or None, got {params.seed!r}")
 
@@ -292,7 +321,7 @@ class LocalEngine:
                 with torch.inference_mode():
                     if admitted:
                         with self._timed("prefill_s"):
-                            self._prefill(admitted)
+                            self._admit(admitted)
                     if self._active:
                         with self._timed("decode_step_s"):
                             self._decode_step()
@@ -313,6 +342,19 @@ class LocalEngine:
                 own[name].copy_(t.to(own[name].device, own[name].dtype))
         self._version = version
         self._stats["weight_updates"] += 1
+        if self._exact_prefix:
+            self._prefixes.clear()  # computed by the old weights: the next turns re-prefill
+
+    def _keep_prefix(self, r: _Request, cache: DynamicCache, mask: torch.Tensor, row: int) -> None:
+        """Store finished ``r``'s KV row (right-aligned in ``cache``) for its session's next turn."""
+        tokens = r.prompt + r.tokens[:-1]  # the last sampled token was never fed to the model
+        if (not self._prefixes.wants(r.params.session, len(tokens)) or r.finish[0] == "abort"
+                or (self._exact_prefix and r.kv_version != self._version)
+                or int(mask[row].sum()) != len(tokens)):
+            return
+        with self._timed("kv_s"):
+            self._prefixes.keep(r.params.session, Prefix(tokens, kv.row_kv(cache, row, len(tokens)),
+                                                         self._version))
 
     @contextlib.contextmanager
     def _timed(self, key: str) -> Iterator[None]:
@@ -329,30 +371,75 @@ class LocalEngine:
                 r.deliver(err)
         self._active, self._cache, self._mask = [], None, None
 
-    def _prefill(self, reqs: list[_Request]) -> None:
-        length = max(len(r.prompt) for r in reqs)
-        ids = torch.full((len(reqs), length), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(reqs), length), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, length - len(r.prompt) :] = torch.tensor(r.prompt)
-            mask[i, length - len(r.prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+    def _admit(self, reqs: list[_Request]) -> None:
+        """Admit requests: join session requests with at most ``FEED_MAX_TOKENS`` new tokens (beyond
+        a stored prefix, or a whole short first prompt while a batch runs) to the running batch,
+        whose decode steps feed them; prefill the others in one forward (only what extends a
+        stored prefix, or whole prompts)."""
+        version = self._version if self._exact_prefix else None
+        pairs = [(r, self._prefixes.take(r.params.session, r.prompt, version)) for r in reqs]
+        join = [(r, e) for r, e in pairs if r.params.session is not None
+                and (e is not None or self._cache is not None)
+                and len(r.prompt) - (len(e.tokens) if e else 0) <= FEED_MAX_TOKENS]
+        rest = [(r, e) for r, e in pairs if not any(r is j for j, _ in join)]
+        if join:
+            self._join(join)
+        if rest:
+            self._prefill(rest)
+
+    def _join(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
+        """Merge the sessions' stored rows (or empty rows) into the running batch; the decode steps
+        feed the new tokens, one per step, and the request samples after the last."""
+        like = self._cache.layers if self._cache is not None else None
+        with self._timed("kv_s"):
+            empty = None if like is None else [(x.keys.new_zeros(x.keys.shape[1], 0, x.keys.shape[-1]),) * 2
+                                               for x in like]
+            cache, mask = kv.from_rows(self.model.config, [e.kv if e else empty for _, e in pairs])
+            if self._cache is None:
+                self._cache, self._mask = cache, mask
+            else:
+                self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
+        for r, e in pairs:
+            r.feed, r.kv_version = r.prompt[len(e.tokens) if e else 0:], self._version
+        self._stats["prefills"] += len(pairs)
+        self._stats["prefix_hits"] += sum(e is not None for _, e in pairs)
+        self._stats["prefix_tokens_reused"] += sum(len(e.tokens) for _, e in pairs if e)
+        self._stats["prefill_tokens"] += sum(len(r.feed) for r, _ in pairs)
+        self._active.extend(r for r, _ in pairs)
+
+    def _prefill(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
+        """Prefill, in one forward, each request's tokens beyond its session's stored row (a
+        request without one: its whole prompt) on top of those rows."""
+        done = [len(e.tokens) if e else 0 for _, e in pairs]
+        ids, new_mask, pos = new_token_inputs([r.prompt for r, _ in pairs], done, self._pad)
+        if any(done):
+            with self._timed("kv_s"):
+                cache, past = kv.from_rows(self.model.config, [e and e.kv for _, e in pairs])
+            mask = torch.cat([past, new_mask.to(self.device)], dim=1)
+        else:
+            cache, mask = DynamicCache(config=self.model.config), new_mask.to(self.device)
+        self._stats["prefix_hits"] += sum(n > 0 for n in done)
+        self._stats["prefix_tokens_reused"] += sum(done)
+        self._start([r for r, _ in pairs], cache, ids.to(self.device), mask, pos.to(self.device),
+                    int(new_mask.sum()))
+
+    def _start(self, reqs: list[_Request], cache: DynamicCache, ids: torch.Tensor, mask: torch.Tensor,
+               pos: torch.Tensor, new_tokens: int) -> None:
+        """Run the prompts' (new) tokens through the model on top of ``cache``, sample each
+        request's first token and merge the survivors into the running batch."""
         with self._timed("prefill_forward_s"):
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                             use_cache=True, logits_to_keep=1)
         with self._timed("kv_s"):
             kv.zero_padding(cache, mask)
+            mask = kv.compact(cache, mask)
+        version = self._version
+        for r in reqs:
+            r.kv_version = version
         self._stats["prefills"] += len(reqs)
         self._stats["prefill_batches"] += 1
-        keep = self._sample_and_retire(reqs, out.logits[:, -1])
+        self._stats["prefill_tokens"] += new_tokens
+        keep = self._sample_and_retire(reqs, out.logits[:, -1], cache, mask)
         if not keep:
             return
         rows = torch.tensor(keep, device=self.device)
@@ -367,9 +454,10 @@ class LocalEngine:
 
     def _decode_step(self) -> None:
         reqs = self._active
-        ids = torch.tensor([[r.tokens[-1]] for r in reqs], device=self.device)
+        ids = torch.tensor([[r.feed[0] if r.feed else r.tokens[-1]] for r in reqs], device=self.device)
         pos = self._mask.sum(dim=1, keepdim=True)
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
+        forward_before = self._stats["decode_forward_s"]
         with self._timed("decode_forward_s"):
             out = self.model(
                 input_ids=ids,
@@ -381,7 +469,17 @@ class LocalEngine:
             )
         self._stats["decode_steps"] += 1
         self._stats["busy_slot_steps"] += len(reqs)
-        keep = self._sample_and_retire(reqs, out.logits[:, -1])
+        fed = [r for r in reqs if r.feed]
+        for r in fed:
+            r.feed.pop(0)
+        # the rows' share of the forward that went to feeding prompt tokens: prefill work
+        self._stats["fed_tokens"] += len(fed)
+        self._stats["fed_s"] += (self._stats["decode_forward_s"] - forward_before) * len(fed) / len(reqs)
+        ready = [i for i, r in enumerate(reqs) if not r.feed]  # a row still being fed samples nothing
+        logits = out.logits[:, -1]
+        kept = self._sample_and_retire([reqs[i] for i in ready], logits[ready] if len(ready) < len(reqs)
+                                       else logits, self._cache, self._mask, rows=ready)
+        keep = sorted({i for i, r in enumerate(reqs) if r.feed} | {ready[j] for j in kept})
         if len(keep) == len(reqs):
             return
         if not keep:
@@ -393,8 +491,12 @@ class LocalEngine:
             self._mask = kv.trim(self._cache, self._mask)
         self._active = [reqs[i] for i in keep]
 
-    def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
-        """Sample one token per request, record it, deliver finished ones; returns kept indices."""
+    def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor, cache: DynamicCache,
+                           mask: torch.Tensor, rows: list[int] | None = None) -> list[int]:
+        """Sample one token per request, record it, deliver finished ones (keeping their KV rows
+        of ``cache``, ``rows[i]`` for ``reqs[i]``, for their sessions); returns kept indices."""
+        if not reqs:
+            return []
         dev = logits.device
         temp = torch.tensor([r.params.temperature for r in reqs], device=dev)
         top_k = torch.tensor([r.params.top_k for r in reqs], device=dev)
@@ -420,6 +522,7 @@ class LocalEngine:
             if r.finish is None:
                 keep.append(i)
             else:
+                self._keep_prefix(r, cache, mask, i if rows is None else rows[i])
                 self._deliver(r)
         return keep
 

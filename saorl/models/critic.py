@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from saorl.models.loading import ensure_cpu_experts, load_policy, resolve_dtype
-from saorl.models.logprobs import check_batch, positions_from_mask, scored_mask
+from saorl.models.packed import model_inputs
 
 # Parameters that stay trainable under frozen attention: fused MoE experts, dense (or shared
 # expert) MLP projections. `mlp.gate.weight` (the router) deliberately does not match.
@@ -92,21 +92,21 @@ class Critic(nn.Module):
             p.requires_grad_(True)
         return cls(trunk, head_init_std=head_init_std, seed=seed)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None, *, position_ids: Tensor | None = None,
+                cu_seqlens: Tensor | None = None) -> Tensor:
         """``values [B, T]`` float32: ``values[:, t] = head(hidden[:, t-1])``.
 
-        Right or left padding (position ids come from the mask). 0 at t = 0, at padding, and
-        wherever token t-1 is padding. Value at t depends only on tokens ``< t``.
+        Right or left padding (position ids come from the mask), or a packed row ``[1, N]``
+        (``attention_mask=None``, per-sequence ``position_ids`` and ``cu_seqlens``, see
+        :func:`saorl.models.packed.model_inputs`). 0 at t = 0, at padding, and wherever token t-1
+        is padding or another sequence's. Value at t depends only on tokens ``< t`` of its sequence.
         """
-        check_batch(input_ids, attention_mask)
-        out = self.trunk(
-            input_ids=input_ids, attention_mask=attention_mask,
-            position_ids=positions_from_mask(attention_mask), use_cache=False,
-        )
+        kwargs, scored = model_inputs(input_ids, attention_mask, position_ids, cu_seqlens)
+        out = self.trunk(**kwargs)
         hidden = out.last_hidden_state[:, :-1]  # [B, T-1, H]
         v = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # [B, T-1]
         values = torch.cat([v.new_zeros(input_ids.shape[0], 1), v], dim=1)
-        return torch.where(scored_mask(attention_mask), values, v.new_zeros(()))
+        return torch.where(scored, values, v.new_zeros(()))
 
     def set_frozen_attention(self, enabled: bool) -> list[str]:
         """Freeze everything but the MLP / expert projections and the value head (or unfreeze all).

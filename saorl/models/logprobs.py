@@ -3,11 +3,14 @@
 ``logprobs[:, t] = log softmax(logits[:, t-1] / temperature)[x_t]``, i.e. log p(x_t | x_<t) — the
 quantity the rollout engine records as ``rollout_logprobs[t]`` and the DIS ratio compares against.
 
-Padding. Position ids are always derived from the mask (``cumsum(mask) - 1``), so both layouts
-work: right padding (what ``saorl.data`` collate produces, and what the trainer should use) and
-left padding. A token is scored only when it and the token before it are real (``mask[t] = 1``
-and ``mask[t-1] = 1``); every other position holds 0 — position 0, the first real token of a
-left-padded row, and all padding. Masks with holes (padding between real tokens) are not supported.
+Layouts (:func:`saorl.models.packed.model_inputs`). Padded ``[B, T]`` with an attention mask:
+position ids are derived from the mask (``cumsum(mask) - 1``), so right padding (what
+``saorl.data`` collate produces) and left padding both work; a token is scored only when it and
+the token before it are real (``mask[t] = 1`` and ``mask[t-1] = 1``); every other position holds
+0 — position 0, the first real token of a left-padded row, and all padding. Masks with holes
+(padding between real tokens) are not supported. Packed ``[1, N]`` (several sequences end to end,
+``attention_mask=None``, per-sequence ``position_ids`` and ``cu_seqlens``): a token is scored when
+its position id is > 0, i.e. the token before it belongs to the same sequence.
 
 Truncation. An engine that samples with top-k / top-p records the log-probability under the
 *truncated*, renormalised distribution; ``top_k`` / ``top_p`` here score under the same
@@ -27,33 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from saorl.models.packed import model_inputs
+
 LOGPROB_FLOOR = -1e4
 """The log-probability of a token outside the truncated distribution (probability 0)."""
-
-
-def check_batch(input_ids: Tensor, attention_mask: Tensor) -> None:
-    """Clear errors for a malformed ``[B, T]`` batch."""
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
-        )
-    if input_ids.dtype not in (torch.long, torch.int32):
-        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
-
-
-def positions_from_mask(attention_mask: Tensor) -> Tensor:
-    """``[B, T]`` position ids: 0 at each row's first real token, counting up; padding gets 0 or the last."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def scored_mask(attention_mask: Tensor) -> Tensor:
-    """``[B, T]`` bool: True where token t and token t-1 are both real (False at t = 0)."""
-    mask = attention_mask.bool()
-    out = torch.zeros_like(mask)
-    out[:, 1:] = mask[:, 1:] & mask[:, :-1]
-    return out
 
 
 def truncation_mask(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -70,16 +50,19 @@ def truncation_mask(logits: Tensor, top_k: int, top_p: float) -> Tensor:
 
 
 def token_logprobs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
-    return_entropy: bool = False, top_k: int = 0, top_p: float = 1.0,
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, temperature: float = 1.0,
+    return_entropy: bool = False, top_k: int = 0, top_p: float = 1.0, *,
+    position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token log p(x_t | x_<t) under ``softmax(logits / temperature)``, truncated like the
     sampler when ``top_k > 0`` or ``top_p < 1`` (see "Truncation" above).
 
     Args:
         model: an HF causal LM (``model(input_ids, attention_mask, position_ids).logits``).
-        input_ids: ``[B, T]`` token ids; padding may hold any id.
-        attention_mask: ``[B, T]``, 1 for real tokens, 0 for padding (right or left).
+        input_ids: ``[B, T]`` token ids; padding may hold any id. Packed: ``[1, N]``.
+        attention_mask: ``[B, T]``, 1 for real tokens, 0 for padding (right or left); None for a
+            packed row, which then needs ``position_ids`` ``[1, N]`` (restarting at 0 with every
+            sequence) and ``cu_seqlens`` ``[S + 1]`` (see "Layouts").
         temperature: the sampling temperature; 0 (greedy) is treated as 1.
         return_entropy: also return the entropy of the next-token distribution.
         top_k, top_p: the sampler's truncation (0 and 1 = none).
@@ -87,16 +70,14 @@ def token_logprobs(
     Returns:
         ``logprobs [B, T]`` float32, and with ``return_entropy`` also ``entropy [B, T]`` float32 where
         ``entropy[:, t]`` is the entropy of the distribution x_t was drawn from. Both hold 0 at
-        t = 0, at padding, and wherever token t-1 is padding. Gradients flow to the model.
+        t = 0, at padding, and wherever token t-1 is padding (packed: at each sequence's first
+        token). Gradients flow to the model.
     """
-    check_batch(input_ids, attention_mask)
+    kwargs, keep = model_inputs(input_ids, attention_mask, position_ids, cu_seqlens)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     temperature = 1.0 if temperature == 0 else float(temperature)
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask,
-        position_ids=positions_from_mask(attention_mask), use_cache=False,
-    )
+    out = model(**kwargs)
     logits = out.logits[:, :-1]  # [B, T-1, V]: logits[:, t-1] predicts x_t
     if logits.dtype != torch.float32:
         logits = logits.float()
@@ -110,7 +91,6 @@ def token_logprobs(
     picked = logits.gather(-1, input_ids[:, 1:].long().unsqueeze(-1)).squeeze(-1) - lse
     if kept is not None:
         picked = torch.clamp(picked, min=LOGPROB_FLOOR)
-    keep = scored_mask(attention_mask)
     zero = logits.new_zeros(())
     logprobs = torch.cat([logits.new_zeros(input_ids.shape[0], 1), picked], dim=1)
     # where, not multiply: a fully masked (left-padding) row may hold non-finite values.

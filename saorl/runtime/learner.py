@@ -1,6 +1,6 @@
 """One trainer update on a batch of finished trajectories: the SAO step and its baselines.
 
-For a batch of ``B`` trajectories (padded to ``[B, T]``), with the algorithm preset ``p``:
+For a batch of ``B`` trajectories, with the algorithm preset ``p``:
 
 1. critic (``p.use_critic``): ``p.critic_updates`` (K, default 2) optimizer steps on the same
    batch, regressing V on λ_critic returns (λ_critic = 1: Monte-Carlo along the action chain,
@@ -10,6 +10,23 @@ For a batch of ``B`` trajectories (padded to ``[B, T]``), with the algorithm pre
    group normalisation, or a running-mean baseline).
 3. one policy step on the loss the preset names (DIS against the rollout logprobs, or PPO clip
    against them), plus VAPO's positive-example LM loss and an optional entropy bonus.
+
+That is K + 1 critic forward passes (K with gradient, one without) and one policy pass: the
+fewest the method allows. Monte-Carlo targets need no values, so no forward runs before the
+updates (only value clipping or λ_critic < 1 add one); the values before the updates, for
+``critic/value_loss``, are those of the first update's forward; the values after them serve both
+the advantages and ``critic/*_after``.
+
+**Micro-batches.** The per-token math (targets, advantages, loss masks) runs on the right-padded
+``[B, T]`` batch; every model pass runs on token-budget micro-batches
+(:mod:`saorl.data.packing`: packed end to end with per-sequence position ids, or padded), whose
+results are scattered back into ``[B, T]``. Gradients accumulate across micro-batches, and each
+micro-batch's loss is weighted by its share of the batch's denominator (its action tokens over
+the batch's, for DIS / PPO, the entropy bonus and the value loss; its positive-trajectory action
+tokens for the LM loss), so the update equals the one-pass update on the whole batch: the DIS
+denominator is every action token of the batch, as in the method. Logged:
+``throughput/positions_per_action_token`` (positions the model processed per action token:
+padding and non-action tokens included) and ``throughput/microbatches``.
 
 A loss or gradient that is not finite skips that optimizer step (counted in
 ``train/nonfinite_skips``) and never reaches the weights. The policy version advances only when
@@ -35,11 +52,15 @@ from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
 from saorl.data.batch import Batch, collate
+from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.trajectory import Trajectory
 from saorl.models.logprobs import token_logprobs
+from saorl.models.packed import use_varlen_attention
 from saorl.runtime.checkpoint import load_learner_files, save_learner_files
 from saorl.runtime.observe import Timings
 from saorl.runtime.weights import WeightSync
+
+Tensor = torch.Tensor
 
 
 @dataclass
@@ -52,12 +73,19 @@ class OptimConfig:
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
 
 
-def _finite_step(params, optimizer: torch.optim.Optimizer, loss: torch.Tensor, clip: float) -> float | None:
-    """Backward + clipped step; returns the grad norm, or None if anything was not finite."""
-    optimizer.zero_grad(set_to_none=True)
+def _backward(loss: Tensor) -> None:
+    """Accumulate one micro-batch's gradients (a non-finite loss is left out: the step is skipped)."""
+    if loss.requires_grad and torch.isfinite(loss):
+        loss.backward()
+
+
+def _finite_step(params, optimizer: torch.optim.Optimizer, loss: Tensor, clip: float) -> float | None:
+    """Clipped step on the gradients accumulated for ``loss`` (the whole batch's loss, summed over
+    micro-batches); returns the grad norm, or None — no step, gradients cleared — if the loss or
+    the norm is not finite."""
     if not torch.isfinite(loss):
+        optimizer.zero_grad(set_to_none=True)
         return None
-    loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
     if not torch.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
@@ -67,25 +95,42 @@ def _finite_step(params, optimizer: torch.optim.Optimizer, loss: torch.Tensor, c
     return float(norm)
 
 
+def _share(part: Tensor, whole: Tensor) -> Tensor:
+    """A micro-batch's share of a batch-wide token-mean denominator (``whole`` 0 counts as 1)."""
+    return part.sum() / whole.sum().clamp(min=1)
+
+
 class Learner:
-    """Holds the policy, the critic and their optimizers; ``step`` is one trainer update."""
+    """Holds the policy, the critic and their optimizers; ``step`` is one trainer update.
+
+    ``max_tokens_per_microbatch`` is the token budget of one model pass and ``packing`` its
+    layout (see "Micro-batches" in the module docstring). With packing, a model using ``sdpa``
+    is switched to ``sdpa_varlen`` in place (:func:`saorl.models.packed.use_varlen_attention`):
+    identical outside packed rows, one causal attention per sequence inside them.
+    """
 
     def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module | None, preset: AlgoPreset,
                  optim: OptimConfig, *, pad_id: int, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, device: str = "cpu") -> None:
+                 top_p: float = 1.0, device: str = "cpu", max_tokens_per_microbatch: int = 4096,
+                 packing: bool = True) -> None:
         self.policy, self.critic, self.preset, self.optim = policy, critic, preset, optim
         self.pad_id, self.device = pad_id, device
         self.temperature = temperature if temperature > 0 else 1.0
         self.top_k, self.top_p = top_k, top_p
+        self.max_tokens, self.packing = max_tokens_per_microbatch, packing
         self.timings = Timings()
         if preset.use_critic and critic is None:
             raise ValueError(f"algorithm {preset.name!r} needs a critic")
+        if packing:
+            use_varlen_attention(policy)
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.policy_opt = torch.optim.AdamW(self.policy_params, lr=optim.policy_lr,
                                             weight_decay=optim.weight_decay)
         self.critic_opt = None
         if preset.use_critic:
             critic.set_frozen_attention(preset.freeze_critic_attention)
+            if packing:
+                use_varlen_attention(critic.trunk)
             self.critic_params = [p for p in critic.parameters() if p.requires_grad]
             self.critic_opt = torch.optim.AdamW(self.critic_params, lr=optim.critic_lr,
                                                 weight_decay=optim.weight_decay)
@@ -102,11 +147,41 @@ class Learner:
                     g["lr"] = lr * scale
 
     # ----------------------------------------------------------------- critic
-    def _values(self, batch: Batch) -> torch.Tensor:
+    def _values(self, batch: Batch, micro: list[MicroBatch] | None = None) -> Tensor:
+        """The critic's values ``[B, T]``, no gradient (over ``micro``, or the padded batch in one
+        pass, as the sharded learner runs it)."""
         with torch.no_grad(), self.timings.span("critic forward (no grad)"):
-            return self.critic(batch.input_ids, batch.attention_mask)
+            if micro is None:
+                return self.critic(batch.input_ids, batch.attention_mask)
+            out = torch.zeros_like(batch.rewards)
+            for mb in micro:
+                mb.scatter(self.critic(mb.input_ids, **mb.model_args()), out)
+        return out
 
-    def _critic_updates(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+    def _critic_pass(self, batch: Batch, micro: list[MicroBatch], targets: Tensor, mask: Tensor,
+                     old_values: Tensor | None) -> tuple[Tensor, Tensor]:
+        """One critic update, gradients accumulated over ``micro``; returns the values ``[B, T]``
+        it saw (before its optimizer step) and the batch's loss."""
+        p = self.preset
+        values = torch.zeros_like(batch.rewards)
+        total = torch.zeros((), device=values.device)
+        self.critic_opt.zero_grad(set_to_none=True)
+        for mb in micro:
+            m = mb.gather(mask)
+            clip = {"old_values": mb.gather(old_values), "clip": p.value_clip} if p.value_clip else {}
+            with self.timings.span("critic forward (grad)"):
+                v = self.critic(mb.input_ids, **mb.model_args())
+                loss = value_loss(v, mb.gather(targets), m, **clip)[0] * _share(m, mask)
+            with self.timings.span("critic backward + optimizer"):
+                _backward(loss)
+            total = total + loss.detach()
+            mb.scatter(v.detach(), values)
+        with self.timings.span("critic backward + optimizer"):
+            if _finite_step(self.critic_params, self.critic_opt, total, self.optim.grad_clip) is None:
+                self.nonfinite_skips += 1
+        return values, total
+
+    def _critic_updates(self, batch: Batch, micro: list[MicroBatch]) -> tuple[dict[str, float], Tensor]:
         """K critic steps; returns metrics and the updated critic's values ``[B, T]``.
 
         ``critic/value_loss`` and ``critic/explained_var`` describe the critic *before* this
@@ -115,23 +190,18 @@ class Learner:
         p = self.preset
         # Monte-Carlo targets (λ_critic = 1) need no values: skip that forward pass
         needs_old = bool(p.value_clip) or p.lam_critic != 1.0
-        old_values = self._values(batch) if needs_old else None
+        old_values = self._values(batch, micro) if needs_old else None
         targets, mask = value_targets(batch.rewards, old_values, batch.action_mask, batch.response_mask,
                                       gamma=p.gamma, lam=p.lam_critic, skip_observation=p.skip_observation)
         clip = {"old_values": old_values, "clip": p.value_clip} if p.value_clip else {}
         self.critic.train()
         before: dict[str, float] | None = None
         for _ in range(p.critic_updates):
-            with self.timings.span("critic forward (grad)"):
-                values = self.critic(batch.input_ids, batch.attention_mask)
-            loss, metrics = value_loss(values, targets, mask, **clip)
-            before = metrics if before is None else before
-            with self.timings.span("critic backward + optimizer"):
-                norm = _finite_step(self.critic_params, self.critic_opt, loss, self.optim.grad_clip)
-            if norm is None:
-                self.nonfinite_skips += 1
+            seen, _ = self._critic_pass(batch, micro, targets, mask, old_values)
+            if before is None:
+                before = value_loss(seen, targets, mask, **clip)[1]
         self.critic.eval()
-        after = self._values(batch)
+        after = self._values(batch, micro)
         _, after_metrics = value_loss(after, targets, mask)
         return {
             "critic/value_loss": before["critic/value_loss"],
@@ -143,21 +213,8 @@ class Learner:
         }, after
 
     # ----------------------------------------------------------------- policy
-    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
-        if not trajectories:
-            raise ValueError("Learner.step needs at least one trajectory")
+    def _advantages(self, batch: Batch, values: Tensor | None, gids: Tensor) -> tuple[Tensor, dict]:
         p = self.preset
-        with self.timings.span("collate"):
-            batch = collate(trajectories, self.pad_id).to(self.device)
-        self._apply_warmup()
-        self.steps_done += 1
-        metrics: dict[str, float] = {"policy/lr": self.policy_opt.param_groups[0]["lr"]}
-        values = None
-        if p.use_critic:
-            critic_metrics, values = self._critic_updates(batch)
-            metrics |= critic_metrics
-        gids = torch.tensor(group_ids if group_ids is not None else range(len(trajectories)),
-                            device=batch.input_ids.device)
         with self.timings.span("advantages"):
             advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
                 rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
@@ -165,44 +222,96 @@ class Learner:
                 skip_observation=p.skip_observation, group_ids=gids, baseline=self.baseline))
         advantages = advantages * batch.action_mask
         adv_mean = masked_mean(advantages, batch.action_mask)
-        metrics["advantage/mean"] = float(adv_mean)
-        metrics["advantage/std"] = float(masked_mean((advantages - adv_mean) ** 2, batch.action_mask).sqrt())
+        adv_var = masked_mean((advantages - adv_mean) ** 2, batch.action_mask)
+        metrics = {"advantage/mean": float(adv_mean), "advantage/std": float(adv_var.sqrt())}
         if p.advantage == "running_mean":
             metrics["advantage/baseline"] = float(self.baseline.value)
+        return advantages, metrics
 
-        self.policy.train()
-        with self.timings.span("policy forward"):
-            logprobs, entropy = token_logprobs(self.policy, batch.input_ids, batch.attention_mask,
-                                               temperature=self.temperature, top_k=self.top_k,
-                                               top_p=self.top_p, return_entropy=True)
+    def _micro_policy_loss(self, mb: MicroBatch, batch: Batch, logprobs: Tensor, entropy: Tensor,
+                           advantages: Tensor, lm_tokens: Tensor | None) -> Tensor:
+        """This micro-batch's part of the batch's policy loss (see "Micro-batches")."""
+        p = self.preset
+        act = mb.gather(batch.action_mask)
+        share = _share(act, batch.action_mask)
         # behaviour "trainer": the step's own log-probs, detached (ratio 1: nothing corrected)
-        behaviour = batch.rollout_logprobs if p.behaviour == "rollout" else logprobs.detach()
-        loss, pol_metrics = POLICY_LOSSES[p.policy_loss](
-            logprobs, behaviour, advantages, batch.action_mask, p.eps_low, p.eps_high)
-        metrics |= pol_metrics
-        metrics |= mismatch_metrics(logprobs.detach(), batch.rollout_logprobs, batch.action_mask,
-                                    self.version - batch.versions, p.eps_low, p.eps_high)
-        with torch.no_grad():  # the ratio histogram every step (24 log-spaced bins, 1e-2..1e2)
-            ratio = torch.exp(logprobs.detach() - batch.rollout_logprobs)
-            metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()
-        mean_entropy = masked_mean(entropy, batch.action_mask)
+        behaviour = mb.gather(batch.rollout_logprobs) if p.behaviour == "rollout" else logprobs.detach()
+        loss, _ = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, mb.gather(advantages), act, p.eps_low,
+                                               p.eps_high)
+        loss = loss * share
         if p.entropy_coef:
-            loss = loss - p.entropy_coef * mean_entropy
+            loss = loss - p.entropy_coef * masked_mean(entropy, act) * share
+        if lm_tokens is not None:
+            w = mb.gather(lm_tokens)  # the LM loss's own denominator: positive trajectories' actions
+            lm = lm_loss(logprobs, w, torch.ones(w.shape[0], device=w.device))
+            loss = loss + p.lm_loss_coef * lm * _share(w, lm_tokens)
+        return loss
+
+    def _policy_update(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
+                       trajectories: list[Trajectory]) -> dict[str, float]:
+        p = self.preset
+        logprobs, entropy = torch.zeros_like(batch.rewards), torch.zeros_like(batch.rewards)
+        positive = lm_tokens = None
         if p.lm_loss_coef:
             positive = torch.tensor([float(t.episode.success) for t in trajectories], device=logprobs.device)
-            lm = lm_loss(logprobs, batch.action_mask, positive)
-            loss = loss + p.lm_loss_coef * lm
-            metrics["policy/lm_loss"] = float(lm.detach())
+            lm_tokens = positive[:, None] * batch.action_mask
+        total = torch.zeros((), device=logprobs.device)
+        self.policy.train()
+        self.policy_opt.zero_grad(set_to_none=True)
+        for mb in micro:
+            with self.timings.span("policy forward"):
+                lp, ent = token_logprobs(self.policy, mb.input_ids, temperature=self.temperature,
+                                         top_k=self.top_k, top_p=self.top_p, return_entropy=True,
+                                         **mb.model_args())
+                loss = self._micro_policy_loss(mb, batch, lp, ent, advantages, lm_tokens)
+            with self.timings.span("policy backward + optimizer"):
+                _backward(loss)
+            total = total + loss.detach()
+            mb.scatter(lp.detach(), logprobs)
+            mb.scatter(ent.detach(), entropy)
+        behaviour = batch.rollout_logprobs if p.behaviour == "rollout" else logprobs
+        _, metrics = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, advantages, batch.action_mask,
+                                                  p.eps_low, p.eps_high)
+        metrics |= mismatch_metrics(logprobs, batch.rollout_logprobs, batch.action_mask,
+                                    self.version - batch.versions, p.eps_low, p.eps_high)
+        ratio = torch.exp(logprobs - batch.rollout_logprobs)  # histogram: 24 log bins, 1e-2..1e2
+        metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()
+        if positive is not None:
+            metrics["policy/lm_loss"] = float(lm_loss(logprobs, batch.action_mask, positive))
         with self.timings.span("policy backward + optimizer"):
-            norm = _finite_step(self.policy_params, self.policy_opt, loss, self.optim.grad_clip)
+            norm = _finite_step(self.policy_params, self.policy_opt, total, self.optim.grad_clip)
         self.policy.eval()
         if norm is None:
             self.nonfinite_skips += 1
         else:
             self.version += 1
             metrics["policy/grad_norm"] = norm
-        metrics["policy/loss"] = float(loss.detach()) if torch.isfinite(loss) else math.nan
-        metrics["policy/entropy"] = float(mean_entropy.detach())
+        metrics["policy/loss"] = float(total) if torch.isfinite(total) else math.nan
+        metrics["policy/entropy"] = float(masked_mean(entropy, batch.action_mask))
+        return metrics
+
+    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
+        if not trajectories:
+            raise ValueError("Learner.step needs at least one trajectory")
+        with self.timings.span("collate"):
+            batch = collate(trajectories, self.pad_id).to(self.device)
+            micro = microbatches(batch, self.max_tokens, self.packing)
+        self._apply_warmup()
+        self.steps_done += 1
+        actions = max(float(batch.action_mask.sum()), 1.0)
+        metrics: dict[str, float] = {
+            "policy/lr": self.policy_opt.param_groups[0]["lr"],
+            "throughput/positions_per_action_token": sum(mb.positions for mb in micro) / actions,
+            "throughput/microbatches": len(micro)}
+        values = None
+        if self.preset.use_critic:
+            critic_metrics, values = self._critic_updates(batch, micro)
+            metrics |= critic_metrics
+        gids = torch.tensor(group_ids if group_ids is not None else range(len(trajectories)),
+                            device=batch.input_ids.device)
+        advantages, adv_metrics = self._advantages(batch, values, gids)
+        metrics |= adv_metrics
+        metrics |= self._policy_update(batch, micro, advantages, trajectories)
         metrics["policy/version"] = self.version
         metrics["train/nonfinite_skips"] = self.nonfinite_skips
         return metrics

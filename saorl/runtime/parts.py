@@ -90,7 +90,7 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int |
     if t.activation_checkpointing:
         checkpoint_activations(policy, critic.trunk if critic is not None else None)
     return Learner(policy, critic, cfg.algo.resolve(), optim, pad_id=pad_id, device=cfg.model.device,
-                   **sampler)
+                   max_tokens_per_microbatch=t.max_tokens_per_microbatch, packing=t.packing, **sampler)
 
 
 def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer) -> WorkerSpec:
@@ -102,6 +102,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
+                      prefix_cache_tokens=r.prefix_cache_tokens, prefix_after_update=r.prefix_after_update,
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
                       threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,

@@ -267,7 +267,8 @@ class ShardedLearner(Learner):
         positive = torch.tensor([float(t.episode.success) for t in trajs] or [0.0], device=self.device)
         pos_tokens = positive[:, None] * batch.action_mask
         n_act, n_pos = float(batch.action_mask.sum()), float(pos_tokens.sum())
-        g_act, g_pos = self.group.all_sum([n_act, n_pos])
+        positions = 0.0 if dummy else float(batch.input_ids.numel())  # one padded pass per rank
+        g_act, g_pos, g_positions = self.group.all_sum([n_act, n_pos, positions])
 
         self.policy.train()
         with self.timings.span("policy forward"):
@@ -298,6 +299,8 @@ class ShardedLearner(Learner):
         if tokens is None:
             return None
         metrics |= _policy_metrics(p, tokens)
+        metrics["throughput/positions_per_action_token"] = g_positions / max(g_act, 1.0)
+        metrics["throughput/microbatches"] = world
         if p.advantage == "running_mean":
             metrics["advantage/baseline"] = float(self.baseline.value)
         if norm is not None:

@@ -54,6 +54,8 @@ class WorkerSpec:
     weights_dir: str
     sampling: SamplingParams
     engine_slots: int = 16
+    prefix_cache_tokens: int = 65536
+    prefix_after_update: str = "keep"
     max_total_tokens: int = 384
     threads: int = 1
     seed: int = 0
@@ -145,7 +147,9 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
         from saorl.models.routing import perturb_routing
 
         perturb_routing(model, top_k=spec.moe_top_k, noise_std=spec.router_noise, seed=spec.seed)
-    return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device)
+    return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device,
+                       prefix_cache_tokens=spec.prefix_cache_tokens,
+                       prefix_after_update=spec.prefix_after_update)
 
 
 @dataclass

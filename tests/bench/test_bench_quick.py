@@ -21,15 +21,18 @@ def test_quick_benchmark_writes_summary_and_timeline(tmp_path: Path, capsys):
     for needle in ("| sync | 1 |", "| async | 1 |", "async/sync trained tokens/s", "## Targets",
                    "trainer idle, async", "decode-slot utilisation, async", "machine limit", "## Profiles",
                    "critic forward (grad)", "policy backward + optimizer", "weight publication",
-                   "decode forward", "sampling", "kv merge/select/trim"):
+                   "decode forward", "sampling", "kv merge/select/trim", "Prefill share of generation",
+                   "positions per action token, async", "load 1 min"):
         assert needle in summary, needle
-    assert summary.count("PASS") + summary.count("MISS") == 4
+    assert summary.count("PASS") + summary.count("MISS") == 6
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     m = json.loads((out / "measurement.json").read_text())
     assert m["slots"] == 16 and len(m["decode_curve"]) >= 3 and m["lengths"] and m["train_sao"][1] >= 0
     result = json.loads((out / "results.json").read_text())
     for r in result["records"]:
         assert r["steps"] >= 1 and r["tokens_per_s"] > 0 and 0 <= r["slot_util"] <= 1.0 + 1e-9
+        assert 1.0 <= r["positions_per_action_token"] < 2.0  # packed: prompt + observations, no padding
+        assert r["load_start"] >= 0 and r["load_end"] >= 0
         if r["mode"] == "sync":
             assert r["staleness_max"] == 0  # the barrier trains on current-version samples only
     assert "saorl bench pipeline" in capsys.readouterr().out

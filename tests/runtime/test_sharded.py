@@ -46,7 +46,9 @@ def single(name: str, seed: int = 0, device: str = "cpu"):
     trajs, gids = trajectories(policy, n, g)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     policy, critic = policy.to(device), critic.to(device) if critic is not None else None
-    learner = Learner(policy, critic, get_preset(preset), OPTIM, pad_id=PAD, device=device)
+    # the padded one-pass layout, as each rank computes its share
+    learner = Learner(policy, critic, get_preset(preset), OPTIM, pad_id=PAD, device=device, packing=False,
+                      max_tokens_per_microbatch=10**9)
     return learner, learner.step(trajs, gids), before
 
 
@@ -60,6 +62,8 @@ def check_step(out, name: str, device: str = "cpu") -> None:
     got = json.loads((out / f"{name}.json").read_text())
     assert set(got) == set(metrics)
     for key, value in metrics.items():
+        if key.startswith("throughput/"):  # how the work was cut: one pass per rank here
+            continue
         if isinstance(value, list):  # the ratio histogram: the same counts
             assert got[key] == value, key
         else:

@@ -1,0 +1,135 @@
+"""Token-budget micro-batches of a collated batch: packed end to end (no padding), or padded.
+
+The trainer's math (advantages, value targets, loss masks) runs on the right-padded ``[B, T]``
+:class:`~saorl.data.batch.Batch`, which is cheap; the model passes run on micro-batches, and a
+micro-batch's results are scattered back into ``[B, T]``. A micro-batch is:
+
+- **packed** (the default): several trajectories end to end in one row ``[1, N]``, ``N`` ≤ the
+  token budget, no padding anywhere. Boundaries travel as per-sequence ``position_ids`` (0, 1, …
+  restarting at every trajectory) and ``cu_seqlens`` (0, end of the first, …, N), which is what
+  packed ("padding-free") Hugging Face models read (:mod:`saorl.models.packed`). Trajectories are
+  assigned first-fit decreasing by length, so there are few rows and each is nearly full;
+- **padded**: trajectories of similar length (sorted) right-padded to ``[b, T']``, ``b · T'`` ≤ the
+  budget — the layout before packing, kept for models whose attention ignores restarting
+  position ids.
+
+A trajectory longer than the budget gets a micro-batch of its own (nothing is ever truncated).
+Either way micro-batch position ``(i, j)`` is token ``col[i, j]`` of trajectory ``row[i, j]``:
+:meth:`MicroBatch.gather` reads a ``[B, T]`` tensor in the micro-batch's layout and
+:meth:`MicroBatch.scatter` writes a result back, so callers never see the layout.
+
+``positions`` counts what the model processes: ``N`` per packed row, ``b · T'`` per padded block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from saorl.data.batch import Batch, BatchError
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class MicroBatch:
+    """Some trajectories of a :class:`Batch`, in packed ``[1, N]`` or padded ``[b, T']`` layout."""
+
+    rows: list[int]
+    """The batch rows (trajectory indices) in this micro-batch, in layout order."""
+    input_ids: Tensor
+    """``[1, N]`` (packed) or ``[b, T']`` (padded) int64."""
+    attention_mask: Tensor | None
+    """Padded: ``[b, T']`` int64, 1 at real tokens. Packed: None."""
+    position_ids: Tensor | None
+    """Packed: ``[1, N]`` int64, each trajectory's positions 0, 1, …. Padded: None."""
+    cu_seqlens: Tensor | None
+    """Packed: ``[S + 1]`` int32 cumulative lengths (0, …, N). Padded: None."""
+    row_index: Tensor
+    """Same shape as ``input_ids``: the batch row of each position (padded: of its row)."""
+    col_index: Tensor
+    """Same shape as ``input_ids``: the token index within that row (padded: the column)."""
+
+    @property
+    def packed(self) -> bool:
+        return self.attention_mask is None
+
+    @property
+    def positions(self) -> int:
+        """Positions the model processes for this micro-batch (padding included)."""
+        return int(self.input_ids.numel())
+
+    def model_args(self) -> dict:
+        """Keyword arguments for ``token_logprobs`` / ``Critic.forward`` (besides ``input_ids``)."""
+        return dict(attention_mask=self.attention_mask, position_ids=self.position_ids,
+                    cu_seqlens=self.cu_seqlens)
+
+    def gather(self, x: Tensor) -> Tensor:
+        """``x`` (``[B, T]``, of the batch this was cut from) in this micro-batch's layout."""
+        return x[self.row_index, self.col_index]
+
+    def scatter(self, y: Tensor, out: Tensor) -> None:
+        """Write ``y`` (this layout) into ``out`` (``[B, T]``) at its positions, in place. Padded
+        blocks also write their padding positions, which are padding (or past the row's end) in
+        ``out`` too."""
+        out[self.row_index, self.col_index] = y.to(out.dtype)
+
+
+def plan_packed(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Rows of at most ``max_tokens`` tokens, first-fit decreasing; a longer trajectory alone."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[i]
+        fit = next((b for b, r in enumerate(room) if r >= n), None)
+        if fit is None:
+            bins.append([i])
+            room.append(max_tokens - n)
+        else:
+            bins[fit].append(i)
+            room[fit] -= n
+    return bins
+
+
+def plan_padded(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Blocks of similar length (longest first) with rows × longest ≤ ``max_tokens``."""
+    blocks: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if blocks and (len(blocks[-1]) + 1) * lengths[blocks[-1][0]] <= max_tokens:
+            blocks[-1].append(i)
+        else:
+            blocks.append([i])
+    return blocks
+
+
+def _packed(batch: Batch, rows: list[int], lengths: Sequence[int]) -> MicroBatch:
+    dev = batch.input_ids.device
+    row_index = torch.cat([torch.full((lengths[r],), r, dtype=torch.long) for r in rows]).to(dev)
+    col_index = torch.cat([torch.arange(lengths[r]) for r in rows]).to(dev)
+    cu = torch.tensor([0, *(lengths[r] for r in rows)], dtype=torch.int64).cumsum(0).to(torch.int32)
+    return MicroBatch(rows=rows, input_ids=batch.input_ids[row_index, col_index][None], attention_mask=None,
+                      position_ids=col_index[None], cu_seqlens=cu.to(dev), row_index=row_index[None],
+                      col_index=col_index[None])
+
+
+def _padded(batch: Batch, rows: list[int], lengths: Sequence[int]) -> MicroBatch:
+    dev = batch.input_ids.device
+    width = max(lengths[r] for r in rows)
+    index = torch.tensor(rows, dtype=torch.long, device=dev)
+    row_index = index[:, None].expand(len(rows), width)
+    col_index = torch.arange(width, device=dev)[None].expand(len(rows), width)
+    return MicroBatch(rows=rows, input_ids=batch.input_ids[index, :width],
+                      attention_mask=batch.attention_mask[index, :width], position_ids=None, cu_seqlens=None,
+                      row_index=row_index, col_index=col_index)
+
+
+def microbatches(batch: Batch, max_tokens: int, packed: bool = True) -> list[MicroBatch]:
+    """Cut ``batch`` into micro-batches of at most ``max_tokens`` positions (see the module docstring)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BatchError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    plan = (plan_packed if packed else plan_padded)(lengths, max_tokens)
+    make = _packed if packed else _padded
+    return [make(batch, rows, lengths) for rows in plan]
