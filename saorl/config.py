@@ -598,6 +598,11 @@ class SaorlConfig(_Section):
         if self.trainer.shard == "fsdp2" and self.model.device == "mps":
             raise _FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")
+        engine, shard = self.rollout.engine, self.trainer.shard
+        if self.algo.resolve().routing_replay and (engine != "local" or shard != "none"):
+            raise _FieldError("algo.routing_replay", "the local engine records routes and the unsharded "
+                              "trainer replays them; other engines and trainer.shard=fsdp2 do not yet "
+                              f"(rollout.engine={engine!r}, trainer.shard={shard!r})")
         return self
 
     def resolved_mode(self) -> Literal["async", "sync"]:

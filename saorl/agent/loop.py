@@ -103,6 +103,9 @@ class _Builder:
     turn_spans: list[list[int]] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
+    routes: list[list[int]] | None = None
+    """The last turn's engine routes: they cover every token of the context and all but the last
+    sampled token (the engine fed exactly those to the model)."""
 
     def add_context(self, ids: list[int]) -> None:
         n = len(ids)
@@ -122,10 +125,19 @@ class _Builder:
         self.versions += [int(v) for v in res.versions]
         self.turn_spans.append([start, start + n])
         self.finish_reasons.append(res.finish_reason)
+        self.routes = res.routes
 
     def add_reward(self, reward: float) -> None:
         self.rewards[self.turn_spans[-1][1] - 1] += float(reward)
         self.turn_rewards.append(float(reward))
+
+
+def _routes(b: _Builder) -> list[list[int]] | None:
+    """The trajectory's routes: the last turn's, plus ``-1`` for its last sampled token (never fed
+    to the model); None when the engine recorded none (or not for every position)."""
+    if not b.routes or len(b.routes) != len(b.token_ids) - 1:
+        return None
+    return [*b.routes, [-1] * len(b.routes[0])]
 
 
 def _check_result(res: GenerationResult, params: SamplingParams) -> None:
@@ -241,7 +253,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         gen_seconds=gen_s, env_seconds=env_s, env_metrics=_env_metrics(out.info, env, task))
     return Trajectory(token_ids=b.token_ids, action_mask=b.action_mask, rollout_logprobs=b.logprobs,
                       rewards=b.rewards, versions=b.versions, prompt_len=prompt_len, task_id=task.id,
-                      truncated=truncation is not None, episode=episode)
+                      truncated=truncation is not None, episode=episode, routes=_routes(b))
 
 
 def _env_metrics(info: dict[str, Any], env: Env, task: Task) -> dict[str, float]:

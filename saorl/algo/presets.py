@@ -117,6 +117,10 @@ class AlgoPreset:
         "Weight of the positive-example LM loss (0 disables it).", ">= 0", lambda v: v >= 0.0))
     entropy_coef: float = field(metadata=_about(
         "Weight of the entropy bonus (0 disables it).", ">= 0", lambda v: v >= 0.0))
+    routing_replay: bool = field(metadata=_about(
+        "MoE policies: the engine records which experts it routed every token to, and the trainer's "
+        "policy forward uses those routes instead of recomputing them (R3; the router's own "
+        "probabilities still weight the replayed experts)."))
     baseline_momentum: float = field(metadata=_about(
         "EMA momentum of the running-mean baseline.", "in [0, 1)", lambda v: 0.0 <= v < 1.0))
 
@@ -194,7 +198,7 @@ _SAO = AlgoPreset(
     use_critic=True,
     critic_updates=2, freeze_critic_attention=True, skip_observation=True, value_pretrain=True,
     gamma=1.0, lam_policy=0.95, lam_critic=1.0, vapo_alpha=None, eps_low=0.3, eps_high=5.0,
-    value_clip=None, lm_loss_coef=0.0, entropy_coef=0.0, baseline_momentum=0.9,
+    value_clip=None, lm_loss_coef=0.0, entropy_coef=0.0, routing_replay=False, baseline_momentum=0.9,
 )
 _GRPO = _SAO.with_overrides(
     name="grpo", mode="sync", advantage="grpo", policy_loss="ppo", group_size=8, use_critic=False,

@@ -48,6 +48,9 @@ class Batch:
     versions: Tensor
     """``[B, T]`` int64 policy version that sampled each action token; -1 wherever
     ``action_mask`` is 0 (including padding)."""
+    routes: Tensor | None = None
+    """``[B, T, layers × k]`` int64 MoE routes the engine used (routing replay), -1 at padding and
+    where unknown; None when no trajectory carries routes."""
 
     @property
     def size(self) -> int:
@@ -62,8 +65,9 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor on ``device`` (dtypes unchanged)."""
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                        for f in fields(self)})
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Batch(**{k: None if v is None else v.to(device, non_blocking=non_blocking)
+                        for k, v in moved.items()})
 
 
 def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> Batch:
@@ -106,7 +110,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         logprobs[b, :n] = torch.where(is_act, lp, torch.zeros_like(lp))
         rewards[b, :n] = torch.tensor(tr.rewards, dtype=torch.float32)
         versions[b, :n] = torch.where(is_act, torch.tensor(tr.versions, dtype=torch.int64), -1)
-    return Batch(
+    return Batch(routes=_routes(trajectories, lengths, seq),
         input_ids=input_ids,
         attention_mask=attention_mask,
         action_mask=action_mask,
@@ -115,3 +119,17 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         rewards=rewards,
         versions=versions,
     )
+
+
+def _routes(trajectories: Sequence[Trajectory], lengths: list[int], seq: int) -> Tensor | None:
+    """``[B, T, width]`` routes (-1 where a trajectory has none), or None if none has any."""
+    widths = {len(tr.routes[0]) for tr in trajectories if tr.routes}
+    if not widths:
+        return None
+    if len(widths) > 1:
+        raise BatchError(f"trajectories carry routes of different widths {sorted(widths)} (layers × k)")
+    out = torch.full((len(trajectories), seq, widths.pop()), -1, dtype=torch.int64)
+    for b, (tr, n) in enumerate(zip(trajectories, lengths)):
+        if tr.routes:
+            out[b, :n] = torch.tensor(tr.routes, dtype=torch.int64)
+    return out

@@ -91,6 +91,10 @@ class Trajectory:
     truncated: bool = False
     episode: Episode = field(default_factory=Episode)
     metadata: dict[str, Any] = field(default_factory=dict)
+    routes: list[list[int]] | None = None
+    """MoE routing the engine used (routing replay): per token, the experts of every MoE layer
+    flattened ``layers × k``, ``-1`` where the engine never fed that token to the model (the last
+    sampled one); None when the engine recorded none."""
 
     def __post_init__(self) -> None:
         if isinstance(self.episode, dict):
@@ -120,6 +124,11 @@ class Trajectory:
                     raise TrajectoryError(f"trajectory {self.task_id!r}: action token {t} has no version")
         if any(not math.isfinite(r) for r in self.rewards):
             raise TrajectoryError(f"trajectory {self.task_id!r}: non-finite reward")
+        if self.routes is not None:
+            widths = {len(r) for r in self.routes}
+            if len(self.routes) != n or len(widths) != 1 or not widths.pop():
+                raise TrajectoryError(f"trajectory {self.task_id!r}: routes must give one non-empty row of "
+                                      f"the same width per token ({n}), got {len(self.routes)} rows")
 
     # ------------------------------------------------------------ derived views
     def __len__(self) -> int:

@@ -64,6 +64,10 @@ class GenerationResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """With ``SamplingParams.top_logprobs = k``: per generated token, the k most likely
     ``(token id, log-prob)`` of its sampling distribution, most likely first."""
+    routes: list[list[int]] | None = None
+    """From an engine that records MoE routing: for every position it fed to the model — the
+    prompt, then each generated token but the last — the experts it routed that position to in
+    every MoE layer, flattened ``layers × k`` (``saorl.models.routing``)."""
 
 
 class EngineError(RuntimeError):

@@ -49,6 +49,7 @@ from saorl.engines import kv
 from saorl.engines.base import EngineError, FinishReason, GenerationResult, SamplingParams
 from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs
 from saorl.engines.sampling import sample_rows, top_alternatives
+from saorl.models import routing
 
 Deliver = Callable[[Any], None]
 OnToken = Callable[[int, float, int, "list[tuple[int, float]] | None"], None]
@@ -76,6 +77,8 @@ class _Request:
     """The weights version that computed this request's KV at its prefill."""
     feed: list[int] = field(default_factory=list)
     """Prompt tokens the next decode steps feed before this request samples (see ``_join``)."""
+    routes: list[torch.Tensor] = field(default_factory=list)
+    """With ``record_routes``: ``[n, layers, k]`` chunks, the MoE routes of every position fed so far."""
 
 
 class LocalEngine:
@@ -93,6 +96,7 @@ class LocalEngine:
         stop_on_eos: bool = True,
         prefix_cache_tokens: int = 65536,
         prefix_after_update: str = "keep",
+        record_routes: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -102,6 +106,9 @@ class LocalEngine:
         self._exact_prefix = prefix_after_update == "recompute"
         self._prefixes = PrefixStore(prefix_cache_tokens)
         self.model = model.to(device).eval()
+        self._record = record_routes
+        if record_routes and not routing.num_moe_layers(self.model):
+            raise ValueError(f"record_routes needs an MoE model; {type(model).__name__} routes no tokens")
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
@@ -354,7 +361,19 @@ class LocalEngine:
             return
         with self._timed("kv_s"):
             self._prefixes.keep(r.params.session, Prefix(tokens, kv.row_kv(cache, row, len(tokens)),
-                                                         self._version))
+                                                         self._version, _fed_routes(r)))
+
+    @contextlib.contextmanager
+    def _routes_of(self, shape: tuple[int, int]) -> Iterator[list[torch.Tensor]]:
+        """Around one forward on ``shape`` = ``[B, L]`` tokens: yields a list that holds, after the
+        block, the ``[B, L, layers, k]`` routes of that forward (nothing without ``record_routes``)."""
+        out: list[torch.Tensor] = []
+        if not self._record:
+            yield out
+            return
+        with routing.record_routes(self.model) as rec:
+            yield out
+        out.append(torch.stack([layer[-1] for layer in rec], dim=1).reshape(*shape, len(rec), -1).cpu())
 
     @contextlib.contextmanager
     def _timed(self, key: str) -> Iterator[None]:
@@ -401,6 +420,7 @@ class LocalEngine:
                 self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
         for r, e in pairs:
             r.feed, r.kv_version = r.prompt[len(e.tokens) if e else 0:], self._version
+            r.routes = [e.routes] if e is not None and e.routes is not None else []
         self._stats["prefills"] += len(pairs)
         self._stats["prefix_hits"] += sum(e is not None for _, e in pairs)
         self._stats["prefix_tokens_reused"] += sum(len(e.tokens) for _, e in pairs if e)
@@ -420,6 +440,8 @@ class LocalEngine:
             cache, mask = DynamicCache(config=self.model.config), new_mask.to(self.device)
         self._stats["prefix_hits"] += sum(n > 0 for n in done)
         self._stats["prefix_tokens_reused"] += sum(done)
+        for r, e in pairs:
+            r.routes = [e.routes] if e is not None and e.routes is not None else []
         self._start([r for r, _ in pairs], cache, ids.to(self.device), mask, pos.to(self.device),
                     int(new_mask.sum()))
 
@@ -427,9 +449,13 @@ class LocalEngine:
                pos: torch.Tensor, new_tokens: int) -> None:
         """Run the prompts' (new) tokens through the model on top of ``cache``, sample each
         request's first token and merge the survivors into the running batch."""
-        with self._timed("prefill_forward_s"):
+        with self._timed("prefill_forward_s"), self._routes_of(tuple(ids.shape)) as routes:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
                              use_cache=True, logits_to_keep=1)
+        if routes:  # each row's new tokens are its last ones (left padding)
+            fresh = mask[:, -ids.shape[1]:].sum(dim=1).tolist()
+            for i, r in enumerate(reqs):
+                r.routes.append(routes[0][i, ids.shape[1] - int(fresh[i]):])
         with self._timed("kv_s"):
             kv.zero_padding(cache, mask)
             mask = kv.compact(cache, mask)
@@ -458,7 +484,7 @@ class LocalEngine:
         pos = self._mask.sum(dim=1, keepdim=True)
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         forward_before = self._stats["decode_forward_s"]
-        with self._timed("decode_forward_s"):
+        with self._timed("decode_forward_s"), self._routes_of(tuple(ids.shape)) as routes:
             out = self.model(
                 input_ids=ids,
                 attention_mask=self._mask,
@@ -467,6 +493,8 @@ class LocalEngine:
                 use_cache=True,
                 logits_to_keep=1,
             )
+        for i, r in enumerate(reqs if routes else ()):
+            r.routes.append(routes[0][i])
         self._stats["decode_steps"] += 1
         self._stats["busy_slot_steps"] += len(reqs)
         fed = [r for r in reqs if r.feed]
@@ -550,5 +578,12 @@ class LocalEngine:
             completion_tokens=len(r.tokens),
             latency_s=time.perf_counter() - r.submitted,
         )
+        routes = _fed_routes(r)
         r.deliver(GenerationResult(list(r.tokens), list(r.logprobs), reason, list(r.versions), stop, metrics,
-                                   list(r.top) if r.params.top_logprobs else None))
+                                   list(r.top) if r.params.top_logprobs else None,
+                                   None if routes is None else routes.flatten(1).tolist()))
+
+
+def _fed_routes(r: _Request) -> torch.Tensor | None:
+    """``[positions fed, layers, k]``: the request's prompt and all its tokens but the last."""
+    return torch.cat(r.routes) if r.routes else None

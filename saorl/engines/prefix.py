@@ -72,6 +72,8 @@ class Prefix:
     tokens: list[int]
     kv: RowKV
     version: int
+    routes: torch.Tensor | None = None
+    """``[len(tokens), layers, k]`` MoE routes of those tokens, when the engine records them."""
 
 
 class PrefixStore:

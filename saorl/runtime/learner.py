@@ -32,6 +32,10 @@ A loss or gradient that is not finite skips that optimizer step (counted in
 ``train/nonfinite_skips``) and never reaches the weights. The policy version advances only when
 the policy weights change.
 
+**Routing replay** (``routing_replay``, MoE policies): the policy's forward routes every token to
+the experts the engine recorded for it (``Trajectory.routes``; ``saorl.models.routing``), so an
+engine that routed differently (other numerics, a perturbation) is scored as it sampled.
+
 Log-probabilities are scored under the sampler's own distribution: the rollout temperature and,
 when the engine truncates (``top_k`` / ``top_p``), the same truncation, so the DIS ratio compares
 like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's time goes is in
@@ -40,6 +44,7 @@ like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +61,7 @@ from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.trajectory import Trajectory
 from saorl.models.logprobs import token_logprobs
 from saorl.models.packed import use_varlen_attention
+from saorl.models.routing import num_moe_layers, replay_routes
 from saorl.runtime.checkpoint import load_learner_files, save_learner_files
 from saorl.runtime.observe import Timings
 from saorl.runtime.weights import WeightSync
@@ -121,6 +127,9 @@ class Learner:
         self.timings = Timings()
         if preset.use_critic and critic is None:
             raise ValueError(f"algorithm {preset.name!r} needs a critic")
+        if preset.routing_replay and not num_moe_layers(policy):
+            raise ValueError(f"algo.routing_replay needs an MoE policy; {type(policy).__name__} "
+                             "routes no tokens")
         if packing:
             use_varlen_attention(policy)
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
@@ -247,6 +256,14 @@ class Learner:
             loss = loss + p.lm_loss_coef * lm * _share(w, lm_tokens)
         return loss
 
+    def _replayed(self, batch: Batch, mb: MicroBatch):
+        """With ``routing_replay``: route the policy's forward on ``mb`` as the engine did."""
+        if not self.preset.routing_replay or batch.routes is None:
+            return contextlib.nullcontext()
+        routes = mb.gather(batch.routes)
+        layers = num_moe_layers(self.policy)
+        return replay_routes(self.policy, routes.reshape(*routes.shape[:2], layers, -1))
+
     def _policy_update(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
                        trajectories: list[Trajectory]) -> dict[str, float]:
         p = self.preset
@@ -259,7 +276,7 @@ class Learner:
         self.policy.train()
         self.policy_opt.zero_grad(set_to_none=True)
         for mb in micro:
-            with self.timings.span("policy forward"):
+            with self.timings.span("policy forward"), self._replayed(batch, mb):
                 lp, ent = token_logprobs(self.policy, mb.input_ids, temperature=self.temperature,
                                          top_k=self.top_k, top_p=self.top_p, return_entropy=True,
                                          **mb.model_args())

@@ -106,6 +106,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
                       threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,
+                      record_routes=cfg.algo.resolve().routing_replay,
                       http_url=r.http_url, engine_urls=tuple(r.engine_urls), engine_routing=r.engine_routing,
                       engine_model=r.engine_model)
 

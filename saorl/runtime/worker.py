@@ -70,6 +70,8 @@ class WorkerSpec:
     """Engine-only MoE routing: experts per token (None: the model's)."""
     router_noise: float = 0.0
     """Engine-only MoE routing: std of the noise on router logits when picking experts."""
+    record_routes: bool = False
+    """The local engine records each token's MoE routes (for routing replay)."""
 
 
 class WeightFollower:
@@ -149,7 +151,7 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
         perturb_routing(model, top_k=spec.moe_top_k, noise_std=spec.router_noise, seed=spec.seed)
     return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device,
                        prefix_cache_tokens=spec.prefix_cache_tokens,
-                       prefix_after_update=spec.prefix_after_update)
+                       prefix_after_update=spec.prefix_after_update, record_routes=spec.record_routes)
 
 
 @dataclass

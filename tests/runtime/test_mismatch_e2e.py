@@ -33,3 +33,11 @@ def test_engine_only_knobs_create_a_staleness0_mismatch_and_none_without(tmp_pat
                         "algo.behaviour=trainer")
     # a random-init policy is nearly uniform, so the mismatch is small — but far above the off case
     assert min(on) > 1e-5 and min(on) > 10 * max(off)
+
+
+@pytest.mark.slow
+def test_routing_replay_brings_the_routing_mismatch_back_to_zero(tmp_path):
+    perturbed = _staleness0_kl(tmp_path / "perturbed", "rollout.moe_top_k=3", "rollout.router_noise=0.5")
+    replayed = _staleness0_kl(tmp_path / "replayed", "rollout.moe_top_k=3", "rollout.router_noise=0.5",
+                              "algo.routing_replay=true")
+    assert min(perturbed) > 1e-5 and max(replayed) < 1e-6
