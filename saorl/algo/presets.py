@@ -50,6 +50,7 @@ Mode = Literal["async", "sync"]
 AdvantageKind = Literal["gae", "grpo", "running_mean"]
 PolicyLossKind = Literal["dis", "ppo"]
 Behaviour = Literal["rollout", "trainer"]
+AdvantageValues = Literal["after_update", "before_update"]
 
 
 class SettingError(ValueError):
@@ -117,6 +118,10 @@ class AlgoPreset:
         "Weight of the positive-example LM loss (0 disables it).", ">= 0", lambda v: v >= 0.0))
     entropy_coef: float = field(metadata=_about(
         "Weight of the entropy bonus (0 disables it).", ">= 0", lambda v: v >= 0.0))
+    advantage_values: AdvantageValues = field(metadata=_about(
+        "Which critic values the advantages use: ``after_update``, the critic's after its K steps on "
+        "this very batch (SAO); ``before_update``, its values before them (a diagnostic: how much of "
+        "the batch's signal the K steps absorb into the baseline)."))
     routing_replay: bool = field(metadata=_about(
         "MoE policies: the engine records which experts it routed every token to, and the trainer's "
         "policy forward uses those routes instead of recomputing them (R3; the router's own "
@@ -198,7 +203,9 @@ _SAO = AlgoPreset(
     use_critic=True,
     critic_updates=2, freeze_critic_attention=True, skip_observation=True, value_pretrain=True,
     gamma=1.0, lam_policy=0.95, lam_critic=1.0, vapo_alpha=None, eps_low=0.3, eps_high=5.0,
-    value_clip=None, lm_loss_coef=0.0, entropy_coef=0.0, routing_replay=False, baseline_momentum=0.9,
+    value_clip=None, lm_loss_coef=0.0, entropy_coef=0.0, advantage_values="after_update",
+    routing_replay=False,
+    baseline_momentum=0.9,
 )
 _GRPO = _SAO.with_overrides(
     name="grpo", mode="sync", advantage="grpo", policy_loss="ppo", group_size=8, use_critic=False,

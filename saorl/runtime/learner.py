@@ -191,7 +191,9 @@ class Learner:
         return values, total
 
     def _critic_updates(self, batch: Batch, micro: list[MicroBatch]) -> tuple[dict[str, float], Tensor]:
-        """K critic steps; returns metrics and the updated critic's values ``[B, T]``.
+        """K critic steps; returns metrics and the values ``[B, T]`` the advantages use: the updated
+        critic's, or with ``advantage_values = before_update`` the critic's before this batch's
+        updates (those of the first update's forward).
 
         ``critic/value_loss`` and ``critic/explained_var`` describe the critic *before* this
         batch's updates (how well it predicted unseen data); ``*_after`` after them.
@@ -205,10 +207,11 @@ class Learner:
         clip = {"old_values": old_values, "clip": p.value_clip} if p.value_clip else {}
         self.critic.train()
         before: dict[str, float] | None = None
+        first: Tensor | None = None
         for _ in range(p.critic_updates):
             seen, _ = self._critic_pass(batch, micro, targets, mask, old_values)
             if before is None:
-                before = value_loss(seen, targets, mask, **clip)[1]
+                first, before = seen, value_loss(seen, targets, mask, **clip)[1]
         self.critic.eval()
         after = self._values(batch, micro)
         _, after_metrics = value_loss(after, targets, mask)
@@ -219,7 +222,7 @@ class Learner:
             "critic/explained_var_after": after_metrics["critic/explained_var"],
             "critic/value_mean": after_metrics["critic/value_mean"],
             "critic/return_mean": float(masked_mean(targets, mask)),
-        }, after
+        }, first if p.advantage_values == "before_update" else after
 
     # ----------------------------------------------------------------- policy
     def _advantages(self, batch: Batch, values: Tensor | None, gids: Tensor) -> tuple[Tensor, dict]:

@@ -22,7 +22,8 @@ from saorl.algo.registry import (
 FIELDS = [
     "name", "mode", "advantage", "policy_loss", "behaviour", "group_size", "use_critic", "critic_updates",
     "freeze_critic_attention", "skip_observation", "value_pretrain", "gamma", "lam_policy", "lam_critic",
-    "vapo_alpha", "eps_low", "eps_high", "value_clip", "lm_loss_coef", "entropy_coef", "routing_replay",
+    "vapo_alpha", "eps_low", "eps_high", "value_clip", "lm_loss_coef", "entropy_coef", "advantage_values",
+    "routing_replay",
     "baseline_momentum",
 ]
 

@@ -91,6 +91,20 @@ def test_sao_step_critic_k_updates_with_frozen_attention():
     assert sum(m["policy/ratio_hist"]) == sum(sum(t.action_mask) for t in _trajs())
 
 
+def test_advantages_from_the_critic_before_its_updates():
+    """advantage_values=before_update: the same step, but the advantages use the values the critic
+    had before its K steps on this batch (identical seeds: the critics start equal)."""
+    after, before = _learner("sao"), _learner("sao", advantage_values="before_update")
+    trajs = _matched_trajs(after.policy, _trajs())
+    m_after, m_before = after.step(trajs), before.step(trajs)
+    assert m_after["critic/value_loss"] == pytest.approx(m_before["critic/value_loss"])
+    assert m_after["critic/value_loss_after"] < m_after["critic/value_loss"]
+    assert m_after["advantage/mean"] != pytest.approx(m_before["advantage/mean"], abs=1e-6)
+    # values before the update are the critic's untrained estimates, near 0: advantages ~ returns
+    returns_mean = m_before["critic/return_mean"]
+    assert abs(m_before["advantage/mean"] - returns_mean) < abs(m_after["advantage/mean"] - returns_mean)
+
+
 def test_full_critic_moves_attention_too():
     lrn = _learner("sao", freeze_critic_attention=False)
     before = _snapshot(lrn.critic)
