@@ -1,0 +1,279 @@
+"""The config sections of the algorithm, trainer, runtime and stages, and the root
+:class:`SaorlConfig` with its cross-field checks (see :mod:`saorl.config`)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from saorl.config.sections import (
+    EnvConfig,
+    FieldError,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    Section,
+)
+
+
+class _AlgoSection(Section):
+    """The ``algo`` section: a preset name plus overrides; its other fields are derived from
+    :class:`saorl.algo.presets.AlgoPreset` (see :func:`_algo_config`)."""
+
+    name: str = "sao"
+    """Algorithm preset: ``sao``, ``grpo``, ``grpo_dis``, ``vapo``, ``ppo`` or ``reinforce_rm``."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_preset(cls, v: str) -> str:
+        from saorl.algo.presets import list_presets
+
+        names = list_presets()
+        if v not in names:
+            hint = difflib.get_close_matches(v, names, n=1)
+            raise ValueError(f"unknown algorithm {v!r}" + (f" (did you mean {hint[0]}?)" if hint else "")
+                             + f"; known: {', '.join(names)}")
+        return v
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> _AlgoSection:
+        from saorl.algo.presets import SettingError
+
+        try:
+            self.resolve()  # the preset's own checks (ranges; e.g. grpo needs group_size >= 2)
+        except SettingError as e:
+            raise FieldError(e.field, f"algorithm {self.name!r}: {e.reason}") from None
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields set here (not None), i.e. what changes relative to the preset."""
+        return {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
+
+    def resolve(self) -> Any:
+        """The preset ``name`` with the non-None overrides applied (an ``AlgoPreset``)."""
+        from saorl.algo.presets import get_preset
+
+        return get_preset(self.name).with_overrides(**self.overrides())
+
+
+NOT_IN_CONFIG = ("name", "mode")
+"""Preset fields the ``algo`` section does not override: ``name`` picks the preset, and the
+schedule is ``runtime.mode``."""
+
+
+def _algo_config() -> type[_AlgoSection]:
+    """``AlgoConfig``: every other preset field, optional (None = the preset's value), with the
+    preset's own documentation and rule. A setting is declared once, in the preset."""
+    from saorl.algo.presets import setting_docs, setting_rules, setting_types
+
+    docs, rules = setting_docs(), setting_rules()
+    fields: dict[str, Any] = {}
+    for name, hint in setting_types().items():
+        if name in NOT_IN_CONFIG:
+            continue
+        rule = f" Must be {rules[name]}." if rules[name] else ""
+        fields[name] = (hint | None, Field(None, description=f"{docs[name]}{rule} None: the preset's value."))
+    return create_model("AlgoConfig", __base__=_AlgoSection, __module__=__name__, **fields)
+
+
+AlgoConfig = _algo_config()
+
+
+class TrainerConfig(Section):
+    batch_size: int = Field(4, ge=1)
+    """Trajectories per policy update (a multiple of the preset's group size)."""
+    steps: int = Field(200, ge=1)
+    """Policy updates to run."""
+    max_wall_s: float | None = Field(None, gt=0.0)
+    """Stop (with a final checkpoint) after this many seconds; None = no limit."""
+    policy_lr: float = Field(1e-4, gt=0.0)
+    """AdamW learning rate of the policy."""
+    critic_lr: float = Field(1e-3, gt=0.0)
+    """AdamW learning rate of the critic."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay (policy and critic)."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value (policy and critic separately)."""
+    max_staleness: int | None = Field(None, ge=0)
+    """Drop trajectories whose oldest action token is more than this many versions old (counted
+    in the metrics); None = no limit."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over this many steps (0 = none)."""
+    shard: Literal["none", "fsdp2"] = "none"
+    """``none``: policy and critic train in one process. ``fsdp2``: torch FSDP2 shards them over
+    the ranks of a ``torchrun`` launch (``torchrun --standalone --nproc-per-node N -m saorl.cli
+    train ...``; gloo on CPU, NCCL on CUDA); rank 0 runs the rollout feed, journal and
+    checkpoints and hands every rank its share of each batch (docs/scaling.md)."""
+    shard_checkpoint: Literal["sharded", "full"] = "sharded"
+    """With ``shard: fsdp2``: ``sharded`` writes each rank's shards with
+    ``torch.distributed.checkpoint`` (no rank ever holds the whole model); ``full`` gathers the
+    weights and optimizer states to rank 0 and writes the single-process layout. Resume reads
+    either, and a single-process run resumes from a ``full`` one."""
+    publish_bucket_mb: float = Field(512.0, gt=0.0)
+    """With ``shard: fsdp2``: published weights are gathered and written in buckets of at most
+    this many MiB (a tensor larger than that is a bucket of its own), so rank 0 never holds more
+    than one bucket of the full model at a time."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (less memory for long sequences, about a third more compute); policy and critic."""
+    max_tokens_per_microbatch: int = Field(4096, ge=1)
+    """Token budget of one forward/backward pass of the policy or the critic: a batch is cut into
+    micro-batches of at most this many positions and gradients accumulate across them; losses
+    are still normalised by the whole batch's token counts. A trajectory longer than the budget
+    gets a micro-batch of its own (nothing is truncated)."""
+    packing: bool = True
+    """Pack the trajectories of a micro-batch end to end in one row with no padding (sequence
+    boundaries through per-sequence position ids; every HF causal LM with sdpa, eager or
+    flash-attention honours them). False: right-padded micro-batches of similar lengths, for a
+    model whose attention ignores restarting position ids."""
+
+
+class RuntimeConfig(Section):
+    backend: Literal["local", "inprocess", "ray"] = "local"
+    """``local``: rollout workers as processes on this machine; ``inprocess``: episodes on one engine
+    in the trainer's own process (no worker processes; for debugging and small machines);
+    ``ray``: rollout workers as Ray actors, on this machine or a cluster (the ``ray`` section;
+    needs ``pip install -e ".[ray]"``)."""
+    mode: Literal["auto", "async", "sync"] = "auto"
+    """Rollout/training schedule; ``auto`` uses the algorithm preset's mode."""
+    trainer_threads: int | None = Field(None, ge=1)
+    """Torch threads of the trainer process; None = the machine's cores minus one per rollout
+    worker (at least 1). Oversubscribing cores makes OpenMP spin and everything crawl."""
+    worker_threads: int = Field(1, ge=1)
+    """Torch threads of each rollout worker process."""
+
+    @field_validator("backend")
+    @classmethod
+    def _ray_installed(cls, v: str) -> str:
+        import importlib.util
+
+        if v == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("'ray' needs Ray installed: pip install -e \".[ray]\" (or pip install ray)")
+        return v
+
+
+class RayConfig(Section):
+    """Where and how the Ray backend (``runtime.backend: ray``) places rollout workers."""
+
+    address: str | None = None
+    """Address of a running Ray cluster (``auto``, ``ray://host:10001``, ``host:6379``); None
+    starts a private local cluster for the run and stops it at the end."""
+    num_cpus: float | None = Field(None, gt=0.0)
+    """Logical CPUs of the private local cluster (None: the machine's cores); ignored with
+    ``address``."""
+    num_gpus: int | None = Field(None, ge=0)
+    """GPUs of the private local cluster (None: those Ray detects); ignored with ``address``."""
+    temp_dir: str | None = None
+    """Session directory of the private local cluster; None makes a short one under /tmp (Ray's
+    Unix socket paths must stay under 107 bytes). Removed at shutdown."""
+    worker_cpus: float = Field(1.0, gt=0.0)
+    """CPUs reserved for each rollout worker actor (fractions allowed)."""
+    worker_gpus: float = Field(0.0, ge=0.0)
+    """GPUs reserved for each rollout worker actor (its engine runs on ``cuda`` when > 0)."""
+    trainer_cpus: float = Field(1.0, ge=0.0)
+    """CPUs reserved for the trainer (this process) on its own node, so no worker takes them."""
+    trainer_gpus: float = Field(0.0, ge=0.0)
+    """GPUs reserved for the trainer on its own node (the ranks of a sharded trainer use them)."""
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Ray placement-group strategy for the workers' bundles (one bundle per worker)."""
+    max_restarts: int = Field(5, ge=0)
+    """Worker actors Ray may restart after they die, over the whole run; one more death stops the
+    run with an error (a worker that keeps dying is a bug to see, not to hide)."""
+    weights: Literal["shared_fs", "object_store"] = "shared_fs"
+    """How published weights reach the workers: ``shared_fs`` through files in the run directory
+    (every node must see it at the same path); ``object_store`` through Ray's object store (no
+    shared filesystem needed; the model directory must still exist on every node)."""
+    ready_timeout_s: float = Field(600.0, gt=0.0)
+    """Seconds to wait for the cluster to grant the placement group before failing."""
+
+
+class SFTConfig(Section):
+    enabled: bool = True
+    """Before RL, fine-tune the initial policy on the env's demonstrations (loss on action tokens
+    only): the "SFT model" RL starts from. Cached under ``run.out_dir/.cache``, so runs with the
+    same policy, env, seed and SFT settings share one."""
+    steps: int = Field(1000, ge=1)
+    """Optimizer steps of supervised fine-tuning."""
+    batch_size: int = Field(32, ge=1)
+    """Demonstrations per SFT step."""
+    lr: float = Field(3e-3, gt=0.0)
+    """Peak AdamW learning rate (linear warm-up, cosine decay)."""
+    num_demos: int = Field(2000, ge=1)
+    """Demonstrations generated from training tasks (the env's ``demo_error_rate`` option says
+    how many of them are deliberately wrong)."""
+    seed: int | None = None
+    """Seed of the demonstrations and of SFT; null = the run's ``seed``. Fix it to start runs of
+    different seeds from one SFT model (as the experiments do)."""
+
+
+class ValuePretrainConfig(Section):
+    enabled: bool = True
+    """Before RL, fit the critic on Monte-Carlo returns of rollouts of the initial policy, when the
+    algorithm preset asks for it (``algo.value_pretrain``). Cached under ``run.out_dir/.cache``."""
+    rollouts: int = Field(128, ge=2)
+    """Rollouts of the initial policy sampled (one per training task); 20% are held out for the
+    validation loss and explained variance."""
+    steps: int = Field(100, ge=1)
+    """Critic optimizer steps of each fit (one fit per data fraction: 25%, 50%, 100%)."""
+    batch_size: int = Field(16, ge=1)
+    """Rollouts per critic step."""
+    lr: float = Field(1e-3, gt=0.0)
+    """AdamW learning rate of the critic during value pretraining."""
+
+
+class SaorlConfig(Section):
+    """Everything a run needs. Defaults = ``configs/sao_math_tool.yaml``, SAO on math_tool, CPU."""
+
+    seed: int = 0
+    """Seed for task generation, sampling and initialisation."""
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Run directory, evaluation, checkpoint and logging cadence."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Policy, critic and tokenizer."""
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    """Environment and task source."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Rollout workers, inference engine and sampling."""
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    """Algorithm preset and overrides of its defaults."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Optimisation: batch, steps, learning rates, staleness limit."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Orchestration backend and schedule."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """The Ray cluster and the workers' resources (used with ``runtime.backend: ray``)."""
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    """Supervised warm start of the policy before RL."""
+    value_pretrain: ValuePretrainConfig = Field(default_factory=ValuePretrainConfig)
+    """Value pretraining of the critic on rollouts of the initial policy, before RL."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> SaorlConfig:
+        group = self.algo.resolve().group_size
+        if self.trainer.batch_size % group:
+            raise FieldError(
+                "trainer.batch_size",
+                f"{self.trainer.batch_size} is not a multiple of the group size "
+                f"({group}, algo {self.algo.name!r}): every update takes whole groups; set "
+                f"trainer.batch_size to a multiple of {group} (e.g. trainer.batch_size={group})"
+            )
+        if self.trainer.shard == "fsdp2" and self.model.device == "mps":
+            raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
+                                               "(model.device=cuda), not mps; set trainer.shard=none")
+        engine, shard = self.rollout.engine, self.trainer.shard
+        if self.algo.resolve().routing_replay and (engine != "local" or shard != "none"):
+            raise FieldError("algo.routing_replay", "the local engine records routes and the unsharded "
+                              "trainer replays them; other engines and trainer.shard=fsdp2 do not yet "
+                              f"(rollout.engine={engine!r}, trainer.shard={shard!r})")
+        return self
+
+    def resolved_mode(self) -> Literal["async", "sync"]:
+        """``runtime.mode``, with ``auto`` replaced by the algorithm preset's mode."""
+        return self.algo.resolve().mode if self.runtime.mode == "auto" else self.runtime.mode

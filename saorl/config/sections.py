@@ -1,0 +1,329 @@
+"""The config sections of the run, its model, tasks and rollouts (see :mod:`saorl.config`)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+
+def plain_name(v: str) -> str:
+    """``v`` if it can name a directory (non-empty, no path separators, not ``.``/``..``)."""
+    if not v or "/" in v or "\\" in v or v in (".", ".."):
+        raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
+    return v
+
+
+class ConfigError(Exception):
+    """A config that cannot be loaded; the message is one paragraph naming file, field and reason."""
+
+
+class FieldError(ValueError):
+    """A cross-field check that failed on ``field`` (a dotted path relative to the model raising it)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
+"""Tracker names ``run.report_to`` accepts: accelerate's (``saorl.runtime.trackers``)."""
+
+
+# ------------------------------------------------------------------------------------- sections
+class RunConfig(Section):
+    out_dir: str = "runs"
+    """Directory under which the run directory ``<out_dir>/<name>`` is created."""
+    name: str = "sao-math_tool"
+    """Run name: the run directory's name (no path separators)."""
+    eval_every: int = Field(25, ge=1)
+    """Evaluate on the test split every this many trainer steps."""
+    eval_tasks: int = Field(128, ge=0)
+    """Test tasks per evaluation (at most ``env.num_test_tasks`` are available). 0: no evaluation
+    during the run, not even at step 0 — for models too big to evaluate on the trainer (a sharded
+    trainer evaluates a full copy of the policy on rank 0's CPU); evaluate exported checkpoints with
+    ``saorl eval`` instead."""
+    eval_temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of evaluation episodes: 1.0 measures the policy RL trains (mean
+    success of sampled episodes, seeded so every evaluation sees the same random stream);
+    0 is greedy decoding."""
+    checkpoint_every: int = Field(50, ge=1)
+    """Write a checkpoint every this many trainer steps (and at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept on disk; older ones are deleted."""
+    samples_every: int = Field(25, ge=1)
+    """Write a few decoded trajectories to the run directory every this many trainer steps."""
+    progress: bool = True
+    """Show a live progress display on the terminal."""
+    report_to: list[str] = Field(default_factory=lambda: ["tensorboard"])
+    """Trackers that get every step's metrics besides ``metrics.jsonl`` (always written): any of
+    ``tensorboard`` (in ``RUN/tb``), ``wandb``, ``mlflow``, ``comet_ml``, ``aim``, ``clearml``,
+    ``dvclive``, ``swanlab``, ``trackio`` (accelerate's trackers; all but tensorboard are optional
+    installs, e.g. ``pip install 'saorl[wandb]'``); ``[]`` for none."""
+    tracker_project: str = "saorl"
+    """Project (W&B) or experiment (MLflow) name the trackers file the run under; the tracker's
+    run name is the run directory's name."""
+    tracker_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Keyword arguments per tracker for its init call, e.g. ``{wandb: {entity: me, mode: offline}}``."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        return plain_name(v)
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name not in TRACKERS:
+                hint = difflib.get_close_matches(name, TRACKERS, n=1)
+                raise ValueError(f"unknown tracker {name!r}" + (f" (did you mean {hint[0]}?)" if hint else "")
+                                 + f"; known: {', '.join(TRACKERS)}")
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _options_for_named(self) -> RunConfig:
+        for name in self.tracker_options:
+            if name not in self.report_to:
+                raise FieldError("tracker_options", f"options for {name!r}, which run.report_to does not "
+                                  f"name ({self.report_to}); add it there or remove its options")
+        return self
+
+
+class ModelConfig(Section):
+    policy: str = "tiny-moe"
+    """Policy: a tiny built-in kind (``tiny-moe``, ``tiny-dense``), a local Hugging Face model
+    directory (config.json + safetensors + tokenizer files) or a Hugging Face Hub model id
+    (``org/name``, taken from the local Hugging Face cache or downloaded into it)."""
+    critic: str | None = None
+    """Directory of a value-pretrained critic; None initialises the critic from the policy."""
+    tokenizer: str | None = None
+    """Tokenizer directory or Hub id; None (the default) uses the policy's own tokenizer (the shipped
+    one for tiny kinds). Every stage (warm start, value pretraining, rollouts, evaluation, export)
+    uses this one tokenizer; one whose vocabulary differs from the policy's own is an error."""
+    chat_template: bool = True
+    """Format each prompt with the tokenizer's chat template (one user message, then the generation
+    prompt) when the tokenizer has one; false: the prompt text after the tokenizer's own leading
+    special tokens (its BOS, if it adds one). The shipped tokenizer has no template."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the chat template, e.g. ``{enable_thinking: false}`` for Qwen3."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of policy and critic. ``float16`` (CUDA or MPS only) samples in float16 and
+    trains in float32, since AdamW on float16 parameters turns them NaN (docs/models.md)."""
+    device: str = "cpu"
+    """Torch device for the trainer and the local engine: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
+
+    @field_validator("policy")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a tiny kind, a model directory or a Hub model id")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", v):
+            raise ValueError(f"must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _half_on_cpu(self) -> ModelConfig:
+        if self.dtype == "float16" and self.device == "cpu":
+            raise FieldError(
+                "dtype", "float16 needs model.device=cuda or mps (GPUs without bfloat16, e.g. V100, T4): on "
+                "CPU half-precision kernels are slow or missing; use float32 or bfloat16 on CPU")
+        return self
+
+
+class DatasetConfig(Section):
+    path: str
+    """A local dataset: a directory written by ``datasets``' ``save_to_disk`` (a ``DatasetDict``
+    holding the splits below), or a directory with one file per split (``train.parquet``,
+    ``test.jsonl``, or shards ``train-*.parquet``, also under ``data/``). Never a Hub name:
+    download it first (``datasets.load_dataset(NAME).save_to_disk(DIR)``)."""
+    train_split: str = "train"
+    """The split trained on."""
+    test_split: str | None = "test"
+    """The held-out split evaluated on (no task may be in both); null = hold out the last
+    ``env.num_test_tasks`` tasks of the train split."""
+
+    @field_validator("path", "train_split", "test_split")
+    @classmethod
+    def _nonempty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DatasetConfig:
+        if self.test_split == self.train_split:
+            raise FieldError("test_split", f"is the train split ({self.train_split!r}) too: a model "
+                                            "would be evaluated on what it trained on")
+        return self
+
+
+class EnvConfig(Section):
+    type: str = "math_tool"
+    """Environment: a built-in name (``math_tool``, ``math_levels``, ``noisy_lookup``,
+    ``code_repair``, ``style_shift``, ``synthetic``, ``prompt_reward``) or ``module.path:ClassName``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the env class (e.g. ``difficulty: 2``); checked when the env is built."""
+    tasks_file: str | None = None
+    """Training tasks used instead of the env's task generator: a JSONL file (format:
+    ``saorl.data.tasks``), a ``.parquet`` file, or a ``datasets`` directory of one split
+    (``save_to_disk``). Without ``test_tasks_file``, its last ``num_test_tasks`` tasks are held out
+    as the test split and never trained on. Before anything runs, every task of the file(s) is
+    passed to the env's ``reset`` once, so a row the env rejects stops the run at start, named by
+    file and row (for an env whose reset is slow, as many as 10 seconds allow)."""
+    test_tasks_file: str | None = None
+    """Held-out test tasks, in any format ``tasks_file`` takes (needs ``tasks_file``); no id may be
+    in both."""
+    dataset: DatasetConfig | None = None
+    """Train and test tasks from one local dataset with named splits (instead of ``tasks_file``)."""
+    id_column: str | None = None
+    """Parquet and dataset rows: the column holding unique task ids; null = an ``id`` column if
+    there is one, else a hash of each row's content (so a row in both splits is caught)."""
+    num_train_tasks: int = Field(5000, ge=1)
+    """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
+    num_test_tasks: int = Field(128, ge=1)
+    """Held-out test tasks: drawn from the env's generator, or held out of ``tasks_file``."""
+
+    @model_validator(mode="after")
+    def _files(self) -> EnvConfig:
+        if self.test_tasks_file and not self.tasks_file:
+            raise FieldError("test_tasks_file", "needs env.tasks_file (the training tasks) too")
+        if self.dataset is not None and (self.tasks_file or self.test_tasks_file):
+            raise FieldError("dataset", "give the tasks either as env.dataset or as env.tasks_file / "
+                                         "env.test_tasks_file, not both")
+        return self
+
+    @field_validator("type")
+    @classmethod
+    def _env_type(cls, v: str) -> str:
+        if ":" in v:
+            module, _, name = v.partition(":")
+            if not module or not name:
+                raise ValueError(f"must be a built-in name or 'module.path:ClassName', got {v!r}")
+            return v
+        try:
+            from saorl.envs.registry import BUILTIN_ENVS
+        except ImportError:  # pragma: no cover - the env package is part of saorl
+            return v
+        if v not in BUILTIN_ENVS:
+            raise ValueError(
+                f"unknown env {v!r}; built-ins: {sorted(BUILTIN_ENVS)}, or use 'module.path:ClassName'"
+            )
+        return v
+
+
+class RolloutConfig(Section):
+    num_workers: int = Field(1, ge=1)
+    """Rollout worker processes, each with its own inference engine."""
+    concurrent_episodes: int = Field(16, ge=1)
+    """Episodes in flight per worker (their turns are batched by the engine)."""
+    engine_slots: int = Field(16, ge=1)
+    """Sequences the local engine decodes together (its batch size)."""
+    prefix_cache_tokens: int = Field(65536, ge=0)
+    """Tokens of KV cache the local engine keeps between the turns of its episodes, so a turn
+    prefills only the new observation tokens (0 = off: every turn re-prefills its context)."""
+    prefix_after_update: Literal["recompute", "keep"] = "keep"
+    """What a weight update does to the kept KV: ``keep`` lets the next turn continue on KV
+    computed by older weights, as a sequence in flight during an update does (each token's
+    log-prob and version stay those of the weights that drew it; DIS absorbs the older context;
+    in async runs, where weights change every step, ~1.6× the trained tokens/s of ``recompute``,
+    docs/performance.md); ``recompute`` drops it, so the next turn re-prefills its context with
+    the new weights and every turn is sampled exactly as after a full re-prefill."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature (0 = greedy). RL needs samples from the policy itself: keep 1.0 for training."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold in (0, 1] (1 disables). Allowed with every engine because the
+    trainer scores log-probs under the same truncation (top-k, then top-p), so the DIS ratio
+    compares like with like."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling (0 disables); scored by the trainer under the same truncation, as ``top_p``."""
+    max_new_tokens: int = Field(48, ge=1)
+    """Tokens the policy may sample per turn."""
+    max_total_tokens: int = Field(384, ge=2)
+    """Tokens per trajectory (prompt + all turns); the episode is truncated past it."""
+    engine: Literal["local", "http", "vllm", "sglang"] = "local"
+    """``local``: the in-process torch engine; ``http``: ``saorl serve`` at ``http_url`` (or
+    ``engine_urls``); ``vllm`` / ``sglang``: servers the user started at ``engine_urls``, which the
+    trainer updates in place after every step (docs/engines.md: versions, launch flags)."""
+    http_url: str | None = None
+    """Base URL of the ``saorl serve`` server (``engine: http``; or list it in ``engine_urls``)."""
+    engine_urls: list[str] = Field(default_factory=list)
+    """Base URLs (``http://host:port``) of the inference servers for ``engine: vllm | sglang``
+    (required) or ``http``; each worker spreads its requests over all of them."""
+    engine_routing: Literal["least_loaded", "round_robin"] = "least_loaded"
+    """How a worker picks a server per request: the one with the fewest of its requests in flight,
+    or in turn."""
+    engine_model: str | None = None
+    """The served model name sent as ``model`` to vLLM (its ``--served-model-name``); None sends
+    none (the server's only model)."""
+    sglang_pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    """How SGLang pauses for a weight update: ``abort`` returns requests in flight at once and the
+    client continues them with the new weights (exact per-token versions, KV recomputed);
+    ``retract`` / ``in_place`` keep them on the server (their cached KV was computed by the old
+    weights)."""
+    weight_update_timeout_s: float = Field(600.0, gt=0.0)
+    """Watchdog of one weight update on a server (pause + load); past it the run stops with an
+    error naming the server (the server is resumed first)."""
+    logprob_probe_tol: float = Field(0.1, ge=0.0)
+    """With ``vllm`` / ``sglang``: at start, one request per server is compared with the trainer's
+    log-probs of the same tokens (same temperature and truncation); a mean gap above this many
+    nats per token stops the run (e.g. vLLM without ``--logprobs-mode processed_logprobs``)."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The local engine's own parameter dtype (None: ``model.dtype``); the trainer keeps
+    ``model.dtype``. An engine in lower precision than the trainer is the engine/trainer mismatch of
+    real deployments, which DIS exists to absorb."""
+    moe_top_k: int | None = Field(None, ge=1)
+    """The local engine routes each token to this many experts (None: the model's own); the trainer
+    keeps the model's. A dial for engine/trainer routing mismatch (MoE policies only)."""
+    router_noise: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    """The local engine picks experts from router logits plus N(0, σ²) noise, σ = this (the picked
+    experts' weights stay the router's own probabilities); 0 = none. MoE policies only."""
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", u)]
+        if bad:
+            raise ValueError(f"each URL must look like http://host:port, got {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a URL is listed twice: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RolloutConfig:
+        if self.engine == "http" and not (self.http_url or self.engine_urls):
+            raise FieldError("http_url", "required when engine is 'http' (or set rollout.engine_urls)")
+        if self.engine != "local":
+            for name in ("dtype", "moe_top_k", "router_noise"):
+                if getattr(self, name):
+                    raise FieldError(name, "changes the local engine only; rollout.engine is "
+                                            f"{self.engine!r}")
+        if self.engine in ("vllm", "sglang") and not self.engine_urls:
+            raise FieldError("engine_urls", f"required when engine is {self.engine!r}: the base URLs of "
+                              f"the {self.engine} servers you started, e.g. "
+                              "rollout.engine_urls='[http://127.0.0.1:8000]'")
+        if self.max_new_tokens >= self.max_total_tokens:
+            raise FieldError(
+                "max_new_tokens",
+                f"max_new_tokens ({self.max_new_tokens}) must be smaller than max_total_tokens "
+                f"({self.max_total_tokens}), which also holds the prompt",
+            )
+        return self
