@@ -38,47 +38,18 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from saorl.engines import kv
-from saorl.engines.base import EngineError, FinishReason, GenerationResult, SamplingParams
+from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs
+from saorl.engines.request import Deliver, OnToken, Request, fed_routes, finish_reason, validate_request
 from saorl.engines.sampling import sample_rows, top_alternatives
 from saorl.models import routing
-
-Deliver = Callable[[Any], None]
-OnToken = Callable[[int, float, int, "list[tuple[int, float]] | None"], None]
-"""Called from the engine thread with (token id, log-prob, version, top alternatives or None) as
-each token is sampled."""
-
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    deliver: Deliver
-    stop_ids: frozenset[int]
-    generator: torch.Generator | None
-    submitted: float = field(default_factory=time.perf_counter)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish: tuple[FinishReason, str | int | None] | None = None
-    cancelled: bool = False
-    on_token: OnToken | None = None
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    kv_version: int = -1
-    """The weights version that computed this request's KV at its prefill."""
-    feed: list[int] = field(default_factory=list)
-    """Prompt tokens the next decode steps feed before this request samples (see ``_join``)."""
-    routes: list[torch.Tensor] = field(default_factory=list)
-    """With ``record_routes``: ``[n, layers, k]`` chunks, the MoE routes of every position fed so far."""
 
 
 class LocalEngine:
@@ -120,11 +91,11 @@ class LocalEngine:
         kv.check_supported(DynamicCache(config=model.config))
         self._version = version
         self._cond = threading.Condition()
-        self._waiting: deque[_Request] = deque()
+        self._waiting: deque[Request] = deque()
         self._updates: deque[tuple[dict[str, torch.Tensor], int, threading.Event]] = deque()
         self._closed = False
         self._seed_rng = torch.Generator().manual_seed(torch.initial_seed() % (2**63))
-        self._active: list[_Request] = []
+        self._active: list[Request] = []
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None
         self._stats = dict(
@@ -167,7 +138,7 @@ class LocalEngine:
         if len(plist) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams")
         for p, sp in zip(prompts, plist):
-            self._validate(p, sp)
+            validate_request(p, sp, self.vocab_size, self.max_seq_len)
         futures = [concurrent.futures.Future() for _ in prompts]
 
         def deliver(f: concurrent.futures.Future) -> Deliver:
@@ -180,7 +151,7 @@ class LocalEngine:
                         on_token: OnToken | None = None) -> GenerationResult:
         """One request; ``on_token`` (a saorl extension, for streaming) sees each token as it is
         sampled, from the engine thread."""
-        self._validate(prompt_ids, params)
+        validate_request(prompt_ids, params, self.vocab_size, self.max_seq_len)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
@@ -272,27 +243,7 @@ class LocalEngine:
         self.close()
 
     # ----------------------------------------------------------------- submission
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        if not prompt:
-            raise ValueError("prompt must contain at least one token id")
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids must be ints in [0, {self.vocab_size}), got {bad[:5]}")
-        if len(prompt) >= self.max_seq_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len}")
-        if any(not isinstance(s, str) or not s for s in params.stop):
-            raise ValueError(f"stop must be a tuple of non-empty strings, got {params.stop!r}")
-        bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"stop_token_ids must be ints in [0, {self.vocab_size}), got {bad}")
-        if params.session is not None and not isinstance(params.session, str):
-            raise ValueError(f"session must be a string or None, got {params.session!r}")
-        if params.seed is not None and not isinstance(params.seed, int):
-            raise ValueError(f"seed must be an int or None, got {params.seed!r}")
-
-    def _request(self, prompt: list[int], params: SamplingParams, deliver: Deliver) -> _Request:
+    def _request(self, prompt: list[int], params: SamplingParams, deliver: Deliver) -> Request:
         gen = None
         if params.temperature > 0:
             with self._cond:
@@ -300,9 +251,9 @@ class LocalEngine:
                 if seed is None:
                     seed = int(torch.randint(0, 2**62, (), generator=self._seed_rng))
             gen = torch.Generator().manual_seed(seed)
-        return _Request(list(prompt), params, deliver, frozenset(params.stop_token_ids) | self._eos, gen)
+        return Request(list(prompt), params, deliver, frozenset(params.stop_token_ids) | self._eos, gen)
 
-    def _submit(self, reqs: list[_Request]) -> None:
+    def _submit(self, reqs: list[Request]) -> None:
         with self._cond:
             if self._closed:
                 raise EngineError("engine is closed")
@@ -352,7 +303,7 @@ class LocalEngine:
         if self._exact_prefix:
             self._prefixes.clear()  # computed by the old weights: the next turns re-prefill
 
-    def _keep_prefix(self, r: _Request, cache: DynamicCache, mask: torch.Tensor, row: int) -> None:
+    def _keep_prefix(self, r: Request, cache: DynamicCache, mask: torch.Tensor, row: int) -> None:
         """Store finished ``r``'s KV row (right-aligned in ``cache``) for its session's next turn."""
         tokens = r.prompt + r.tokens[:-1]  # the last sampled token was never fed to the model
         if (not self._prefixes.wants(r.params.session, len(tokens)) or r.finish[0] == "abort"
@@ -361,7 +312,7 @@ class LocalEngine:
             return
         with self._timed("kv_s"):
             self._prefixes.keep(r.params.session, Prefix(tokens, kv.row_kv(cache, row, len(tokens)),
-                                                         self._version, _fed_routes(r)))
+                                                         self._version, fed_routes(r)))
 
     @contextlib.contextmanager
     def _routes_of(self, shape: tuple[int, int]) -> Iterator[list[torch.Tensor]]:
@@ -383,14 +334,14 @@ class LocalEngine:
         finally:
             self._stats[key] += time.perf_counter() - t0
 
-    def _fail_all(self, extra: list[_Request], err: EngineError) -> None:
+    def _fail_all(self, extra: list[Request], err: EngineError) -> None:
         for r in {id(r): r for r in [*self._active, *extra]}.values():
             if r.finish is None:
                 r.finish = ("abort", None)
                 r.deliver(err)
         self._active, self._cache, self._mask = [], None, None
 
-    def _admit(self, reqs: list[_Request]) -> None:
+    def _admit(self, reqs: list[Request]) -> None:
         """Admit requests: join session requests with at most ``FEED_MAX_TOKENS`` new tokens (beyond
         a stored prefix, or a whole short first prompt while a batch runs) to the running batch,
         whose decode steps feed them; prefill the others in one forward (only what extends a
@@ -406,7 +357,7 @@ class LocalEngine:
         if rest:
             self._prefill(rest)
 
-    def _join(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
+    def _join(self, pairs: list[tuple[Request, Prefix | None]]) -> None:
         """Merge the sessions' stored rows (or empty rows) into the running batch; the decode steps
         feed the new tokens, one per step, and the request samples after the last."""
         like = self._cache.layers if self._cache is not None else None
@@ -427,7 +378,7 @@ class LocalEngine:
         self._stats["prefill_tokens"] += sum(len(r.feed) for r, _ in pairs)
         self._active.extend(r for r, _ in pairs)
 
-    def _prefill(self, pairs: list[tuple[_Request, Prefix | None]]) -> None:
+    def _prefill(self, pairs: list[tuple[Request, Prefix | None]]) -> None:
         """Prefill, in one forward, each request's tokens beyond its session's stored row (a
         request without one: its whole prompt) on top of those rows."""
         done = [len(e.tokens) if e else 0 for _, e in pairs]
@@ -445,7 +396,7 @@ class LocalEngine:
         self._start([r for r, _ in pairs], cache, ids.to(self.device), mask, pos.to(self.device),
                     int(new_mask.sum()))
 
-    def _start(self, reqs: list[_Request], cache: DynamicCache, ids: torch.Tensor, mask: torch.Tensor,
+    def _start(self, reqs: list[Request], cache: DynamicCache, ids: torch.Tensor, mask: torch.Tensor,
                pos: torch.Tensor, new_tokens: int) -> None:
         """Run the prompts' (new) tokens through the model on top of ``cache``, sample each
         request's first token and merge the survivors into the running batch."""
@@ -519,7 +470,7 @@ class LocalEngine:
             self._mask = kv.trim(self._cache, self._mask)
         self._active = [reqs[i] for i in keep]
 
-    def _sample_and_retire(self, reqs: list[_Request], logits: torch.Tensor, cache: DynamicCache,
+    def _sample_and_retire(self, reqs: list[Request], logits: torch.Tensor, cache: DynamicCache,
                            mask: torch.Tensor, rows: list[int] | None = None) -> list[int]:
         """Sample one token per request, record it, deliver finished ones (keeping their KV rows
         of ``cache``, ``rows[i]`` for ``reqs[i]``, for their sessions); returns kept indices."""
@@ -546,7 +497,7 @@ class LocalEngine:
             if r.on_token is not None:
                 r.on_token(t, lp, version, r.top[-1] if r.params.top_logprobs else None)
             self._stats["tokens_generated"] += 1
-            r.finish = self._finish_reason(r, t)
+            r.finish = finish_reason(r, self.tokenizer, self.max_seq_len, t)
             if r.finish is None:
                 keep.append(i)
             else:
@@ -554,36 +505,6 @@ class LocalEngine:
                 self._deliver(r)
         return keep
 
-    def _finish_reason(self, r: _Request, token: int) -> tuple[FinishReason, str | int | None] | None:
-        if r.cancelled:
-            return ("abort", None)
-        if token in r.stop_ids:
-            return ("stop", token)
-        if r.params.stop:
-            longest = max(len(s) for s in r.params.stop)
-            # a string of c chars spans at most 4c bytes, hence at most 4c byte-level tokens
-            text = self.tokenizer.decode(r.tokens[-(4 * longest + 1) :], skip_special_tokens=False)
-            hits = [(text.find(s), s) for s in r.params.stop if s in text]
-            if hits:
-                return ("stop", min(hits)[1])
-        if len(r.tokens) >= r.params.max_new_tokens or len(r.prompt) + len(r.tokens) >= self.max_seq_len:
-            return ("length", None)
-        return None
-
-    def _deliver(self, r: _Request) -> None:
-        reason, stop = r.finish
+    def _deliver(self, r: Request) -> None:
         self._stats["requests_finished"] += 1
-        metrics = dict(
-            prompt_tokens=len(r.prompt),
-            completion_tokens=len(r.tokens),
-            latency_s=time.perf_counter() - r.submitted,
-        )
-        routes = _fed_routes(r)
-        r.deliver(GenerationResult(list(r.tokens), list(r.logprobs), reason, list(r.versions), stop, metrics,
-                                   list(r.top) if r.params.top_logprobs else None,
-                                   None if routes is None else routes.flatten(1).tolist()))
-
-
-def _fed_routes(r: _Request) -> torch.Tensor | None:
-    """``[positions fed, layers, k]``: the request's prompt and all its tokens but the last."""
-    return torch.cat(r.routes) if r.routes else None
+        r.deliver(r.result())
