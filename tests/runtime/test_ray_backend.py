@@ -79,6 +79,15 @@ class KillWorker(Observer):
             time.sleep(0.05)
         self.killed = ray.get(actor.pid.remote())
         os.kill(self.killed, signal.SIGKILL)
+        # wait for the restarted incarnation to answer: by then Ray has failed the calls that were in
+        # flight to the dead one, so the backend counts the death at its next poll, whatever the
+        # machine's load (on a loaded 2-core machine the run could otherwise finish first)
+        while time.monotonic() < deadline + 60:
+            try:
+                if ray.get(actor.pid.remote(), timeout=10) != self.killed:
+                    break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                time.sleep(0.1)
 
 
 def _pending(ckpt: Path) -> set[int]:
