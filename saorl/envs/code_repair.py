@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
 from saorl.envs.code_repair_bank import BANK, TEST_ONLY, BaseFunction, Mutant, mutants
-from saorl.envs.tags import content_hash
+from saorl.envs.splits import content_hash
 
 MAX_PATCH_CHARS = 100
 MAX_OUT_CHARS = 80

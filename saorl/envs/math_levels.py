@@ -21,7 +21,7 @@ Train and test tasks are separated by the same content hash as ``math_tool``'s.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from saorl.envs.base import Split, Task
@@ -32,7 +32,7 @@ from saorl.envs.math_tool import (
     _content_key,
     _countdown_problem,
 )
-from saorl.envs.tags import content_hash, split_of
+from saorl.envs.splits import content_hash, distinct_tasks
 
 DEFAULT_LEVELS = ("arith:1", "arith:3", "countdown:1", "countdown:3")
 _MAKERS = {"arith": _arith_problem, "countdown": _countdown_problem}
@@ -71,27 +71,17 @@ class MathLevelsEnv(MathToolEnv):
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         """``n`` distinct problems whose content hashes into ``split``, each from a uniform level."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        spec = ",".join(f"{f}:{d}" for f, d in self.levels)
-        rng = random.Random(f"math_levels/{split}/{spec}/{seed}")
-        tasks: dict[str, Task] = {}
-        attempts = 0
-        while len(tasks) < n:
-            attempts += 1
-            if attempts > 50 * n + 1000:
-                raise ValueError(f"could only find {len(tasks)} distinct {split} problems for levels "
-                                 f"{spec}; asked for {n}")
+
+        def draw(rng: random.Random) -> tuple[str, Callable[[str], Task]]:
             level = rng.randrange(len(self.levels))
             family, difficulty = self.levels[level]
-            data = _MAKERS[family](rng, difficulty)
-            digest = content_hash(*_content_key(data))
-            if split_of(digest, TEST_FRACTION) != split:
-                continue
-            data |= {"difficulty": difficulty, "level": level + 1}
-            task_id = f"math_levels/L{level + 1}/{digest[:16]}"
-            tasks.setdefault(task_id, Task(task_id, data))
-        return list(tasks.values())
+            data = _MAKERS[family](rng, difficulty) | {"difficulty": difficulty, "level": level + 1}
+            return content_hash(*_content_key(data)), lambda digest: Task(
+                f"math_levels/L{level + 1}/{digest[:16]}", data)
+
+        spec = ",".join(f"{f}:{d}" for f, d in self.levels)
+        rng = random.Random(f"math_levels/{split}/{spec}/{seed}")
+        return distinct_tasks(split, n, rng, draw, TEST_FRACTION, f"problems for levels {spec}")
 
     def prompt(self, task: Task) -> str:
         level = task.data.get("level")

@@ -30,10 +30,12 @@ import ast
 import random
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
-from saorl.envs.tags import content_hash, parse_action, split_of
+from saorl.envs.splits import content_hash, distinct_tasks
+from saorl.envs.tags import parse_action
 
 FAMILIES = ("arith", "countdown", "mix")
 TEST_FRACTION = 0.2
@@ -234,26 +236,17 @@ class MathToolEnv(Env):
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         """``n`` distinct problems whose content hashes into ``split`` (20% of content is test)."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        rng = random.Random(f"math_tool/{split}/{self.family}/{self.difficulty}/{seed}")
-        tasks: dict[str, Task] = {}
-        attempts = 0
-        while len(tasks) < n:
-            attempts += 1
-            if attempts > 50 * n + 1000:
-                raise ValueError(f"could only find {len(tasks)} distinct {split} problems of "
-                                 f"family {self.family!r}, difficulty {self.difficulty}; asked for {n}")
+
+        def draw(rng: random.Random) -> tuple[str, Callable[[str], Task]]:
             family = self.family if self.family != "mix" else rng.choice(("arith", "countdown"))
             maker = _arith_problem if family == "arith" else _countdown_problem
             data = maker(rng, self.difficulty)
-            digest = content_hash(*_content_key(data))
-            if split_of(digest, TEST_FRACTION) != split:
-                continue
-            data["difficulty"] = self.difficulty
-            task_id = f"math_tool/{family}/{digest[:16]}"
-            tasks.setdefault(task_id, Task(task_id, data))
-        return list(tasks.values())
+            return content_hash(*_content_key(data)), lambda digest: Task(
+                f"math_tool/{family}/{digest[:16]}", data | {"difficulty": self.difficulty})
+
+        rng = random.Random(f"math_tool/{split}/{self.family}/{self.difficulty}/{seed}")
+        return distinct_tasks(split, n, rng, draw, TEST_FRACTION,
+                              f"problems of family {self.family!r}, difficulty {self.difficulty}")
 
     def prompt(self, task: Task) -> str:
         d = task.data

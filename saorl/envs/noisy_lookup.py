@@ -46,11 +46,13 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
+from saorl.envs.splits import content_hash, distinct_tasks
 from saorl.envs.synthetic import draw_turns
-from saorl.envs.tags import content_hash, parse_action, split_of
+from saorl.envs.tags import parse_action
 
 TEST_FRACTION = 0.2
 NAMES = tuple(sorted(set(
@@ -104,24 +106,16 @@ class NoisyLookupEnv(Env):
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         """``n`` distinct tasks whose content hashes into ``split`` (20% of contents are test)."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        rng = random.Random(f"noisy_lookup/{split}/{self.mean_calls}/{self.cv}/{self.max_calls}/{seed}")
-        tasks: dict[str, Task] = {}
-        attempts = 0
-        while len(tasks) < n:
-            attempts += 1
-            if attempts > 50 * n + 1000:  # pragma: no cover - the content space is astronomically large
-                raise ValueError(f"could only find {len(tasks)} distinct {split} tasks; asked for {n}")
+
+        def draw(rng: random.Random) -> tuple[str, Callable[[str], Task]]:
             k = draw_turns(rng, self.mean_calls, self.cv, self.max_calls)
             names = rng.sample(NAMES, k)
             codes = [rng.randint(100, 999) for _ in names]
-            digest = content_hash("noisy_lookup", *names, *codes)
-            if split_of(digest, TEST_FRACTION) != split:
-                continue
-            task_id = f"noisy_lookup/k{k}/{digest[:16]}"
-            tasks.setdefault(task_id, Task(task_id, {"names": names, "codes": codes}))
-        return list(tasks.values())
+            return content_hash("noisy_lookup", *names, *codes), lambda digest: Task(
+                f"noisy_lookup/k{k}/{digest[:16]}", {"names": names, "codes": codes})
+
+        rng = random.Random(f"noisy_lookup/{split}/{self.mean_calls}/{self.cv}/{self.max_calls}/{seed}")
+        return distinct_tasks(split, n, rng, draw, TEST_FRACTION, "tasks")
 
     # ---------------------------------------------------------------- episode
 

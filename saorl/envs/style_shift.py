@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
-from saorl.envs.tags import content_hash, split_of
+from saorl.envs.splits import content_hash, split_of
 
 
 def _wordset(text: str) -> frozenset[str]:

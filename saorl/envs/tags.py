@@ -10,7 +10,6 @@ that the env can show the model as an observation.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 
@@ -54,17 +53,3 @@ def parse_action(action: str, tags: tuple[str, ...]) -> ParsedAction:
         if f"<{t}>" in body:
             return ParsedAction(None, "", f"<{t}> inside <{tag}>")
     return ParsedAction(tag, body, None)
-
-
-def content_hash(*parts: object) -> str:
-    """A stable hex digest of the problem content (same on every machine and Python run)."""
-    text = "\x1f".join(str(p) for p in parts)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def split_of(digest: str, test_fraction: float) -> str:
-    """'test' or 'train' from a content digest: disjointness is a property of the content."""
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    bucket = int(digest[:8], 16) / 0x1_0000_0000
-    return "test" if bucket < test_fraction else "train"
