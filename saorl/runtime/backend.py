@@ -122,16 +122,7 @@ class LocalBackend:
 
     def poll(self, timeout_s: float) -> PollResult:
         out = PollResult()
-        deadline = time.monotonic() + timeout_s
-        block = True
-        while True:
-            try:
-                remaining = max(0.0, deadline - time.monotonic())
-                msg = self._results.get(block, remaining) if block else self._results.get_nowait()
-            except queue.Empty:
-                break
-            block = False  # after the first message, drain without waiting
-            collect(msg, out, self._assigned, self._stats)
+        drain(self._results, timeout_s, out, self._assigned, self._stats)
         self._check_alive(out)
         return out
 
@@ -149,6 +140,22 @@ class LocalBackend:
                 if p.is_alive():
                     p.kill()
                     p.join(1.0)
+
+
+def drain(results, timeout_s: float, out: PollResult, assigned: list[set[int]],
+          stats: dict[int, dict]) -> None:
+    """Wait up to ``timeout_s`` for a first message on the ``results`` queue, then take every
+    message already there without waiting, folding each into ``out`` (:func:`collect`)."""
+    deadline = time.monotonic() + timeout_s
+    block = True
+    while True:
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            msg = results.get(True, remaining) if block else results.get_nowait()
+        except queue.Empty:
+            return
+        block = False
+        collect(msg, out, assigned, stats)
 
 
 def collect(msg, out: PollResult, assigned: list[set[int]], stats: dict[int, dict]) -> None:

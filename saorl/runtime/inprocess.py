@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from saorl.engines.base import InferenceEngine, SamplingParams
-from saorl.runtime.backend import collect
+from saorl.runtime.backend import collect, drain
 from saorl.runtime.messages import (
     EngineStats,
     PollResult,
@@ -114,16 +113,7 @@ class InProcessBackend:
 
     def poll(self, timeout_s: float) -> PollResult:
         out = PollResult()
-        deadline = time.monotonic() + timeout_s
-        block = True
-        while True:
-            try:
-                msg = (self._results.get(True, max(0.0, deadline - time.monotonic())) if block
-                       else self._results.get_nowait())
-            except queue.Empty:
-                break
-            block = False
-            collect(msg, out, self._assigned, self._stats)
+        drain(self._results, timeout_s, out, self._assigned, self._stats)
         stats = getattr(self.engine, "stats", None)
         if stats is not None:
             collect(EngineStats(self.worker, stats()), out, self._assigned, self._stats)
