@@ -125,7 +125,8 @@ class AlgoPreset:
     routing_replay: bool = field(metadata=_about(
         "MoE policies: the engine records which experts it routed every token to, and the trainer's "
         "policy forward uses those routes instead of recomputing them (R3; the router's own "
-        "probabilities still weight the replayed experts)."))
+        "probabilities still weight the replayed experts). Every engine returns them (servers started "
+        "with ``--enable-return-routed-experts``, docs/engines.md); not with ``trainer.shard: fsdp2``."))
     baseline_momentum: float = field(metadata=_about(
         "EMA momentum of the running-mean baseline.", "in [0, 1)", lambda v: 0.0 <= v < 1.0))
 

@@ -6,7 +6,11 @@ wraps it in :class:`~saorl.engines.local.LocalEngine` and serves it with
 ``--host`` says otherwise. ``--port 0`` picks a free port; the first line printed on stdout is
 ``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
 
-``--weights-dir DIR`` enables weight updates from files under DIR (off by default);
+``--enable-return-routed-experts`` records every request's MoE routes, for routing replay (saorl's
+``return_routed_experts`` field, and the SGLang / vLLM emulations' ``routed_experts``);
+``--moe-top-k`` / ``--router-noise`` perturb the engine's routing (an engine/trainer mismatch a
+remote engine brings, made dialable). ``--weights-dir DIR`` enables weight updates from files under
+DIR (off by default);
 ``--emulate vllm|sglang`` adds the routes of those servers that saorl's vLLM / SGLang clients use
 (:mod:`saorl.engines.emulation`), for tests and CPU runs of those code paths.
 """
@@ -48,6 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"],
                         default="raw_logprobs", help="with --emulate vllm: which log-probs to return, "
                         "as vLLM's --logprobs-mode")
+    parser.add_argument("--enable-return-routed-experts", action="store_true",
+                        help="record the MoE routes of every request (MoE models): saorl's "
+                        "return_routed_experts, SGLang's and vLLM's routed_experts (routing replay)")
+    parser.add_argument("--moe-top-k", type=int, default=None,
+                        help="route each token to this many experts instead of the model's own (an "
+                        "engine-side routing mismatch, MoE models)")
+    parser.add_argument("--router-noise", type=float, default=0.0,
+                        help="pick experts from router logits plus N(0, sigma^2) noise, sigma = this "
+                        "(seeded by --seed; an engine-side routing mismatch, MoE models)")
     parser.add_argument("--verbose", action="store_true", help="log every HTTP request")
 
 
@@ -76,6 +89,10 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
     if args.body_timeout <= 0:
         return f"--body-timeout must be > 0, got {args.body_timeout}"
+    if args.moe_top_k is not None and args.moe_top_k < 1:
+        return f"--moe-top-k must be >= 1, got {args.moe_top_k}"
+    if not args.router_noise >= 0:
+        return f"--router-noise must be >= 0, got {args.router_noise}"
     if args.weights_dir and not Path(args.weights_dir).is_dir():
         return f"--weights-dir {args.weights_dir!r} is not a directory"
     if args.chat_template and not Path(args.chat_template).is_file():
@@ -95,9 +112,18 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = _load_tokenizer(args)
     model = load_model(args.model, args.seed, args.device)
     check_vocab(tokenizer, model, "--model")
-    engine = LocalEngine(model, tokenizer,
-                         max_batch_size=args.max_batch_size, device=args.device,
-                         stop_on_eos=not args.no_stop_on_eos)
+    try:
+        if args.moe_top_k is not None or args.router_noise:
+            from saorl.models.routing import perturb_routing
+
+            perturb_routing(model, top_k=args.moe_top_k, noise_std=args.router_noise, seed=args.seed)
+        engine = LocalEngine(model, tokenizer,
+                             max_batch_size=args.max_batch_size, device=args.device,
+                             stop_on_eos=not args.no_stop_on_eos,
+                             record_routes=args.enable_return_routed_experts)
+    except ValueError as e:  # a dense model with routing options, or a top-k past its experts
+        print(f"saorl serve: {e}", file=sys.stderr)
+        return 2
     limits = ServerLimits(max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
                           body_timeout_s=args.body_timeout, backlog=args.backlog)
     extra = {"logprobs_mode": args.logprobs_mode} if args.emulate == "vllm" else {}

@@ -267,11 +267,11 @@ class SaorlConfig(Section):
         if self.trainer.shard == "fsdp2" and self.model.device == "mps":
             raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")
-        engine, shard = self.rollout.engine, self.trainer.shard
-        if self.algo.resolve().routing_replay and (engine != "local" or shard != "none"):
-            raise FieldError("algo.routing_replay", "the local engine records routes and the unsharded "
-                              "trainer replays them; other engines and trainer.shard=fsdp2 do not yet "
-                              f"(rollout.engine={engine!r}, trainer.shard={shard!r})")
+        # every engine returns routes (local: recorded; http / sglang / vllm: asked of the servers,
+        # which must run with --enable-return-routed-experts); only the unsharded trainer replays them
+        if self.algo.resolve().routing_replay and self.trainer.shard != "none":
+            raise FieldError("algo.routing_replay", "the sharded learner (trainer.shard=fsdp2) does not "
+                              "replay MoE routes; set trainer.shard=none or algo.routing_replay=false")
         return self
 
     def resolved_mode(self) -> Literal["async", "sync"]:

@@ -8,7 +8,9 @@ engine must be a :class:`~saorl.engines.local.LocalEngine`.
 vLLM (``emulate="vllm"``; vLLM 0.32, dev-mode RL routes, ``VLLM_SERVER_DEV_MODE=1``):
 
 - ``POST /v1/completions``: the OpenAI route without saorl's extensions; ``token_ids`` only with
-  ``return_token_ids``; ``cache_salt`` accepted. ``logprobs_mode="raw_logprobs"`` (vLLM's default)
+  ``return_token_ids``; ``cache_salt`` accepted; with an engine that records routes (the server's
+  ``--enable-return-routed-experts``), every choice's ``routed_experts`` (base64 ``.npy``
+  ``[positions, layers, k]``, as vLLM 0.32 sends them). ``logprobs_mode="raw_logprobs"`` (vLLM's default)
   returns log-probs of the *unprocessed* distribution (no temperature, no top-k/top-p), recomputed
   by a forward pass; ``"processed_logprobs"`` returns those of the distribution sampled from.
 - ``POST /pause?mode=keep|wait|abort``, ``POST /resume``, ``GET /is_paused``: while paused, new
@@ -26,7 +28,10 @@ SGLang (``emulate="sglang"``; SGLang 0.5):
   ``return_logprob``, ``rid`` → ``text``, ``output_ids``, ``meta_info`` with ``id``,
   ``finish_reason {"type", "matched"}``, ``prompt_tokens``, ``completion_tokens``,
   ``output_token_logprobs`` (``[logprob, token_id, null]``), ``weight_version`` and
-  ``weight_versions`` (spans ``{"version", "start", "end"}`` of output tokens per weight version).
+  ``weight_versions`` (spans ``{"version", "start", "end"}`` of output tokens per weight version);
+  with ``return_routed_experts: true`` and an engine that records routes, ``routed_experts``
+  (base64 int32 ``[positions, layers, k]``, as SGLang sends them; omitted otherwise, as SGLang does
+  without ``--enable-return-routed-experts``).
 - ``POST /pause_generation {"mode": "abort"|"retract"|"in_place"}``: ``abort`` returns every
   in-flight request at once with what it has (``finish_reason.type == "abort"``); new requests
   wait until ``POST /continue_generation``.
@@ -46,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from saorl.engines import openai_api as oa
 from saorl.engines.base import GenerationResult, SamplingParams
+from saorl.engines.routes import encode_flat
 
 
 class _Labels:
@@ -144,7 +150,7 @@ async def _raw_logprobs(state, prompts, req, results: list[GenerationResult]) ->
             continue
         raw = await asyncio.to_thread(score, prompts[i // req.n], res)
         out.append(GenerationResult(res.token_ids, raw, res.finish_reason, res.versions, res.stop_reason,
-                                    res.metrics, res.top_logprobs))
+                                    res.metrics, res.top_logprobs, res.routes))
     return out
 
 
@@ -219,6 +225,7 @@ class _SglGenerate(BaseModel):
     input_ids: Annotated[list[oa.TokenId], Field(min_length=1)]
     sampling_params: _SglSampling = Field(default_factory=_SglSampling)
     return_logprob: bool = False
+    return_routed_experts: bool = False
     rid: str | None = None
     stream: Literal[False] = False
     logprob_start_len: int | None = None
@@ -266,6 +273,8 @@ def _sglang_routes(app: FastAPI, state) -> None:
             weight_version=spans[-1]["version"] if spans else labels.current, weight_versions=spans)
         if req.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(res.token_ids, res.logprobs)]
+        if req.return_routed_experts and res.routes is not None:  # SGLang omits them without the flag
+            meta["routed_experts"] = encode_flat(res.routes)
         return {"text": text, "output_ids": res.token_ids, "meta_info": meta}
 
     @app.post("/pause_generation")

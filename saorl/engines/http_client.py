@@ -12,6 +12,11 @@ ids, ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` (-1 when off), ``stop
 ``finish_reason``, ``stop_reason``; per-token versions from saorl's extension
 ``saorl.versions`` (the server's engine records the weights that sampled each token).
 
+Routing replay (``return_routes=True``): the request adds saorl's ``return_routed_experts: true``
+and each choice answers ``routed_experts``, the MoE routes of every position the server fed (base64
+of a ``.npy`` array ``[positions, layers, k]``, as vLLM sends them; :mod:`saorl.engines.routes`). The
+server must run with ``--enable-return-routed-experts``.
+
 ``update_weights(path, version)`` asks every server to load a safetensors file
 (``POST /update_weights``): the server must have been started with ``--weights-dir`` at or above
 that path on a disk it shares with this client. A state dict cannot be sent over HTTP.
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
+from saorl.engines.routes import RouteLayout, decode_routes
 from saorl.engines.transport import HttpTransport, Routing
 
 
@@ -37,7 +43,9 @@ class HttpEngine:
 
     def __init__(self, base_url: str | Sequence[str], *, timeout_s: float = 60.0, retries: int = 2,
                  model: str = "saorl", backoff_s: float = 0.2, max_connections: int = 256,
-                 routing: Routing = "least_loaded") -> None:
+                 routing: Routing = "least_loaded", return_routes: bool = False,
+                 route_layout: RouteLayout | None = None) -> None:
+        self.return_routes, self.route_layout = return_routes, route_layout
         self.transport = HttpTransport(base_url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
                                        max_connections=max_connections, routing=routing)
         self.base_url = self.transport.urls[0]
@@ -58,6 +66,8 @@ class HttpEngine:
                     stop_token_ids=list(p.stop_token_ids), logprobs=0, return_token_ids=True)
         if p.seed is not None:
             body["seed"] = p.seed
+        if self.return_routes:
+            body["return_routed_experts"] = True
         return body
 
     def _parse(self, out: dict) -> GenerationResult:
@@ -80,6 +90,10 @@ class HttpEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         out = await self.transport.call("POST", "/v1/completions", self._body(prompt_ids, params))
         res = self._parse(out)
+        if self.return_routes:
+            where = f"{self.base_url}, choices[0].routed_experts"
+            res.routes = decode_routes(out["choices"][0].get("routed_experts"), "npy",
+                                       len(prompt_ids) + len(res.token_ids) - 1, where, self.route_layout)
         self._stats["requests"] += 1
         self._stats["tokens_generated"] += len(res.token_ids)
         return res

@@ -127,6 +127,12 @@ class LocalEngine:
     def version(self) -> int:
         return self._version
 
+    @property
+    def records_routes(self) -> bool:
+        """Whether results carry ``routes`` (``record_routes``; what ``saorl serve
+        --enable-return-routed-experts`` turns on)."""
+        return self._record
+
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[GenerationResult]:

@@ -11,7 +11,9 @@ token-id lists, a string or a list of strings; strings need the server's tokeniz
 ``stream_options.include_usage``, ``logprobs`` (k: the sampled token's log-prob plus the k most
 likely alternatives per token), ``stop``, ``stop_token_ids``, ``seed``, ``return_token_ids``,
 ``return_tokens_as_token_ids``, ``include_stop_str_in_output``, ``cache_salt`` (accepted: the local
-engine has no prefix cache), ``model``, ``user``.
+engine has no prefix cache), ``model``, ``user``; saorl's extension ``return_routed_experts``
+(non-streaming, on a server started with ``--enable-return-routed-experts``): each choice's
+``routed_experts``, the MoE routes of every position fed (:mod:`saorl.engines.routes`).
 
 ``POST /v1/chat/completions``: ``messages`` go through the tokenizer's chat template (a server
 without one refuses chat with a 400 saying so); ``max_tokens`` / ``max_completion_tokens``,
@@ -85,6 +87,8 @@ class CompletionRequest(_Request):
     echo: Literal[False] = False
     return_tokens_as_token_ids: bool | None = None
     suffix: None = None
+    return_routed_experts: bool = False
+    """saorl's extension: each choice carries ``routed_experts`` (see :mod:`saorl.engines.routes`)."""
 
 
 class ChatMessage(BaseModel):

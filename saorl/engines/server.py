@@ -9,7 +9,10 @@ those servers that saorl's clients use (:mod:`saorl.engines.emulation`).
 
 saorl's extension: each completion choice carries ``versions`` (the weight version that sampled
 each token) and the response ``saorl: {"versions": <choice 0's>, "engine_version": v}``; emulated
-servers leave them out, as the real ones do.
+servers leave them out, as the real ones do. With an engine that records MoE routes (``saorl serve
+--enable-return-routed-experts``), a completion request with ``return_routed_experts: true`` gets
+each choice's ``routed_experts`` (base64 ``.npy``, :mod:`saorl.engines.routes`); an emulated vLLM
+server sends them with every choice, as vLLM does.
 
 Holding load (every limit is a :class:`ServerLimits` field and a ``saorl serve`` option):
 
@@ -91,6 +94,13 @@ class ServerState:
     def __post_init__(self) -> None:
         params = inspect.signature(self.engine.agenerate).parameters
         self.streams = "on_token" in params
+        self.route_layout = None
+        if getattr(self.engine, "records_routes", False):
+            from saorl.engines.routes import RouteLayout
+            from saorl.models import routing
+
+            model = self.engine.model
+            self.route_layout = RouteLayout(routing.num_moe_layers(model), routing.num_experts(model))
 
     def admit(self, need: int) -> None:
         if self.pending + need > self.limits.max_pending:
@@ -248,7 +258,27 @@ def completion_choice(state: ServerState, req: oa.CompletionRequest, i: int, res
         choice["prompt_token_ids"] = prompt
     if state.emulate is None:
         choice["versions"] = res.versions
+    if state.route_layout is not None and (req.return_routed_experts or state.emulate == "vllm"):
+        from saorl.engines.routes import encode_npy
+
+        layout = state.route_layout
+        choice["routed_experts"] = encode_npy(res.routes, layout.layers, layout.experts)
     return choice
+
+
+def _check_routes_request(state: ServerState, req: oa.CompletionRequest) -> None:
+    if not req.return_routed_experts:
+        return
+    if state.emulate is not None:
+        raise oa.BadRequest("return_routed_experts: not a field of the emulated server's API (an emulated "
+                            "vLLM returns routes with every choice when started with "
+                            "--enable-return-routed-experts)", "return_routed_experts")
+    if state.route_layout is None:
+        raise oa.BadRequest("return_routed_experts: this server does not record MoE routes; start it with "
+                            "--enable-return-routed-experts (an MoE model)", "return_routed_experts")
+    if req.stream:
+        raise oa.BadRequest("return_routed_experts: routes come with non-streaming responses only",
+                            "return_routed_experts")
 
 
 def chat_choice(state: ServerState, req: oa.ChatRequest, i: int, res: GenerationResult) -> dict:
@@ -266,6 +296,8 @@ def chat_choice(state: ServerState, req: oa.ChatRequest, i: int, res: Generation
 async def handle_generation(state: ServerState, request: Request, chat: bool) -> Any:
     body = await read_json(request)
     req = oa.parse(oa.ChatRequest if chat else oa.CompletionRequest, body)
+    if not chat:
+        _check_routes_request(state, req)
     prompts = [_chat_prompt(state, req)] if chat else _prompts(state, req)
     top = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
     need = len(prompts) * req.n

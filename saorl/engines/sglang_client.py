@@ -19,6 +19,12 @@ server waits until ``/continue_generation``, so the rest is sampled by the new w
 concatenates tokens, log-probs and versions chunk by chunk, up to ``max_continuations`` times. A
 stop string split across two chunks is not seen by the server (each chunk checks its own output).
 
+Routing replay (``return_routes=True``; the server runs with ``--enable-return-routed-experts``):
+the request adds ``return_routed_experts: true`` and the answer's ``meta_info.routed_experts`` is
+base64 of int32 ids ``[positions, layers, k]`` over every position the server fed, prompt and
+output but the last token (:mod:`saorl.engines.routes`, encoding ``flat``). A continued request
+feeds the whole context again, so its last chunk's routes cover the whole result.
+
 Weight publication (:class:`SglangAdmin`): ``POST /pause_generation {"mode"}`` →
 ``POST /update_weights_from_disk {"model_path": DIR, "weight_version": "<v>", "flush_cache"}`` →
 ``POST /continue_generation``.
@@ -32,6 +38,7 @@ from typing import Any, Literal
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.remote import RemoteEngine
+from saorl.engines.routes import RouteLayout, decode_routes
 from saorl.engines.transport import HttpTransport
 
 PauseMode = Literal["abort", "retract", "in_place"]
@@ -40,11 +47,13 @@ PauseMode = Literal["abort", "retract", "in_place"]
 class SglangEngine(RemoteEngine):
     server_name = "SGLang"
 
-    def __init__(self, urls: str | Sequence[str], *, max_continuations: int = 8, **kw: Any) -> None:
+    def __init__(self, urls: str | Sequence[str], *, max_continuations: int = 8, return_routes: bool = False,
+                 route_layout: RouteLayout | None = None, **kw: Any) -> None:
         super().__init__(urls, **kw)
         if max_continuations < 0:
             raise ValueError(f"max_continuations must be >= 0, got {max_continuations}")
         self.max_continuations = max_continuations
+        self.return_routes, self.route_layout = return_routes, route_layout
         self._stats["continuations"] = 0
 
     def _body(self, ids: list[int], p: SamplingParams, remaining: int) -> dict:
@@ -53,7 +62,10 @@ class SglangEngine(RemoteEngine):
                                   stop_token_ids=list(p.stop_token_ids))
         if p.seed is not None:
             sp["sampling_seed"] = p.seed
-        return dict(input_ids=ids, sampling_params=sp, return_logprob=True, rid=uuid.uuid4().hex)
+        body = dict(input_ids=ids, sampling_params=sp, return_logprob=True, rid=uuid.uuid4().hex)
+        if self.return_routes:
+            body["return_routed_experts"] = True
+        return body
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
         if not isinstance(params, SamplingParams):
@@ -74,10 +86,21 @@ class SglangEngine(RemoteEngine):
                 self._stats["continuations"] += 1
             if fin.get("type") != "abort" or len(tokens) >= params.max_new_tokens:
                 reason = fin.get("type") if fin.get("type") in ("stop", "length") else "length"
+                routes = self._routes(out, len(prompt_ids) + len(tokens) - 1, url)
                 return self._count(GenerationResult(tokens, logprobs, reason, versions, fin.get("matched"),
-                                                    dict(chunks=chunk + 1)))
+                                                    dict(chunks=chunk + 1), routes=routes))
         return self._count(GenerationResult(tokens, logprobs, "abort", versions, None,
                                             dict(chunks=self.max_continuations + 1)))
+
+    def _routes(self, out: dict, positions: int, url: str) -> list[list[int]] | None:
+        """The last chunk's routes (it fed the whole context), when the run replays them."""
+        if not self.return_routes:
+            return None
+        meta = out.get("meta_info") if isinstance(out, dict) else None
+        payload = meta.get("routed_experts") if isinstance(meta, dict) else None
+        where = (f"SGLang at {url}, meta_info.routed_experts (start the server with "
+                 "--enable-return-routed-experts)")
+        return decode_routes(payload, "flat", positions, where, self.route_layout)
 
     def _parse(self, out: dict, url: str) -> tuple[list[int], list[float], list[int], dict]:
         try:

@@ -19,6 +19,12 @@ token was sampled by that version (the publisher labels while generation is paus
 labels: the request spanned an update and all its tokens are tagged with the older version — an
 approximation that can only over-state staleness, counted in ``stats()["approximate_versions"]``.
 
+Routing replay (``return_routes=True``): a server started with ``--enable-return-routed-experts``
+(vLLM 0.32 needs Model Runner V2 and prefix caching for it; there is no per-request switch) answers
+every choice with ``routed_experts``: base64 of a ``.npy`` array ``[positions, layers, k]`` over
+the prompt and the output but its last token (``CompletionResponseChoice.routed_experts`` in
+``vllm/entrypoints/openai/completion/protocol.py``; :mod:`saorl.engines.routes`, encoding ``npy``).
+
 Weight publication (:class:`VllmAdmin`, dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``):
 ``POST /pause?mode=keep`` (in-flight requests are kept and continue after ``/resume``),
 ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (reload from
@@ -30,11 +36,17 @@ from __future__ import annotations
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.remote import RemoteEngine
+from saorl.engines.routes import RouteLayout, decode_routes
 from saorl.engines.transport import HttpTransport
 
 
 class VllmEngine(RemoteEngine):
     server_name = "vLLM"
+
+    def __init__(self, urls, *, return_routes: bool = False, route_layout: RouteLayout | None = None,
+                 **kw) -> None:
+        super().__init__(urls, **kw)
+        self.return_routes, self.route_layout = return_routes, route_layout
 
     async def _label(self, url: str) -> int:
         out = await self.transport.call("GET", "/weight_info", url=url)
@@ -62,7 +74,13 @@ class VllmEngine(RemoteEngine):
             after = await self._label(url)
         if after != before:
             self._stats["approximate_versions"] += 1
-        return self._count(self._parse(out, url, min(before, after)))
+        res = self._parse(out, url, min(before, after))
+        if self.return_routes:
+            where = (f"vLLM at {url}, choices[0].routed_experts (start the server with "
+                     "--enable-return-routed-experts)")
+            res.routes = decode_routes(out["choices"][0].get("routed_experts"), "npy",
+                                       len(prompt_ids) + len(res.token_ids) - 1, where, self.route_layout)
+        return self._count(res)
 
     def _parse(self, out: dict, url: str, version: int) -> GenerationResult:
         try:

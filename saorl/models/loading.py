@@ -21,7 +21,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from saorl.models.hub import resolve_source
-from saorl.models.tiny import TINY_KINDS, build_tiny
+from saorl.models.tiny import TINY_KINDS, build_tiny, tiny_config
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -104,3 +104,18 @@ def load_policy(
     )
     model = model.to(device)
     return ensure_cpu_experts(model, device).eval()
+
+
+def moe_layout(spec: str) -> tuple[int, int]:
+    """``(MoE layers, experts per layer)`` of the policy ``spec`` (a tiny kind or a local model
+    directory) from its config alone: the model is built on the meta device, no weights are read.
+    ``(0, 0)`` for a dense model."""
+    from saorl.models import routing
+
+    if spec in TINY_KINDS:
+        config = tiny_config(spec)
+    else:
+        config = AutoConfig.from_pretrained(spec, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return routing.num_moe_layers(model), routing.num_experts(model)

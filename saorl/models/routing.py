@@ -145,6 +145,12 @@ def replay_routes(model: nn.Module, routes: Tensor) -> Iterator[None]:
         state.forced = None
 
 
+def num_experts(model: nn.Module) -> int:
+    """Experts each MoE layer routes over (the first router's; 0 for a dense model)."""
+    gates = routers(model)
+    return int(gates[0].num_experts) if gates else 0
+
+
 def num_moe_layers(model: nn.Module) -> int:
     """How many MoE layers route tokens (0 for a dense model)."""
     return len(routers(model))

@@ -18,11 +18,12 @@ from saorl.config import SaorlConfig
 from saorl.data.task import Task
 from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
+from saorl.engines.routes import RouteLayout
 from saorl.envs.registry import make_env_factory
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.hub import resolve_source
-from saorl.models.loading import checkpoint_activations, load_policy, train_dtype
+from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, train_dtype
 from saorl.models.tiny import TINY_KINDS
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
@@ -99,6 +100,9 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     what the trainer did."""
     r = cfg.rollout
     local = policy_spec if policy_spec in TINY_KINDS else str(resolve_source(policy_spec, "model.policy"))
+    replay = cfg.algo.resolve().routing_replay
+    layers, experts = moe_layout(local) if replay and r.engine != "local" else (0, 0)
+    layout = RouteLayout(layers, experts) if layers else None  # a dense policy: the learner refuses it
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
                       sampling=sampling_params(cfg), engine_slots=r.engine_slots,
@@ -106,7 +110,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
                       threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,
-                      record_routes=cfg.algo.resolve().routing_replay,
+                      record_routes=replay, route_layout=layout,
                       http_url=r.http_url, engine_urls=tuple(r.engine_urls), engine_routing=r.engine_routing,
                       engine_model=r.engine_model)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from saorl.data.trajectory import Trajectory
 from saorl.engines.base import InferenceEngine, SamplingParams
+from saorl.engines.routes import RouteLayout
 from saorl.models.codec import TokenizerSpec
 from saorl.runtime.messages import (
     EngineStats,
@@ -71,7 +72,10 @@ class WorkerSpec:
     router_noise: float = 0.0
     """Engine-only MoE routing: std of the noise on router logits when picking experts."""
     record_routes: bool = False
-    """The local engine records each token's MoE routes (for routing replay)."""
+    """The engine returns each token's MoE routes (routing replay): the local engine records them,
+    a server client asks for them and checks them against ``route_layout``."""
+    route_layout: RouteLayout | None = None
+    """The policy's MoE layers and experts, which a server's routes must fit."""
 
 
 class WeightFollower:
@@ -129,18 +133,20 @@ async def play_rollout(engine: InferenceEngine, env_factory: Callable, tokenizer
 
 def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
     """The worker's engine: the local torch engine, or a client of the servers in ``spec``."""
+    routes = dict(return_routes=spec.record_routes, route_layout=spec.route_layout)
     if spec.engine_kind == "http":
         from saorl.engines.http_client import HttpEngine
 
-        return HttpEngine(list(spec.engine_urls) or spec.http_url, routing=spec.engine_routing)
+        return HttpEngine(list(spec.engine_urls) or spec.http_url, routing=spec.engine_routing, **routes)
     if spec.engine_kind == "vllm":
         from saorl.engines.vllm_client import VllmEngine
 
-        return VllmEngine(list(spec.engine_urls), model=spec.engine_model, routing=spec.engine_routing)
+        return VllmEngine(list(spec.engine_urls), model=spec.engine_model, routing=spec.engine_routing,
+                          **routes)
     if spec.engine_kind == "sglang":
         from saorl.engines.sglang_client import SglangEngine
 
-        return SglangEngine(list(spec.engine_urls), routing=spec.engine_routing)
+        return SglangEngine(list(spec.engine_urls), routing=spec.engine_routing, **routes)
     from saorl.engines.local import LocalEngine
     from saorl.models.loading import load_policy
 
