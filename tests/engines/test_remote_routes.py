@@ -164,6 +164,6 @@ def _npy(arr) -> str:
 )
 def test_bad_route_payloads_are_engine_errors_naming_the_server(payload, encoding, positions, layout,
                                                                  expected):
-    with pytest.raises(EngineError, match="^SRV: ") as info:
+    with pytest.raises(EngineError) as info:
         decode_routes(payload, encoding, positions, "SRV", layout)
-    assert expected in str(info.value)
+    assert str(info.value).startswith("SRV: ") and expected in str(info.value)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from saorl.data.jsonl import read_jsonl
 
-__all__ = ["BASE", "read_jsonl", "rollout_worker_pids", "start_train", "wait_for_steps"]
+__all__ = ["BASE", "SYNC_MISMATCH_BASE", "read_jsonl", "rollout_worker_pids", "start_train", "wait_for_steps"]
 
 # Small but real: the tiny MoE policy, math_tool, workers in their own processes.
 BASE = [
@@ -19,6 +19,16 @@ BASE = [
     "run.eval_every=1000", "run.eval_tasks=4", "run.samples_every=1000", "run.checkpoint_every=1000",
     "run.progress=false", "rollout.concurrent_episodes=8", "rollout.engine_slots=8",
     "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4",
+]
+
+# Two sync steps in one process (the staleness-0 mismatch of every token is measured): the engine/
+# trainer mismatch tests, with the local engine or a server.
+SYNC_MISMATCH_BASE = [
+    "sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-moe",
+    "runtime.backend=inprocess", "runtime.mode=sync", "env.num_train_tasks=50", "env.num_test_tasks=4",
+    "run.eval_tasks=2", "run.eval_every=1000", "run.samples_every=1000", "run.checkpoint_every=1000",
+    "run.progress=false", "rollout.concurrent_episodes=4", "rollout.engine_slots=4",
+    "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4", "trainer.steps=2",
 ]
 
 

@@ -4,17 +4,11 @@ and the staleness-0 mismatch metric sees it (issue: a miniature where DIS has so
 from __future__ import annotations
 
 import pytest
+from runtime_helpers import SYNC_MISMATCH_BASE as BASE
 
 from saorl.config import load_config
 from saorl.data.jsonl import read_jsonl
 from saorl.training import train
-
-BASE = ["sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-moe",
-        "runtime.backend=inprocess", "runtime.mode=sync", "env.num_train_tasks=50", "env.num_test_tasks=4",
-        "run.eval_tasks=2",
-        "run.eval_every=1000", "run.samples_every=1000", "run.checkpoint_every=1000", "run.progress=false",
-        "rollout.concurrent_episodes=4", "rollout.engine_slots=4", "rollout.max_new_tokens=12",
-        "rollout.max_total_tokens=80", "trainer.batch_size=4", "trainer.steps=2"]
 
 
 def _staleness0_kl(tmp_path, *knobs: str) -> list[float]:
