@@ -100,11 +100,9 @@ def test_sglang_aborted_and_continued_request_carries_the_whole_contexts_routes(
         with LocalEngine(_perturbed(), tok, max_batch_size=1, stop_on_eos=False,
                          record_routes=True) as ref:
             want = ref.generate([PROMPT], sp)[0]
-        assert whole.routes == want.routes
-        same = sum(a == b for a, b in zip(cont.routes, want.routes))
-        # a re-prefill computes the same routes as the step-by-step decode, up to round-off at
-        # near-ties of the third and fourth expert
-        assert same >= len(want.routes) - 2, (same, len(want.routes))
+        # the re-prefill routes the first chunk's positions as its step-by-step decode did (a
+        # deterministic router; round-off could flip a near-tie, which this input does not have)
+        assert whole.routes == want.routes and cont.routes == want.routes
     finally:
         client.close()
         srv.shutdown()
