@@ -123,6 +123,27 @@ def test_saorl_serve_refuses_routes_it_cannot_give(tok, tmp_path):
         eng.close()
 
 
+@pytest.mark.parametrize(("engine", "cls"), [("http", HttpEngine), ("vllm", VllmEngine),
+                                             ("sglang", SglangEngine)])
+def test_a_run_asks_its_servers_for_routes_only_when_it_replays_them(tmp_path, engine, cls):
+    from saorl.config import load_config
+    from saorl.models.codec import run_tokenizer
+    from saorl.runtime.parts import worker_spec
+    from saorl.runtime.worker import build_engine
+
+    for replay in (False, True):
+        cfg = load_config(None, [f"rollout.engine={engine}", "rollout.engine_urls=[http://127.0.0.1:9]",
+                                 f"algo.routing_replay={str(replay).lower()}"])
+        codec = run_tokenizer(cfg.model)
+        spec = worker_spec(cfg, tmp_path, cfg.model.policy, codec)
+        client = build_engine(spec, codec)
+        try:
+            assert isinstance(client, cls) and client.return_routes is replay
+            assert client.route_layout == (LAYOUT if replay else None)  # the policy's, from its config
+        finally:
+            client.close()
+
+
 # ----------------------------------------------------------------------------- the wire formats
 ROUTES = [[0, 1, 2, 3, 4, 5], [7, 6, 5, 4, 3, 2], [1, 1, 2, 2, 3, 3]]  # 3 positions, 2 layers, k=3
 
