@@ -125,9 +125,10 @@ class TrainerConfig(Section):
     (less memory for long sequences, about a third more compute); policy and critic."""
     max_tokens_per_microbatch: int = Field(4096, ge=1)
     """Token budget of one forward/backward pass of the policy or the critic: a batch is cut into
-    micro-batches of at most this many positions and gradients accumulate across them; losses
-    are still normalised by the whole batch's token counts. A trajectory longer than the budget
-    gets a micro-batch of its own (nothing is truncated)."""
+    micro-batches of at most this many positions (with ``shard: fsdp2``, each rank's share of
+    it) and gradients accumulate across them; losses are still normalised by the whole batch's
+    token counts. A trajectory longer than the budget gets a micro-batch of its own (nothing is
+    truncated)."""
     packing: bool = True
     """Pack the trajectories of a micro-batch end to end in one row with no padding (sequence
     boundaries through per-sequence position ids; every HF causal LM with sdpa, eager or
@@ -267,11 +268,9 @@ class SaorlConfig(Section):
         if self.trainer.shard == "fsdp2" and self.model.device == "mps":
             raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")
-        # every engine returns routes (local: recorded; http / sglang / vllm: asked of the servers,
-        # which must run with --enable-return-routed-experts); only the unsharded trainer replays them
-        if self.algo.resolve().routing_replay and self.trainer.shard != "none":
-            raise FieldError("algo.routing_replay", "the sharded learner (trainer.shard=fsdp2) does not "
-                              "replay MoE routes; set trainer.shard=none or algo.routing_replay=false")
+        # routing_replay: every engine returns routes (local: recorded; http / sglang / vllm: asked
+        # of the servers, which must run with --enable-return-routed-experts) and both trainers,
+        # sharded or not, replay them
         return self
 
     def resolved_mode(self) -> Literal["async", "sync"]:

@@ -19,6 +19,11 @@ Either way micro-batch position ``(i, j)`` is token ``col[i, j]`` of trajectory 
 :meth:`MicroBatch.scatter` writes a result back, so callers never see the layout.
 
 ``positions`` counts what the model processes: ``N`` per packed row, ``b · T'`` per padded block.
+
+An :class:`IdleMicroBatch` (:func:`idle_microbatch`) is a model pass of two padding tokens that
+belong to no trajectory: it gathers zeros (every mask, hence every loss term, is 0) and scatters
+nothing. The sharded learner runs idle passes so that every rank runs as many passes as the rank
+with the most micro-batches (FSDP's collectives need every rank in every forward and backward).
 """
 
 from __future__ import annotations
@@ -75,6 +80,30 @@ class MicroBatch:
         blocks also write their padding positions, which are padding (or past the row's end) in
         ``out`` too."""
         out[self.row_index, self.col_index] = y.to(out.dtype)
+
+
+class IdleMicroBatch(MicroBatch):
+    """A pass of two padding tokens of no trajectory (module docstring): a loss on it is exactly
+    0 (its masks are 0), with a gradient graph through the whole model."""
+
+    def gather(self, x: Tensor) -> Tensor:
+        return x.new_zeros((*self.input_ids.shape, *x.shape[2:]))
+
+    def scatter(self, y: Tensor, out: Tensor) -> None:
+        pass
+
+
+def idle_microbatch(pad_id: int, device: torch.device | str, packed: bool = True) -> IdleMicroBatch:
+    """An :class:`IdleMicroBatch` in the ``packed`` or padded layout."""
+    ids = torch.full((1, 2), pad_id, dtype=torch.long, device=device)
+    zeros = torch.zeros_like(ids)
+    if packed:
+        return IdleMicroBatch(rows=[], input_ids=ids, attention_mask=None,
+                              position_ids=torch.arange(2, device=device)[None],
+                              cu_seqlens=torch.tensor([0, 2], dtype=torch.int32, device=device),
+                              row_index=zeros, col_index=zeros)
+    return IdleMicroBatch(rows=[], input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=None,
+                          cu_seqlens=None, row_index=zeros, col_index=zeros)
 
 
 def plan_packed(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

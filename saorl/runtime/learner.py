@@ -26,7 +26,9 @@ the batch's, for DIS / PPO, the entropy bonus and the value loss; its positive-t
 tokens for the LM loss), so the update equals the one-pass update on the whole batch: the DIS
 denominator is every action token of the batch, as in the method. Logged:
 ``throughput/positions_per_action_token`` (positions the model processed per action token:
-padding and non-action tokens included) and ``throughput/microbatches``.
+padding and non-action tokens included) and ``throughput/microbatches``. The sharded learner
+(:mod:`saorl.runtime.sharded`) runs these very passes on each rank's share; it differs only in
+:meth:`Learner._token_total` (global counts), ``_backward`` and ``_optimizer_step``.
 
 A loss or gradient that is not finite skips that optimizer step (counted in
 ``train/nonfinite_skips``) and never reaches the weights. The policy version advances only when
@@ -101,9 +103,10 @@ def _finite_step(params, optimizer: torch.optim.Optimizer, loss: Tensor, clip: f
     return float(norm)
 
 
-def _share(part: Tensor, whole: Tensor) -> Tensor:
-    """A micro-batch's share of a batch-wide token-mean denominator (``whole`` 0 counts as 1)."""
-    return part.sum() / whole.sum().clamp(min=1)
+def _share(part: Tensor, total: Tensor) -> Tensor:
+    """A micro-batch's share of a batch-wide token-mean denominator (``total``, from
+    :meth:`Learner._token_total`)."""
+    return part.sum() / total
 
 
 class Learner:
@@ -155,13 +158,23 @@ class Learner:
                 for g in opt.param_groups:
                     g["lr"] = lr * scale
 
+    # ------------------------------------- what the sharded learner does across its ranks
+    def _token_total(self, mask: Tensor) -> Tensor:
+        """The denominator of a token mean over the batch (``mask``'s sum, 0 counts as 1)."""
+        return mask.sum().clamp(min=1)
+
+    def _backward(self, loss: Tensor) -> None:
+        """Accumulate one micro-batch's gradients."""
+        _backward(loss)
+
+    def _optimizer_step(self, params, optimizer: torch.optim.Optimizer, total: Tensor) -> float | None:
+        """The step on the accumulated gradients (``total``: the batch's loss); None if skipped."""
+        return _finite_step(params, optimizer, total, self.optim.grad_clip)
+
     # ----------------------------------------------------------------- critic
-    def _values(self, batch: Batch, micro: list[MicroBatch] | None = None) -> Tensor:
-        """The critic's values ``[B, T]``, no gradient (over ``micro``, or the padded batch in one
-        pass, as the sharded learner runs it)."""
+    def _values(self, batch: Batch, micro: list[MicroBatch]) -> Tensor:
+        """The critic's values ``[B, T]`` over ``micro``, no gradient."""
         with torch.no_grad(), self.timings.span("critic forward (no grad)"):
-            if micro is None:
-                return self.critic(batch.input_ids, batch.attention_mask)
             out = torch.zeros_like(batch.rewards)
             for mb in micro:
                 mb.scatter(self.critic(mb.input_ids, **mb.model_args()), out)
@@ -174,19 +187,20 @@ class Learner:
         p = self.preset
         values = torch.zeros_like(batch.rewards)
         total = torch.zeros((), device=values.device)
+        whole = self._token_total(mask)
         self.critic_opt.zero_grad(set_to_none=True)
         for mb in micro:
             m = mb.gather(mask)
             clip = {"old_values": mb.gather(old_values), "clip": p.value_clip} if p.value_clip else {}
             with self.timings.span("critic forward (grad)"):
                 v = self.critic(mb.input_ids, **mb.model_args())
-                loss = value_loss(v, mb.gather(targets), m, **clip)[0] * _share(m, mask)
+                loss = value_loss(v, mb.gather(targets), m, **clip)[0] * _share(m, whole)
             with self.timings.span("critic backward + optimizer"):
-                _backward(loss)
+                self._backward(loss)
             total = total + loss.detach()
             mb.scatter(v.detach(), values)
         with self.timings.span("critic backward + optimizer"):
-            if _finite_step(self.critic_params, self.critic_opt, total, self.optim.grad_clip) is None:
+            if self._optimizer_step(self.critic_params, self.critic_opt, total) is None:
                 self.nonfinite_skips += 1
         return values, total
 
@@ -241,11 +255,12 @@ class Learner:
         return advantages, metrics
 
     def _micro_policy_loss(self, mb: MicroBatch, batch: Batch, logprobs: Tensor, entropy: Tensor,
-                           advantages: Tensor, lm_tokens: Tensor | None) -> Tensor:
-        """This micro-batch's part of the batch's policy loss (see "Micro-batches")."""
+                           advantages: Tensor, lm_tokens: Tensor | None, totals: tuple) -> Tensor:
+        """This micro-batch's part of the batch's policy loss (see "Micro-batches"); ``totals``: the
+        action tokens' and ``lm_tokens``' denominators."""
         p = self.preset
         act = mb.gather(batch.action_mask)
-        share = _share(act, batch.action_mask)
+        share = _share(act, totals[0])
         # behaviour "trainer": the step's own log-probs, detached (ratio 1: nothing corrected)
         behaviour = mb.gather(batch.rollout_logprobs) if p.behaviour == "rollout" else logprobs.detach()
         loss, _ = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, mb.gather(advantages), act, p.eps_low,
@@ -256,7 +271,7 @@ class Learner:
         if lm_tokens is not None:
             w = mb.gather(lm_tokens)  # the LM loss's own denominator: positive trajectories' actions
             lm = lm_loss(logprobs, w, torch.ones(w.shape[0], device=w.device))
-            loss = loss + p.lm_loss_coef * lm * _share(w, lm_tokens)
+            loss = loss + p.lm_loss_coef * lm * _share(w, totals[1])
         return loss
 
     def _replayed(self, batch: Batch, mb: MicroBatch):
@@ -267,14 +282,13 @@ class Learner:
         layers = num_moe_layers(self.policy)
         return replay_routes(self.policy, routes.reshape(*routes.shape[:2], layers, -1))
 
-    def _policy_update(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
-                       trajectories: list[Trajectory]) -> dict[str, float]:
-        p = self.preset
+    def _policy_passes(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
+                       lm_tokens: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The policy's forward and backward over ``micro``, gradients accumulated (no optimizer
+        step); returns its log-probs and entropies ``[B, T]`` and the batch's loss."""
         logprobs, entropy = torch.zeros_like(batch.rewards), torch.zeros_like(batch.rewards)
-        positive = lm_tokens = None
-        if p.lm_loss_coef:
-            positive = torch.tensor([float(t.episode.success) for t in trajectories], device=logprobs.device)
-            lm_tokens = positive[:, None] * batch.action_mask
+        totals = (self._token_total(batch.action_mask),
+                  self._token_total(lm_tokens) if lm_tokens is not None else None)
         total = torch.zeros((), device=logprobs.device)
         self.policy.train()
         self.policy_opt.zero_grad(set_to_none=True)
@@ -283,12 +297,23 @@ class Learner:
                 lp, ent = token_logprobs(self.policy, mb.input_ids, temperature=self.temperature,
                                          top_k=self.top_k, top_p=self.top_p, return_entropy=True,
                                          **mb.model_args())
-                loss = self._micro_policy_loss(mb, batch, lp, ent, advantages, lm_tokens)
+                loss = self._micro_policy_loss(mb, batch, lp, ent, advantages, lm_tokens, totals)
             with self.timings.span("policy backward + optimizer"):
-                _backward(loss)
+                self._backward(loss)
             total = total + loss.detach()
             mb.scatter(lp.detach(), logprobs)
             mb.scatter(ent.detach(), entropy)
+        return logprobs, entropy, total
+
+    def _policy_update(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
+                       trajectories: list[Trajectory]) -> dict[str, float]:
+        p = self.preset
+        positive = lm_tokens = None
+        if p.lm_loss_coef:
+            positive = torch.tensor([float(t.episode.success) for t in trajectories],
+                                    device=batch.rewards.device)
+            lm_tokens = positive[:, None] * batch.action_mask
+        logprobs, entropy, total = self._policy_passes(batch, micro, advantages, lm_tokens)
         behaviour = batch.rollout_logprobs if p.behaviour == "rollout" else logprobs
         _, metrics = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, advantages, batch.action_mask,
                                                   p.eps_low, p.eps_high)
@@ -299,7 +324,7 @@ class Learner:
         if positive is not None:
             metrics["policy/lm_loss"] = float(lm_loss(logprobs, batch.action_mask, positive))
         with self.timings.span("policy backward + optimizer"):
-            norm = _finite_step(self.policy_params, self.policy_opt, total, self.optim.grad_clip)
+            norm = self._optimizer_step(self.policy_params, self.policy_opt, total)
         self.policy.eval()
         if norm is None:
             self.nonfinite_skips += 1

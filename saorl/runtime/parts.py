@@ -87,7 +87,9 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int |
         return ShardedLearner(policy, critic, cfg.algo.resolve(), optim, group=shard_group.current(),
                               pad_id=pad_id, bucket_mb=t.publish_bucket_mb,
                               checkpoint_format=t.shard_checkpoint,
-                              activation_checkpointing=t.activation_checkpointing, **sampler)
+                              activation_checkpointing=t.activation_checkpointing,
+                              max_tokens_per_microbatch=t.max_tokens_per_microbatch, packing=t.packing,
+                              **sampler)
     if t.activation_checkpointing:
         checkpoint_activations(policy, critic.trunk if critic is not None else None)
     return Learner(policy, critic, cfg.algo.resolve(), optim, pad_id=pad_id, device=cfg.model.device,

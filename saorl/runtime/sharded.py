@@ -15,20 +15,37 @@ run in the same order everywhere.
 batch, up to float rounding:
 
 1. rank 0 hands each rank its share: whole groups (GRPO's groups never split), greedily balanced
-   by tokens. A rank with no share runs one dummy row that contributes exactly 0 (FSDP needs every
-   rank in every forward and backward).
-2. Every loss is a token mean over the whole batch. Each rank takes its own token mean of each
-   term, times (its count / the global count, all-reduced first) times the world size: FSDP2
-   averages gradients over the ranks, so the ranks' gradients add up to the global mean's. The
-   counts: action tokens (policy loss, entropy), value-target tokens (critic), tokens of positive
-   trajectories (VAPO's LM loss).
-3. A non-finite loss or gradient norm on any rank skips the update on every rank (all-reduced), so
-   the ranks never diverge.
+   by tokens.
+2. Each rank cuts its share into token-budget micro-batches (``trainer.max_tokens_per_microbatch``,
+   ``trainer.packing``) and runs every model pass on them with gradient accumulation — the very
+   code of the single-process learner (its "Micro-batches": ``_values``, ``_critic_pass``,
+   ``_policy_passes``), so a long batch fits in memory on every rank. FSDP2 all-gathers the
+   parameters in every forward and reduce-scatters the gradients in every backward, collectives
+   every rank must join, so every rank runs as many passes as the rank with the most
+   micro-batches: the others add *idle* passes (:class:`~saorl.data.packing.IdleMicroBatch`, two
+   padding tokens whose every mask is 0: a loss of exactly 0 with a graph through the whole
+   model), and a rank with no share runs idle passes only. Gradients are reduce-scattered after
+   every micro-batch's backward, not held back with ``set_requires_gradient_sync(False)`` until
+   the last: FSDP2 then accumulates *unsharded* gradients (a full-size gradient of every
+   parameter on every rank), which defeats the memory that micro-batches and sharding save, and
+   it would not spare the idle passes (the forward's all-gathers need them anyway).
+3. Every loss is a token mean over the whole batch: a micro-batch's loss is weighted by its
+   tokens over the **global** count (all-reduced once per loss), times the world size, because
+   FSDP2 averages gradients over the ranks (:meth:`_token_total`); so the ranks' accumulated
+   gradients add up to the global mean's. The counts: action tokens (policy loss, entropy),
+   value-target tokens (critic), tokens of positive trajectories (VAPO's LM loss).
+   A non-finite loss or gradient norm on any rank skips the update on every rank (all-reduced), so
+   the ranks never diverge; every rank runs every backward even then (FSDP's collectives).
 4. The running-mean baseline sees the scores of the whole batch (all-gathered): every rank keeps
    an identical baseline and takes its own trajectories' advantages.
 5. Metrics: the per-token quantities on action and value-target tokens are gathered to rank 0,
    which computes every metric with the same functions the single-process learner uses, over the
-   whole batch.
+   whole batch. ``throughput/microbatches`` sums the ranks' micro-batches and
+   ``throughput/positions_per_action_token`` their positions (idle passes not counted).
+
+**Routing replay** (``routing_replay``) runs as in the single-process learner: each micro-batch's
+policy forward routes its tokens to the experts the engine recorded (an idle pass routes its two
+padding tokens to expert 0, which changes nothing: its loss is 0).
 
 **Publication** (:meth:`ShardedLearner.publish`): every parameter that ``save_pretrained`` would
 write is gathered in full (``DTensor.full_tensor``, a collective) in state-dict order; rank 0 packs
@@ -65,11 +82,11 @@ from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
 from saorl.data.batch import collate
+from saorl.data.packing import MicroBatch, idle_microbatch, microbatches
 from saorl.data.trajectory import Trajectory
 from saorl.models.critic import Critic
 from saorl.models.hf_format import saved_names, to_checkpoint
 from saorl.models.loading import checkpoint_activations
-from saorl.models.logprobs import token_logprobs
 from saorl.runtime import shard_group as sg
 from saorl.runtime.checkpoint import SHARDS, load_learner_files, save_learner_files
 from saorl.runtime.learner import Learner, OptimConfig
@@ -108,7 +125,7 @@ def split_groups(gids: list[int], lengths: list[int], world: int) -> list[list[i
 
 
 def _dummy(pad_id: int) -> Trajectory:
-    """Two prompt tokens, no action: every loss term of it is exactly 0, its forward is finite."""
+    """Two prompt tokens, no action: the batch of a rank with no share (its passes are all idle)."""
     return Trajectory(token_ids=[pad_id, pad_id], action_mask=[0, 0], rollout_logprobs=[0.0, 0.0],
                       rewards=[0.0, 0.0], versions=[-1, -1], prompt_len=2)
 
@@ -128,7 +145,8 @@ class ShardedLearner(Learner):
     def __init__(self, policy, critic: Critic | None, preset: AlgoPreset, optim: OptimConfig, *,
                  group: sg.ShardGroup, pad_id: int | None, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, bucket_mb: float = 512.0, checkpoint_format: str = "sharded",
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, max_tokens_per_microbatch: int = 4096,
+                 packing: bool = True) -> None:
         self.group, self.checkpoint_format = group, checkpoint_format
         self.bucket_bytes = int(bucket_mb * 2**20)
         desc = group.broadcast(sg.describe(policy, critic, pad_id) if group.rank == 0 else None)
@@ -150,7 +168,8 @@ class ShardedLearner(Learner):
             sg.fill_from_rank0(critic, full_critic, group)
         del full_policy, full_critic
         super().__init__(policy, critic, preset, optim, pad_id=desc["pad_id"], temperature=temperature,
-                         top_k=top_k, top_p=top_p, device=str(group.device))
+                         top_k=top_k, top_p=top_p, device=str(group.device),
+                         max_tokens_per_microbatch=max_tokens_per_microbatch, packing=packing)
         self.baseline = GlobalBaseline(preset.baseline_momentum, group)
 
     # ------------------------------------------------------------ rank 0 calls
@@ -198,12 +217,23 @@ class ShardedLearner(Learner):
         self._run("load_state", Path(directory), manifest)
 
     # ------------------------------------------------------------- every rank
-    def _finite_step(self, params, optimizer, loss: torch.Tensor) -> float | None:
-        """``_finite_step`` of the single-process learner, decided the same way on every rank."""
-        optimizer.zero_grad(set_to_none=True)
-        if self.group.all_sum([0.0 if torch.isfinite(loss) else 1.0])[0]:
-            return None
+    def _token_total(self, mask: torch.Tensor) -> torch.Tensor:
+        """The global count of ``mask`` (every rank's share; 0 counts as 1) over the world size:
+        FSDP2 averages the ranks' gradients, so weighting by it gives the global mean's sum."""
+        total = self.group.all_sum([float(mask.sum())])[0]
+        return torch.tensor(max(total, 1.0) / self.group.world, device=mask.device)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Every rank runs every backward (FSDP's reduce-scatter), even of a non-finite loss: the
+        step is then skipped on every rank."""
         loss.backward()
+
+    def _optimizer_step(self, params, optimizer, loss: torch.Tensor) -> float | None:
+        """``_finite_step`` of the single-process learner on the accumulated gradients, decided
+        the same way on every rank."""
+        if self.group.all_sum([0.0 if torch.isfinite(loss) else 1.0])[0]:
+            optimizer.zero_grad(set_to_none=True)
+            return None
         clip = self.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # global, the same everywhere
@@ -214,44 +244,43 @@ class ShardedLearner(Learner):
         optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def _critic_updates_sharded(self, batch, metrics: dict) -> torch.Tensor:
-        p, world = self.preset, self.group.world
+    def _with_idle(self, micro: list[MicroBatch]) -> list[MicroBatch]:
+        """``micro`` and as many idle passes as make every rank's count the largest (docstring)."""
+        most = max(self.group.all_gather(len(micro)))
+        return micro + [idle_microbatch(self.pad_id, self.device, self.packing)] * (most - len(micro))
+
+    def _critic_updates_sharded(self, batch, micro: list[MicroBatch], metrics: dict) -> torch.Tensor:
+        p = self.preset
         needs_old = bool(p.value_clip) or p.lam_critic != 1.0
-        old_values = self._values(batch) if needs_old else None
+        old_values = self._values(batch, micro) if needs_old else None
         targets, mask = value_targets(batch.rewards, old_values, batch.action_mask, batch.response_mask,
                                       gamma=p.gamma, lam=p.lam_critic, skip_observation=p.skip_observation)
-        n = float(mask.sum())
-        scale = n / max(self.group.all_sum([n])[0], 1.0) * world
-        clip = {"old_values": old_values, "clip": p.value_clip} if p.value_clip else {}
         self.critic.train()
         before = None
         for _ in range(p.critic_updates):
-            with self.timings.span("critic forward (grad)"):
-                values = self.critic(batch.input_ids, batch.attention_mask)
-            loss, _ = value_loss(values, targets, mask, **clip)
+            values, _ = self._critic_pass(batch, micro, targets, mask, old_values)
             if before is None:
                 old = _rows(old_values, mask) if old_values is not None else None
                 before = (_rows(values, mask), _rows(targets, mask), old)
-            with self.timings.span("critic backward + optimizer"):
-                if self._finite_step(self.critic_params, self.critic_opt, loss * scale) is None:
-                    self.nonfinite_skips += 1
         self.critic.eval()
-        after = self._values(batch)
+        after = self._values(batch, micro)
         tokens = self.group.gather((*before, _rows(after, mask)))
         if tokens is not None:
             metrics |= _critic_metrics(tokens, p.value_clip)
         return after
 
     def _all_step(self, parts: list[tuple[list[Trajectory], list[int]]]) -> dict[str, float] | None:
-        p, world = self.preset, self.group.world
+        p = self.preset
         trajs, gids = parts[self.group.rank]
         dummy = not trajs
         with self.timings.span("collate"):
             batch = collate(trajs or [_dummy(self.pad_id)], self.pad_id).to(self.device)
+            micro = [] if dummy else microbatches(batch, self.max_tokens, self.packing)
+        passes = self._with_idle(micro)
         self._apply_warmup()
         self.steps_done += 1
         metrics: dict[str, float] = {"policy/lr": self.policy_opt.param_groups[0]["lr"]}
-        values = self._critic_updates_sharded(batch, metrics) if p.use_critic else None
+        values = self._critic_updates_sharded(batch, passes, metrics) if p.use_critic else None
         with self.timings.span("advantages"):
             if dummy:
                 if p.advantage == "running_mean":
@@ -266,30 +295,15 @@ class ShardedLearner(Learner):
         advantages = advantages * batch.action_mask
         positive = torch.tensor([float(t.episode.success) for t in trajs] or [0.0], device=self.device)
         pos_tokens = positive[:, None] * batch.action_mask
-        n_act, n_pos = float(batch.action_mask.sum()), float(pos_tokens.sum())
-        positions = 0.0 if dummy else float(batch.input_ids.numel())  # one padded pass per rank
-        g_act, g_pos, g_positions = self.group.all_sum([n_act, n_pos, positions])
-
-        self.policy.train()
-        with self.timings.span("policy forward"):
-            logprobs, entropy = token_logprobs(self.policy, batch.input_ids, batch.attention_mask,
-                                               temperature=self.temperature, top_k=self.top_k,
-                                               top_p=self.top_p, return_entropy=True)
-        # behaviour "trainer": the step's own log-probs, detached (ratio 1: nothing corrected)
-        behaviour = batch.rollout_logprobs if p.behaviour == "rollout" else logprobs.detach()
-        loss, _ = POLICY_LOSSES[p.policy_loss](
-            logprobs, behaviour, advantages, batch.action_mask, p.eps_low, p.eps_high)
-        if p.entropy_coef:
-            loss = loss - p.entropy_coef * masked_mean(entropy, batch.action_mask)
-        loss = loss * (n_act / max(g_act, 1.0))
-        if p.lm_loss_coef:
-            lm = lm_loss(logprobs, batch.action_mask, positive)
-            loss = loss + p.lm_loss_coef * lm * (n_pos / max(g_pos, 1.0))
+        g_act, g_positions, g_micro = self.group.all_sum(
+            [float(batch.action_mask.sum()), float(sum(mb.positions for mb in micro)), float(len(micro))])
+        logprobs, entropy, total = self._policy_passes(batch, passes, advantages,
+                                                       pos_tokens if p.lm_loss_coef else None)
         act = batch.action_mask
         tokens = (_rows(logprobs, act), _rows(batch.rollout_logprobs, act), _rows(advantages, act),
                   _rows(entropy, act), _rows(pos_tokens, act), _rows(self.version - batch.versions, act))
         with self.timings.span("policy backward + optimizer"):
-            norm = self._finite_step(self.policy_params, self.policy_opt, loss * world)
+            norm = self._optimizer_step(self.policy_params, self.policy_opt, total)
         self.policy.eval()
         if norm is None:
             self.nonfinite_skips += 1
@@ -300,7 +314,7 @@ class ShardedLearner(Learner):
             return None
         metrics |= _policy_metrics(p, tokens)
         metrics["throughput/positions_per_action_token"] = g_positions / max(g_act, 1.0)
-        metrics["throughput/microbatches"] = world
+        metrics["throughput/microbatches"] = int(g_micro)
         if p.advantage == "running_mean":
             metrics["advantage/baseline"] = float(self.baseline.value)
         if norm is not None:

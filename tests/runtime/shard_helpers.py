@@ -11,6 +11,7 @@ import json
 import os
 import random
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from saorl.data.batch import collate
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.models.critic import Critic
 from saorl.models.logprobs import token_logprobs
+from saorl.models.routing import routers
 from saorl.models.serialize import save_safetensors_atomic
 from saorl.models.tiny import build_tiny
 from saorl.runtime.learner import OptimConfig
@@ -30,7 +32,51 @@ OPTIM = OptimConfig(policy_lr=1e-5, critic_lr=1e-5)
 # (name, model kind, preset, trajectories, group size): uneven shares, a rank with no share
 # (one GRPO group of 4 on 2 ranks), the running-mean baseline over every rank's scores
 CASES = [("moe_sao", "tiny-moe", "sao", 5, 1), ("dense_sao", "tiny-dense", "sao", 3, 1),
-         ("dense_grpo", "tiny-dense", "grpo", 4, 4), ("dense_rm", "tiny-dense", "reinforce_rm", 4, 1)]
+         ("dense_grpo", "tiny-dense", "grpo", 4, 4), ("dense_rm", "tiny-dense", "reinforce_rm", 4, 1),
+         ("mb_moe_sao_packed", "tiny-moe", "sao", 7, 1), ("mb_dense_sao_padded", "tiny-dense", "sao", 7, 1),
+         ("mb_dense_grpo_packed", "tiny-dense", "grpo", 12, 4),
+         ("mb_dense_grpo_padded", "tiny-dense", "grpo", 12, 4),
+         ("mb_moe_replay", "tiny-moe", "sao", 6, 1)]
+# each case's micro-batches (trainer.max_tokens_per_microbatch, trainer.packing): one padded pass
+# per rank, or budgets that cut every rank's share into several (and unequally many) micro-batches
+LAYOUT = {"mb_moe_sao_packed": (30, True), "mb_dense_sao_padded": (24, False),
+          "mb_dense_grpo_packed": (40, True), "mb_dense_grpo_padded": (40, False),
+          "mb_moe_replay": (34, True)}
+REPLAY = {"mb_moe_replay"}
+"""Cases whose trajectories carry engine routes that the policy replays (``routing_replay``)."""
+
+
+def layout(name: str) -> dict:
+    budget, packing = LAYOUT.get(name, (10**9, False))
+    return {"max_tokens_per_microbatch": budget, "packing": packing}
+
+
+def preset_of(name: str, preset: str):
+    return get_preset(preset).with_overrides(routing_replay=True) if name in REPLAY else get_preset(preset)
+
+
+def with_routes(trajs: list[Trajectory], policy, seed: int = 0) -> list[Trajectory]:
+    """``trajs`` with random engine routes (distinct experts per layer; -1, "route as usual", on
+    every fifth token), other than the policy's own routing, so that replaying them matters."""
+    gates = routers(policy)
+    rng = random.Random(seed)
+    layers, k, experts = len(gates), gates[0].top_k, gates[0].num_experts
+    out = []
+    for t in trajs:
+        routes = [[-1] * (layers * k) if j % 5 == 4 else
+                  [e for _ in range(layers) for e in rng.sample(range(experts), k)] for j in range(len(t))]
+        out.append(replace(t, routes=routes))
+    return out
+
+
+def case(name: str, seed: int = 0):
+    """Case ``name``'s models (``seed``), preset, trajectories and group ids."""
+    _, kind, preset, n, g = next(c for c in CASES if c[0] == name)
+    policy, critic = models(kind, preset, seed=seed)
+    trajs, gids = trajectories(policy, n, g)
+    if name in REPLAY:
+        trajs = with_routes(trajs, policy)
+    return policy, critic, preset_of(name, preset), trajs, gids
 
 
 def trajectories(policy, n: int, group: int, seed: int = 0) -> tuple[list[Trajectory], list[int]]:
@@ -72,11 +118,10 @@ def _drive(group, out: Path, cases: list[tuple]) -> None:
     from saorl.runtime.sharded import ShardedLearner
     from saorl.runtime.weights import FileWeightSync
 
-    for name, kind, preset, n, g in cases:
-        policy, critic = models(kind, preset)
-        trajs, gids = trajectories(policy, n, g)
-        learner = ShardedLearner(policy, critic, get_preset(preset), OPTIM, group=group, pad_id=PAD,
-                                 bucket_mb=0.2, checkpoint_format="sharded")
+    for name, kind, preset, _n, _g in cases:
+        policy, critic, algo, trajs, gids = case(name)
+        learner = ShardedLearner(policy, critic, algo, OPTIM, group=group, pad_id=PAD,
+                                 bucket_mb=0.2, checkpoint_format="sharded", **layout(name))
         metrics = learner.step(trajs, gids)
         (out / f"{name}.json").write_text(json.dumps(metrics))
         full_policy, full_critic = learner.full_models()
@@ -107,7 +152,8 @@ def _follow(group, cases: list[tuple]) -> None:
     from saorl.runtime.sharded import ShardedLearner
 
     for name, _kind, preset, _n, _g in cases:
-        ShardedLearner(None, None, get_preset(preset), OPTIM, group=group, pad_id=PAD).follow()
+        ShardedLearner(None, None, preset_of(name, preset), OPTIM, group=group, pad_id=PAD,
+                       **layout(name)).follow()
         if name == "moe_sao":  # the two fresh learners that resume from the checkpoints
             for _ in range(2):
                 ShardedLearner(None, None, get_preset(preset), OPTIM, group=group, pad_id=PAD).follow()

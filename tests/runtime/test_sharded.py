@@ -4,6 +4,10 @@ One launch of 2 ranks (``shard_helpers.launch``) plays every case, then each tes
 rank 0 wrote with a single-process :class:`~saorl.runtime.learner.Learner` on the same batch.
 
 Tolerances: losses and metrics within 1e-5 relative; every parameter within 1e-6 after the step.
+A metric that is a mean of signed values near 0 (``critic/value_mean`` of an untrained critic,
+about 1e-4, a mean of values of about 1e-2) is compared within 1e-7 absolute instead: float32
+summation in another order (another cut into micro-batches) moves it by a few 1e-9, measured
+4e-9, which is 3e-5 of it.
 Adam's first step moves an element by lr · g / (|g| + eps), which amplifies the float rounding of
 g (different summation orders on 1 and 2 ranks) for elements whose |g| is near eps, so the
 parameters' agreement scales with the learning rate: measured 1.2e-6 at lr 1e-4, 3e-7 at the 1e-5
@@ -14,6 +18,7 @@ shows it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -23,9 +28,11 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from shard_helpers import CASES, OPTIM, PAD, launch, models, trajectories
+from shard_helpers import CASES, LAYOUT, OPTIM, PAD, case, launch, layout, models
 
 from saorl.algo.registry import get_preset
+from saorl.data.batch import collate
+from saorl.data.packing import MicroBatch, microbatches
 from saorl.models.hf_format import INDEX, read_weights
 from saorl.runtime.learner import Learner
 from saorl.runtime.sharded import _by_index, _by_name, split_groups
@@ -38,22 +45,26 @@ def sharded(tmp_path_factory):
     return out
 
 
-def single(name: str, seed: int = 0, device: str = "cpu"):
-    """The single-process learner of case ``name`` after one step on the same batch, its metrics
-    and the weights before the step."""
-    _, kind, preset, n, g = next(c for c in CASES if c[0] == name)
-    policy, critic = models(kind, preset, seed=seed)
-    trajs, gids = trajectories(policy, n, g)
+def single(name: str, seed: int = 0, device: str = "cpu", **overrides):
+    """The single-process learner of case ``name`` (its preset with ``overrides``) after one step
+    on the same batch, its metrics and the weights before the step (the case's micro-batch layout,
+    as each rank cuts its share). Cached: the tests only read what it returns."""
+    return _single(name, seed, device, tuple(sorted(overrides.items())))
+
+
+@functools.cache
+def _single(name: str, seed: int, device: str, overrides: tuple):
+    policy, critic, preset, trajs, gids = case(name, seed=seed)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     policy, critic = policy.to(device), critic.to(device) if critic is not None else None
-    # the padded one-pass layout, as each rank computes its share
-    learner = Learner(policy, critic, get_preset(preset), OPTIM, pad_id=PAD, device=device, packing=False,
-                      max_tokens_per_microbatch=10**9)
+    learner = Learner(policy, critic, preset.with_overrides(**dict(overrides)), OPTIM, pad_id=PAD,
+                      device=device, **layout(name))
     return learner, learner.step(trajs, gids), before
 
 
-def _close(a: float, b: float, rel: float = 1e-5) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= rel * max(abs(a), abs(b), 1e-8)
+def _close(a: float, b: float, rel: float = 1e-5, tiny: float = 1e-7) -> bool:
+    """Within ``rel``, or within ``tiny`` of each other (see the module docstring)."""
+    return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= max(rel * max(abs(a), abs(b)), tiny)
 
 
 def check_step(out, name: str, device: str = "cpu") -> None:
@@ -85,6 +96,42 @@ def check_step(out, name: str, device: str = "cpu") -> None:
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_one_sharded_step_equals_one_single_process_step(sharded, name):
     check_step(sharded, name)
+
+
+def rank_microbatches(name: str) -> list[list[MicroBatch]]:
+    """The micro-batches each of the 2 ranks cuts its share of case ``name`` into."""
+    _, _, _, trajs, gids = case(name)
+    shares = split_groups(gids, [len(t) for t in trajs], 2)
+    budget, packing = LAYOUT[name]
+    return [microbatches(collate([trajs[i] for i in s], PAD), budget, packing) if s else [] for s in shares]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LAYOUT))
+def test_sharded_micro_batches_accumulate_to_the_single_process_step(sharded, name):
+    """Each rank cuts its share into several micro-batches, unequally many on the two ranks (the
+    fewer run idle passes); the step still equals the single-process one (``check_step``), and the
+    throughput metrics count every rank's micro-batches and positions."""
+    micro = rank_microbatches(name)
+    counts = sorted(len(m) for m in micro)
+    assert counts[0] >= 2 and counts[0] != counts[1], counts
+    got = json.loads((sharded / f"{name}.json").read_text())
+    assert got["throughput/microbatches"] == sum(counts)
+    _, _, _, trajs, _ = case(name)
+    actions = sum(sum(t.action_mask) for t in trajs)
+    positions = sum(mb.positions for m in micro for mb in m)
+    assert got["throughput/positions_per_action_token"] == pytest.approx(positions / actions, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_routing_replay_is_replayed_on_the_ranks(sharded):
+    """The replay case equals the single-process learner *with* replay (``check_step``) and differs
+    from one without it: the engine's routes reached the ranks' forwards."""
+    _, replayed, _ = single("mb_moe_replay")
+    _, natural, _ = single("mb_moe_replay", routing_replay=False)
+    got = json.loads((sharded / "mb_moe_replay.json").read_text())
+    assert got["policy/loss"] == pytest.approx(replayed["policy/loss"], rel=1e-5)
+    assert abs(natural["policy/loss"] - replayed["policy/loss"]) > 1e-3 * abs(replayed["policy/loss"])
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The sharded learner on CUDA: NCCL, bfloat16, activation checkpointing (skipped without a GPU).
 
 The same comparison as ``test_sharded.py`` over NCCL with as many ranks as there are GPUs (at
-most 2; one GPU still runs the NCCL path), on the dense cases: the tiny MoE's ``grouped_mm``
+most 2; one GPU still runs the NCCL path), on the dense cases (two of them in several
+micro-batches per rank): the tiny MoE's ``grouped_mm``
 experts need bfloat16 on CUDA. Then one bfloat16 SAO step with activation checkpointing on the
 tiny MoE, in one process.
 """
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
 
 
 def test_nccl_sharded_step_equals_single_process_step(tmp_path):
-    names = ["dense_sao", "dense_grpo", "dense_rm"]
+    names = ["dense_sao", "dense_grpo", "dense_rm", "mb_dense_sao_padded", "mb_dense_grpo_packed"]
     launch(tmp_path, world=min(2, torch.cuda.device_count()), device="cuda", names=names)
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in names:
