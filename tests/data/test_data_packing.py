@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from saorl.data.batch import BatchError, collate
-from saorl.data.packing import microbatches, plan_packed, plan_padded
+from saorl.data.packing import idle_microbatch, microbatches, plan_packed, plan_padded
 from saorl.data.trajectory import Trajectory
 
 PAD = 1
@@ -79,3 +79,28 @@ def test_bad_budget_is_rejected():
     for bad in (0, -3, 2.5, True, None):
         with pytest.raises(BatchError, match="max_tokens"):
             microbatches(batch, bad)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_an_idle_micro_batch_gathers_zeros_scatters_nothing_and_its_loss_is_zero(packed):
+    from saorl.algo.losses import masked_mean
+    from saorl.models.logprobs import token_logprobs
+    from saorl.models.tiny import build_tiny
+
+    batch = collate(_trajs([5, 9]), PAD)
+    idle = idle_microbatch(PAD, "cpu", packed)
+    assert idle.rows == [] and idle.packed == packed and idle.input_ids.tolist() == [[PAD, PAD]]
+    routes = torch.arange(2 * 9 * 6).reshape(2, 9, 6)
+    assert torch.equal(idle.gather(routes), torch.zeros(1, 2, 6, dtype=routes.dtype))
+    assert torch.equal(idle.gather(batch.action_mask), torch.zeros(1, 2, dtype=batch.action_mask.dtype))
+    out = torch.ones(2, 9)
+    idle.scatter(torch.full((1, 2), 7.0), out)
+    assert torch.equal(out, torch.ones(2, 9))
+    # a loss on it, as the learners weight one: exactly 0, with finite gradients (all 0) through the model
+    model = build_tiny("tiny-dense", seed=0)
+    lp = token_logprobs(model, idle.input_ids, **idle.model_args())
+    loss = masked_mean(lp, idle.gather(batch.action_mask))
+    loss.backward()
+    assert loss.item() == 0.0
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.count_nonzero(g) == 0 for g in grads)

@@ -73,7 +73,7 @@ def check_step(out, name: str, device: str = "cpu") -> None:
     got = json.loads((out / f"{name}.json").read_text())
     assert set(got) == set(metrics)
     for key, value in metrics.items():
-        if key.startswith("throughput/"):  # how the work was cut: one pass per rank here
+        if key.startswith("throughput/"):  # how the work was cut: per rank here (see the micro-batch test)
             continue
         if isinstance(value, list):  # the ratio histogram: the same counts
             assert got[key] == value, key
