@@ -19,23 +19,24 @@ batch, up to float rounding:
 2. Each rank cuts its share into token-budget micro-batches (``trainer.max_tokens_per_microbatch``,
    ``trainer.packing``) and runs every model pass on them with gradient accumulation — the very
    code of the single-process learner (its "Micro-batches": ``_values``, ``_critic_pass``,
-   ``_policy_passes``), so a long batch fits in memory on every rank. FSDP2 all-gathers the
-   parameters in every forward and reduce-scatters the gradients in every backward, collectives
-   every rank must join, so every rank runs as many passes as the rank with the most
-   micro-batches: the others add *idle* passes (:class:`~saorl.data.packing.IdleMicroBatch`, two
-   padding tokens whose every mask is 0: a loss of exactly 0 with a graph through the whole
-   model), and a rank with no share runs idle passes only. Gradients are reduce-scattered after
-   every micro-batch's backward, not held back with ``set_requires_gradient_sync(False)`` until
-   the last: FSDP2 then accumulates *unsharded* gradients (a full-size gradient of every
-   parameter on every rank), which defeats the memory that micro-batches and sharding save, and
-   it would not spare the idle passes (the forward's all-gathers need them anyway).
-3. Every loss is a token mean over the whole batch: a micro-batch's loss is weighted by its
-   tokens over the **global** count (all-reduced once per loss), times the world size, because
-   FSDP2 averages gradients over the ranks (:meth:`_token_total`); so the ranks' accumulated
-   gradients add up to the global mean's. The counts: action tokens (policy loss, entropy),
-   value-target tokens (critic), tokens of positive trajectories (VAPO's LM loss).
-   A non-finite loss or gradient norm on any rank skips the update on every rank (all-reduced), so
-   the ranks never diverge; every rank runs every backward even then (FSDP's collectives).
+   ``_policy_passes``), so a long batch fits in memory on every rank. Every loss is a token mean
+   over the whole batch: a micro-batch's loss is weighted by its tokens over the **global** count
+   (all-reduced once per loss), times the world size, because FSDP2 averages gradients over the
+   ranks (:meth:`_token_total`); so the ranks' accumulated gradients add up to the global mean's.
+   The counts: action tokens (policy loss, entropy), value-target tokens (critic), tokens of
+   positive trajectories (VAPO's LM loss). FSDP2 all-gathers the parameters in every forward and
+   reduce-scatters the gradients in every backward, collectives every rank must join, so every
+   rank runs as many passes as the rank with the most micro-batches: the others add *idle* passes
+   (:class:`~saorl.data.packing.IdleMicroBatch`, two padding tokens whose every mask is 0: a loss
+   of exactly 0 with a graph through the whole model), a rank with no share runs idle passes
+   only, and every rank runs every backward, even of a non-finite loss. Gradients are
+   reduce-scattered after every micro-batch's backward, not held back with
+   ``set_requires_gradient_sync(False)`` until the last: FSDP2 then accumulates *unsharded*
+   gradients (a full-size gradient of every parameter on every rank), which defeats the memory
+   that micro-batches and sharding save, and it would not spare the idle passes (the forward's
+   all-gathers need them anyway).
+3. A non-finite loss or gradient norm on any rank skips the update on every rank (all-reduced), so
+   the ranks never diverge.
 4. The running-mean baseline sees the scores of the whole batch (all-gathered): every rank keeps
    an identical baseline and takes its own trajectories' advantages.
 5. Metrics: the per-token quantities on action and value-target tokens are gathered to rank 0,
