@@ -33,13 +33,14 @@ OPTIM = OptimConfig(policy_lr=1e-5, critic_lr=1e-5)
 # (one GRPO group of 4 on 2 ranks), the running-mean baseline over every rank's scores
 CASES = [("moe_sao", "tiny-moe", "sao", 5, 1), ("dense_sao", "tiny-dense", "sao", 3, 1),
          ("dense_grpo", "tiny-dense", "grpo", 4, 4), ("dense_rm", "tiny-dense", "reinforce_rm", 4, 1),
-         ("mb_moe_sao_packed", "tiny-moe", "sao", 7, 1), ("mb_dense_sao_padded", "tiny-dense", "sao", 7, 1),
+         ("mb_dense_sao_packed", "tiny-dense", "sao", 9, 1),
+         ("mb_dense_sao_padded", "tiny-dense", "sao", 9, 1),
          ("mb_dense_grpo_packed", "tiny-dense", "grpo", 12, 4),
          ("mb_dense_grpo_padded", "tiny-dense", "grpo", 12, 4),
          ("mb_moe_replay", "tiny-moe", "sao", 6, 1)]
 # each case's micro-batches (trainer.max_tokens_per_microbatch, trainer.packing): one padded pass
 # per rank, or budgets that cut every rank's share into several (and unequally many) micro-batches
-LAYOUT = {"mb_moe_sao_packed": (30, True), "mb_dense_sao_padded": (24, False),
+LAYOUT = {"mb_dense_sao_packed": (36, True), "mb_dense_sao_padded": (40, False),
           "mb_dense_grpo_packed": (40, True), "mb_dense_grpo_padded": (40, False),
           "mb_moe_replay": (34, True)}
 REPLAY = {"mb_moe_replay"}
