@@ -6,10 +6,13 @@
 3. the run's parts (models, env, task splits, backend, weights), then :class:`~saorl.runtime.run.Run`
    until ``trainer.steps``, ``trainer.max_wall_s`` or Ctrl-C / SIGTERM.
 
-The run directory is created in step 3, once the parts are built; if anything before the loop
-fails (or is interrupted), a run directory that this call created is removed again, so a failed
-start leaves nothing behind. The config's paths are made absolute first
-(:func:`~saorl.config.absolute_paths`): the saved ``config.yaml`` means the same from any directory.
+The run directory is checked first (:func:`~saorl.runtime.rundir.check_run_dir`: a fresh run
+needs a new or empty one, a resume an existing run) and created and locked in step 3, before the
+parts are built (:func:`~saorl.runtime.rundir.claim_run_dir`: one trainer per directory, for
+the run's lifetime); if anything before the loop fails (or is interrupted), a run directory that
+this call created is removed again, so a failed start leaves nothing behind. The config's paths
+are made absolute first (:func:`~saorl.config.absolute_paths`): the saved ``config.yaml`` means
+the same from any directory.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from saorl.runtime import shard_group
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts
 from saorl.runtime.run import Run
+from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir
 from saorl.stages.evaluate import TestEvaluator
 from saorl.stages.preflight import check_run
 from saorl.stages.sft import warm_start
@@ -60,7 +64,11 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
 
     Returns the run directory and the last step's metrics (``(None, {})`` on a sharded trainer's
     ranks other than 0, which only serve rank 0's learner). ``resume`` continues the run in
-    ``run_dir`` from its last checkpoint and journal. ``observer`` watches the run.
+    ``run_dir`` from its last checkpoint and journal. ``observer`` watches the run. Raises
+    :class:`~saorl.runtime.rundir.RunDirError` when ``run_dir`` does not suit (a fresh run into a
+    non-empty directory, a resume of a directory that holds no run, a directory in use),
+    :class:`~saorl.runtime.rundir.CorruptionError` when a resume finds damage it cannot go around,
+    and :class:`~saorl.runtime.run.NonFiniteError` when updates keep being non-finite.
     """
     cfg = absolute_paths(cfg)
     group = shard_group.join(cfg.model.device) if cfg.trainer.shard == "fsdp2" else None
@@ -69,10 +77,14 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         serve_rank(cfg)
         return None, {}
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+    check_run_dir(run_dir, resume=resume)  # before minutes of checks, warm start and pretraining
     created = not run_dir.exists()
+    locks: list[RunDirLock] = []
     try:
-        run = _start(cfg, run_dir, resume, observer)
+        run = _start(cfg, run_dir, resume, observer, locks)
     except BaseException:
+        for lock in locks:
+            lock.release()
         if created:  # a failed start leaves no (empty or half-written) run directory behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
@@ -86,19 +98,22 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         if group is not None:
             run.learner.close()
             shard_group.leave()
+        locks[0].release()
     return run_dir, final
 
 
-def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | None) -> Run:
-    """Checks, warm start, value pretraining, parts: a :class:`Run` ready to loop in ``run_dir``."""
+def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | None,
+           locks: list[RunDirLock]) -> Run:
+    """Checks, warm start, value pretraining, parts: a :class:`Run` ready to loop in ``run_dir``
+    (locked: the lock is appended to ``locks``)."""
     check_run(cfg)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(trainer_threads(cfg))
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)
+    locks.append(claim_run_dir(run_dir, resume=resume))  # before the parts write into it
     parts = build_parts(cfg, run_dir, policy_spec, critic_spec)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
         return Run(cfg, run_dir, parts, evaluator, resume=resume, observer=observer)
     except BaseException:

@@ -136,7 +136,7 @@ def test_bad_override_paths_fail_naming_the_override(override, expected):
      ("rollout:\n  top_p: 0\n", "rollout.top_p: Input should be greater than 0"),
      ("algo:\n  lam_policy: 1.5\n", "algo.lam_policy: algorithm 'sao': must be in [0, 1], got 1.5"),
      ("algo:\n  critic_updates: 0\n", "algo.critic_updates: algorithm 'sao': must be >= 1 when use_critic"),
-     ("algo:\n  eps_high: .inf\n", "algo.eps_high: algorithm 'sao': must be a finite number, got inf"),
+     ("algo:\n  eps_high: .inf\n", "algo.eps_high: Input should be a finite number (got inf)"),
      ("algo:\n  name: grop\n", "algo.name: unknown algorithm 'grop' (did you mean grpo?)"),
      ("algo:\n  name: grpo\n", "trainer.batch_size: 4 is not a multiple of the group size (8"),
      ("algo:\n  name: grpo\n  group_size: 1\ntrainer:\n  batch_size: 8\n",
@@ -254,3 +254,17 @@ def test_absolute_paths_cover_env_dataset(tmp_path, monkeypatch):
     assert out.env.dataset.path == str(tmp_path / "data" / "gsm8k") and out.env.dataset.test_split is None
     assert cfg.env.dataset.path == "data/gsm8k"  # a copy: the original is unchanged
     assert absolute_paths(load_config(None, [])).env.dataset is None
+@pytest.mark.parametrize("item, field", [
+    ("trainer.policy_lr=.inf", "trainer.policy_lr"), ("trainer.critic_lr=.nan", "trainer.critic_lr"),
+    ("trainer.grad_clip=.inf", "trainer.grad_clip"), ("run.eval_temperature=.nan", "run.eval_temperature"),
+    ("rollout.top_p=.nan", "rollout.top_p"), ("trainer.max_wall_s=.inf", "trainer.max_wall_s"),
+])
+def test_non_finite_floats_fail_at_load(item, field):
+    msg = _error(None, [item])
+    assert f"{field}: Input should be a finite number" in msg
+
+
+def test_a_huge_but_finite_learning_rate_loads_and_the_skip_limit_is_a_setting():
+    cfg = load_config(None, ["trainer.policy_lr=1e6", "trainer.max_nonfinite_skips=5"])
+    assert cfg.trainer.policy_lr == 1e6 and cfg.trainer.max_nonfinite_skips == 5
+    assert "trainer.max_nonfinite_skips" in _error(None, ["trainer.max_nonfinite_skips=0"])

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,10 +72,12 @@ class RolloutRecorder(Observer):
 
 
 def run_once(cfg: SaorlConfig, run_dir: Path) -> dict:
-    """Run ``cfg`` to its wall-clock budget in ``run_dir`` with the recorder on; the last metrics."""
+    """Run ``cfg`` to its wall-clock budget in ``run_dir`` with the recorder on; the last metrics.
+    A run directory left by an earlier benchmark is replaced: a measurement is one fresh run."""
     from saorl.training import train
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
     return train(cfg, run_dir, observer=RolloutRecorder(run_dir / "rollouts.jsonl"))[1]
 
 

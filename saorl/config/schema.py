@@ -134,6 +134,10 @@ class TrainerConfig(Section):
     boundaries through per-sequence position ids; every HF causal LM with sdpa, eager or
     flash-attention honours them). False: right-padded micro-batches of similar lengths, for a
     model whose attention ignores restarting position ids."""
+    max_nonfinite_skips: int = Field(3, ge=1)
+    """Stop the run (non-zero exit, after a checkpoint of the last finite weights) when this many
+    trainer steps in a row had an update rolled back because its loss, gradient or updated
+    parameters were not finite."""
 
 
 class RuntimeConfig(Section):

@@ -35,7 +35,9 @@ class FieldError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # allow_inf_nan=False: a learning rate of .inf or .nan fails here, not as non-finite weights
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
@@ -62,7 +64,13 @@ class RunConfig(Section):
     checkpoint_every: int = Field(50, ge=1)
     """Write a checkpoint every this many trainer steps (and at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept on disk; older ones are deleted."""
+    """Checkpoints kept on disk; older ones are deleted (the journal is kept back to the oldest, so
+    a resume can fall back to any of them)."""
+    resume_fallback: bool = True
+    """On resume, when the checkpoint ``checkpoints/latest`` names is missing or damaged (a
+    manifest, a tensor file or a journal segment it needs fails its checksum), continue from the
+    newest intact earlier checkpoint and redo the steps after it; false: stop with an error
+    instead. With no intact checkpoint the resume always stops."""
     samples_every: int = Field(25, ge=1)
     """Write a few decoded trajectories to the run directory every this many trainer steps."""
     progress: bool = True

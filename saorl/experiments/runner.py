@@ -14,8 +14,8 @@ runner checks that the SFT keys of all arms of a seed agree before it trains any
 
 A run counts as finished when it did all ``trainer.steps`` or used its wall-clock budget. A run
 that stopped early (Ctrl-C) is not marked: the experiment stops there, and the next invocation
-resumes it from its last checkpoint (with the wall-clock budget it had left) or, without a
-checkpoint, starts it again.
+resumes it from its last checkpoint (with the wall-clock budget it had left; without one, from
+step 0 with its journal), or starts it again if it had not written its config yet.
 
 A run that stopped between two evaluations (wall-clock budget, or steps not a multiple of
 ``run.eval_every``) gets one more evaluation of its final policy, appended to its ``eval.jsonl``
@@ -120,7 +120,6 @@ class ExperimentRunner:
 
     # ------------------------------------------------------------------------- trained arms
     def run_one(self, arm: str, seed: int) -> RunResult:
-        from saorl.runtime.checkpoint import latest_checkpoint
         from saorl.stages.sft import warm_start
         from saorl.stages.value_pretrain import initial_critic
         from saorl.training import train
@@ -132,14 +131,16 @@ class ExperimentRunner:
             return RunResult(arm, seed, str(run_dir), "skipped", done["steps"], done["wall_s"])
         cfg = self.config(arm, seed)
         initial_critic(cfg, warm_start(cfg, self.log), self.log)  # cached: train() reuses them
-        resume = run_dir.is_dir() and latest_checkpoint(run_dir / "checkpoints") is not None
+        # a run that wrote its config resumes (from its checkpoint, or from step 0 with its journal;
+        # a damaged checkpoint is reported there, never answered by deleting the run)
+        resume = (run_dir / "config.yaml").is_file()
         if resume:
             spent = _last(read_jsonl(run_dir / "metrics.jsonl"), "time/elapsed_s") or 0.0
             if cfg.trainer.max_wall_s is not None:
                 cfg.trainer.max_wall_s = max(1.0, cfg.trainer.max_wall_s - spent)
             self.log(f"[{arm} seed {seed}] resuming {run_dir}")
         elif run_dir.exists():
-            shutil.rmtree(run_dir)  # began but never checkpointed: start it again
+            shutil.rmtree(run_dir)  # began but wrote nothing of a run: start it again
         self.log(f"[{arm} seed {seed}] training: {cfg.algo.name}, {cfg.resolved_mode()}, "
                  f"{cfg.trainer.steps} steps, max {cfg.trainer.max_wall_s or 'unlimited'} s -> {run_dir}")
         t0 = time.monotonic()

@@ -6,19 +6,24 @@ it held are reported as lost, so the feed re-queues them (nothing in flight is s
 ``max_restarts`` restarts it raises :class:`WorkerFailure`.
 
 Implementations: :class:`LocalBackend` (one spawned OS process per worker, typed messages over
-``multiprocessing`` queues), :class:`~saorl.runtime.inprocess.InProcessBackend` (episodes on
-one engine in this process: tests, evaluation, value pretraining) and
-:class:`~saorl.runtime.ray_backend.RayBackend` (one Ray actor per worker, on a cluster).
+``multiprocessing`` queues; a worker dies with the trainer, see :mod:`saorl.runtime.lifeline`),
+:class:`~saorl.runtime.inprocess.InProcessBackend` (episodes on one engine in this process:
+tests, evaluation, value pretraining) and :class:`~saorl.runtime.ray_backend.RayBackend` (one
+Ray actor per worker, on a cluster).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import pickle
 import queue
+import threading
 import time
 from typing import Protocol
 
 from saorl.errors import RunFailure
+from saorl.runtime.lifeline import run_worker
 from saorl.runtime.messages import (
     EngineStats,
     PollResult,
@@ -27,7 +32,7 @@ from saorl.runtime.messages import (
     RolloutRequest,
     WorkerCrashed,
 )
-from saorl.runtime.worker import WorkerSpec, worker_main
+from saorl.runtime.worker import WorkerSpec
 
 
 class Backend(Protocol):
@@ -80,8 +85,11 @@ class LocalBackend:
     # ---------------------------------------------------------------- workers
     def _spawn(self, i: int) -> None:
         q = self._ctx.Queue()
-        p = self._ctx.Process(target=worker_main, args=(i, self.spec, q, self._results),
-                              name=f"saorl-rollout-{i}", daemon=True)
+        # the worker dies with this process (saorl.runtime.lifeline); Linux's parent-death signal
+        # follows the thread that starts the worker, so only the main thread asks for it
+        main = threading.current_thread() is threading.main_thread()
+        args = (os.getpid(), main, i, pickle.dumps(self.spec), q, self._results)
+        p = self._ctx.Process(target=run_worker, args=args, name=f"saorl-rollout-{i}", daemon=True)
         p.start()
         self._procs[i], self._queues[i] = p, q
 

@@ -1,12 +1,25 @@
-"""Run checkpoints: written atomically, never loaded half-written.
+"""Run checkpoints: written atomically, verified before they are loaded, never loaded damaged.
 
 ``RUN/checkpoints/step-00000050/`` holds the learner's state, ``rng.safetensors`` (torch RNG
-state), ``pending.jsonl`` (trajectories finished but not yet trained) and ``manifest.json``
-(step, policy version, optimizer hyper-parameters, Python RNG state, the finished-rollout
-ranges, the journal segment the checkpoint continues from, counters). Everything is written into
-a temporary directory that is renamed into place at the end; ``RUN/checkpoints/latest`` (a file
-holding the directory name) is then replaced atomically. A directory without a manifest, or
-not named by ``latest``, is never loaded.
+state), ``pending.jsonl`` (trajectories finished but not yet trained, one checksummed journal
+line each) and ``manifest.json`` (step, policy version, optimizer hyper-parameters, Python RNG
+state, the finished-rollout ranges, the journal segment the checkpoint continues from, counters,
+the SHA-256 of every other file (by relative path, a sharded learner's shards included), and
+``checksum``: the SHA-256 of the manifest's own canonical JSON without that member).
+Everything is written into a temporary directory that is renamed into place at the end;
+``RUN/checkpoints/latest`` (a file holding the directory name) is then replaced atomically.
+
+**Resume** (:func:`resume_checkpoint`) loads the checkpoint ``latest`` names only after checking
+all of it: ``latest`` names a directory that exists, the manifest parses and matches its
+checksum, every file matches its hash (a flipped byte in a tensor file is found), and the
+journal segments it continues from are all there. When any of that fails, the problem is one
+paragraph naming the file, and then either (``run.resume_fallback``, the default) the newest
+intact earlier checkpoint is used — the damaged directory is renamed ``damaged-step-N`` (kept
+for inspection, never loaded or pruned), ``latest`` is pointed at the one used, and the steps
+after it are redone from the journal, which is kept back to the oldest kept checkpoint for
+exactly this — or the run stops with :class:`~saorl.runtime.rundir.CorruptionError`. With no
+intact checkpoint it always stops. A run directory with no checkpoint at all resumes from step 0
+only when its journal shows none was ever written (segment 0 is still there).
 
 The learner writes its own state (``learner.save_state(directory)``, read back by
 ``learner.load_state``). The single-process layout (:func:`save_learner_files`):
@@ -21,7 +34,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +44,15 @@ import torch
 
 from saorl.data.trajectory import Trajectory
 from saorl.models.serialize import load_safetensors, save_safetensors_atomic
+from saorl.runtime.journal import Journal, decode_entry, encode_entry
+from saorl.runtime.rundir import CorruptionError, sha256_file
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"
 """The subdirectory of a sharded learner's state (``torch.distributed.checkpoint``, one file per rank)."""
+LATEST = "latest"
+_STEP_DIR = re.compile(r"step-(\d{8})")
+REQUIRED = ("step", "version", "finished", "journal_segment", "files", "python_rng")
 
 
 def _flatten_optimizer(sd: dict, prefix: str) -> tuple[dict[str, torch.Tensor], dict]:
@@ -104,6 +124,13 @@ def load_learner_files(directory: Path,
     return policy, policy_optim, critic, _unflatten_optimizer(optim, manifest["optim"]["critic"], "critic")
 
 
+def _manifest_checksum(manifest: dict[str, Any]) -> str:
+    import hashlib
+
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
                     pending: list[tuple[int, Trajectory]], keep: int = 2) -> Path:
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -115,13 +142,18 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
     save_safetensors_atomic({"torch": torch.get_rng_state()}, tmp / "rng.safetensors")
     with open(tmp / "pending.jsonl", "w", encoding="utf-8") as f:
         for rid, traj in pending:
-            f.write(json.dumps({"rid": rid, "traj": traj.to_dict()}) + "\n")
+            f.write(encode_entry(rid, traj) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     manifest = {
         "step": step, "version": learner.version, "nonfinite_skips": learner.nonfinite_skips,
         "learner_steps": learner.steps_done,
         **learner_meta, "python_rng": _py_rng_to_json(random.getstate()),
         "baseline": learner.baseline.state_dict(), **extra,
+        "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*"))
+                  if p.is_file()},
     }
+    manifest["checksum"] = _manifest_checksum(manifest)
     with open(tmp / MANIFEST, "w") as f:
         json.dump(manifest, f)
         f.flush()
@@ -130,18 +162,46 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    latest_tmp = ckpt_root / f".latest.tmp{os.getpid()}"
-    latest_tmp.write_text(name)
-    os.replace(latest_tmp, ckpt_root / "latest")
-    _fsync_dir(ckpt_root)
+    _point_latest(ckpt_root, name)
     _prune(ckpt_root, keep)
     return final
 
 
+def _point_latest(ckpt_root: Path, name: str) -> None:
+    latest_tmp = ckpt_root / f".latest.tmp{os.getpid()}"
+    latest_tmp.write_text(name)
+    os.replace(latest_tmp, ckpt_root / LATEST)
+    _fsync_dir(ckpt_root)
+
+
+def checkpoint_dirs(ckpt_root: Path) -> list[Path]:
+    """The ``step-NNNNNNNN`` directories, oldest first (not temporaries, not damaged ones)."""
+    if not ckpt_root.is_dir():
+        return []
+    return sorted(d for d in ckpt_root.iterdir() if _STEP_DIR.fullmatch(d.name) and d.is_dir())
+
+
 def _prune(ckpt_root: Path, keep: int) -> None:
-    dirs = sorted(d for d in ckpt_root.glob("step-*") if d.is_dir())
-    for d in dirs[: -max(1, keep)]:
+    for d in checkpoint_dirs(ckpt_root)[: -max(1, keep)]:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _journal_segments(ckpt_root: Path) -> list[int]:
+    """The journal segments the checkpoints' manifests name (unreadable ones are skipped: a
+    damaged checkpoint is found, and reported, on resume)."""
+    segs = []
+    for d in checkpoint_dirs(ckpt_root):
+        try:
+            segs.append(int(json.loads((d / MANIFEST).read_text())["journal_segment"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return segs
+
+
+def oldest_journal_segment(ckpt_root: Path) -> int | None:
+    """The journal segment the oldest kept checkpoint continues from: the journal is pruned
+    only before it, so any kept checkpoint can be resumed from (``None``: no readable one)."""
+    return min(_journal_segments(ckpt_root), default=None)
 
 
 def _py_rng_to_json(state) -> list:
@@ -149,16 +209,123 @@ def _py_rng_to_json(state) -> list:
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    pointer = ckpt_root / "latest"
+    """The directory ``latest`` names, if it has a manifest (not verified: see :func:`verify`)."""
+    pointer = ckpt_root / LATEST
     if not pointer.exists():
         return None
     d = ckpt_root / pointer.read_text().strip()
     return d if (d / MANIFEST).exists() else None
 
 
-def load_checkpoint(ckpt_dir: Path, learner) -> tuple[dict[str, Any], list[tuple[int, Trajectory]]]:
-    """Restore the learner in place; return the manifest and the pending trajectories."""
-    manifest = json.loads((ckpt_dir / MANIFEST).read_text())
+# ---------------------------------------------------------------------------------- verify
+def verify(ckpt_dir: Path, journal: Journal, newest_segment: int = 0) -> dict[str, Any]:
+    """The manifest of ``ckpt_dir`` after checking everything a resume from it reads (see the
+    module docstring): the journal segments from its own up to ``newest_segment`` or the newest
+    there; :class:`CorruptionError` naming the first damaged or missing file."""
+    path = ckpt_dir / MANIFEST
+    if not path.is_file():
+        raise CorruptionError(f"{path} is missing")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptionError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or "checksum" not in manifest:
+        raise CorruptionError(f"{path} is not a checkpoint manifest (no checksum)")
+    if _manifest_checksum(manifest) != manifest["checksum"]:
+        raise CorruptionError(f"{path} does not match its checksum (its content was changed)")
+    missing = [k for k in REQUIRED if k not in manifest]
+    if missing:
+        raise CorruptionError(f"{path} lacks {', '.join(missing)}")
+    for name, digest in manifest["files"].items():
+        f = ckpt_dir / name
+        if not f.is_file():
+            raise CorruptionError(f"{f} is missing")
+        if sha256_file(f) != digest:
+            raise CorruptionError(f"{f} does not match the SHA-256 in its manifest (its bytes were changed "
+                                  "or cut short)")
+    gone = journal.first_missing(int(manifest["journal_segment"]), newest_segment)
+    if gone is not None:
+        raise CorruptionError(f"journal segment {gone}, which checkpoint {ckpt_dir.name} continues from, "
+                              "is missing")
+    return manifest
+
+
+def resume_checkpoint(ckpt_root: Path, journal: Journal, *, fallback: bool,
+                      log: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume from and its verified manifest, or None when the run never wrote
+    one (see the module docstring for what is checked and the fallback)."""
+    dirs = checkpoint_dirs(ckpt_root)
+    pointer = ckpt_root / LATEST
+    named = pointer.read_text(errors="replace").strip() if pointer.is_file() else None
+    if named is None and not dirs:
+        first = journal.segments()
+        if first and first[0].name != "seg-00000000.jsonl":
+            raise CorruptionError(
+                f"{ckpt_root} holds no checkpoint, but the journal starts at {first[0].name}: earlier "
+                "segments were pruned when checkpoints were written, so the checkpoints were deleted. "
+                "Restore them if you have a copy; resuming without them would train from step 0 on a "
+                "fraction of the run's rollouts.")
+        return None
+    newest = max(_journal_segments(ckpt_root), default=0)  # a newer checkpoint's segment existed
+    if named is None:
+        problem = f"{pointer} is missing"
+    elif not _STEP_DIR.fullmatch(named) or not (ckpt_root / named).is_dir():
+        problem = f"{pointer} names {named[:40]!r}, which is not a checkpoint directory in {ckpt_root}"
+    else:
+        try:
+            return ckpt_root / named, verify(ckpt_root / named, journal, newest)
+        except CorruptionError as e:
+            problem = str(e)
+    return _fall_back(ckpt_root, journal, named, problem, newest, fallback, log)
+
+
+def _fall_back(ckpt_root: Path, journal: Journal, named: str | None, problem: str, newest: int,
+               fallback: bool, log: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+    damaged = ckpt_root / named if named and _STEP_DIR.fullmatch(named) else None
+    damaged = damaged if damaged is not None and damaged.is_dir() else None
+    rejected = []
+    for d in reversed(checkpoint_dirs(ckpt_root)):
+        if d == damaged:
+            continue
+        try:
+            manifest = verify(d, journal, newest)
+        except CorruptionError as e:
+            rejected.append(str(e))
+            continue
+        if not fallback:
+            raise CorruptionError(
+                f"cannot resume: {problem}. The intact checkpoint {d.name} (step {manifest['step']}) is "
+                "there: resume again without run.resume_fallback=false to continue from it (the steps "
+                "after it are redone from the journal), or restore the damaged file if you have a copy.")
+        aside = ""
+        if damaged is not None:
+            target = _aside_name(ckpt_root, damaged.name)
+            os.replace(damaged, target)
+            aside = f" The damaged checkpoint was moved to {target}."
+        _point_latest(ckpt_root, d.name)
+        log(f"resume: {problem}. Continuing from the newest intact checkpoint, {d.name} (step "
+            f"{manifest['step']}); the steps after it are redone from the journal, and trained.jsonl "
+            f"and metrics.jsonl get a resume marker.{aside} To stop instead, resume with "
+            "run.resume_fallback=false.")
+        return d, manifest
+    also = f" Earlier checkpoints are damaged too: {'; '.join(rejected)}." if rejected else ""
+    raise CorruptionError(
+        f"cannot resume: {problem}, and no intact earlier checkpoint is left to fall back to.{also} "
+        "Restore the damaged file from a copy if you have one, or start a new run (a new --run-dir); "
+        "the run is not restarted from step 0, which would silently discard its training.")
+
+
+def _aside_name(ckpt_root: Path, name: str) -> Path:
+    target, n = ckpt_root / f"damaged-{name}", 1
+    while target.exists():
+        target, n = ckpt_root / f"damaged-{name}-{n}", n + 1
+    return target
+
+
+# ------------------------------------------------------------------------------------ load
+def load_checkpoint(ckpt_dir: Path, learner, manifest: dict[str, Any]) -> list[tuple[int, Trajectory]]:
+    """Restore the learner in place from a checkpoint :func:`verify` passed (``manifest`` is what
+    it returned); return the pending trajectories."""
     learner.load_state(ckpt_dir, manifest)
     torch.set_rng_state(load_safetensors(ckpt_dir / "rng.safetensors")["torch"])
     s = manifest["python_rng"]
@@ -167,9 +334,5 @@ def load_checkpoint(ckpt_dir: Path, learner) -> tuple[dict[str, Any], list[tuple
     learner.nonfinite_skips = int(manifest["nonfinite_skips"])
     learner.steps_done = int(manifest["learner_steps"])
     learner.baseline.load_state_dict(manifest["baseline"])
-    pending = []
-    with open(ckpt_dir / "pending.jsonl", encoding="utf-8") as f:
-        for line in f:
-            d = json.loads(line)
-            pending.append((int(d["rid"]), Trajectory.from_dict(d["traj"])))
-    return manifest, pending
+    lines = (ckpt_dir / "pending.jsonl").read_text(encoding="utf-8").splitlines()
+    return [decode_entry(line) for line in lines]

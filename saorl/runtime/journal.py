@@ -6,7 +6,13 @@ indexes the stream of training prompts (task ``seq % num_tasks``), ``g`` the mem
 never one that is finished or in flight, and takes back the rids of a crashed worker.
 
 Each finished trajectory is appended to the :class:`Journal` (one JSON line, flushed and fsynced)
-the moment it reaches the trainer, before it is trained on. A checkpoint stores the set of
+the moment it reaches the trainer, before it is trained on. Every line carries the CRC-32 of its
+own bytes (``{"rid": .., "traj": {..}, "crc": "1a2b3c4d"}``, the CRC over the line without its
+``crc`` member), so damage is detected, never read as data: when a journal is read back, a last
+line without its newline is a write cut short by a crash and is dropped (that rollout is sampled
+again); any other line that fails its check stops the resume with :class:`CorruptionError`
+naming the file and line. Segments are numbered without gaps (a rotation creates the next
+segment at once), so a deleted segment is detected too. A checkpoint stores the set of
 finished rids (compactly, as ranges) and the trajectories that were finished but not yet
 trained; the journal is then rotated. After ``kill -9``, resume = checkpoint + journal segments
 newer than it: the union gives the finished set (so nothing is dispatched twice) and the
@@ -20,10 +26,14 @@ import bisect
 import heapq
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from saorl.data.trajectory import Trajectory
+from saorl.runtime.rundir import CorruptionError
+
+_CRC_TAIL = len(',"crc":"00000000"}')
 
 
 class RangeSet:
@@ -113,6 +123,34 @@ class RolloutCursor:
             heapq.heappush(self._requeued, rid)
 
 
+def encode_entry(rid: int, traj: Trajectory) -> str:
+    """One journal line (no newline): the entry's JSON with the CRC-32 of that JSON appended."""
+    body = json.dumps({"rid": rid, "traj": traj.to_dict()}, separators=(",", ":"))
+    return f'{body[:-1]},"crc":"{zlib.crc32(body.encode()):08x}"}}'
+
+
+def decode_entry(line: str) -> tuple[int, Trajectory]:
+    """The ``(rid, trajectory)`` of a journal line; ``ValueError`` saying why when it is damaged."""
+    body, tail = line[:-_CRC_TAIL] + "}", line[-_CRC_TAIL:]
+    if len(line) <= _CRC_TAIL or not (tail.startswith(',"crc":"') and tail.endswith('"}')):
+        raise ValueError("no checksum at the end of the line")
+    try:
+        crc = int(tail[8:16], 16)
+    except ValueError:
+        raise ValueError("the checksum is not hexadecimal") from None
+    if zlib.crc32(body.encode()) != crc:
+        raise ValueError("the checksum does not match the line's bytes")
+    try:
+        d = json.loads(body)
+        return int(d["rid"]), Trajectory.from_dict(d["traj"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"the checksum matches but the entry is not a trajectory ({e})") from None
+
+
+def _seg_number(path: Path) -> int:
+    return int(path.stem.split("-")[1])
+
+
 class Journal:
     """Append-only, fsynced JSONL of finished trajectories, in segments rotated at checkpoints."""
 
@@ -120,16 +158,20 @@ class Journal:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         segs = self.segments()
-        self._seg_index = (int(segs[-1].stem.split("-")[1]) + 1) if segs else 0
+        self._seg_index = (_seg_number(segs[-1]) + 1) if segs else 0
         self._file = None
+        self.torn: list[Path] = []
+        """Segments whose torn last line the last :meth:`read_from` dropped."""
 
     def segments(self) -> list[Path]:
         return sorted(self.dir.glob("seg-*.jsonl"))
 
+    def segment_path(self, index: int) -> Path:
+        return self.dir / f"seg-{index:08d}.jsonl"
+
     def _open(self):
         if self._file is None:
-            path = self.dir / f"seg-{self._seg_index:08d}.jsonl"
-            self._file = open(path, "a", encoding="utf-8")
+            self._file = open(self.segment_path(self._seg_index), "a", encoding="utf-8")
         return self._file
 
     def append(self, rid: int, traj: Trajectory) -> None:
@@ -139,39 +181,68 @@ class Journal:
         """Write, flush and fsync once (group commit: one fsync per arrival batch)."""
         f = self._open()
         for rid, traj in entries:
-            f.write(json.dumps({"rid": rid, "traj": traj.to_dict()}, separators=(",", ":")) + "\n")
+            f.write(encode_entry(rid, traj) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
     def rotate(self) -> int:
-        """Start a new segment; return its index (stored in the checkpoint manifest)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Start a new segment; return its index, which the checkpoint manifest stores. Both the
+        segment ending and the one starting exist on disk afterwards (even if empty), so segment
+        numbers have no gaps and a missing one is damage. Opening a journal creates nothing: a
+        reader never hides a deleted newest segment behind a fresh empty one."""
+        self._open().close()
+        self._file = None
         self._seg_index += 1
+        self._open()
         return self._seg_index
 
     def prune_before(self, segment_index: int) -> None:
         for seg in self.segments():
-            if int(seg.stem.split("-")[1]) < segment_index:
+            if _seg_number(seg) < segment_index:
                 seg.unlink(missing_ok=True)
 
+    def first_missing(self, index: int, newest: int = 0) -> Path | None:
+        """The first of segments ``index, index+1, ...`` up to the newest there (or ``newest``,
+        when more are known to have existed) that is not there, or None: a checkpoint that
+        continues from segment ``index`` needs all of them."""
+        present = {_seg_number(p) for p in self.segments()}
+        newest = max(present | {index, newest})
+        return next((self.segment_path(i) for i in range(index, newest + 1) if i not in present), None)
+
     def read_from(self, segment_index: int) -> list[tuple[int, Trajectory]]:
-        """Entries of segments >= ``segment_index``; a torn last line (kill -9) is dropped."""
+        """Entries of segments >= ``segment_index``. A torn last line (no newline: a crash hit
+        mid-write) is dropped and its segment noted in :attr:`torn`; any other damaged line is a
+        :class:`CorruptionError` naming the file and line."""
         out = []
+        self.torn = []
         for seg in self.segments():
-            if int(seg.stem.split("-")[1]) < segment_index:
+            if _seg_number(seg) < segment_index:
                 continue
-            with open(seg, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        d = json.loads(line)
-                        out.append((int(d["rid"]), Trajectory.from_dict(d["traj"])))
-                    except (json.JSONDecodeError, KeyError, ValueError):
-                        continue  # only a line cut short by a crash can fail here
+            out += self._read_segment(seg)
+        return out
+
+    def _read_segment(self, seg: Path) -> list[tuple[int, Trajectory]]:
+        data = seg.read_bytes()
+        lines = data.split(b"\n")
+        if lines[-1]:  # no newline at the end: the last write was cut short
+            self.torn.append(seg)
+        out = []
+        for n, raw in enumerate(lines[:-1], 1):
+            try:
+                out.append(decode_entry(raw.decode("utf-8")))
+            except (UnicodeDecodeError, ValueError) as e:
+                reason = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e)
+                raise CorruptionError(
+                    f"journal {seg}, line {n} of {len(lines) - 1}, is damaged ({reason}); only a torn "
+                    "last line can come from a crash, so this is disk or file damage. The run stops "
+                    "rather than drop or guess at a trajectory. Restore the file if you have a copy; "
+                    f"or delete that line (e.g. `sed -i '{n}d' {seg}`), or the whole segment if every "
+                    "line is damaged, and resume again: the rollouts on deleted lines are sampled "
+                    "again, nothing is trained twice.") from None
         return out
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+

@@ -30,9 +30,9 @@ padding and non-action tokens included) and ``throughput/microbatches``. The sha
 (:mod:`saorl.runtime.sharded`) runs these very passes on each rank's share; it differs only in
 :meth:`Learner._token_total` (global counts), ``_backward`` and ``_optimizer_step``.
 
-A loss or gradient that is not finite skips that optimizer step (counted in
-``train/nonfinite_skips``) and never reaches the weights. The policy version advances only when
-the policy weights change.
+A loss, gradient or updated parameter that is not finite skips (rolls back) that optimizer step
+(counted in ``train/nonfinite_skips``): it never reaches the weights. The policy version advances
+only when the policy weights change.
 
 **Routing replay** (``routing_replay``, MoE policies): the policy's forward routes every token to
 the experts the engine recorded for it (``Trajectory.routes``; ``saorl.models.routing``), so an
@@ -47,7 +47,9 @@ like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,10 +89,52 @@ def _backward(loss: Tensor) -> None:
         loss.backward()
 
 
+_SNAPSHOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per optimizer: buffers holding the pre-step copy of its parameters and state, allocated once
+(fresh allocations each step would page-fault tens of MB in every step)."""
+
+
+def _step_tensors(params, optimizer: torch.optim.Optimizer, with_state) -> list[torch.Tensor]:
+    """The parameters, then the state tensors of those in ``with_state``, in a fixed order."""
+    state = [v for p in params if p in with_state for v in optimizer.state[p].values() if torch.is_tensor(v)]
+    return [p.detach() for p in params] + state
+
+
+def _snapshot(params, optimizer: torch.optim.Optimizer) -> tuple[list, set, dict]:
+    """Copy the parameters and their optimizer state (tensors into the kept buffers)."""
+    had_state = {p for p in params if optimizer.state.get(p)}
+    tensors = _step_tensors(params, optimizer, had_state)
+    bufs = _SNAPSHOTS.get(optimizer)
+    if bufs is None or [(b.shape, b.dtype) for b in bufs] != [(t.shape, t.dtype) for t in tensors]:
+        bufs = _SNAPSHOTS[optimizer] = [torch.empty_like(t) for t in tensors]
+    torch._foreach_copy_(bufs, tensors)
+    others = {(p, k): copy.copy(v) for p in had_state for k, v in optimizer.state[p].items()
+              if not torch.is_tensor(v)}
+    return bufs, had_state, others
+
+
+def _roll_back(params, optimizer: torch.optim.Optimizer, bufs: list, had_state: set, others: dict) -> None:
+    """Undo ``optimizer.step()``: the state it created is dropped, the rest copied back."""
+    for p in params:
+        if p not in had_state:
+            optimizer.state.pop(p, None)
+    for (p, k), v in others.items():
+        optimizer.state[p][k] = v
+    with torch.no_grad():
+        torch._foreach_copy_(_step_tensors(params, optimizer, had_state), bufs)
+
+
 def _finite_step(params, optimizer: torch.optim.Optimizer, loss: Tensor, clip: float) -> float | None:
     """Clipped step on the gradients accumulated for ``loss`` (the whole batch's loss, summed over
     micro-batches); returns the grad norm, or None — no step, gradients cleared — if the loss or
-    the norm is not finite."""
+    the norm is not finite.
+
+    A step that leaves a parameter non-finite (finite gradients and a huge learning rate can) is
+    rolled back: parameters and their optimizer state are restored from copies taken before it,
+    so a non-finite value never reaches the weights. The check is one sum per parameter tensor;
+    the copies are kept in buffers the size of the parameters plus the optimizer's state
+    (memory: one more copy of both).
+    """
     if not torch.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         return None
@@ -98,9 +142,15 @@ def _finite_step(params, optimizer: torch.optim.Optimizer, loss: Tensor, clip: f
     if not torch.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         return None
+    saved = _snapshot(params, optimizer)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+    # one sum per tensor (20x cheaper than isfinite().all()): inf or NaN anywhere makes it
+    # non-finite; so does a sum past the dtype's range (weights of 1e32 and up), rightly rolled back
+    if bool(torch.stack([p.detach().sum() for p in params]).isfinite().all()):
+        return float(norm)
+    _roll_back(params, optimizer, *saved)
+    return None
 
 
 def _share(part: Tensor, total: Tensor) -> Tensor:

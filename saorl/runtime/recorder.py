@@ -11,6 +11,12 @@ full text of the failures the run survived), ``samples/`` and the final export (
 run loop does no clock arithmetic of its own. :class:`CountProgress` shows the progress of a
 counted job (an evaluation's episodes, value-pretraining rollouts, SFT steps) the way the run shows
 its steps: a rich bar on a terminal, plain lines on stderr otherwise.
+
+A resumed run redoes the steps logged after its checkpoint. It first appends a **resume
+marker**, ``{"resume": {"from_step": S, "checkpoint": ..., "pending": ..., "version": ...,
+"time": ...}}``, to both ``trained.jsonl`` and ``metrics.jsonl``: the rows before the marker
+with ``step > S`` were rolled back. :func:`effective_rows` applies the markers, so an audit
+of ``trained.jsonl`` counts each rollout once. Marker rows have no ``step`` key.
 """
 
 from __future__ import annotations
@@ -32,6 +38,18 @@ REQUIRED_KEYS = (
     "throughput/trajectories_per_s", "throughput/action_tokens_per_s",
 )
 SAMPLES_PER_STEP = 4
+
+
+def effective_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step rows of ``trained.jsonl`` or ``metrics.jsonl`` that stand: each resume marker
+    drops the rows before it whose step is past the checkpoint it resumed from."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if "resume" in row:
+            out = [r for r in out if r["step"] <= row["resume"]["from_step"]]
+        elif "step" in row:
+            out.append(row)
+    return out
 
 
 def _clean(v: Any) -> Any:
@@ -110,6 +128,12 @@ class RunRecorder:
         """Progress of a counted job inside the run (an evaluation): a second bar under the run's
         own on a terminal, else a line every :data:`PROGRESS_EVERY_S` seconds."""
         return CountProgress(label, bar=self._progress, enabled=True, log=self.message)
+    def resumed(self, info: dict[str, Any]) -> None:
+        """The resume marker (see the module docstring), in ``trained.jsonl`` and ``metrics.jsonl``."""
+        line = json.dumps({"resume": {**info, "time": time.time()}}) + "\n"
+        for f in (self._trained, self._metrics):
+            f.write(line)
+            f.flush()
 
     # ----------------------------------------------------------------- trajectories
     def trained(self, step: int, trajs: list[Trajectory], train_start: float, train_end: float) -> None:

@@ -27,16 +27,27 @@ import torch
 from saorl.config import SaorlConfig, config_to_dict, save_resolved
 from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.envs.base import Progress
-from saorl.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from saorl.errors import RunFailure
+from saorl.runtime.checkpoint import (
+    load_checkpoint,
+    oldest_journal_segment,
+    resume_checkpoint,
+    save_checkpoint,
+)
 from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import RunParts, build_learner
 from saorl.runtime.recorder import RunRecorder, StepClock
+from saorl.runtime.rundir import remove_temporaries
 from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
 from saorl.runtime.trackers import Trackers
 
 # Required metrics that an algorithm may not produce (GRPO has no critic, PPO no DIS mask).
 NOT_APPLICABLE = ("policy/dis_kept_frac", "critic/value_loss", "critic/explained_var")
+
+
+class NonFiniteError(RunFailure):
+    """Too many consecutive updates were skipped as non-finite (exit 3); one paragraph."""
 
 
 class Evaluator(Protocol):
@@ -54,16 +65,25 @@ class Run:
         self.observer = observer or Observer()
         self.learner = build_learner(cfg, parts.policy, parts.critic, parts.tokenizer.pad_token_id)
         self.journal = Journal(run_dir / "journal")
-        self.step = 0
-        finished, pending = RangeSet(), []
-        if resume:
-            finished, pending = self._restore()
-        save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
-        self.learner.publish(parts.weights)
         trackers = Trackers(cfg.run.report_to, run_dir, project=cfg.run.tracker_project,
                             options=cfg.run.tracker_options, config=config_to_dict(cfg))
         self.recorder = RunRecorder(run_dir, parts.tokenizer, progress=cfg.run.progress,
                                     total_steps=cfg.trainer.steps, trackers=trackers)
+        self.step = 0
+        self._skipped_in_a_row = 0
+        finished, pending = RangeSet(), []
+        try:
+            removed = remove_temporaries(run_dir)  # train() holds the run directory's lock
+            if removed:
+                self.recorder.message(f"removed what a crash left half-written: {', '.join(removed)}")
+            if resume:
+                finished, pending = self._restore()
+            save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
+            self.learner.publish(parts.weights)
+        except BaseException:
+            self.journal.close()
+            self.recorder.close()
+            raise
         self.clock = StepClock(cfg.trainer.max_wall_s)
         self.feed = RolloutFeed(parts.backend, parts.train_tasks, RolloutCursor(finished), self.journal,
                                 AsyncDispatch() if parts.mode == "async" else SyncDispatch(),
@@ -76,17 +96,37 @@ class Run:
 
     # ----------------------------------------------------------------- resume
     def _restore(self) -> tuple[RangeSet, list]:
-        ckpt = latest_checkpoint(self.dir / "checkpoints")
-        finished, pending, seg = RangeSet(), [], 0
-        if ckpt is not None:
-            manifest, pending = load_checkpoint(ckpt, self.learner)
-            self.step = int(manifest["step"])
+        """The checkpoint (verified; an older intact one if it is damaged), then the journal after
+        it. Marks the resume in trained.jsonl and metrics.jsonl: the steps logged after the
+        checkpoint are redone, so an audit must drop them (:func:`~saorl.runtime.recorder.effective_rows`)."""
+        found = resume_checkpoint(self.dir / "checkpoints", self.journal,
+                                  fallback=self.cfg.run.resume_fallback, log=self.recorder.message)
+        finished, pending, seg, name = RangeSet(), [], 0, None
+        if found is not None:
+            ckpt, manifest = found
+            pending = load_checkpoint(ckpt, self.learner, manifest)
+            self.step, name = int(manifest["step"]), ckpt.name
             finished = RangeSet.from_ranges(manifest["finished"])
             seg = int(manifest["journal_segment"])
+        journalled = 0
         for rid, traj in self.journal.read_from(seg):
             if rid not in finished:
                 finished.add(rid)
                 pending.append((rid, traj))
+                journalled += 1
+        for torn in self.journal.torn:
+            self.recorder.message(f"resume: dropped the torn last line of {torn} (a write the crash cut "
+                                  "short); that rollout is sampled again")
+        if found is None:
+            self.recorder.message(f"resume: {self.dir / 'checkpoints'} holds no checkpoint yet; the run "
+                                  f"restarts from step 0 and first trains the {journalled} journalled "
+                                  "trajectories")
+        # one version number names one set of weights: continue above every version published
+        published = self.parts.weights.latest()
+        if published is not None and published[0] >= self.learner.version:
+            self.learner.version = published[0] + 1
+        self.recorder.resumed({"from_step": self.step, "checkpoint": name, "pending": len(pending),
+                               "version": self.learner.version})
         return finished, pending
 
     # ------------------------------------------------------------------- loop
@@ -125,8 +165,8 @@ class Run:
         metrics = self.learner.step(trajs, gids)
         train_start, train_end = self.clock.train_interval()
         if self.learner.nonfinite_skips > skips:
-            self.recorder.message(f"step {self.step + 1}: non-finite loss or gradient, update skipped "
-                                  f"({self.learner.nonfinite_skips} so far); the weights are unchanged")
+            self.recorder.message(f"step {self.step + 1}: a non-finite loss, gradient or updated weight; "
+                                  f"that update was rolled back ({self.learner.nonfinite_skips} so far)")
         self.step += 1
         self.learner.publish(self.parts.weights)
         metrics |= self.clock.step_finished(wait_s, trajs) | self._step_metrics(trajs, version)
@@ -136,7 +176,26 @@ class Run:
         self._periodic(metrics, trajs)
         self.recorder.log_step(metrics)
         self.observer.step_done(self.step, metrics, trajs)
+        if self.step % self.cfg.run.checkpoint_every == 0:  # after the step's rows are written: a
+            self.checkpoint()                               # checkpointed step is never missing one
+        self._check_skips(skips)  # after the step is recorded: its rollouts count as trained
         return metrics
+
+    def _check_skips(self, skips_before: int) -> None:
+        """Stop after ``trainer.max_nonfinite_skips`` steps in a row that skipped an update."""
+        skipped = self.learner.nonfinite_skips > skips_before
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
+        limit = self.cfg.trainer.max_nonfinite_skips
+        if self._skipped_in_a_row >= limit:
+            t = self.cfg.trainer
+            raise NonFiniteError(
+                f"training stopped at step {self.step}: the last {limit} steps in a row skipped their "
+                "update because a loss, a gradient or the updated weights were not finite (inf or NaN), "
+                f"so the run was no longer learning (trainer.max_nonfinite_skips={limit}). No non-finite "
+                "weight was kept: the checkpoint and final/ hold the last finite weights. The usual "
+                f"cause is a learning rate too large for the model (trainer.policy_lr={t.policy_lr:g}, "
+                f"trainer.critic_lr={t.critic_lr:g}); lower it, or check the env's rewards for huge "
+                "values, then start a new run (or resume this one with the new setting).")
 
     def _progress(self) -> Progress:
         return Progress(trainer_step=self.step, episode=self.feed.stats.finished)
@@ -172,8 +231,6 @@ class Run:
             metrics |= self._evaluate()
         if self.step % run.samples_every == 0:
             self.recorder.samples(self.step, trajs)
-        if self.step % run.checkpoint_every == 0:
-            self.checkpoint()
 
     def _evaluate(self) -> dict:
         if not self.cfg.run.eval_tasks:
@@ -190,7 +247,9 @@ class Run:
         path = save_checkpoint(self.dir / "checkpoints", self.step, self.learner,
                                {"finished": finished, "journal_segment": seg},
                                pending, keep=self.cfg.run.keep_checkpoints)
-        self.journal.prune_before(seg)
+        # keep the journal back to the oldest kept checkpoint, so a resume can fall back to it
+        oldest = oldest_journal_segment(self.dir / "checkpoints")
+        self.journal.prune_before(seg if oldest is None else oldest)
         return path
 
     def request_stop(self, *_args) -> None:

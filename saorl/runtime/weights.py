@@ -8,8 +8,15 @@ Face directory ``v{version:08d}/`` — ``config.json``, shard files in checkpoin
 (the sharded trainer: what inference servers load, :mod:`saorl.models.hf_format`). Either is
 written atomically (temp file or directory + fsync + rename), then ``latest.json`` (``{"version":
 N, "file": "v0000000N..."}``) is replaced atomically. A worker only ever opens what
-``latest.json`` names, so it never sees half-written weights. Old versions are pruned, keeping
-the newest ``keep`` so a worker that read the pointer a moment ago can still open its version.
+``latest.json`` names, so it never sees half-written weights.
+
+Old versions are pruned by the order they were *published*, not by version number: those of
+this publisher's last ``keep`` publications stay (so a worker that read the pointer a moment ago
+can still open its version), versions left by an earlier process count as older than anything
+published now, and the version ``latest.json`` names is never deleted. So publishing a lower
+version than those on disk (11, 12, 13, then 10) leaves 10 loadable. The run itself never goes
+back: a resumed run continues the version numbers above every version already published
+(:class:`~saorl.runtime.run.Run`), so one number always names one set of weights.
 
 This is the local backend's :class:`WeightSync`; :class:`~saorl.runtime.ray_weights.RayWeightSync`
 publishes the same versions through Ray's object store. Readers get the *source* of the newest
@@ -96,12 +103,12 @@ class FileWeightSync:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = max(2, keep)
         self._pointer = self.dir / "latest.json"
+        self._published: list[str] = []  # version names, in the order this object published them
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         name = f"v{version:08d}.safetensors"
         save_safetensors_atomic(state_dict, self.dir / name)
-        _write_json_atomic(self._pointer, {"version": version, "file": name})
-        self._prune()
+        self.announce(version, name)
 
     def publish_checkpoint(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
                            config: Any) -> None:
@@ -113,15 +120,24 @@ class FileWeightSync:
         """Point readers at ``name`` (a file or directory under this one, already complete) as
         ``version``."""
         _write_json_atomic(self._pointer, {"version": version, "file": name})
+        if name in self._published:
+            self._published.remove(name)
+        self._published.append(name)
         self._prune()
 
     def _prune(self) -> None:
-        versions = sorted(p for p in self.dir.glob("v*") if _VERSION.fullmatch(p.name))
-        for old in versions[: -self.keep]:
+        current, mine = self._published[-1], set(self._published)
+        earlier = sorted(p.name for p in self.dir.glob("v*")
+                         if _VERSION.fullmatch(p.name) and p.name not in mine)
+        for name in (earlier + self._published)[: -self.keep]:  # oldest publication first
+            old = self.dir / name
+            if name == current:
+                continue
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink(missing_ok=True)
+        self._published = self._published[-self.keep:]
 
     def _read_pointer(self) -> dict | None:
         try:

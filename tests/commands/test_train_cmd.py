@@ -246,6 +246,7 @@ def test_run_dir_first_no_library_bars_absolute_paths_and_resume_from_elsewhere(
     r = _cli("train", "--resume", str(run_dir), "trainer.steps=3", cwd=elsewhere)
     assert r.returncode == 0, r.stderr
     assert "sft: using the cached warm start" in r.stdout  # same (absolute) cache key
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [s for s in steps if s > 0] == [1, 2, 3]  # (row 0: the step-0 evaluation)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("step", 0) > 0] == [1, 2, 3]  # (row 0: the step-0 evaluation)
+    assert [r["resume"]["from_step"] for r in rows if "resume" in r] == [2]  # the resume's marker row
     assert not (elsewhere / "runs").exists()

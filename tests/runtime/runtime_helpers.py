@@ -10,7 +10,8 @@ from pathlib import Path
 
 from saorl.data.jsonl import read_jsonl
 
-__all__ = ["BASE", "SYNC_MISMATCH_BASE", "read_jsonl", "rollout_worker_pids", "start_train", "wait_for_steps"]
+__all__ = ["BASE", "SYNC_MISMATCH_BASE", "read_jsonl", "resume_train", "rollout_worker_pids", "session_pids",
+           "start_train", "step_rows", "wait_for_steps", "wait_until_gone"]
 
 # Small but real: the tiny MoE policy, math_tool, workers in their own processes.
 BASE = [
@@ -32,16 +33,30 @@ SYNC_MISMATCH_BASE = [
 ]
 
 
-def start_train(run_dir: Path, *args: str, log: Path) -> subprocess.Popen:
+def _popen(args: list[str], log: Path) -> subprocess.Popen:
+    """``saorl train ARGS`` in its own session (so its sid is its pid: every process of the run)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "saorl.cli", "train", *BASE, *args, "--run-dir", str(run_dir)]
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "saorl.cli", "train", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def start_train(run_dir: Path, *args: str, log: Path) -> subprocess.Popen:
+    return _popen([*BASE, *args, "--run-dir", str(run_dir)], log)
+
+
+def resume_train(run_dir: Path, *overrides: str, log: Path) -> subprocess.Popen:
+    return _popen(["--resume", str(run_dir), *overrides], log)
+
+
+def step_rows(run_dir: Path) -> int:
+    """Step rows in trained.jsonl so far (resume markers not counted, redone steps counted)."""
+    return sum("step" in r for r in read_jsonl(run_dir / "trained.jsonl"))
 
 
 def wait_for_steps(proc: subprocess.Popen, run_dir: Path, n: int, log: Path, timeout_s: float = 240) -> None:
+    """Until trained.jsonl has ``n`` step rows (counting redone steps)."""
     deadline = time.monotonic() + timeout_s
-    while len(read_jsonl(run_dir / "trained.jsonl")) < n:
+    while step_rows(run_dir) < n:
         if proc.poll() is not None:
             raise AssertionError(f"training exited early ({proc.returncode}):\n{log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
@@ -74,3 +89,25 @@ def rollout_worker_pids(trainer_pid: int) -> list[int]:
         if "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
             pids.append(c)
     return pids
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live (not zombie) processes of session ``sid``: a run started by ``_popen`` and all it spawned."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":  # fields: state, ppid, pgrp, session
+                out.append(int(d.name))
+    return out
+
+
+def wait_until_gone(sid: int, timeout_s: float) -> list[int]:
+    """Wait up to ``timeout_s`` for session ``sid`` to have no live process; what is left."""
+    deadline = time.monotonic() + timeout_s
+    while (left := session_pids(sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -1,10 +1,13 @@
 import itertools
+import json
 import random
+import zlib
 
 import pytest
 
 from saorl.data.trajectory import Trajectory
-from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
+from saorl.runtime.journal import Journal, RangeSet, RolloutCursor, decode_entry, encode_entry
+from saorl.runtime.rundir import CorruptionError
 
 
 def _traj(tid: str) -> Trajectory:
@@ -63,9 +66,67 @@ def test_journal_roundtrip_rotation_and_torn_tail(tmp_path):
     after = j2.read_from(seg)
     assert [(rid, t.task_id) for rid, t in after] == [(2, "c")]
     assert after[0][1] == _traj("c")
+    assert [p.name for p in j2.torn] == [last.name]
     j2.prune_before(seg)
     assert [rid for rid, _ in j2.read_from(0)] == [2]
     # a reopened journal appends to a fresh segment, never into a torn one
     j2.append(4, _traj("d"))
     j2.close()
     assert [rid for rid, _ in Journal(tmp_path).read_from(0)] == [2, 4]
+
+
+def test_each_line_carries_the_crc_of_its_own_bytes():
+    line = encode_entry(7, _traj("a"))
+    d = json.loads(line)
+    body = json.dumps({"rid": 7, "traj": _traj("a").to_dict()}, separators=(",", ":"))
+    assert d["crc"] == f"{zlib.crc32(body.encode()):08x}" and d["rid"] == 7
+    assert decode_entry(line) == (7, _traj("a"))
+    flipped = line.replace('"task_id":"a"', '"task_id":"b"')
+    with pytest.raises(ValueError, match="checksum does not match"):
+        decode_entry(flipped)
+    with pytest.raises(ValueError, match="no checksum"):
+        decode_entry('{"rid":7,"traj":{}}')
+
+
+def _three_lines(tmp_path):
+    j = Journal(tmp_path)
+    j.append_many([(0, _traj("a")), (1, _traj("b")), (2, _traj("c"))])
+    j.close()
+    return sorted(tmp_path.glob("seg-*.jsonl"))[0]
+
+
+@pytest.mark.parametrize("damage", ["flip", "garbage", "binary", "bad_last_line_with_newline"])
+def test_damage_anywhere_but_a_torn_tail_stops_naming_file_and_line(tmp_path, damage):
+    seg = _three_lines(tmp_path)
+    lines = seg.read_bytes().split(b"\n")[:-1]
+    if damage == "flip":  # one character of the middle line
+        lines[1] = lines[1].replace(b'"task_id":"b"', b'"task_id":"x"')
+        where = "line 2 of 3"
+    elif damage == "garbage":
+        lines[1] = b'{"rid": 1, "hello": [1, 2, 3]}'
+        where = "line 2 of 3"
+    elif damage == "binary":
+        lines = [bytes(range(11, 256))] * 3  # no newline byte in it
+        where = "line 1 of 3"
+    else:
+        lines[2] = lines[2][:40]  # cut short, yet followed by a newline: not what a crash leaves
+        where = "line 3 of 3"
+    seg.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(CorruptionError) as e:
+        Journal(tmp_path).read_from(0)
+    msg = str(e.value)
+    assert str(seg) in msg and where in msg and "sed -i" in msg and "\n" not in msg
+
+
+def test_first_missing_finds_a_deleted_segment(tmp_path):
+    j = Journal(tmp_path)
+    assert not list(tmp_path.iterdir())  # opening creates nothing
+    assert j.rotate() == 1 and j.rotate() == 2  # both ends of a rotation exist, even when empty
+    j.close()
+    assert [p.name for p in Journal(tmp_path).segments()] == [f"seg-0000000{i}.jsonl" for i in range(3)]
+    assert Journal(tmp_path).first_missing(1) is None
+    (tmp_path / "seg-00000001.jsonl").unlink()
+    assert Journal(tmp_path).first_missing(1).name == "seg-00000001.jsonl"
+    assert Journal(tmp_path).first_missing(2) is None
+    (tmp_path / "seg-00000002.jsonl").unlink()  # the newest: a new Journal must not hide it
+    assert Journal(tmp_path).first_missing(2).name == "seg-00000002.jsonl"

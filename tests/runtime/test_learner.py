@@ -192,6 +192,37 @@ def test_nan_loss_is_skipped_and_never_reaches_the_weights(monkeypatch):
     assert all(torch.isfinite(p).all() for p in lrn.policy.parameters())
 
 
+def _opt_state(opt):
+    return {k: {n: v.clone() if torch.is_tensor(v) else v for n, v in st.items()}
+            for k, st in opt.state_dict()["state"].items()}
+
+
+def test_an_update_that_makes_the_weights_non_finite_is_rolled_back():
+    # finite loss and gradients, but a learning rate of inf (the config refuses it; the Learner's
+    # own API does not) turns every parameter non-finite
+    lrn = _learner("sao", kind="tiny-dense")
+    trajs = _trajs()
+    lrn.step(_matched_trajs(lrn.policy, trajs))
+    assert lrn.version == 1 and lrn.nonfinite_skips == 0
+    policy, critic = _snapshot(lrn.policy), _snapshot(lrn.critic)
+    states = _opt_state(lrn.policy_opt), _opt_state(lrn.critic_opt)
+    lrn.optim.policy_lr = lrn.optim.critic_lr = math.inf
+    m = lrn.step(_matched_trajs(lrn.policy, trajs))
+    assert m["train/nonfinite_skips"] == 3 and lrn.version == 1  # 2 critic steps + the policy step
+    assert not _changed(policy, lrn.policy) and not _changed(critic, lrn.critic)
+    for before, opt in zip(states, (lrn.policy_opt, lrn.critic_opt)):
+        after = _opt_state(opt)
+        assert after.keys() == before.keys()
+        for k in before:
+            assert after[k]["step"] == before[k]["step"]
+            assert torch.equal(after[k]["exp_avg"], before[k]["exp_avg"])
+            assert torch.equal(after[k]["exp_avg_sq"], before[k]["exp_avg_sq"])
+    lrn.optim.policy_lr = lrn.optim.critic_lr = 1e-3
+    lrn.step(_matched_trajs(lrn.policy, trajs))
+    assert lrn.version == 2 and _changed(policy, lrn.policy)
+    assert all(torch.isfinite(p).all() for p in lrn.policy.parameters())
+
+
 @pytest.mark.parametrize("name", ["grpo", "grpo_dis", "vapo", "ppo", "reinforce_rm"])
 def test_every_baseline_takes_a_step(name):
     lrn = _learner(name, kind="tiny-dense")

@@ -50,3 +50,27 @@ def test_checkpoint_named_versions_are_directories_in_buckets(tmp_path):
     version, tensors = sync.load()
     assert version == 2 and torch.equal(tensors["b.weight"], torch.full((3,), 2.0))
     assert sync.load(version=1)[1]["a.weight"].sum() == 4.0
+def test_a_lower_version_published_last_stays_loadable(tmp_path):
+    # the reproduction of a resume from an older checkpoint: 11, 12, 13 on disk, then 10
+    sync = FileWeightSync(tmp_path, keep=3)
+    for v in (11, 12, 13, 10):
+        sync.publish({"w": torch.full((2,), float(v))}, v)
+    assert sync.latest() == (10, str(tmp_path / "v00000010.safetensors"))
+    version, sd = sync.load()
+    assert version == 10 and torch.equal(sd["w"], torch.full((2,), 10.0))
+    # pruned by publication order: the oldest publication (11) went, not the lowest number (10)
+    assert sorted(p.name for p in tmp_path.glob("v*.safetensors")) == [
+        "v00000010.safetensors", "v00000012.safetensors", "v00000013.safetensors"]
+
+
+def test_files_of_an_earlier_process_go_first_and_the_pointer_file_never(tmp_path):
+    old = FileWeightSync(tmp_path, keep=2)
+    for v in (20, 21):
+        old.publish({"w": torch.zeros(1)}, v)
+    new = FileWeightSync(tmp_path, keep=2)  # a resumed trainer: it publishes 5 and 6
+    new.publish({"w": torch.ones(1)}, 5)
+    assert new.load()[0] == 5
+    new.publish({"w": torch.ones(1)}, 6)
+    assert sorted(p.name for p in tmp_path.glob("v*.safetensors")) == ["v00000005.safetensors",
+                                                                       "v00000006.safetensors"]
+    assert new.load()[0] == 6

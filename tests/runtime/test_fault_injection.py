@@ -1,0 +1,196 @@
+"""Fault injection: kill -9 at random points over several cycles, damaged files, non-finite updates.
+
+Each case is checked from the run directory alone, as an auditor would: ``trained.jsonl`` with
+its resume markers applied (:func:`effective_rows`), the final checkpoint's finished set and
+pending trajectories, the journal read before every resume. The random points come from a seed
+printed on failure; ``SAORL_FAULT_SEED=N`` replays one.
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+from runtime_helpers import (
+    BASE,
+    read_jsonl,
+    resume_train,
+    rollout_worker_pids,
+    start_train,
+    step_rows,
+    wait_for_steps,
+    wait_until_gone,
+)
+from safetensors.torch import load_file
+
+from saorl.cli import main
+from saorl.runtime.checkpoint import latest_checkpoint
+from saorl.runtime.journal import Journal, RangeSet, decode_entry
+from saorl.runtime.recorder import effective_rows
+
+pytestmark = pytest.mark.slow
+
+
+def _journalled(run_dir) -> set[int]:
+    return {rid for rid, _ in Journal(run_dir / "journal").read_from(0)}
+
+
+def _audit(run_dir, steps: int, resumes: int, journalled: set[int], why: str) -> None:
+    """Every journalled rollout trained exactly once (or still pending in the final checkpoint)."""
+    rows = read_jsonl(run_dir / "trained.jsonl")
+    assert sum("resume" in r for r in rows) == resumes, why
+    eff = effective_rows(rows)
+    assert [r["step"] for r in eff] == list(range(1, steps + 1)), why
+    metrics = [r for r in effective_rows(read_jsonl(run_dir / "metrics.jsonl")) if r["step"] > 0]
+    assert [r["step"] for r in metrics] == [r["step"] for r in eff], why  # (step 0: the evaluation)
+    rids = [rid for r in eff for rid in r["rids"]]
+    assert len(rids) == len(set(rids)), f"a rollout was trained twice; {why}"
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["step"] == steps, why
+    finished = set(RangeSet.from_ranges(manifest["finished"]))
+    pending = {decode_entry(line)[0] for line in (ckpt / "pending.jsonl").read_text().splitlines()}
+    assert not pending & set(rids), why
+    assert finished == set(rids) | pending, f"finished but neither trained nor pending; {why}"
+    assert journalled <= finished, f"journalled rollouts lost: {sorted(journalled - finished)}; {why}"
+
+
+def _kill(proc, run_dir, victim: str, rng: random.Random, log) -> None:
+    if victim == "worker, then trainer":
+        workers = rollout_worker_pids(proc.pid)
+        assert workers, log.read_text()[-2000:]
+        os.kill(workers[0], signal.SIGKILL)
+        wait_for_steps(proc, run_dir, step_rows(run_dir) + 1, log)  # it is restarted, training goes on
+        time.sleep(rng.uniform(0, 0.5))
+    if victim == "whole process group":
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        os.kill(proc.pid, signal.SIGKILL)  # the trainer alone: its workers must not outlive it
+    proc.wait()
+
+
+def test_kill_9_at_random_points_trains_every_journalled_rollout_exactly_once(tmp_path):
+    seed = int(os.environ.get("SAORL_FAULT_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    run_dir, journalled = tmp_path / "run", set()
+    victims = rng.sample(["trainer", "worker, then trainer", "whole process group"], 3)
+    for cycle, victim in enumerate(victims):
+        why = f"cycle {cycle} ({victim}), SAORL_FAULT_SEED={seed}"
+        log = tmp_path / f"log-{cycle}.txt"
+        proc = (start_train(run_dir, "trainer.steps=1000", "run.checkpoint_every=2", log=log) if cycle == 0
+                else resume_train(run_dir, log=log))
+        try:
+            wait_for_steps(proc, run_dir, step_rows(run_dir) + rng.randint(1, 4), log)
+            time.sleep(rng.uniform(0, 1.0))  # mid-step, mid-checkpoint, mid-journal-write: wherever
+            _kill(proc, run_dir, victim, rng, log)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        left = wait_until_gone(proc.pid, 10.0)
+        assert not left, f"processes outlived the trainer by 10 s: {left}; {why}"
+        journalled |= _journalled(run_dir)
+    steps = len(effective_rows(read_jsonl(run_dir / "trained.jsonl"))) + 3
+    log = tmp_path / "log-final.txt"
+    proc = resume_train(run_dir, f"trainer.steps={steps}", log=log)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert not wait_until_gone(proc.pid, 10.0)
+    _audit(run_dir, steps, len(victims), journalled, f"SAORL_FAULT_SEED={seed}")
+
+
+# ------------------------------------------------------------------ damaged files, one process
+INPROC = [*BASE, "runtime.backend=inprocess", "run.checkpoint_every=2"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A clean 4-step run with checkpoints at steps 2 and 4 (the template each case damages)."""
+    run_dir = tmp_path_factory.mktemp("template") / "run"
+    assert main(["train", *INPROC, "trainer.steps=4", "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def _copy(finished_run, tmp_path):
+    shutil.copytree(finished_run, tmp_path / "run")
+    return tmp_path / "run", tmp_path / "run" / "checkpoints"
+
+
+def _flip_tensor_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_falls_back_and_each_rollout_is_still_trained_once(finished_run, tmp_path,
+                                                                                 capsys):
+    run_dir, ckpts = _copy(finished_run, tmp_path)
+    journalled = _journalled(run_dir)
+    _flip_tensor_byte(ckpts / "step-00000004" / "policy.safetensors")
+    (ckpts / ".tmp-step-00000006-999").mkdir()  # and what a crash mid-checkpoint leaves
+    assert main(["train", "--resume", str(run_dir), "trainer.steps=6"]) == 0
+    err = capsys.readouterr().err
+    assert str(ckpts / "step-00000004" / "policy.safetensors") in err and "step-00000002" in err
+    assert "checkpoints/.tmp-step-00000006-999" in err and not (ckpts / ".tmp-step-00000006-999").exists()
+    marker = [r for r in read_jsonl(run_dir / "trained.jsonl") if "resume" in r]
+    assert [m["resume"]["from_step"] for m in marker] == [2]
+    assert (ckpts / "damaged-step-00000004").is_dir()
+    _audit(run_dir, 6, 1, journalled, "fallback from a damaged step-4")
+
+
+def _resume_fails(run_dir, capsys, *overrides) -> str:
+    assert main(["train", "--resume", str(run_dir), *overrides]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("saorl train: ")
+    return err.splitlines()[-1]
+
+
+def test_damage_with_no_way_around_stops_with_one_paragraph(finished_run, tmp_path, capsys):
+    run_dir, ckpts = _copy(finished_run, tmp_path)
+    (ckpts / "step-00000004" / "manifest.json").unlink()
+    msg = _resume_fails(run_dir, capsys, "run.resume_fallback=false")
+    assert str(ckpts / "step-00000004" / "manifest.json") in msg and "step-00000002" in msg
+    # step-2 is intact, but the journal after it has a damaged line in the middle
+    seg = json.loads((ckpts / "step-00000002" / "manifest.json").read_text())["journal_segment"]
+    path = run_dir / "journal" / f"seg-{seg:08d}.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    assert len(lines) >= 3
+    lines[1] = lines[1].replace('"rid":', '"rid": ', 1)  # one character more: valid JSON, wrong bytes
+    path.write_text("".join(lines))
+    msg = _resume_fails(run_dir, capsys)
+    assert f"journal {path}, line 2 of {len(lines)}" in msg
+    shutil.rmtree(ckpts / "step-00000002")  # and with no checkpoint left: never a restart from step 0
+    (ckpts / "latest").write_text("step-00000004")
+    msg = _resume_fails(run_dir, capsys)
+    assert "no intact earlier checkpoint" in msg
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # nothing appended
+
+
+def test_a_fresh_run_into_an_old_run_directory_is_refused(finished_run, tmp_path, capsys):
+    run_dir, _ = _copy(finished_run, tmp_path)
+    before = sorted(str(p) for p in run_dir.rglob("*"))
+    assert main(["train", *INPROC, "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"saorl train --resume {run_dir}" in err and "Traceback" not in err
+    assert sorted(str(p) for p in run_dir.rglob("*")) == before
+
+
+def test_non_finite_updates_stop_the_run_and_never_reach_disk(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = ["trainer.policy_lr=1e6", "trainer.steps=30", "--run-dir", str(run_dir)]
+    assert main(["train", *INPROC, *args]) == 3
+    err = capsys.readouterr().err
+    assert "trainer.max_nonfinite_skips=3" in err and "Traceback" not in err
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["step"] > 0]
+    skips = [r["train/nonfinite_skips"] for r in rows]
+    assert len(rows) < 30 and all(b > a for a, b in zip(skips[-4:], skips[-3:]))  # the last 3 skipped
+    files = [*run_dir.glob("weights/*.safetensors"), *run_dir.glob("checkpoints/step-*/*.safetensors"),
+             *run_dir.glob("final/policy/*.safetensors"), *run_dir.glob("final/critic/*.safetensors")]
+    assert len(files) >= 5
+    for f in files:
+        assert all(torch.isfinite(t).all() for t in load_file(str(f)).values()), f
+    # and a non-finite learning rate never gets that far
+    assert main(["train", *INPROC, "trainer.policy_lr=.inf", "--run-dir", str(tmp_path / "b")]) == 2
+    assert "trainer.policy_lr: Input should be a finite number" in capsys.readouterr().err

@@ -1,0 +1,67 @@
+"""The run directory: a fresh run refuses an old one, a resume needs a run, one trainer at a time,
+a crash's temporaries removed; resume markers make the audit trail count each rollout once."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from saorl.runtime.recorder import effective_rows
+from saorl.runtime.rundir import RunDirError, claim_run_dir, remove_temporaries
+
+
+def test_a_fresh_run_takes_only_a_new_or_empty_directory(tmp_path):
+    claim_run_dir(tmp_path / "new", resume=False).release()
+    (tmp_path / "empty").mkdir()
+    claim_run_dir(tmp_path / "empty", resume=False).release()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(RunDirError) as e:
+        claim_run_dir(tmp_path / "old", resume=False)
+    msg = str(e.value)
+    assert f"saorl train --resume {tmp_path / 'old'}" in msg and "metrics.jsonl" in msg and "\n" not in msg
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["metrics.jsonl"]  # untouched
+
+
+def test_a_resume_needs_a_run_directory(tmp_path):
+    with pytest.raises(RunDirError, match=r"no config\.yaml"):
+        claim_run_dir(tmp_path, resume=True)
+
+
+def test_a_second_trainer_in_the_same_directory_is_refused(tmp_path):
+    (tmp_path / "config.yaml").write_text("{}\n")
+    lock = claim_run_dir(tmp_path, resume=True)
+    code = (f"from pathlib import Path; from saorl.runtime.rundir import claim_run_dir, RunDirError\n"
+            f"try:\n    claim_run_dir(Path({str(tmp_path)!r}), resume=True)\n"
+            f"except RunDirError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "in use by another saorl process" in out
+    lock.release()  # and once the first lets go (or dies), the directory can be claimed
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == ""
+
+
+def test_temporaries_of_a_crash_are_removed_and_nothing_else(tmp_path):
+    keep = ["config.yaml", "checkpoints/latest", "checkpoints/step-00000004/manifest.json",
+            "weights/v00000004.safetensors", "weights/latest.json", "journal/seg-00000001.jsonl", ".lock"]
+    junk = ["checkpoints/.tmp-step-00000006-1234/policy.safetensors", "checkpoints/.latest.tmp1234",
+            "weights/.v00000005.safetensors.tmp-1234-abcd", "weights/.latest.json.tmp1234",
+            "config.yaml.tmp", "final/.policy.tmp-x1y2/config.json", "final/.critic.old-1a2b/critic.json"]
+    for rel in keep + junk:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    removed = remove_temporaries(tmp_path)
+    assert removed == ["checkpoints/.latest.tmp1234", "checkpoints/.tmp-step-00000006-1234",
+                       "config.yaml.tmp", "final/.critic.old-1a2b", "final/.policy.tmp-x1y2",
+                       "weights/.latest.json.tmp1234", "weights/.v00000005.safetensors.tmp-1234-abcd"]
+    assert all((tmp_path / rel).exists() for rel in keep)
+    assert not any((tmp_path / rel).exists() for rel in junk)
+
+
+def test_effective_rows_drop_the_steps_a_resume_redid():
+    rows = [{"step": 1, "rids": [0]}, {"step": 2, "rids": [1]}, {"step": 3, "rids": [2]},
+            {"resume": {"from_step": 1}}, {"step": 2, "rids": [3]}, {"step": 3, "rids": [1]},
+            {"resume": {"from_step": 3}}, {"step": 4, "rids": [2]}]
+    assert [(r["step"], r["rids"]) for r in effective_rows(json.loads(json.dumps(rows)))] == [
+        (1, [0]), (2, [3]), (3, [1]), (4, [2])]
