@@ -121,9 +121,10 @@ class Run:
             self.recorder.message(f"resume: {self.dir / 'checkpoints'} holds no checkpoint yet; the run "
                                   f"restarts from step 0 and first trains the {journalled} journalled "
                                   "trajectories")
-        # one version number names one set of weights: continue above every version published
+        # one version number names one set of weights: past the checkpoint's version, the versions
+        # published before the crash named weights now discarded, so continue above them
         published = self.parts.weights.latest()
-        if published is not None and published[0] >= self.learner.version:
+        if published is not None and published[0] > self.learner.version:
             self.learner.version = published[0] + 1
         self.recorder.resumed({"from_step": self.step, "checkpoint": name, "pending": len(pending),
                                "version": self.learner.version})
