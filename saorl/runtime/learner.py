@@ -47,9 +47,7 @@ like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +65,7 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.packed import use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
 from saorl.runtime.checkpoint import load_learner_files, save_learner_files
+from saorl.runtime.nonfinite import params_finite, roll_back, snapshot
 from saorl.runtime.observe import Timings
 from saorl.runtime.weights import WeightSync
 
@@ -89,51 +88,13 @@ def _backward(loss: Tensor) -> None:
         loss.backward()
 
 
-_SNAPSHOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per optimizer: buffers holding the pre-step copy of its parameters and state, allocated once
-(fresh allocations each step would page-fault tens of MB in every step)."""
-
-
-def _step_tensors(params, optimizer: torch.optim.Optimizer, with_state) -> list[torch.Tensor]:
-    """The parameters, then the state tensors of those in ``with_state``, in a fixed order."""
-    state = [v for p in params if p in with_state for v in optimizer.state[p].values() if torch.is_tensor(v)]
-    return [p.detach() for p in params] + state
-
-
-def _snapshot(params, optimizer: torch.optim.Optimizer) -> tuple[list, set, dict]:
-    """Copy the parameters and their optimizer state (tensors into the kept buffers)."""
-    had_state = {p for p in params if optimizer.state.get(p)}
-    tensors = _step_tensors(params, optimizer, had_state)
-    bufs = _SNAPSHOTS.get(optimizer)
-    if bufs is None or [(b.shape, b.dtype) for b in bufs] != [(t.shape, t.dtype) for t in tensors]:
-        bufs = _SNAPSHOTS[optimizer] = [torch.empty_like(t) for t in tensors]
-    torch._foreach_copy_(bufs, tensors)
-    others = {(p, k): copy.copy(v) for p in had_state for k, v in optimizer.state[p].items()
-              if not torch.is_tensor(v)}
-    return bufs, had_state, others
-
-
-def _roll_back(params, optimizer: torch.optim.Optimizer, bufs: list, had_state: set, others: dict) -> None:
-    """Undo ``optimizer.step()``: the state it created is dropped, the rest copied back."""
-    for p in params:
-        if p not in had_state:
-            optimizer.state.pop(p, None)
-    for (p, k), v in others.items():
-        optimizer.state[p][k] = v
-    with torch.no_grad():
-        torch._foreach_copy_(_step_tensors(params, optimizer, had_state), bufs)
-
-
 def _finite_step(params, optimizer: torch.optim.Optimizer, loss: Tensor, clip: float) -> float | None:
     """Clipped step on the gradients accumulated for ``loss`` (the whole batch's loss, summed over
     micro-batches); returns the grad norm, or None — no step, gradients cleared — if the loss or
     the norm is not finite.
 
-    A step that leaves a parameter non-finite (finite gradients and a huge learning rate can) is
-    rolled back: parameters and their optimizer state are restored from copies taken before it,
-    so a non-finite value never reaches the weights. The check is one sum per parameter tensor;
-    the copies are kept in buffers the size of the parameters plus the optimizer's state
-    (memory: one more copy of both).
+    A step that leaves a parameter non-finite is rolled back (:mod:`saorl.runtime.nonfinite`),
+    and None is returned as well: a non-finite value never reaches the weights.
     """
     if not torch.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
@@ -142,14 +103,12 @@ def _finite_step(params, optimizer: torch.optim.Optimizer, loss: Tensor, clip: f
     if not torch.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         return None
-    saved = _snapshot(params, optimizer)
+    saved = snapshot(params, optimizer)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    # one sum per tensor (20x cheaper than isfinite().all()): inf or NaN anywhere makes it
-    # non-finite; so does a sum past the dtype's range (weights of 1e32 and up), rightly rolled back
-    if bool(torch.stack([p.detach().sum() for p in params]).isfinite().all()):
+    if params_finite(params):
         return float(norm)
-    _roll_back(params, optimizer, *saved)
+    roll_back(params, optimizer, saved)
     return None
 
 

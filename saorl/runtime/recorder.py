@@ -128,6 +128,7 @@ class RunRecorder:
         """Progress of a counted job inside the run (an evaluation): a second bar under the run's
         own on a terminal, else a line every :data:`PROGRESS_EVERY_S` seconds."""
         return CountProgress(label, bar=self._progress, enabled=True, log=self.message)
+
     def resumed(self, info: dict[str, Any]) -> None:
         """The resume marker (see the module docstring), in ``trained.jsonl`` and ``metrics.jsonl``."""
         line = json.dumps({"resume": {**info, "time": time.time()}}) + "\n"

@@ -36,7 +36,8 @@ batch, up to float rounding:
    that micro-batches and sharding save, and it would not spare the idle passes (the forward's
    all-gathers need them anyway).
 3. A non-finite loss or gradient norm on any rank skips the update on every rank (all-reduced), so
-   the ranks never diverge.
+   the ranks never diverge; so does an update that leaves a parameter shard non-finite on any
+   rank: every rank rolls its shards back (:mod:`saorl.runtime.nonfinite`).
 4. The running-mean baseline sees the scores of the whole batch (all-gathered): every rank keeps
    an identical baseline and takes its own trajectories' advantages.
 5. Metrics: the per-token quantities on action and value-target tokens are gathered to rank 0,
@@ -91,6 +92,7 @@ from saorl.models.loading import checkpoint_activations
 from saorl.runtime import shard_group as sg
 from saorl.runtime.checkpoint import SHARDS, load_learner_files, save_learner_files
 from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.nonfinite import params_finite, roll_back, snapshot
 from saorl.runtime.weights import WeightSync
 
 
@@ -241,9 +243,13 @@ class ShardedLearner(Learner):
         if not math.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)
             return None
+        saved = snapshot(params, optimizer)  # of this rank's shards
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return norm
+        if not self.group.all_sum([0.0 if params_finite(params) else 1.0])[0]:
+            return norm
+        roll_back(params, optimizer, saved)  # on every rank, even where its own shards are finite
+        return None
 
     def _with_idle(self, micro: list[MicroBatch]) -> list[MicroBatch]:
         """``micro`` and as many idle passes as make every rank's count the largest (docstring)."""

@@ -8,6 +8,7 @@ cases and writes what it saw to ``out``; the other ranks serve it (``follow``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import socket
@@ -137,6 +138,12 @@ def _drive(group, out: Path, cases: list[tuple]) -> None:
                 (out / fmt / "manifest.json").write_text(json.dumps(
                     meta | {"version": learner.version, "learner_steps": learner.steps_done,
                             "nonfinite_skips": 0, "baseline": learner.baseline.state_dict()}))
+            # an update that overflows rank 0's shards only (its own learning rate): every rank rolls back
+            learner.optim = replace(learner.optim, policy_lr=math.inf)
+            m = learner.step(trajs, gids)
+            (out / "rollback.json").write_text(json.dumps({k: m[k] for k in ("train/nonfinite_skips",
+                                                                               "policy/version")}))
+            _save(out / "rollback_policy.safetensors", learner.full_models()[0])
         learner.close()
         if name == "moe_sao":
             for fmt in ("sharded", "full"):  # a fresh learner (other weights) resumes each

@@ -184,6 +184,18 @@ def test_sharded_learner_resumes_from_sharded_and_full_checkpoints_and_single_fr
             assert (a["state"][i]["exp_avg"] - s["exp_avg"]).abs().max() <= 1e-6
 
 
+@pytest.mark.slow
+def test_an_update_non_finite_on_one_rank_is_rolled_back_on_every_rank(sharded):
+    """Rank 0 stepped with an infinite learning rate (its shards overflow, rank 1's do not): the
+    full policy afterwards is exactly the one before that step, which counts as skipped."""
+    assert json.loads((sharded / "rollback.json").read_text()) == {"train/nonfinite_skips": 1,
+                                                                   "policy/version": 1}
+    before = load_file(str(sharded / "moe_sao_policy.safetensors"))
+    after = load_file(str(sharded / "rollback_policy.safetensors"))
+    assert set(after) == set(before)
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
 def test_shares_keep_groups_whole_and_balance_tokens():
     gids = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
     lengths = [10] * 4 + [30] * 4 + [20] * 4
