@@ -14,13 +14,22 @@ and this module imports only the standard library, and the worker's spec arrives
 unpickling the process arguments imports nothing of torch or the models. With the worker gone,
 the multiprocessing resource tracker it shared with the trainer sees its last pipe close and
 exits too. (Sandbox processes of the worker's episodes run with ``bwrap --die-with-parent``.)
+
+Processes the trainer does not start itself — the daemons of a private Ray cluster (raylet, GCS,
+and the agents, which otherwise linger a minute after their raylet dies) — are covered by a
+:class:`Reaper`: a small watchdog process told the pids (and start times, so a reused pid is
+never hit) to ``SIGKILL`` and the directories to delete once the trainer is gone. It notices by
+the end-of-file of a pipe only the trainer holds, so it acts however the trainer died; a trainer
+that shuts its cluster down in order tells it to forget them first.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -56,3 +65,95 @@ def run_worker(parent_pid: int, kernel_signal: bool, worker_id: int, spec: bytes
     from saorl.runtime.worker import worker_main
 
     worker_main(worker_id, pickle.loads(spec), requests, results)
+
+
+# --------------------------------------------------------------------------------- reaper
+def start_time(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot, from ``/proc``), or None if it is gone."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """The live descendants of ``root`` (children, their children, ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class Reaper:
+    """A watchdog process that kills the processes (and deletes the directories) it is told about
+    once this process is gone (see the module docstring). Linux only (``/proc``)."""
+
+    def __init__(self) -> None:
+        r, self._w = os.pipe()  # not inheritable: only this process holds the write end
+        self._proc = subprocess.Popen([sys.executable, "-m", "saorl.runtime.lifeline", str(r)],
+                                      pass_fds=(r,), stdin=subprocess.DEVNULL)
+        os.close(r)
+
+    def _send(self, line: str) -> None:
+        if self._w is not None:
+            os.write(self._w, f"{line}\n".encode())
+
+    def watch(self, pids: list[int]) -> None:
+        for pid in pids:
+            if (start := start_time(pid)) is not None:
+                self._send(f"pid {pid} {start}")
+
+    def remove_dir(self, path: str) -> None:
+        self._send(f"rmtree {path}")
+
+    def close(self) -> None:
+        """Forget everything (the caller stopped them in order) and end the watchdog."""
+        if self._w is not None:
+            self._send("clear")
+            os.close(self._w)
+            self._w = None
+            self._proc.wait(timeout=10)
+
+
+def _reap(fd: int) -> None:
+    """The watchdog: read orders until end-of-file, then kill and delete what is left."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM are the trainer's to handle;
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this process acts when the trainer is gone
+    pids: dict[int, str] = {}
+    dirs: list[str] = []
+    with os.fdopen(fd, "r") as orders:
+        for line in orders:
+            what, _, arg = line.rstrip("\n").partition(" ")
+            if what == "pid":
+                pid, start = arg.split()
+                pids[int(pid)] = start
+            elif what == "rmtree":
+                dirs.append(arg)
+            elif what == "clear":
+                pids.clear()
+                dirs.clear()
+    pids.pop(os.getpid(), None)
+    for pid, start in pids.items():
+        if start_time(pid) == start:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    if dirs:
+        time.sleep(0.2)  # the killed processes close their files
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    _reap(int(sys.argv[1]))

@@ -6,8 +6,10 @@ process (the Ray driver), unchanged.
 
 - **Cluster** (:class:`RayCluster`): ``ray.init(address=ray.address)``, or a private local cluster
   (``ray.num_cpus`` logical CPUs, no dashboard, a short session directory under /tmp) that
-  :meth:`RayBackend.shutdown` stops, so no Ray process outlives the run. A cluster someone else
-  initialised in this process is used as it is and left running.
+  :meth:`RayBackend.shutdown` stops, so no Ray process outlives the run; if the trainer dies
+  without stopping it (``kill -9``), a :class:`~saorl.runtime.lifeline.Reaper` kills its daemons
+  and deletes its session directory. A cluster someone else initialised in this process is used
+  as it is and left running.
 - **Placement**: one placement group, a bundle per worker (``ray.worker_cpus`` / ``worker_gpus``)
   placed by ``ray.placement_strategy``, plus a trainer bundle (``ray.trainer_cpus`` /
   ``trainer_gpus``) pinned to this node so that no worker takes the trainer's share.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -47,6 +50,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from saorl.config import RayConfig
 from saorl.runtime.backend import WorkerFailure, collect
+from saorl.runtime.lifeline import Reaper, descendants
 from saorl.runtime.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished, RolloutRequest
 from saorl.runtime.weights import WeightSync
 from saorl.runtime.worker import STATS_EVERY_S, WorkerSpec, build_worker, play_rollout, prepare_worker_process
@@ -61,6 +65,7 @@ class RayCluster:
 
     def __init__(self, cfg: RayConfig) -> None:
         self.cfg, self.owned, self.temp_dir, self._made_temp = cfg, False, None, False
+        self._reaper: Reaper | None = None
         if ray.is_initialized():
             return  # initialised by the caller (e.g. a notebook): theirs to stop
         self.owned = True
@@ -71,6 +76,12 @@ class RayCluster:
         self._made_temp = cfg.temp_dir is None
         ray.init(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, include_dashboard=False,
                  _temp_dir=self.temp_dir)
+        if sys.platform.startswith("linux"):  # the cluster's daemons die with this process
+            daemons = descendants(os.getpid())
+            self._reaper = Reaper()
+            self._reaper.watch(daemons)
+            if self._made_temp:
+                self._reaper.remove_dir(self.temp_dir)
 
     def logs_hint(self) -> str:
         if self.temp_dir is not None:
@@ -82,6 +93,9 @@ class RayCluster:
             ray.shutdown()
         if self._made_temp and self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
 
 
 class RolloutActor:

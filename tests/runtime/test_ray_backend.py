@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import BASE, read_jsonl
+from runtime_helpers import BASE, read_jsonl, session_pids, start_train, wait_for_steps, wait_until_gone
 
 from saorl.config import load_config
 from saorl.runtime.checkpoint import latest_checkpoint
@@ -142,4 +142,24 @@ def test_ray_run_past_the_restart_limit_stops_with_one_paragraph(tmp_path, ray_d
     assert "\n" not in message
     assert kill.engine_version >= 1  # the actor's engine loaded published weights, via the object store
     time.sleep(1.0)
+    assert cluster_processes(ray_dir) == []
+
+
+def test_a_trainer_killed_with_sigkill_leaves_no_ray_process(tmp_path, ray_dir):
+    """``kill -9`` of the trainer alone: its cluster's daemons and actors (Ray's agents would linger
+    a minute on their own) are gone within 10 s; the journal then resumes as after any crash."""
+    run_dir, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = start_train(run_dir, *ray_args(ray_dir, "rollout.num_workers=1", "trainer.steps=1000")[len(BASE):],
+                       log=log)
+    try:
+        wait_for_steps(proc, run_dir, 2, log)
+        seen = session_pids(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert len(seen) >= 5, seen  # trainer, reaper, gcs_server, raylet, agents, the actor
+    left = wait_until_gone(proc.pid, 10.0)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left]
     assert cluster_processes(ray_dir) == []
