@@ -254,6 +254,8 @@ def test_absolute_paths_cover_env_dataset(tmp_path, monkeypatch):
     assert out.env.dataset.path == str(tmp_path / "data" / "gsm8k") and out.env.dataset.test_split is None
     assert cfg.env.dataset.path == "data/gsm8k"  # a copy: the original is unchanged
     assert absolute_paths(load_config(None, [])).env.dataset is None
+
+
 @pytest.mark.parametrize("item, field", [
     ("trainer.policy_lr=.inf", "trainer.policy_lr"), ("trainer.critic_lr=.nan", "trainer.critic_lr"),
     ("trainer.grad_clip=.inf", "trainer.grad_clip"), ("run.eval_temperature=.nan", "run.eval_temperature"),
