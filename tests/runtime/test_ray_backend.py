@@ -62,8 +62,8 @@ class KillWorker(Observer):
     """At step ``at``, ``kill -9`` the process of Ray actor ``saorl-rollout-0`` once its engine runs
     weights of version >= ``at - 1`` (published after step ``at - 1``); notes the Ray daemons."""
 
-    def __init__(self, at: int, temp_dir: str) -> None:
-        self.at, self.temp_dir = at, temp_dir
+    def __init__(self, at: int, temp_dir: str, restarts: bool = True) -> None:
+        self.at, self.temp_dir, self.restarts = at, temp_dir, restarts
         self.killed: int | None = None
         self.engine_version = -1
         self.daemons: list[str] = []
@@ -82,7 +82,7 @@ class KillWorker(Observer):
         # wait for the restarted incarnation to answer: by then Ray has failed the calls that were in
         # flight to the dead one, so the backend counts the death at its next poll, whatever the
         # machine's load (on a loaded 2-core machine the run could otherwise finish first)
-        while time.monotonic() < deadline + 60:
+        while self.restarts and time.monotonic() < deadline + 60:
             try:
                 if ray.get(actor.pid.remote(), timeout=10) != self.killed:
                     break
@@ -134,7 +134,7 @@ def test_ray_run_survives_a_killed_actor_trains_each_rollout_once_and_leaves_no_
 def test_ray_run_past_the_restart_limit_stops_with_one_paragraph(tmp_path, ray_dir):
     cfg = load_config(None, ray_args(ray_dir, "rollout.num_workers=1", "trainer.steps=50",
                                      "ray.max_restarts=0", "ray.weights=object_store"))
-    kill = KillWorker(at=2, temp_dir=ray_dir)
+    kill = KillWorker(at=2, temp_dir=ray_dir, restarts=False)  # max_restarts=0: none
     with pytest.raises(RuntimeError) as info:
         train(cfg, tmp_path / "ray", observer=kill)
     message = str(info.value.__cause__ or info.value)
