@@ -20,6 +20,10 @@ from saorl.runtime.publisher import LogprobProbe, ServerWeightSync, WeightPublis
 from saorl.runtime.weights import FileWeightSync
 
 PROMPT = [5, 6, 7, 8]
+SLOW_REQUEST_TOKENS = 480
+"""Long enough that a pause or a publication issued after a request's first tokens lands while it
+still runs, even on a loaded machine (with 120 tokens, a publication on a busy 2-core CI machine
+arrived after the request had finished)."""
 
 
 def _emulated(tok, tmp_path, emulate, seed=0, **kw):
@@ -120,16 +124,18 @@ def test_sglang_client_versions_from_spans_and_abort_continuation(tok, tmp_path)
     trainer = build_tiny("tiny-moe", seed=0)
     sync = _publisher(tmp_path, lambda t: [SglangAdmin(url, t, "abort")], [url], trainer)
     client = SglangEngine(url)
+    new = build_tiny("tiny-moe", seed=1)
+    n = SLOW_REQUEST_TOKENS
     try:
         sync.publish(trainer.state_dict(), 0)
-        sp = SamplingParams(temperature=0, max_new_tokens=120)
+        sp = SamplingParams(temperature=0, max_new_tokens=n)
         whole = client.generate([PROMPT], sp)[0]
-        assert whole.metrics["chunks"] == 1 and whole.versions == [0] * 120
+        assert whole.metrics["chunks"] == 1 and whole.versions == [0] * n
 
         # the same request, aborted mid-way by a pause(abort) and continued at the same weights
         async def interrupted():
             task = asyncio.ensure_future(client.agenerate(PROMPT, sp))
-            while eng.stats()["tokens_generated"] < 120 + 20:
+            while eng.stats()["tokens_generated"] < n + 20:
                 await asyncio.sleep(0.002)
             await client.transport.call("POST", "/pause_generation", {"mode": "abort"}, url=url)
             await asyncio.sleep(0.2)
@@ -140,7 +146,7 @@ def test_sglang_client_versions_from_spans_and_abort_continuation(tok, tmp_path)
         assert cont.metrics["chunks"] == 2 and client.stats()["continuations"] == 1
         assert cont.token_ids == whole.token_ids
         assert cont.logprobs == pytest.approx(whole.logprobs, abs=1e-4)
-        assert cont.versions == [0] * 120 and cont.finish_reason == "length"
+        assert cont.versions == [0] * n and cont.finish_reason == "length"
 
         # aborted by a publication: the first chunk is version 0, the continuation version 1, exactly
         out = {}
@@ -149,15 +155,14 @@ def test_sglang_client_versions_from_spans_and_abort_continuation(tok, tmp_path)
         start = eng.stats()["tokens_generated"]
         while eng.stats()["tokens_generated"] < start + 10:
             time.sleep(0.002)
-        new = build_tiny("tiny-moe", seed=1)
         sync.publish(new.state_dict(), 1)
         t.join(60)
         r = out["r"]
         k = r.versions.index(1)
-        assert 10 <= k < 120 and r.versions == [0] * k + [1] * (120 - k)
+        assert 10 <= k < n and r.versions == [0] * k + [1] * (n - k)
         assert r.token_ids[:k] == whole.token_ids[:k]
         with LocalEngine(new, tok, max_batch_size=1, stop_on_eos=False) as ref:
-            sp_rest = SamplingParams(temperature=0, max_new_tokens=120 - k)
+            sp_rest = SamplingParams(temperature=0, max_new_tokens=n - k)
             rest = ref.generate([PROMPT + r.token_ids[:k]], sp_rest)
             assert r.token_ids[k:] == rest[0].token_ids
     finally:

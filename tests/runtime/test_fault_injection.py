@@ -102,7 +102,10 @@ def test_kill_9_at_random_points_trains_every_journalled_rollout_exactly_once(tm
 
 
 # ------------------------------------------------------------------ damaged files, one process
-INPROC = [*BASE, "runtime.backend=inprocess", "run.checkpoint_every=2"]
+# sync: each step's rollouts are sampled after the step before it, so steps 3 and 4 journal
+# rollouts after step 2's checkpoint whatever the load (async, a slow trainer could train them all
+# from what was already pending at the checkpoint, leaving the journal after it empty)
+INPROC = [*BASE, "runtime.backend=inprocess", "run.checkpoint_every=2", "runtime.mode=sync"]
 
 
 @pytest.fixture(scope="module")
