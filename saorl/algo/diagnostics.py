@@ -69,3 +69,35 @@ def mismatch_metrics(logprobs: Tensor, rollout_logprobs: Tensor, action_mask: Te
             bucket[f"{prefix}tokens_{_bucket_name(lo, hi)}"] = float(sel.sum())
         out |= bucket
     return out
+
+
+@torch.no_grad()
+def advantage_spread(advantages: Tensor, rewards: Tensor, action_mask: Tensor,
+                     prefix: str = "adv/") -> dict[str, float]:
+    """How much credit reaches a trajectory's first decision, against how much there is to give.
+
+    ``first_token_std``: the standard deviation over the batch of the advantage at each
+    trajectory's first action token — the signal that moves its first decision. ``return_std``: the
+    standard deviation over the batch of the undiscounted returns (the sum of each row's rewards),
+    the spread a Monte-Carlo advantage (λ = 1, group or running-mean baseline) would give it. With
+    λ < 1 and a weak critic, GAE shrinks the first by λ^(tokens to the reward). Both are population
+    standard deviations (divided by n) over the rows that have an action token; fewer than two
+    such rows give 0.
+
+    Args:
+        advantages: ``[B, T]`` per-token advantages; any value off-mask.
+        rewards: ``[B, T]`` per-token rewards (zero where none).
+        action_mask: ``[B, T]``.
+    Returns:
+        ``{prefix}first_token_std`` and ``{prefix}return_std``; ``{}`` if no row has an action token.
+    """
+    check_bt(advantages=advantages, rewards=rewards, action_mask=action_mask)
+    mask = action_mask.bool()
+    rows = mask.any(dim=1)
+    if not bool(rows.any()):
+        return {}
+    first = mask.double().argmax(dim=1)  # index of the first action token (argmax of the first 1)
+    first_adv = advantages.double().gather(1, first[:, None])[:, 0][rows]
+    returns = rewards.double().sum(dim=1)[rows]
+    return {f"{prefix}first_token_std": float(first_adv.std(unbiased=False)) if len(first_adv) > 1 else 0.0,
+            f"{prefix}return_std": float(returns.std(unbiased=False)) if len(returns) > 1 else 0.0}

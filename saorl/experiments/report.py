@@ -12,6 +12,9 @@ Per arm, over its seeds (``mean ± sd (min–max, n)``; a single seed shows just
   to 80% of its pre-switch level (:func:`recovery_steps`); mean over the seeds that recovered,
   and how many did.
 
+Below the table, :mod:`saorl.experiments.compare` adds the comparisons with 95% t-intervals over
+seeds (and paired per-seed differences from a reference arm) and the mechanisms' signals.
+
 Plots average the seeds of an arm on a common x grid (steps; or wall-clock seconds, by linear
 interpolation over the time all seeds cover) and shade their min–max.
 
@@ -240,6 +243,12 @@ PLOTS = {  # plot name -> [(metric key, file from, y label)]
     "dis_kept_frac": [("policy/dis_kept_frac", "metrics", "DIS kept fraction")],
     "staleness": [("rollout/staleness_mean", "metrics", "staleness (versions, mean)")],
     "entropy": [("policy/entropy", "metrics", "policy entropy (nats/token)")],
+    "mismatch_kl": [("mismatch/kl_s0", "metrics", "KL(rollout || trainer) at staleness 0"),
+                    ("mismatch/kl", "metrics", "KL(rollout || trainer), all tokens")],
+    "explained_var": [("critic/explained_var", "metrics", "critic explained variance (before update)")],
+    "first_token_adv": [("adv/first_token_std", "metrics", "first-action advantage std over the batch")],
+    "grad_norm": [("policy/grad_norm", "metrics", "policy gradient norm (before clipping)")],
+    "matched_preferred": [("env/matched_preferred", "metrics", "samples in the rewarded style")],
 }
 
 
@@ -330,18 +339,42 @@ def draw_plots(arms: Sequence[ArmData], wanted: Sequence[str], plot_dir: Path, *
             if plot_metric(trained, "reward/mean", "metrics", "step", path, "train reward", vlines=switches):
                 written.append(path)
             continue
-        for key, source, ylabel in PLOTS[name]:
+        for i, (key, source, ylabel) in enumerate(PLOTS[name]):
+            stem = name if i == 0 else f"{name}_{key.rsplit('/', 1)[-1]}"  # a plot's further metrics
             for x in ("step", "wall"):
-                path = plot_dir / f"{name}_vs_{'steps' if x == 'step' else 'wall'}.png"
+                path = plot_dir / f"{stem}_vs_{'steps' if x == 'step' else 'wall'}.png"
                 lines = hlines if name == "accuracy" else None
                 if plot_metric(trained, key, source, x, path, ylabel, hlines=lines):
                     written.append(path)
     return written
 
 
+def comparison_sections(arms: Sequence[ArmData], reference: str | None, start_arm: str | None) -> list[str]:
+    """The report's "Comparisons" and "Signals" sections (:mod:`saorl.experiments.compare`)."""
+    from saorl.experiments.compare import comparison_table, signal_table
+
+    trained = [a for a in arms if a.runs and a.name != start_arm]
+    if not trained:
+        return []
+    ref = reference if any(a.name == reference for a in trained) else trained[0].name
+    per_arm = {a.name: {r.seed: run_summary(r) for r in a.runs} for a in trained}
+    return ["## Comparisons (95% t-intervals over seeds)", "",
+            f"Each cell: the mean over seeds [95% t-interval]; `− {ref}`: the mean per-seed difference from "
+            f"the reference arm `{ref}` (paired by seed) [95% t-interval], `*` where it excludes 0.", "",
+            comparison_table(per_arm, ref), "",
+            "## Signals of the mechanisms (per run over its steps, then 95% t-interval over seeds)", "",
+            signal_table({a.name: [r.metrics for r in a.runs] for a in trained}), "",
+            "staleness, KL, outside band, DIS kept, clip frac, critic EV, advantage spreads: means over the "
+            "steps; KL s0: staleness-0 tokens only (engine/trainer mismatch alone); entropy: mean over the "
+            "first / last 10% of steps; grad-norm max/median: the run's largest policy gradient norm "
+            "over its median.", ""]
+
+
 def write_report(out: Path, title: str, description: str, arms: Sequence[ArmData], wanted: Sequence[str], *,
-                 start_arm: str | None = None, switches: Sequence[int] = (), note: str = "") -> Path:
-    """``OUT/report.md`` (table, plots) and ``OUT/plots/*.png``; returns the report's path."""
+                 start_arm: str | None = None, switches: Sequence[int] = (), note: str = "",
+                 reference: str | None = None) -> Path:
+    """``OUT/report.md`` (table, comparisons with confidence intervals against ``reference``,
+    signals, plots) and ``OUT/plots/*.png``; returns the report's path."""
     import json
 
     sw = [s for s in switches if s > 0] if "switches" in wanted else []
@@ -355,9 +388,13 @@ def write_report(out: Path, title: str, description: str, arms: Sequence[ArmData
         lines.append(f"recover@S: trainer steps after the switch at S until the reward (trailing mean of "
                      f"{SMOOTH} post-switch steps) is back to {RECOVERY_FRACTION:.0%} of its level over the "
                      f"{PRE_WINDOW} steps before S; mean over the seeds that recovered (recovered/seeds).")
+    lines += ["", *comparison_sections(arms, reference, start_arm)]
     lines += ["", *(f"![{p.stem}](plots/{p.name})" for p in plots), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
-    summary = {a.name: [dict(seed=r.seed, **run_summary(r)) for r in a.runs] for a in arms}
+    from saorl.experiments.compare import signal_values
+
+    summary = {a.name: [dict(seed=r.seed, **run_summary(r), signals=signal_values(r.metrics)) for r in a.runs]
+               for a in arms}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return path

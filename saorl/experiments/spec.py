@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from saorl.config import PRESET_DIR, ConfigError, SaorlConfig, absolute_paths, load_config, plain_name
 
-PLOTS = ("accuracy", "reward", "value_loss", "dis_kept_frac", "staleness", "entropy", "switches")
+PLOTS = ("accuracy", "reward", "value_loss", "dis_kept_frac", "staleness", "entropy", "switches",
+         "mismatch_kl", "explained_var", "first_token_adv", "grad_norm", "matched_preferred")
 """Plot names a spec may ask for (``switches`` also adds recovery columns to the table)."""
 LOCKED_PREFIXES = ("seed", "model.", "env.", "sft.", "trainer.steps", "trainer.max_wall_s")
 """Overrides an arm may not give (they change the starting policy or the budget)."""
@@ -75,6 +76,9 @@ class ExperimentSpec(_Model):
     """Arm name → its own overrides (on top of ``overrides``)."""
     start_arm: str | None = None
     """Name of a row that reports the starting policy (the shared step-0 evaluation), no RL."""
+    reference: str | None = None
+    """The arm every other arm is compared with in the report (paired per-seed differences with
+    confidence intervals); None = the first arm."""
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     """Seeds; each seed has its own SFT start, shared by all arms of that seed."""
     budget: Budget
@@ -83,7 +87,10 @@ class ExperimentSpec(_Model):
     """Tiny settings for ``--quick``."""
     plots: list[str] = Field(default_factory=lambda: ["accuracy", "reward"])
     """Plots to draw: ``accuracy``, ``reward``, ``value_loss``, ``dis_kept_frac``, ``staleness``,
-    ``entropy``, ``switches`` (reward with the env's switch points, plus recovery steps)."""
+    ``entropy``, ``switches`` (reward with the env's switch points, plus recovery steps),
+    ``mismatch_kl`` (KL(rollout ‖ trainer) at staleness 0 and overall), ``explained_var`` (the
+    critic's), ``first_token_adv`` (advantage spread at the first action token), ``grad_norm``,
+    ``matched_preferred`` (style_shift: the share of samples in the rewarded style)."""
 
     @field_validator("name")
     @classmethod
@@ -117,11 +124,21 @@ class ExperimentSpec(_Model):
     def _consistent(self) -> ExperimentSpec:
         if self.start_arm is not None and self.start_arm in self.arms:
             raise ValueError(f"start_arm {self.start_arm!r} is also a trained arm; give it another name")
+        if self.reference is not None and self.reference not in self.arms:
+            raise ValueError(f"reference {self.reference!r} is not a trained arm; "
+                             f"arms: {', '.join(self.arms)}")
         unknown = [a for a in self.quick.arms or [] if a not in self.arm_names()]
         if unknown:
             raise ValueError(f"quick.arms names unknown arm(s) {unknown}; "
                              f"arms: {', '.join(self.arm_names())}")
         return self
+
+    def reference_arm(self, selected: list[str] | None = None) -> str:
+        """The arm comparisons are made against: ``reference``, or the first (selected) trained arm."""
+        trained = [a for a in (selected or list(self.arms)) if a in self.arms]
+        if self.reference is not None and self.reference in trained:
+            return self.reference
+        return trained[0] if trained else next(iter(self.arms))
 
     def arm_names(self) -> list[str]:
         """Trained arms, then the start arm (if any)."""

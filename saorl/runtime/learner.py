@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 from saorl.algo.advantages import RunningMeanBaseline
-from saorl.algo.diagnostics import mismatch_metrics
+from saorl.algo.diagnostics import advantage_spread, mismatch_metrics
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
@@ -259,6 +259,7 @@ class Learner:
         adv_mean = masked_mean(advantages, batch.action_mask)
         adv_var = masked_mean((advantages - adv_mean) ** 2, batch.action_mask)
         metrics = {"advantage/mean": float(adv_mean), "advantage/std": float(adv_var.sqrt())}
+        metrics |= advantage_spread(advantages, batch.rewards, batch.action_mask)
         if p.advantage == "running_mean":
             metrics["advantage/baseline"] = float(self.baseline.value)
         return advantages, metrics

@@ -40,3 +40,28 @@ def test_identical_policies_have_no_mismatch_and_empty_batches_report_nothing():
     m = mismatch_metrics(lp, lp.clone(), torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.long), 0.2, 0.2)
     assert m["mismatch/kl"] == 0.0 and m["mismatch/outside_band_frac"] == 0.0
     assert mismatch_metrics(lp, lp, torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.long), 0.2, 0.2) == {}
+
+
+def test_advantage_spread_against_a_hand_computed_batch():
+    from saorl.algo.diagnostics import advantage_spread
+
+    # row 0: prompt, actions from t=1; row 1: actions from t=2; row 2: actions from t=1;
+    # row 3: no action token (left out of both spreads)
+    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 0]], dtype=torch.float32)
+    adv = torch.tensor([[9.0, 0.5, 0.2, 7.0], [9.0, 9.0, -1.0, 3.0], [9.0, 2.5, 4.0, 1.0], [5.0] * 4])
+    rew = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5],
+                        [0.0, 0.0, 0.0, 9.0]])
+    m = advantage_spread(adv, rew, mask)
+    # first-action advantages 0.5, -1.0, 2.5: mean 2/3, population variance
+    # ((0.5-2/3)^2 + (-1-2/3)^2 + (2.5-2/3)^2) / 3 = (1/36 + 25/9 + 121/36) / 3 = 37/18
+    assert m["adv/first_token_std"] == pytest.approx((37 / 18) ** 0.5)
+    # returns 1, 0, 1: mean 2/3, population variance (1/9 + 4/9 + 1/9) / 3 = 2/9
+    assert m["adv/return_std"] == pytest.approx((2 / 9) ** 0.5)
+
+
+def test_advantage_spread_edge_cases():
+    from saorl.algo.diagnostics import advantage_spread
+
+    assert advantage_spread(torch.ones(2, 3), torch.ones(2, 3), torch.zeros(2, 3)) == {}
+    one = advantage_spread(torch.ones(1, 3), torch.ones(1, 3), torch.ones(1, 3))
+    assert one == {"adv/first_token_std": 0.0, "adv/return_std": 0.0}

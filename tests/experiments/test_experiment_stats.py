@@ -1,0 +1,77 @@
+"""Confidence intervals of the experiment report against hand-computed cases and t-table values."""
+
+import math
+
+import pytest
+
+from saorl.experiments.stats import mean_interval, paired_interval, t_cdf, t_quantile
+
+
+@pytest.mark.parametrize("df, q", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423)])
+def test_t_quantile_matches_the_t_table(df, q):
+    assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-4)
+    assert t_quantile(0.025, df) == pytest.approx(-q, abs=1e-4)
+    assert t_cdf(q, df) == pytest.approx(0.975, abs=1e-5)
+
+
+def test_t_cdf_of_one_degree_of_freedom_is_the_cauchy_cdf():
+    for t in (-3.0, -0.5, 0.0, 0.7, 5.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+
+
+def test_mean_interval_by_hand():
+    # 0.60, 0.66, 0.72: mean 0.66, sd 0.06, t_{0.975,2} = 4.302653 -> half 4.302653 * 0.06 / sqrt(3)
+    iv = mean_interval([0.60, 0.66, 0.72])
+    assert iv.n == 3 and iv.mean == pytest.approx(0.66)
+    assert iv.half_width == pytest.approx(4.302653 * 0.06 / math.sqrt(3), rel=1e-6)
+    assert iv.low == pytest.approx(0.66 - 0.149048, abs=1e-6)
+    assert iv.fmt() == "0.660 [0.511, 0.809]"
+    assert mean_interval([0.5]).half_width is None and mean_interval([0.5]).fmt() == "0.500 (n=1)"
+    assert mean_interval([]) is None and mean_interval([None, float("nan")]) is None
+
+
+def test_paired_interval_by_hand():
+    # differences over the shared seeds 0, 1, 2: 0.10, 0.05, 0.12 (seed 3 only in one arm)
+    arm = {0: 0.70, 1: 0.60, 2: 0.80, 3: 0.1}
+    ref = {0: 0.60, 1: 0.55, 2: 0.68}
+    iv = paired_interval(arm, ref)
+    d = [0.10, 0.05, 0.12]
+    mean = sum(d) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    assert iv.n == 3 and iv.mean == pytest.approx(mean)
+    assert iv.half_width == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-6)
+    assert iv.excludes_zero() is (iv.low > 0)
+    assert iv.fmt(signed=True).startswith("+0.090 [")
+    # pairing matters: the same numbers unpaired give a much wider interval
+    assert mean_interval(list(arm.values())[:3]).half_width > 2.5 * iv.half_width
+    assert paired_interval({0: 1.0}, {1: 1.0}) is None
+
+
+def test_comparison_table_cells_are_the_intervals():
+    from saorl.experiments.compare import comparison_table
+
+    per_arm = {"ref": {0: {"final_acc": 0.60, "best_acc": 0.6, "final_reward": 0.5},
+                       1: {"final_acc": 0.55, "best_acc": 0.6, "final_reward": 0.5},
+                       2: {"final_acc": 0.68, "best_acc": 0.7, "final_reward": 0.5}},
+               "arm": {0: {"final_acc": 0.70, "best_acc": 0.7, "final_reward": None},
+                       1: {"final_acc": 0.60, "best_acc": 0.6, "final_reward": None},
+                       2: {"final_acc": 0.80, "best_acc": 0.8, "final_reward": None}}}
+    lines = comparison_table(per_arm, "ref").splitlines()
+    assert lines[0].split(" | ")[2:4] == ["final acc", "final acc − ref"]
+    ref_row, arm_row = (line.split(" | ") for line in lines[2:])
+    assert ref_row[2] == mean_interval([0.60, 0.55, 0.68]).fmt() and ref_row[3] == "–"
+    diff = paired_interval({0: 0.70, 1: 0.60, 2: 0.80}, {0: 0.60, 1: 0.55, 2: 0.68})
+    assert arm_row[3] == diff.fmt(signed=True) + "*"  # +0.090 [+0.001, +0.179]: excludes 0
+    assert arm_row[6].strip(" |") == "–"  # no reward in the arm: no interval, no difference
+
+
+def test_signal_table_shows_only_logged_signals_and_spikes():
+    from saorl.experiments.compare import signal_table, spike_ratio
+
+    runs = [[{"policy/grad_norm": g, "policy/entropy": 0.5} for g in (1.0, 2.0, 8.0)],
+            [{"policy/grad_norm": g, "policy/entropy": 0.3} for g in (1.0, 1.0, 1.0)]]
+    assert spike_ratio(runs[0]) == pytest.approx(4.0) and spike_ratio(runs[1]) == pytest.approx(1.0)
+    table = signal_table({"a": runs})
+    header = table.splitlines()[0]
+    assert "grad-norm max/median" in header and "entropy first 10%" in header and "KL s0" not in header
+    assert mean_interval([4.0, 1.0]).fmt(1) in table.splitlines()[2]
