@@ -52,6 +52,10 @@ class RunConfig(Section):
     """Run name: the run directory's name (no path separators)."""
     eval_every: int = Field(25, ge=1)
     """Evaluate on the test split every this many trainer steps."""
+    eval_at_start: bool = True
+    """Evaluate the starting policy at step 0 (what later evaluations are compared with). The
+    experiment runner turns it off for the second and later arms of a seed and copies the step-0
+    row of an arm of that seed that ran it (the same policy, tasks and sampling seed)."""
     eval_tasks: int = Field(128, ge=0)
     """Test tasks per evaluation (at most ``env.num_test_tasks`` are available). 0: no evaluation
     during the run, not even at step 0 — for models too big to evaluate on the trainer (a sharded

@@ -21,6 +21,11 @@ A run that stopped between two evaluations (wall-clock budget, or steps not a mu
 ``run.eval_every``) gets one more evaluation of its final policy, appended to its ``eval.jsonl``
 (same tasks, temperature and sampling seed as the trainer's), so its final accuracy is the end.
 
+The step-0 evaluation (the starting policy) is the same for every arm of a seed: the same SFT
+policy on the same test tasks with the same sampling seed. Only the first arm of a seed to run
+does it; the later ones run with ``run.eval_at_start = False`` and get that row copied to the top
+of their ``eval.jsonl``, with ``source`` naming the arm it came from.
+
 The start arm (``spec.start_arm``, e.g. ``sft``) trains nothing: its ``eval.jsonl`` is the step-0
 evaluation of a trained arm of the same seed (the same policy on the same tasks with the same
 sampling seed), or, when no arm was trained, an evaluation of the cached SFT policy done here.
@@ -131,6 +136,9 @@ class ExperimentRunner:
             return RunResult(arm, seed, str(run_dir), "skipped", done["steps"], done["wall_s"])
         cfg = self.config(arm, seed)
         initial_critic(cfg, warm_start(cfg, self.log), self.log)  # cached: train() reuses them
+        start_row = self._start_row(seed, exclude=arm) if cfg.run.eval_tasks else None
+        if start_row is not None:  # the same policy, tasks and sampling seed: evaluated once per seed
+            cfg.run.eval_at_start = False
         # a run that wrote its config resumes (from its checkpoint, or from step 0 with its journal;
         # a damaged checkpoint is reported there, never answered by deleting the run)
         resume = (run_dir / "config.yaml").is_file()
@@ -153,6 +161,8 @@ class ExperimentRunner:
             raise ExperimentInterrupted(f"[{arm} seed {seed}] stopped after {steps} of {cfg.trainer.steps} "
                                         f"steps ({took:.0f}s); run the same command again to resume")
         wall = float(_last(rows, "time/elapsed_s") or took)
+        if start_row is not None:
+            _prepend_start(run_dir / "eval.jsonl", start_row)
         self._final_eval(cfg, run_dir, steps)
         (run_dir / DONE_FILE).write_text(json.dumps({"arm": arm, "seed": seed, "steps": steps,
                                                      "wall_s": wall, "algo": cfg.algo.name}) + "\n")
@@ -184,20 +194,29 @@ class ExperimentRunner:
         run_dir = run_dir_for(self.out, arm, seed)
         if is_finished(run_dir):
             return RunResult(arm, seed, str(run_dir), "skipped", 0, 0.0)
-        row = None
-        for other in self.spec.arms:  # any finished arm of this seed evaluated the start at step 0
-            evals = read_jsonl(run_dir_for(self.out, other, seed) / "eval.jsonl")
-            row = next((r for r in evals if r.get("step") == 0), None)
-            if row is not None:
-                self.log(f"[{arm} seed {seed}] the starting policy: step-0 evaluation of arm {other!r}")
-                break
-        if row is None:
+        row = self._start_row(seed)
+        if row is not None:
+            self.log(f"[{arm} seed {seed}] the starting policy: {row['source']}")
+        else:
             row = self._evaluate_start(seed)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "eval.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
         (run_dir / DONE_FILE).write_text(json.dumps({"arm": arm, "seed": seed, "steps": 0, "wall_s": 0.0,
                                                      "algo": None}) + "\n")
         return RunResult(arm, seed, str(run_dir), "start", 0, 0.0)
+
+    def _start_row(self, seed: int, exclude: str | None = None) -> dict | None:
+        """The step-0 evaluation of a finished trained arm of ``seed`` (other than ``exclude``) that
+        ran it itself, with ``source`` naming that arm; None if there is none yet."""
+        for other in self.spec.arms:
+            run_dir = run_dir_for(self.out, other, seed)
+            if other == exclude or not is_finished(run_dir):
+                continue
+            row = next((r for r in read_jsonl(run_dir / "eval.jsonl")
+                        if r.get("step") == 0 and "source" not in r), None)
+            if row is not None:
+                return dict(row, source=f"step-0 evaluation of arm {other!r} (same policy, tasks and seed)")
+        return None
 
     def _evaluate_start(self, seed: int) -> dict:
         """Evaluate the SFT start as a run's step-0 evaluation would (same tasks, temperature, seed)."""
@@ -213,6 +232,15 @@ class ExperimentRunner:
         tokenizer = run_tokenizer(cfg.model)  # as the trainer's evaluation loads it
         metrics, _ = evaluate_config(cfg, policy, tokenizer)
         return {"step": 0, "policy/version": 0, **metrics}
+
+
+def _prepend_start(path: Path, row: dict) -> None:
+    """Put the copied step-0 row first in ``eval.jsonl`` (unless it has a step-0 row already)."""
+    rows = read_jsonl(path)
+    if any(r.get("step") == 0 for r in rows):
+        return
+    text = "".join(json.dumps(r) + "\n" for r in [row, *rows])
+    path.write_text(text, encoding="utf-8")
 
 
 def _last(rows: list[dict], key: str):

@@ -136,7 +136,8 @@ class Run:
         self.feed.start()
         metrics: dict = {}
         try:
-            if self.step == 0 and self.cfg.run.eval_tasks:  # what every later evaluation is compared with
+            run = self.cfg.run  # step 0: what every later evaluation is compared with
+            if self.step == 0 and run.eval_tasks and run.eval_at_start:
                 start = self._evaluate()
                 self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
                 self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})

@@ -30,8 +30,13 @@ def test_math_quick_end_to_end(tmp_path, capsys):
     evals = [json.loads(x) for x in (out / "sao" / "seed-0" / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 2, 3]
     report = (out / "report.md").read_text()
-    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    table, comparisons = report.split("## Comparisons", 1)
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows] == ["arm", "sao", "sft"]
+    # comparisons and signals: the trained arm only (the reference is itself: no difference)
+    compared = [r.split("|")[1].strip() for r in comparisons.splitlines() if r.startswith("| ")]
+    assert compared == ["arm", "sao"] * 2
+    assert "final acc − sao" in comparisons
     for png in ("accuracy_vs_steps", "accuracy_vs_wall", "reward_vs_steps", "value_loss_vs_steps",
                 "dis_kept_frac_vs_steps", "staleness_vs_wall"):
         assert (out / "plots" / f"{png}.png").stat().st_size > 1000
@@ -46,7 +51,7 @@ def test_math_quick_end_to_end(tmp_path, capsys):
     again = capsys.readouterr().out
     assert "training:" not in again
     assert "[sao seed 0] finished earlier (3 steps): skipped" in again
-    assert [r for r in again.splitlines() if r.startswith("| ")] == rows
+    assert [r for r in again.split("## Comparisons")[0].splitlines() if r.startswith("| ")] == rows
 
     # the start arm's row is what evaluating the SFT start directly gives
     from saorl.experiments.runner import ExperimentRunner, Selection

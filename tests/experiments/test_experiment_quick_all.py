@@ -1,6 +1,8 @@
-"""``saorl experiment code|ablation|online|stability --quick`` end to end (math: test_experiment_e2e),
-with the same even smaller settings: every quick arm trains its steps from one SFT start, and the
-report has one row per arm and the plots its spec asks for (online: the switch columns too)."""
+"""``saorl experiment code|stability|mismatch|levels|shift|noisy_obs --quick`` end to end (math:
+test_experiment_e2e), with the same even smaller settings: every quick arm trains its steps from one
+SFT start; the report has one row per arm in its table and in its comparisons (with the reference
+arm named) and the plots its spec asks for (shift: the switch columns too); the metrics the
+report's signals rely on are in every run's metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -9,10 +11,23 @@ import json
 import pytest
 
 from saorl.cli import main
+from saorl.data.jsonl import read_jsonl
 from saorl.experiments.spec import find_spec, load_spec, selected_arms
 from tests.experiments.test_experiment_e2e import TINY
 
 ONLINE = ["trainer.steps=6", "env.options.switch_every=2"]  # switches at 2 and 4 inside 6 steps
+SWITCHING = ("shift",)
+NEEDS = {  # experiment -> metrics its report relies on, in every trained arm's metrics.jsonl
+    "mismatch": ["mismatch/kl", "mismatch/outside_band_frac", "rollout/staleness_mean", "policy/entropy",
+                 "adv/first_token_std", "adv/return_std", "policy/grad_norm"],
+    "levels": ["adv/first_token_std", "adv/return_std", "policy/entropy"],
+    "shift": ["env/matched_preferred", "reward/mean"],
+    "noisy_obs": ["adv/first_token_std", "adv/return_std", "critic/explained_var"],
+}
+ARM_NEEDS = {  # arm -> further metrics that arm must log
+    "grpo_dis": ["policy/dis_kept_frac"], "sao": ["policy/dis_kept_frac", "critic/explained_var"],
+    "grpo_rollout": ["policy/clip_frac"], "grpo_uncorrected": ["policy/clip_frac"],
+}
 
 
 def _pngs(spec) -> set[str]:
@@ -29,16 +44,16 @@ def _pngs(spec) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["code", "ablation", "online", "stability"])
+@pytest.mark.parametrize("name", ["code", "stability", "mismatch", "levels", "shift", "noisy_obs"])
 def test_quick_experiment_end_to_end(name, tmp_path, capsys):
     spec = load_spec(find_spec(name))
-    extra = TINY + (ONLINE if name == "online" else [])
+    extra = TINY + (ONLINE if name in SWITCHING else [])
     out = tmp_path / name
     assert main(["experiment", name, *extra, "--quick", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"experiment {name}:" in printed and "this run: may take up to" in printed
     arms = selected_arms(spec, True, None)
-    steps = 6 if name == "online" else 3
+    steps = 6 if name in SWITCHING else 3
     for arm in arms:
         done = json.loads((out / arm / "seed-0" / "done.json").read_text())
         assert done["steps"] == (0 if arm == spec.start_arm else steps), arm
@@ -49,11 +64,23 @@ def test_quick_experiment_end_to_end(name, tmp_path, capsys):
               for a in arms}
     assert len(starts) == 1
     report = (out / "report.md").read_text()
-    rows = [line.split("|") for line in report.splitlines() if line.startswith("| ")]
+    table = report.split("## Comparisons")[0]
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     assert [r[1].strip() for r in rows] == ["arm", *arms]
     header = [c.strip() for c in rows[0]]
-    if name == "online":
+    if name in SWITCHING:
         assert "recover@2" in header and "recover@4" in header
+    # the comparisons and signals tables: one row per trained arm, differences from the reference
+    ref = spec.reference_arm(arms)
+    assert f"final acc − {ref}" in report
+    compared = [r.split("|")[1].strip() for r in report.split("## Comparisons", 1)[1].splitlines()
+                if r.startswith("| ")]
+    assert compared == ["arm", *trained, "arm", *trained]  # comparisons, then signals
+    for arm in trained:
+        rows = read_jsonl(out / arm / "seed-0" / "metrics.jsonl")
+        logged = {k for r in rows if r.get("step", 0) > 0 for k in r}
+        missing = set(NEEDS.get(name, []) + ARM_NEEDS.get(arm, [])) - logged
+        assert not missing, (arm, missing)
     written = {p.name for p in (out / "plots").glob("*.png")}
     wanted = _pngs(spec)
     if not any(json.loads(line).get("critic/value_loss") is not None

@@ -15,7 +15,7 @@ from saorl.experiments.spec import (
     spec_from_dict,
 )
 
-SHIPPED = ("math", "code", "ablation", "online", "stability")
+SHIPPED = ("math", "code", "stability", "mismatch", "levels", "shift", "noisy_obs")
 
 
 def _spec(**kw):
@@ -63,6 +63,7 @@ def test_math_arms_are_the_comparison_asked_for():
     ({"quick": {"arms": ["zzz"]}}, "quick.arms"),
     ({"start_arm": "a"}, "start_arm"),
     ({"name": "a/b"}, "name"),
+    ({"reference": "zzz"}, "reference"),
 ])
 def test_bad_spec_names_the_field(data, field):
     with pytest.raises(SpecError) as e:
@@ -119,11 +120,19 @@ def test_base_is_found_relative_to_spec(tmp_path):
 def test_cost_lines_and_switch_steps():
     from saorl.experiments.plan import cost_lines, switch_steps
 
-    spec = load_spec(find_spec("online"))
-    lines = cost_lines(spec, ["sao", "reinforce_rm"], [0], quick=True)
-    assert lines[0].startswith("full version: may take up to 2 arms x 3 seeds x 600 s = 1h00m")
-    assert lines[1].startswith("this run: may take up to 2 arms x 1 seeds x 120 s = 4m00s")
-    assert len(cost_lines(spec, ["sao", "reinforce_rm"], [0, 1, 2], quick=False)) == 1
-    assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0, quick=True)) == [0, 10, 20]
-    assert switch_steps(arm_config(spec, find_spec("online"), "sao", 0)) == [0, 50, 100]
+    spec = load_spec(find_spec("shift"))
+    arms = list(spec.arms)
+    lines = cost_lines(spec, arms[:2], [0], quick=True)
+    assert lines[0].startswith("full version: may take up to 4 arms x 3 seeds x 240 s = 48m00s")
+    assert lines[1].startswith("this run: may take up to 2 arms x 1 seeds x 60 s = 2m00s")
+    assert len(cost_lines(spec, arms, [0, 1, 2], quick=False)) == 1
+    assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0, quick=True)) == [0, 10, 20]
+    assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0)) == [0, 100, 200]
     assert switch_steps(arm_config(load_spec(find_spec("math")), find_spec("math"), "sao", 0)) == []
+
+
+def test_reference_arm_is_named_or_the_first_selected():
+    assert _spec().reference_arm() == "a"
+    assert _spec(reference="b").reference_arm() == "b"
+    assert _spec(reference="b").reference_arm(["a"]) == "a"  # the reference was not run
+    assert _spec().reference_arm(["b"]) == "b"
