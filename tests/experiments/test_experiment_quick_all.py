@@ -63,6 +63,9 @@ def test_quick_experiment_end_to_end(name, tmp_path, capsys):
     starts = {json.loads((out / a / "seed-0" / "eval.jsonl").read_text().splitlines()[0])["eval/accuracy"]
               for a in arms}
     assert len(starts) == 1
+    # the start was evaluated once, by the first trained arm; the others carry its row
+    firsts = [read_jsonl(out / a / "seed-0" / "eval.jsonl")[0] for a in trained]
+    assert "source" not in firsts[0] and all(trained[0] in f["source"] for f in firsts[1:])
     report = (out / "report.md").read_text()
     table = report.split("## Comparisons")[0]
     rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
