@@ -10,14 +10,17 @@ starts from the same SFT model and is evaluated on the same tasks), marked ``*``
 
 - staleness: ``rollout/staleness_mean`` averaged over the steps;
 - mismatch: ``mismatch/kl_s0`` (KL(rollout ‖ trainer) on staleness-0 tokens: the engine/trainer
-  mismatch alone), ``mismatch/kl`` (all tokens: mismatch plus drift) and
-  ``mismatch/outside_band_frac`` (tokens outside the DIS band), averaged over the steps;
+  mismatch alone; averaged over the steps weighted by their staleness-0 tokens, whose mean count
+  per step is shown too: asynchronous runs have few), ``mismatch/kl`` (all tokens: mismatch plus
+  drift) and ``mismatch/outside_band_frac`` (tokens outside the DIS band), averaged over the steps;
 - ``policy/dis_kept_frac`` (DIS arms), ``policy/clip_frac`` (PPO-clipped arms), averaged;
 - entropy: ``policy/entropy`` over the first and the last 10% of the steps;
 - ``critic/explained_var`` (the critic's, before its updates on the batch), averaged;
 - ``adv/first_token_std`` and ``adv/return_std``, averaged: the credit reaching the first decision
   against the return spread;
-- grad-norm spikes: the largest ``policy/grad_norm`` of the run over its median.
+- grad-norm spikes: the largest ``policy/grad_norm`` of the run over the median of its non-zero
+  ones, and the share of steps with no gradient at all (every advantage 0: a group baseline whose
+  group got equal rewards, or a collapsed run).
 
 A column is shown only when some arm logged its metric.
 """
@@ -84,18 +87,41 @@ def _window_mean(key: str, first: bool, frac: float = 0.1) -> Callable[[list[dic
     return f
 
 
+def _finite(metrics: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in metrics if r.get(key) is not None and math.isfinite(float(r[key]))]
+
+
 def spike_ratio(metrics: list[dict], key: str = "policy/grad_norm") -> float | None:
-    """The run's largest ``key`` over its median (how far its worst spike stands out)."""
-    vals = [float(r[key]) for r in metrics if r.get(key) is not None and math.isfinite(float(r[key]))]
+    """The run's largest ``key`` over the median of its non-zero values (how far its worst spike
+    stands out; a GRPO group whose rewards are all equal has no gradient at all, and those steps
+    would make the median 0)."""
+    vals = [v for v in _finite(metrics, key) if v > 0]
     if len(vals) < 2:
         return None
-    med = statistics.median(vals)
-    return max(vals) / med if med > 0 else None
+    return max(vals) / statistics.median(vals)
+
+
+def zero_frac(metrics: list[dict], key: str = "policy/grad_norm") -> float | None:
+    """The share of steps whose ``key`` is exactly 0 (no gradient: every advantage was 0)."""
+    vals = _finite(metrics, key)
+    return sum(v == 0 for v in vals) / len(vals) if vals else None
+
+
+def token_weighted(key: str, tokens: str) -> Callable[[list[dict]], float | None]:
+    """Mean of ``key`` over the steps weighted by ``tokens`` (a per-bucket statistic whose bucket
+    holds a handful of tokens in some steps and hundreds in others)."""
+    def f(metrics: list[dict]) -> float | None:
+        pairs = [(float(r[key]), float(r[tokens])) for r in metrics
+                 if r.get(key) is not None and r.get(tokens) and math.isfinite(float(r[key]))]
+        n = sum(t for _, t in pairs)
+        return sum(v * t for v, t in pairs) / n if n else None
+    return f
 
 
 SIGNALS: tuple[tuple[str, Callable[[list[dict]], float | None], int], ...] = (
     ("staleness", _mean_of("rollout/staleness_mean"), 1),
-    ("KL s0", _mean_of("mismatch/kl_s0"), 4),
+    ("KL s0", token_weighted("mismatch/kl_s0", "mismatch/tokens_s0"), 4),
+    ("s0 tokens/step", _mean_of("mismatch/tokens_s0"), 1),
     ("KL all", _mean_of("mismatch/kl"), 4),
     ("outside band", _mean_of("mismatch/outside_band_frac"), 4),
     ("DIS kept", _mean_of("policy/dis_kept_frac"), 4),
@@ -106,6 +132,7 @@ SIGNALS: tuple[tuple[str, Callable[[list[dict]], float | None], int], ...] = (
     ("first-token adv sd", _mean_of("adv/first_token_std"), 3),
     ("return sd", _mean_of("adv/return_std"), 3),
     ("grad-norm max/median", spike_ratio, 1),
+    ("zero-grad steps", zero_frac, 3),
 )
 """(column, per-run value from the run's metrics rows, digits)."""
 

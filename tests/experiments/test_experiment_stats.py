@@ -66,12 +66,23 @@ def test_comparison_table_cells_are_the_intervals():
 
 
 def test_signal_table_shows_only_logged_signals_and_spikes():
-    from saorl.experiments.compare import signal_table, spike_ratio
+    from saorl.experiments.compare import signal_table, spike_ratio, zero_frac
 
-    runs = [[{"policy/grad_norm": g, "policy/entropy": 0.5} for g in (1.0, 2.0, 8.0)],
+    runs = [[{"policy/grad_norm": g, "policy/entropy": 0.5} for g in (0.0, 0.0, 0.0, 1.0, 2.0, 8.0)],
             [{"policy/grad_norm": g, "policy/entropy": 0.3} for g in (1.0, 1.0, 1.0)]]
+    # the zero-gradient steps stay out of the median: 8 / median(1, 2, 8) = 4
     assert spike_ratio(runs[0]) == pytest.approx(4.0) and spike_ratio(runs[1]) == pytest.approx(1.0)
+    assert zero_frac(runs[0]) == pytest.approx(0.5) and zero_frac(runs[1]) == 0.0
     table = signal_table({"a": runs})
     header = table.splitlines()[0]
     assert "grad-norm max/median" in header and "entropy first 10%" in header and "KL s0" not in header
     assert mean_interval([4.0, 1.0]).fmt(1) in table.splitlines()[2]
+
+
+def test_token_weighted_kl_weights_steps_by_their_bucket_tokens():
+    from saorl.experiments.compare import token_weighted
+
+    rows = [{"k": 0.5, "n": 1.0}, {"k": 0.0, "n": 99.0}, {"k": 9.0, "n": 0.0}, {"step": 4}]
+    # (0.5 * 1 + 0 * 99) / 100; a step without tokens in the bucket counts for nothing
+    assert token_weighted("k", "n")(rows) == pytest.approx(0.005)
+    assert token_weighted("k", "n")([{"step": 1}]) is None
