@@ -77,6 +77,15 @@ def _mean_of(key: str) -> Callable[[list[dict]], float | None]:
     return f
 
 
+def _per_step(key: str) -> Callable[[list[dict]], float | None]:
+    """Mean of ``key`` over every trainer step, 0 where a step did not log it (a bucket's token
+    count: a step with no token in the bucket leaves it out)."""
+    def f(metrics: list[dict]) -> float | None:
+        steps = [r for r in metrics if r.get("step", 0) > 0]
+        return statistics.fmean(float(r.get(key) or 0.0) for r in steps) if steps else None
+    return f
+
+
 def _window_mean(key: str, first: bool, frac: float = 0.1) -> Callable[[list[dict]], float | None]:
     def f(metrics: list[dict]) -> float | None:
         vals = [float(r[key]) for r in metrics if r.get(key) is not None and math.isfinite(float(r[key]))]
@@ -121,7 +130,7 @@ def token_weighted(key: str, tokens: str) -> Callable[[list[dict]], float | None
 SIGNALS: tuple[tuple[str, Callable[[list[dict]], float | None], int], ...] = (
     ("staleness", _mean_of("rollout/staleness_mean"), 1),
     ("KL s0", token_weighted("mismatch/kl_s0", "mismatch/tokens_s0"), 4),
-    ("s0 tokens/step", _mean_of("mismatch/tokens_s0"), 1),
+    ("s0 tokens/step", _per_step("mismatch/tokens_s0"), 1),
     ("KL all", _mean_of("mismatch/kl"), 4),
     ("outside band", _mean_of("mismatch/outside_band_frac"), 4),
     ("DIS kept", _mean_of("policy/dis_kept_frac"), 4),

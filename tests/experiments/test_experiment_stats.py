@@ -86,3 +86,11 @@ def test_token_weighted_kl_weights_steps_by_their_bucket_tokens():
     # (0.5 * 1 + 0 * 99) / 100; a step without tokens in the bucket counts for nothing
     assert token_weighted("k", "n")(rows) == pytest.approx(0.005)
     assert token_weighted("k", "n")([{"step": 1}]) is None
+
+
+def test_staleness0_tokens_per_step_count_the_steps_without_any():
+    from saorl.experiments.compare import signal_values
+
+    rows = [{"step": 1, "mismatch/tokens_s0": 60.0, "mismatch/kl_s0": 0.1}, {"step": 2}, {"step": 3}]
+    v = signal_values(rows)
+    assert v["s0 tokens/step"] == pytest.approx(20.0) and v["KL s0"] == pytest.approx(0.1)
