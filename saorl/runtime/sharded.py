@@ -79,7 +79,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from saorl.algo.advantages import RunningMeanBaseline
-from saorl.algo.diagnostics import mismatch_metrics
+from saorl.algo.diagnostics import advantage_spread, mismatch_metrics
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
@@ -307,8 +307,12 @@ class ShardedLearner(Learner):
         logprobs, entropy, total = self._policy_passes(batch, passes, advantages,
                                                        pos_tokens if p.lm_loss_coef else None)
         act = batch.action_mask
+        has_act = act.bool().any(dim=1)  # per trajectory: its first action's advantage, its return
+        first = act.double().argmax(dim=1)[:, None]
         tokens = (_rows(logprobs, act), _rows(batch.rollout_logprobs, act), _rows(advantages, act),
-                  _rows(entropy, act), _rows(pos_tokens, act), _rows(self.version - batch.versions, act))
+                  _rows(entropy, act), _rows(pos_tokens, act), _rows(self.version - batch.versions, act),
+                  advantages.detach().gather(1, first)[:, 0][has_act].double().cpu(),
+                  batch.rewards.detach().double().sum(dim=1)[has_act].cpu())
         with self.timings.span("policy backward + optimizer"):
             norm = self._optimizer_step(self.policy_params, self.policy_opt, total)
         self.policy.eval()
@@ -474,6 +478,8 @@ def _policy_metrics(p: AlgoPreset, tokens: list[tuple]) -> dict[str, float]:
     metrics["advantage/mean"] = float(adv_mean)
     metrics["advantage/std"] = float(masked_mean((adv - adv_mean) ** 2, ones).sqrt())
     metrics["policy/ratio_hist"] = ratio_histogram(torch.exp(logprobs - rollout), ones)[0].tolist()
+    first_adv, returns = _cat(tokens, 6), _cat(tokens, 7)  # one row per trajectory with actions
+    metrics |= advantage_spread(first_adv, returns, torch.ones_like(returns))
     mean_entropy = masked_mean(entropy, ones)
     if p.entropy_coef:
         loss = loss - p.entropy_coef * mean_entropy
