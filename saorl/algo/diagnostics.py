@@ -72,6 +72,19 @@ def mismatch_metrics(logprobs: Tensor, rollout_logprobs: Tensor, action_mask: Te
 
 
 @torch.no_grad()
+def first_action_advantages(advantages: Tensor, rewards: Tensor,
+                            action_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """For each row with an action token: the advantage at its first action token and its
+    undiscounted return (the sum of its rewards), both float64 on the CPU, in row order."""
+    check_bt(advantages=advantages, rewards=rewards, action_mask=action_mask)
+    mask = action_mask.bool()
+    rows = mask.any(dim=1)
+    first = mask.double().argmax(dim=1)  # index of the first action token (argmax of the first 1)
+    first_adv = advantages.detach().double().gather(1, first[:, None])[:, 0][rows]
+    return first_adv.cpu(), rewards.detach().double().sum(dim=1)[rows].cpu()
+
+
+@torch.no_grad()
 def advantage_spread(advantages: Tensor, rewards: Tensor, action_mask: Tensor,
                      prefix: str = "adv/") -> dict[str, float]:
     """How much credit reaches a trajectory's first decision, against how much there is to give.
@@ -91,13 +104,8 @@ def advantage_spread(advantages: Tensor, rewards: Tensor, action_mask: Tensor,
     Returns:
         ``{prefix}first_token_std`` and ``{prefix}return_std``; ``{}`` if no row has an action token.
     """
-    check_bt(advantages=advantages, rewards=rewards, action_mask=action_mask)
-    mask = action_mask.bool()
-    rows = mask.any(dim=1)
-    if not bool(rows.any()):
+    first_adv, returns = first_action_advantages(advantages, rewards, action_mask)
+    if not len(first_adv):
         return {}
-    first = mask.double().argmax(dim=1)  # index of the first action token (argmax of the first 1)
-    first_adv = advantages.double().gather(1, first[:, None])[:, 0][rows]
-    returns = rewards.double().sum(dim=1)[rows]
     return {f"{prefix}first_token_std": float(first_adv.std(unbiased=False)) if len(first_adv) > 1 else 0.0,
             f"{prefix}return_std": float(returns.std(unbiased=False)) if len(returns) > 1 else 0.0}

@@ -333,6 +333,16 @@ class Learner:
         metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()
         if positive is not None:
             metrics["policy/lm_loss"] = float(lm_loss(logprobs, batch.action_mask, positive))
+        norm = self._policy_step(total)
+        if norm is not None:
+            metrics["policy/grad_norm"] = norm
+        metrics["policy/loss"] = float(total) if torch.isfinite(total) else math.nan
+        metrics["policy/entropy"] = float(masked_mean(entropy, batch.action_mask))
+        return metrics
+
+    def _policy_step(self, total: Tensor) -> float | None:
+        """The optimizer step on the policy's accumulated gradients: a new version, or (non-finite)
+        a skipped step counted in ``nonfinite_skips``; returns the grad norm or None."""
         with self.timings.span("policy backward + optimizer"):
             norm = self._optimizer_step(self.policy_params, self.policy_opt, total)
         self.policy.eval()
@@ -340,10 +350,7 @@ class Learner:
             self.nonfinite_skips += 1
         else:
             self.version += 1
-            metrics["policy/grad_norm"] = norm
-        metrics["policy/loss"] = float(total) if torch.isfinite(total) else math.nan
-        metrics["policy/entropy"] = float(masked_mean(entropy, batch.action_mask))
-        return metrics
+        return norm
 
     def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
         if not trajectories:

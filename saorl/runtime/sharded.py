@@ -79,7 +79,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from saorl.algo.advantages import RunningMeanBaseline
-from saorl.algo.diagnostics import advantage_spread, mismatch_metrics
+from saorl.algo.diagnostics import advantage_spread, first_action_advantages, mismatch_metrics
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
@@ -307,19 +307,10 @@ class ShardedLearner(Learner):
         logprobs, entropy, total = self._policy_passes(batch, passes, advantages,
                                                        pos_tokens if p.lm_loss_coef else None)
         act = batch.action_mask
-        has_act = act.bool().any(dim=1)  # per trajectory: its first action's advantage, its return
-        first = act.double().argmax(dim=1)[:, None]
         tokens = (_rows(logprobs, act), _rows(batch.rollout_logprobs, act), _rows(advantages, act),
                   _rows(entropy, act), _rows(pos_tokens, act), _rows(self.version - batch.versions, act),
-                  advantages.detach().gather(1, first)[:, 0][has_act].double().cpu(),
-                  batch.rewards.detach().double().sum(dim=1)[has_act].cpu())
-        with self.timings.span("policy backward + optimizer"):
-            norm = self._optimizer_step(self.policy_params, self.policy_opt, total)
-        self.policy.eval()
-        if norm is None:
-            self.nonfinite_skips += 1
-        else:
-            self.version += 1
+                  *first_action_advantages(advantages, batch.rewards, act))
+        norm = self._policy_step(total)
         tokens = self.group.gather(tokens)
         if tokens is None:
             return None
