@@ -109,6 +109,7 @@ class RolloutActor:
         self.id, self.spec = worker_id, spec
         self.stack = build_worker(spec, weights)
         self._follow: asyncio.Task | None = None
+        self._playing = 0  # rollouts this incarnation is playing now
 
     async def _follow_weights(self) -> None:
         loop = asyncio.get_running_loop()
@@ -128,6 +129,7 @@ class RolloutActor:
     async def rollout(self, req: RolloutRequest) -> RolloutFinished | RolloutFailed:
         self._stats()
         s = self.stack
+        self._playing += 1
         try:
             traj = await play_rollout(s.engine, s.env_factory, s.tokenizer, req, sampling=self.spec.sampling,
                                       max_total_tokens=self.spec.max_total_tokens, worker=self.id,
@@ -135,6 +137,12 @@ class RolloutActor:
             return RolloutFinished(self.id, req.rid, traj)
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
             return RolloutFailed(self.id, req.rid, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        finally:
+            self._playing -= 1
+
+    async def playing(self) -> int:
+        """How many rollouts this actor is playing now (for tests and operators)."""
+        return self._playing
 
     def pid(self) -> int:
         return os.getpid()

@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,32 +60,49 @@ def ray_args(temp_dir: str, *extra: str) -> list[str]:
 
 
 class KillWorker(Observer):
-    """At step ``at``, ``kill -9`` the process of Ray actor ``saorl-rollout-0`` once its engine runs
-    weights of version >= ``at - 1`` (published after step ``at - 1``); notes the Ray daemons."""
+    """From step ``at`` on, ``kill -9`` the process of Ray actor ``saorl-rollout-0`` once its engine
+    runs weights of version >= ``at - 1`` (published after step ``at - 1``) and it is playing
+    rollouts; notes the Ray daemons.
+
+    The kill comes from a thread, so the run loop keeps dispatching meanwhile: an observer that
+    blocked the loop would let the actor finish and hand back all it had (nothing to re-queue).
+    ``step_done`` of step ``at + 2`` waits for the kill and (``restarts``) for the restarted
+    incarnation to answer: by then Ray has failed the calls that were in flight to the dead one,
+    so the backend counts the death at its next poll, whatever the machine's load."""
 
     def __init__(self, at: int, temp_dir: str, restarts: bool = True) -> None:
         self.at, self.temp_dir, self.restarts = at, temp_dir, restarts
         self.killed: int | None = None
         self.engine_version = -1
+        self.playing = 0  # rollouts the actor was playing just before the kill
         self.daemons: list[str] = []
+        self._thread: threading.Thread | None = None
 
     def step_done(self, step, metrics, trajectories) -> None:
-        if step != self.at:
-            return
-        self.daemons = [c for c in cluster_processes(self.temp_dir) if "raylet" in c or "gcs_server" in c]
+        if step == self.at:
+            self.daemons = [c for c in cluster_processes(self.temp_dir) if "raylet" in c or "gcs_server" in c]
+            self._thread = threading.Thread(target=self._kill, daemon=True)
+            self._thread.start()
+        elif step == self.at + 2 and self._thread is not None:
+            self._thread.join(timeout=180)
+
+    def _kill(self) -> None:
         actor = ray.get_actor("saorl-rollout-0")
-        deadline = time.monotonic() + 60
-        while self.engine_version < self.at - 1 and time.monotonic() < deadline:
+        pid = ray.get(actor.pid.remote())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
             self.engine_version = int(ray.get(actor.stats.remote(0.0)).stats["version"])
-            time.sleep(0.05)
-        self.killed = ray.get(actor.pid.remote())
-        os.kill(self.killed, signal.SIGKILL)
-        # wait for the restarted incarnation to answer: by then Ray has failed the calls that were in
-        # flight to the dead one, so the backend counts the death at its next poll, whatever the
-        # machine's load (on a loaded 2-core machine the run could otherwise finish first)
+            self.playing = ray.get(actor.playing.remote())
+            if self.engine_version >= self.at - 1 and self.playing > 0:
+                break
+            time.sleep(0.01)
+        else:
+            return  # never busy with published weights: the test's asserts say so
+        os.kill(pid, signal.SIGKILL)
+        self.killed = pid
         while self.restarts and time.monotonic() < deadline + 60:
             try:
-                if ray.get(actor.pid.remote(), timeout=10) != self.killed:
+                if ray.get(actor.pid.remote(), timeout=10) != pid:
                     break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 time.sleep(0.1)
@@ -115,6 +133,7 @@ def test_ray_run_survives_a_killed_actor_trains_each_rollout_once_and_leaves_no_
     assert "rollout/slot_util" in keys and "mismatch/kl_s0" in keys
     assert stable(keys) == stable(local_keys)
     assert kill.killed is not None and kill.engine_version >= 1  # weights reached the actor
+    assert kill.playing > 0
     assert rows[-1]["rollout/worker_restarts"] >= 1
     assert rows[-1]["rollout/requeued"] > 0
     trained = read_jsonl(run_dir / "trained.jsonl")
