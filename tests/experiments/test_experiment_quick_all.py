@@ -27,6 +27,7 @@ NEEDS = {  # experiment -> metrics its report relies on, in every trained arm's 
 SUBSET = {  # CI time: arms that differ only in a resolved knob (checked in test_experiment_spec) stay out
     "levels": ["sao", "grpo", "full_critic", "sft"],
     "noisy_obs": ["skip_obs", "plain_gae", "vapo_lambda", "sft"],
+    "mismatch": ["grpo_uncorrected", "grpo_rollout", "grpo_dis", "sao", "sft"],
 }
 ARM_NEEDS = {  # arm -> further metrics that arm must log
     "grpo_dis": ["policy/dis_kept_frac"], "sao": ["policy/dis_kept_frac", "critic/explained_var"],

@@ -1,5 +1,6 @@
 """The experiment spec: shipped specs load and resolve; bad specs fail naming the field."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,16 @@ def test_math_arms_are_the_comparison_asked_for():
     assert {c.sft.seed for c in cfgs.values()} == {0}  # every seed starts from one SFT model
     assert {c.trainer.policy_lr for c in cfgs.values()} == {1e-4}
     assert spec.start_arm == "sft"
+
+
+def test_mismatch_arms_differ_where_they_say():
+    spec = load_spec(find_spec("mismatch"))
+    algos = {a: arm_config(spec, find_spec("mismatch"), a, 0).algo.resolve() for a in spec.arms}
+    assert algos["grpo_uncorrected"].behaviour == "trainer" and algos["grpo_rollout"].behaviour == "rollout"
+    dis = algos["grpo_dis"]
+    assert (dis.policy_loss, dis.eps_low, dis.eps_high) == ("dis", 0.3, 5.0)
+    assert algos["grpo_dis_high028"] == dataclasses.replace(dis, eps_high=0.28)
+    assert algos["grpo_dis_low099"] == dataclasses.replace(dis, eps_low=0.99)
 
 
 @pytest.mark.parametrize("data, field", [
