@@ -20,7 +20,9 @@ starts from the same SFT model and is evaluated on the same tasks), marked ``*``
   against the return spread;
 - grad-norm spikes: the largest ``policy/grad_norm`` of the run over the median of its non-zero
   ones, and the share of steps with no gradient at all (every advantage 0: a group baseline whose
-  group got equal rewards, or a collapsed run).
+  group got equal rewards, or a collapsed run);
+- collapse (:func:`collapse_step`): the share of seeds whose run ended collapsed, and the step
+  where those collapses began.
 
 A column is shown only when some arm logged its metric.
 """
@@ -116,6 +118,31 @@ def zero_frac(metrics: list[dict], key: str = "policy/grad_norm") -> float | Non
     return sum(v == 0 for v in vals) / len(vals) if vals else None
 
 
+COLLAPSE_MIN_STEPS = 20
+"""The shortest zero-reward tail counted as a collapse (a healthy run at 40% success has a 4-rollout
+batch with no success at about 1 step in 8: twenty in a row is not chance)."""
+
+
+def collapse_step(metrics: list[dict], key: str = "reward/mean") -> int | None:
+    """The first step of the run's final stretch of steps whose ``key`` is exactly 0, if that
+    stretch is at least :data:`COLLAPSE_MIN_STEPS` steps long and reaches the last step: the run
+    ended collapsed (no rollout rewarded any more, so a group or critic baseline has nothing to
+    learn from: an absorbing state). None for a run that did not end so."""
+    rows = [r for r in metrics if r.get("step", 0) > 0 and r.get(key) is not None]
+    start, n = None, 0
+    for r in reversed(rows):
+        if float(r[key]) != 0.0:
+            break
+        start, n = int(r["step"]), n + 1
+    return start if n >= COLLAPSE_MIN_STEPS else None
+
+
+def _collapsed(metrics: list[dict]) -> float | None:
+    if not any(r.get("reward/mean") is not None for r in metrics):
+        return None
+    return 1.0 if collapse_step(metrics) is not None else 0.0
+
+
 def token_weighted(key: str, tokens: str) -> Callable[[list[dict]], float | None]:
     """Mean of ``key`` over the steps weighted by ``tokens`` (a per-bucket statistic whose bucket
     holds a handful of tokens in some steps and hundreds in others)."""
@@ -142,6 +169,8 @@ SIGNALS: tuple[tuple[str, Callable[[list[dict]], float | None], int], ...] = (
     ("return sd", _mean_of("adv/return_std"), 3),
     ("grad-norm max/median", spike_ratio, 1),
     ("zero-grad steps", zero_frac, 3),
+    ("collapsed", _collapsed, 2),
+    ("collapse step", collapse_step, 0),
 )
 """(column, per-run value from the run's metrics rows, digits)."""
 

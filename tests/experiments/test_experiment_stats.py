@@ -94,3 +94,23 @@ def test_staleness0_tokens_per_step_count_the_steps_without_any():
     rows = [{"step": 1, "mismatch/tokens_s0": 60.0, "mismatch/kl_s0": 0.1}, {"step": 2}, {"step": 3}]
     v = signal_values(rows)
     assert v["s0 tokens/step"] == pytest.approx(20.0) and v["KL s0"] == pytest.approx(0.1)
+
+
+def test_collapse_is_a_zero_reward_tail_reaching_the_end():
+    from saorl.experiments.compare import COLLAPSE_MIN_STEPS, collapse_step, signal_table
+
+    def run(rewards):
+        return [{"step": 0, "eval/accuracy": 0.4}] + [{"step": i + 1, "reward/mean": r}
+                                                       for i, r in enumerate(rewards)]
+
+    n = COLLAPSE_MIN_STEPS
+    collapsed = run([0.5, 0.0, 0.25] + [0.0] * n)  # zero from step 4 to the end (step 3 + n)
+    assert collapse_step(collapsed) == 4
+    assert collapse_step(run([0.5] + [0.0] * (n - 1))) is None  # one step short of a collapse
+    assert collapse_step(run([0.0] * (2 * n) + [0.25])) is None  # it recovered at the last step
+    assert collapse_step([{"step": 1}]) is None
+    table = signal_table({"a": [collapsed, run([0.5] * 30)]}).splitlines()
+    header = [c.strip() for c in table[0].split("|")]
+    row = [c.strip() for c in table[2].split("|")]
+    assert row[header.index("collapsed")].startswith("0.50 ")  # one seed of two
+    assert row[header.index("collapse step")] == "4 (n=1)"  # the collapsed seed's step alone
