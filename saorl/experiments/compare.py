@@ -125,16 +125,17 @@ batch with no success at about 1 step in 8: twenty in a row is not chance)."""
 
 def collapse_step(metrics: list[dict], key: str = "reward/mean") -> int | None:
     """The first step of the run's final stretch of steps whose ``key`` is exactly 0, if that
-    stretch is at least :data:`COLLAPSE_MIN_STEPS` steps long and reaches the last step: the run
-    ended collapsed (no rollout rewarded any more, so a group or critic baseline has nothing to
-    learn from: an absorbing state). None for a run that did not end so."""
+    stretch is at least :data:`COLLAPSE_MIN_STEPS` steps long, reaches the last step and follows
+    a rewarded step: the run ended collapsed (no rollout rewarded any more, so a group or critic
+    baseline has nothing to learn from: an absorbing state). None for a run that did not end so,
+    and for one never rewarded at all (a start that cannot solve the task did not collapse)."""
     rows = [r for r in metrics if r.get("step", 0) > 0 and r.get(key) is not None]
     start, n = None, 0
     for r in reversed(rows):
         if float(r[key]) != 0.0:
             break
         start, n = int(r["step"]), n + 1
-    return start if n >= COLLAPSE_MIN_STEPS else None
+    return start if COLLAPSE_MIN_STEPS <= n < len(rows) else None
 
 
 def _collapsed(metrics: list[dict]) -> float | None:

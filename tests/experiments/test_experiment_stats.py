@@ -109,6 +109,7 @@ def test_collapse_is_a_zero_reward_tail_reaching_the_end():
     assert collapse_step(run([0.5] + [0.0] * (n - 1))) is None  # one step short of a collapse
     assert collapse_step(run([0.0] * (2 * n) + [0.25])) is None  # it recovered at the last step
     assert collapse_step([{"step": 1}]) is None
+    assert collapse_step(run([0.0] * (2 * n))) is None  # never rewarded: nothing collapsed
     table = signal_table({"a": [collapsed, run([0.5] * 30)]}).splitlines()
     header = [c.strip() for c in table[0].split("|")]
     row = [c.strip() for c in table[2].split("|")]
