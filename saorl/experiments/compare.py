@@ -72,9 +72,13 @@ def comparison_table(per_arm: dict[str, dict[int, dict]], reference: str, level:
     return _rows_md(header, rows)
 
 
+def _finite(metrics: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in metrics if r.get(key) is not None and math.isfinite(float(r[key]))]
+
+
 def _mean_of(key: str) -> Callable[[list[dict]], float | None]:
     def f(metrics: list[dict]) -> float | None:
-        vals = [float(r[key]) for r in metrics if r.get(key) is not None and math.isfinite(float(r[key]))]
+        vals = _finite(metrics, key)
         return statistics.fmean(vals) if vals else None
     return f
 
@@ -90,16 +94,12 @@ def _per_step(key: str) -> Callable[[list[dict]], float | None]:
 
 def _window_mean(key: str, first: bool, frac: float = 0.1) -> Callable[[list[dict]], float | None]:
     def f(metrics: list[dict]) -> float | None:
-        vals = [float(r[key]) for r in metrics if r.get(key) is not None and math.isfinite(float(r[key]))]
+        vals = _finite(metrics, key)
         if not vals:
             return None
         k = max(1, math.ceil(len(vals) * frac))
         return statistics.fmean(vals[:k] if first else vals[-k:])
     return f
-
-
-def _finite(metrics: list[dict], key: str) -> list[float]:
-    return [float(r[key]) for r in metrics if r.get(key) is not None and math.isfinite(float(r[key]))]
 
 
 def spike_ratio(metrics: list[dict], key: str = "policy/grad_norm") -> float | None:
