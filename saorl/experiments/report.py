@@ -351,7 +351,7 @@ def draw_plots(arms: Sequence[ArmData], wanted: Sequence[str], plot_dir: Path, *
 
 def comparison_sections(arms: Sequence[ArmData], reference: str | None, start_arm: str | None) -> list[str]:
     """The report's "Comparisons" and "Signals" sections (:mod:`saorl.experiments.compare`)."""
-    from saorl.experiments.compare import comparison_table, signal_table
+    from saorl.experiments.compare import COLLAPSE_MIN_STEPS, comparison_table, signal_table
 
     trained = [a for a in arms if a.runs and a.name != start_arm]
     if not trained:
@@ -368,7 +368,9 @@ def comparison_sections(arms: Sequence[ArmData], reference: str | None, start_ar
             "steps; KL s0: staleness-0 tokens only (engine/trainer mismatch alone), weighted by their count "
             "(s0 tokens/step); entropy: mean over the first / last 10% of steps; grad-norm max/median: the "
             "run's largest policy gradient norm over the median of its non-zero ones; zero-grad steps: the "
-            "share of steps with no gradient (all advantages 0).", ""]
+            "share of steps with no gradient (all advantages 0); collapsed: the share of seeds whose run "
+            "ended with its training reward 0 on every step of a final stretch of at least "
+            f"{COLLAPSE_MIN_STEPS} steps after a rewarded one; collapse step: where those began.", ""]
 
 
 def write_report(out: Path, title: str, description: str, arms: Sequence[ArmData], wanted: Sequence[str], *,
