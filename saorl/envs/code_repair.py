@@ -47,7 +47,6 @@ than exist, the list repeats with ``#k`` appended to the ids.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import random
@@ -56,6 +55,7 @@ import secrets
 from collections import defaultdict
 from typing import Any, ClassVar
 
+from saorl.envs import pyast
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
 from saorl.envs.code_repair_bank import BANK, TEST_ONLY, BaseFunction, Mutant, mutants
 from saorl.envs.splits import content_hash
@@ -324,8 +324,8 @@ class CodeRepairEnv(Env):
         new = old[: len(old) - len(old.lstrip())] + text
         lines = _module_with(self._lines, line, new)
         try:
-            ast.parse("\n".join(lines))
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+            pyast.parse("\n".join(lines))
+        except pyast.PARSE_ERRORS as e:
             reason = getattr(e, "msg", None) or type(e).__name__
             return f"<out>error: line {line} would not parse ({reason}), not applied</out>\n"
         self._lines = lines
@@ -346,8 +346,8 @@ class CodeRepairEnv(Env):
             head, _, value = row.partition(" ")
             idx, _, text = value.partition(" ")
             if head == mark and idx.isdigit() and int(idx) < len(results) and results[int(idx)] is None:
-                with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError):
-                    results[int(idx)] = str(ast.literal_eval(text))
+                with contextlib.suppress(*pyast.PARSE_ERRORS):
+                    results[int(idx)] = str(pyast.literal_eval(text))
         note = None
         if res.timed_out:
             note = "timed out"

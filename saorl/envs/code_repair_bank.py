@@ -32,6 +32,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from saorl.envs import pyast
+
 
 @dataclass(frozen=True)
 class BaseFunction:
@@ -377,7 +379,7 @@ def _replace(tree: ast.AST, target: ast.AST, new: ast.AST) -> None:
 def mutants(func: BaseFunction) -> list[Mutant]:
     """Every distinct single-line, parseable bug of ``func`` (not yet checked against tests)."""
     ref_lines = func.source.splitlines()
-    tree = ast.parse(func.source)
+    tree = pyast.parse(func.source)
     if ast.unparse(tree) != func.source:
         raise ValueError(f"bank function {func.name!r} is not in canonical ast.unparse form")
     fn = tree.body[0]

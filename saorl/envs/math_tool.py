@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from saorl.envs import pyast
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
 from saorl.envs.splits import content_hash, distinct_tasks
 from saorl.envs.tags import parse_action
@@ -63,8 +64,8 @@ def evaluate_expression(text: str) -> tuple[int, list[int]]:
     if not _EXPR_CHARS.fullmatch(text):
         raise ExpressionError("only digits, + - * ( ) and spaces are allowed")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        tree = pyast.parse(text.strip(), mode="eval")
+    except pyast.PARSE_ERRORS as e:
         raise ExpressionError(f"not an expression: {type(e).__name__}") from None
     literals: list[int] = []
 
@@ -105,13 +106,13 @@ def repl_code(code: str) -> str:
     Code that does not parse is returned unchanged so the sandbox reports the SyntaxError.
     """
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = pyast.parse(code)
+    except pyast.PARSE_ERRORS:
         return code
     if not tree.body or not isinstance(tree.body[-1], ast.Expr):
         return code
     last = tree.body[-1]
-    show = ast.parse("_ = None\nif _ is not None:\n    print(_)").body
+    show = pyast.parse("_ = None\nif _ is not None:\n    print(_)").body
     show[0].value = last.value  # type: ignore[attr-defined]
     tree.body[-1:] = show
     try:
