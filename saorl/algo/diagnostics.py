@@ -5,7 +5,11 @@ policy over the engine's recorded one):
 
 - ``KL(rollout ‖ trainer)``, estimated from the sampled tokens with the non-negative, unbiased
   ``k3`` estimator ``E[(r − 1) − log r]`` (the samples come from the rollout policy);
-- the fraction of tokens outside the DIS band ``[1 − ε_low, 1 + ε_high]`` (what DIS masks).
+- the fraction of tokens outside the DIS band ``[1 − ε_low, 1 + ε_high]`` (what DIS masks);
+- given the advantages, the share of the uncorrected importance-weighted gradient that falls on
+  those tokens: the gradient of ``−Σ_t r_t A_t`` is ``−Σ_t r_t A_t ∇log π_θ(x_t)``, and the
+  share is ``Σ_outside |r_t A_t| / Σ_t |r_t A_t|``, each token's weight on its own score function
+  (the per-token gradient norms themselves would cost a backward pass per token).
 
 Both are reported overall and per staleness bucket (versions between the token's sampler and
 the trainer). Staleness 0 isolates the engine/trainer mismatch itself (same weights, different
@@ -13,6 +17,8 @@ numerics or routing); larger staleness adds the policy's own drift.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -32,7 +38,8 @@ def _bucket_name(lo: int, hi: int) -> str:
 
 @torch.no_grad()
 def mismatch_metrics(logprobs: Tensor, rollout_logprobs: Tensor, action_mask: Tensor, staleness: Tensor,
-                     eps_low: float, eps_high: float, prefix: str = "mismatch/") -> dict[str, float]:
+                     eps_low: float, eps_high: float, prefix: str = "mismatch/",
+                     advantages: Tensor | None = None) -> dict[str, float]:
     """KL(rollout ‖ trainer) and the out-of-band fraction, overall and per staleness bucket.
 
     Args:
@@ -41,6 +48,8 @@ def mismatch_metrics(logprobs: Tensor, rollout_logprobs: Tensor, action_mask: Te
         action_mask: ``[B, T]``.
         staleness: ``[B, T]`` integer versions between each token's sampler and the trainer.
         eps_low, eps_high: the DIS band.
+        advantages: optional ``[B, T]``; with them, ``{prefix}outside_band_weight_share`` is
+            reported too (left out when every weight ``|r_t A_t|`` is 0).
     Returns:
         ``{prefix}kl``, ``{prefix}outside_band_frac`` and, for every bucket with action tokens,
         ``{prefix}kl_<bucket>``, ``{prefix}outside_band_frac_<bucket>``, ``{prefix}tokens_<bucket>``.
@@ -62,6 +71,12 @@ def mismatch_metrics(logprobs: Tensor, rollout_logprobs: Tensor, action_mask: Te
                 f"{prefix}outside_band_frac{suffix}": float(outside[sel].sum()) / n}
 
     out = stats(mask, "")
+    if advantages is not None and out:
+        check_bt(logprobs=logprobs, advantages=advantages)
+        weight = torch.where(mask, (ratio * advantages.double()).abs(), 0.0)
+        total = float(weight.sum())
+        if total > 0.0 and math.isfinite(total):
+            out[f"{prefix}outside_band_weight_share"] = float(weight[outside].sum()) / total
     for lo, hi in STALENESS_BUCKETS:
         sel = mask & (staleness >= lo) & (staleness <= hi)
         bucket = stats(sel, f"_{_bucket_name(lo, hi)}")

@@ -12,7 +12,9 @@ starts from the same SFT model and is evaluated on the same tasks), marked ``*``
 - mismatch: ``mismatch/kl_s0`` (KL(rollout ‖ trainer) on staleness-0 tokens: the engine/trainer
   mismatch alone; averaged over the steps weighted by their staleness-0 tokens, whose mean count
   per step is shown too: asynchronous runs have few), ``mismatch/kl`` (all tokens: mismatch plus
-  drift) and ``mismatch/outside_band_frac`` (tokens outside the DIS band), averaged over the steps;
+  drift), ``mismatch/outside_band_frac`` (tokens outside the DIS band) and
+  ``mismatch/outside_band_weight_share`` (their share of the uncorrected gradient's weight
+  ``|r·A|``), averaged over the steps;
 - ``policy/dis_kept_frac`` (DIS arms), ``policy/clip_frac`` (PPO-clipped arms), averaged;
 - entropy: ``policy/entropy`` over the first and the last 10% of the steps;
 - ``critic/explained_var`` (the critic's, before its updates on the batch), averaged;
@@ -161,6 +163,7 @@ SIGNALS: tuple[tuple[str, Callable[[list[dict]], float | None], int], ...] = (
     ("s0 tokens/step", _per_step("mismatch/tokens_s0"), 1),
     ("KL all", _mean_of("mismatch/kl"), 4),
     ("outside band", _mean_of("mismatch/outside_band_frac"), 4),
+    ("outside-band weight", _mean_of("mismatch/outside_band_weight_share"), 3),
     ("DIS kept", _mean_of("policy/dis_kept_frac"), 4),
     ("clip frac", _mean_of("policy/clip_frac"), 4),
     ("entropy first 10%", _window_mean("policy/entropy", True), 3),

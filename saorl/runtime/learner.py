@@ -328,7 +328,8 @@ class Learner:
         _, metrics = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, advantages, batch.action_mask,
                                                   p.eps_low, p.eps_high)
         metrics |= mismatch_metrics(logprobs, batch.rollout_logprobs, batch.action_mask,
-                                    self.version - batch.versions, p.eps_low, p.eps_high)
+                                    self.version - batch.versions, p.eps_low, p.eps_high,
+                                    advantages=advantages)
         ratio = torch.exp(logprobs - batch.rollout_logprobs)  # histogram: 24 log bins, 1e-2..1e2
         metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()
         if positive is not None:

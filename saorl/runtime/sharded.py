@@ -464,7 +464,8 @@ def _policy_metrics(p: AlgoPreset, tokens: list[tuple]) -> dict[str, float]:
     ones = torch.ones_like(logprobs)
     behaviour = rollout if p.behaviour == "rollout" else logprobs
     loss, metrics = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, adv, ones, p.eps_low, p.eps_high)
-    metrics |= mismatch_metrics(logprobs, rollout, ones, staleness.long(), p.eps_low, p.eps_high)
+    metrics |= mismatch_metrics(logprobs, rollout, ones, staleness.long(), p.eps_low, p.eps_high,
+                                advantages=adv)
     adv_mean = masked_mean(adv, ones)
     metrics["advantage/mean"] = float(adv_mean)
     metrics["advantage/std"] = float(masked_mean((adv - adv_mean) ** 2, ones).sqrt())

@@ -65,3 +65,34 @@ def test_advantage_spread_edge_cases():
     assert advantage_spread(torch.ones(2, 3), torch.ones(2, 3), torch.zeros(2, 3)) == {}
     one = advantage_spread(torch.ones(1, 3), torch.ones(1, 3), torch.ones(1, 3))
     assert one == {"adv/first_token_std": 0.0, "adv/return_std": 0.0}
+
+
+def test_outside_band_weight_share_matches_a_naive_loop_and_is_left_out_without_weight():
+    g = torch.Generator().manual_seed(1)
+    B, T = 4, 7
+    lp = -torch.rand(B, T, generator=g) * 3
+    rlp = -torch.rand(B, T, generator=g) * 3
+    adv = torch.randn(B, T, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.3).float()
+    stale = torch.zeros(B, T, dtype=torch.long)
+    m = mismatch_metrics(lp, rlp, mask, stale, 0.3, 0.5, advantages=adv)
+    out_w = all_w = 0.0
+    for b in range(B):
+        for t in range(T):
+            if mask[b, t]:
+                r = math.exp(float(lp[b, t]) - float(rlp[b, t]))
+                w = abs(r * float(adv[b, t]))
+                all_w += w
+                out_w += w if (r < 0.7 or r > 1.5) else 0.0
+    assert 0.0 < out_w < all_w
+    assert m["mismatch/outside_band_weight_share"] == pytest.approx(out_w / all_w, rel=1e-9)
+    # by hand: ratios e^0 = 1 (kept) and e^1 = 2.72 (outside); weights 1·|2| and 2.72·|1|
+    lp2, rlp2 = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, -2.0]])
+    hand = mismatch_metrics(lp2, rlp2, torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.long), 0.2, 0.2,
+                            advantages=torch.tensor([[2.0, -1.0]]))
+    assert hand["mismatch/outside_band_weight_share"] == pytest.approx(math.e / (2 + math.e))
+    none = mismatch_metrics(lp2, rlp2, torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.long), 0.2, 0.2,
+                            advantages=torch.zeros(1, 2))
+    assert "mismatch/outside_band_weight_share" not in none
+    assert "mismatch/outside_band_weight_share" not in mismatch_metrics(
+        lp2, rlp2, torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.long), 0.2, 0.2)
