@@ -12,12 +12,20 @@ before anything ran (config, files, env, model, device), one paragraph with the 
 started and failed (:class:`saorl.errors.RunFailure`); 1 anything else (a bug), one paragraph too;
 130 interrupted. No Python traceback is printed unless ``--debug`` is given (anywhere on the line)
 or ``SAORL_DEBUG=1`` is set.
+
+A rank of a sharded trainer (``torchrun ... -m saorl.cli train ... trainer.shard=fsdp2``) ends with
+:func:`os._exit` once its command has returned and its output is flushed, skipping the
+interpreter's teardown: torch's C++ teardown after a gloo process group aborted the process
+(``terminate called without an active exception``, SIGABRT) after a finished run in 3 of ~60
+two-rank runs on CPU, which torchrun reports as a failed job.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
 import sys
 
@@ -71,6 +79,24 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 
 
 def main(argv: list[str] | None = None) -> int:
+    status = _main(argv)
+    _end_sharded_rank(status)
+    return status
+
+
+def _end_sharded_rank(status: int) -> None:
+    """In a process that joined a sharded trainer's ranks: flush and exit now (module docstring)."""
+    group = sys.modules.get("saorl.runtime.shard_group")
+    if group is None or not group.joined():
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("SAORL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]

@@ -88,11 +88,12 @@ class ShardGroup:
 
 
 _GROUP: ShardGroup | None = None
+_JOINED = False
 
 
 def join(device: str) -> ShardGroup:
     """Join the trainer's ranks from ``torchrun``'s environment (once per process)."""
-    global _GROUP
+    global _GROUP, _JOINED
     if _GROUP is not None:
         return _GROUP
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -116,7 +117,13 @@ def join(device: str) -> ShardGroup:
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
     _GROUP = ShardGroup(dist.get_rank(), dist.get_world_size(), local, dev, control, mesh)
+    _JOINED = True
     return _GROUP
+
+
+def joined() -> bool:
+    """Whether this process ever joined a sharded trainer's ranks (even if it has left them)."""
+    return _JOINED
 
 
 def current() -> ShardGroup:

@@ -231,6 +231,38 @@ def test_sharding_outside_torchrun_is_one_clear_error(monkeypatch):
         shard_group.join("cpu")
 
 
+_RANK_SCRIPT = """
+import atexit, sys
+from saorl import cli
+from saorl.runtime import shard_group
+atexit.register(lambda: print("TEARDOWN RAN", flush=True))
+if sys.argv[1] == "join":
+    shard_group.join("cpu")
+    shard_group.leave()
+print("before main", end=" ")  # unflushed: main must flush it before it leaves
+cli.main(["config", "trainer.steps=7"] if sys.argv[2] == "ok" else ["config", "trainer.steps=-1"])
+print("AFTER MAIN", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode, status", [("join", 0), ("join", 2), ("plain", 0)])
+def test_a_sharded_rank_process_ends_in_main_without_the_interpreter_teardown(tmp_path, mode, status):
+    """torch's C++ teardown after a gloo group aborted finished two-rank runs (SIGABRT, 'terminate
+    called without an active exception'): a process that joined the ranks leaves from cli.main
+    with its status, its output flushed and no teardown (atexit) run; other processes return."""
+    from shard_helpers import free_port
+
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    res = subprocess.run([sys.executable, "-c", _RANK_SCRIPT, mode, "ok" if status == 0 else "bad"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == (status if mode == "join" else 0), res.stderr[-2000:]
+    assert res.stdout.startswith("before main")
+    assert ("steps: 7" in res.stdout) == (status == 0)
+    ends_in_main = mode == "join"
+    assert ("AFTER MAIN" in res.stdout) != ends_in_main and ("TEARDOWN RAN" in res.stdout) != ends_in_main
+
+
 @pytest.mark.slow
 def test_torchrun_two_ranks_three_steps_then_resume(tmp_path):
     """``torchrun --nproc-per-node 2`` end to end (full checkpoints), then ``--resume`` (which
