@@ -16,7 +16,7 @@ or ``SAORL_DEBUG=1`` is set.
 A rank of a sharded trainer (``torchrun ... -m saorl.cli train ... trainer.shard=fsdp2``) ends with
 :func:`os._exit` once its command has returned and its output is flushed, skipping the
 interpreter's teardown: torch's C++ teardown after a gloo process group aborted the process
-(``terminate called without an active exception``, SIGABRT) after a finished run in 3 of ~60
+(``terminate called without an active exception``, SIGABRT) after a finished run in 4 of 86
 two-rank runs on CPU, which torchrun reports as a failed job.
 """
 
