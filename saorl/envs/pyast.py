@@ -9,6 +9,11 @@ through this module: every parse holds one process-wide lock, and a mismatch rai
 parse outside saorl, in a user's env or reward, raced with ours) is retried a few times before it
 is allowed to escape.
 
+CPython 3.11's :mod:`traceback` parses source lines with :func:`ast.parse` too (to place its
+``^~~~`` marks), so a traceback formatted while envs step races the same way: :func:`format_exc`
+formats under the lock, and a formatting failure leaves the exception's own line instead of
+raising out of an ``except`` block (where it would lose the error being reported).
+
 ``PARSE_ERRORS`` are the exceptions a parse of hostile text may raise (bad syntax, null bytes,
 nesting beyond the parser's limit, inputs too large); callers turn them into an observation.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import threading
+import traceback
 from typing import Any
 
 PARSE_ERRORS: tuple[type[BaseException], ...] = (SyntaxError, ValueError, RecursionError, MemoryError)
@@ -41,3 +47,12 @@ def literal_eval(text: str) -> Any:
     """:func:`ast.literal_eval` of ``text``, parsed through :func:`parse` (evaluating the tree
     builds no AST, so only the parse needs the lock)."""
     return ast.literal_eval(parse(text.lstrip(" \t"), mode="eval"))
+
+
+def format_exc() -> str:
+    """:func:`traceback.format_exc` under the lock; on a failure to format, a one-line note."""
+    try:
+        with _LOCK:
+            return traceback.format_exc()
+    except Exception as e:  # the traceback is a courtesy; the error it describes must still go out
+        return f"(traceback not formatted: {type(e).__name__}: {e})\n"

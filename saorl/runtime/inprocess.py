@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from saorl.engines.base import InferenceEngine, SamplingParams
+from saorl.envs import pyast
 from saorl.runtime.backend import collect, drain
 from saorl.runtime.messages import (
     EngineStats,
@@ -109,7 +109,7 @@ class InProcessBackend:
             raise
         except Exception as e:
             self._results.put(RolloutFailed(self.worker, req.rid,
-                                            f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+                                            f"{type(e).__name__}: {e}\n{pyast.format_exc()}"))
 
     def poll(self, timeout_s: float) -> PollResult:
         out = PollResult()

@@ -41,7 +41,6 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 from typing import Any
 
 import ray
@@ -49,6 +48,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from saorl.config import RayConfig
+from saorl.envs import pyast
 from saorl.runtime.backend import WorkerFailure, collect
 from saorl.runtime.lifeline import Reaper, descendants
 from saorl.runtime.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished, RolloutRequest
@@ -136,7 +136,7 @@ class RolloutActor:
                                       follower=s.follower)
             return RolloutFinished(self.id, req.rid, traj)
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
-            return RolloutFailed(self.id, req.rid, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+            return RolloutFailed(self.id, req.rid, f"{type(e).__name__}: {e}\n{pyast.format_exc()}")
         finally:
             self._playing -= 1
 

@@ -21,7 +21,6 @@ import os
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 from saorl.data.trajectory import Trajectory
 from saorl.engines.base import InferenceEngine, SamplingParams
 from saorl.engines.routes import RouteLayout
+from saorl.envs import pyast
 from saorl.models.codec import TokenizerSpec
 from saorl.runtime.messages import (
     EngineStats,
@@ -205,7 +205,7 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
                                       follower=follower)
             results.put(RolloutFinished(worker_id, req.rid, traj))
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
-            error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+            error = f"{type(e).__name__}: {e}\n{pyast.format_exc()}"
             results.put(RolloutFailed(worker_id, req.rid, error))
 
     stopping = False
@@ -243,5 +243,5 @@ def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     except KeyboardInterrupt:
         pass
     except Exception as e:
-        results.put(WorkerCrashed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        results.put(WorkerCrashed(worker_id, f"{type(e).__name__}: {e}\n{pyast.format_exc()}"))
         raise

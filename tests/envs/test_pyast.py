@@ -122,3 +122,30 @@ def test_threads_parsing_beside_garbage_with_finalisers_never_see_a_mismatch():
         sys.setswitchinterval(old)
     assert errors == []
 
+
+
+def test_format_exc_formats_under_the_lock_and_a_failure_to_format_is_one_line(monkeypatch):
+    seen = []
+
+    def fake_format_exc():
+        seen.append(pyast._LOCK.locked())
+        return "Traceback: formatted\n"
+
+    monkeypatch.setattr(pyast.traceback, "format_exc", fake_format_exc)
+    assert pyast.format_exc() == "Traceback: formatted\n" and seen == [True]
+
+    def raced():
+        raise MISMATCH
+
+    monkeypatch.setattr(pyast.traceback, "format_exc", raced)
+    note = pyast.format_exc()
+    assert note.startswith("(traceback not formatted: SystemError: AST constructor") and note.count("\n") == 1
+    assert not pyast._LOCK.locked()
+
+
+def test_format_exc_of_a_real_exception_is_the_standard_traceback():
+    try:
+        {}["missing"]
+    except KeyError:
+        ours, theirs = pyast.format_exc(), __import__("traceback").format_exc()
+    assert ours == theirs and ours.rstrip().endswith("KeyError: 'missing'")
