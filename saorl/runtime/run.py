@@ -268,7 +268,9 @@ class Run:
                 self.checkpoint()
                 self.recorder.export_final(*self.learner.full_models())
         finally:
-            self.parts.backend.shutdown()
-            self.journal.close()
-            self.recorder.close()
-            self.observer.run_finished()
+            try:
+                self.parts.backend.shutdown()
+            finally:  # the journal and the trackers close even if the shutdown fails
+                self.journal.close()
+                self.recorder.close()
+                self.observer.run_finished()

@@ -66,3 +66,29 @@ def test_sync_grpo_has_a_barrier_and_whole_groups(tmp_path):
         assert all(vs == [row["step"] - 1] for vs in row["versions"]), row
         tids = row["task_ids"]
         assert len(tids) == 4 and tids[0] == tids[1] and tids[2] == tids[3] and tids[0] != tids[2]
+
+
+def test_a_failing_backend_shutdown_still_closes_the_journal_and_the_recorder(tmp_path, monkeypatch):
+    """A sharded rank leaves with os._exit (no atexit tracker flush), so the run itself must close
+    its journal and trackers even when shutting the rollout backend down fails."""
+    from saorl.runtime.inprocess import InProcessBackend
+    from saorl.runtime.journal import Journal
+    from saorl.runtime.recorder import RunRecorder
+
+    closed = []
+    for cls, name in ((Journal, "journal"), (RunRecorder, "recorder")):
+        def close(self, _orig=cls.close, _name=name):
+            closed.append(_name)
+            return _orig(self)
+        monkeypatch.setattr(cls, "close", close)
+    real_shutdown = InProcessBackend.shutdown
+
+    def failing_shutdown(self):
+        real_shutdown(self)
+        raise RuntimeError("backend shutdown failed")
+
+    monkeypatch.setattr(InProcessBackend, "shutdown", failing_shutdown)
+    cfg = load_config(None, [*BASE, "runtime.backend=inprocess", "trainer.steps=1"])
+    with pytest.raises(RuntimeError, match="backend shutdown failed"):
+        train(cfg, tmp_path / "run")
+    assert closed == ["journal", "recorder"]
