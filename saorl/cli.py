@@ -79,6 +79,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status. In a process that joined a sharded trainer's ranks it
+    does not return: it exits with that status (module docstring)."""
     status = _main(argv)
     _end_sharded_rank(status)
     return status

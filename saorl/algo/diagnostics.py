@@ -11,9 +11,10 @@ policy over the engine's recorded one):
   share is ``Σ_outside |r_t A_t| / Σ_t |r_t A_t|``, each token's weight on its own score function
   (the per-token gradient norms themselves would cost a backward pass per token).
 
-Both are reported overall and per staleness bucket (versions between the token's sampler and
-the trainer). Staleness 0 isolates the engine/trainer mismatch itself (same weights, different
-numerics or routing); larger staleness adds the policy's own drift.
+The KL and the fraction are reported overall and per staleness bucket (versions between the
+token's sampler and the trainer), the weight share overall only. Staleness 0 isolates the
+engine/trainer mismatch itself (same weights, different numerics or routing); larger staleness
+adds the policy's own drift.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def mismatch_metrics(logprobs: Tensor, rollout_logprobs: Tensor, action_mask: Te
         advantages: optional ``[B, T]``; with them, ``{prefix}outside_band_weight_share`` is
             reported too (left out when every weight ``|r_t A_t|`` is 0).
     Returns:
-        ``{prefix}kl``, ``{prefix}outside_band_frac`` and, for every bucket with action tokens,
+        ``{prefix}kl``, ``{prefix}outside_band_frac`` (with ``advantages``, also
+        ``{prefix}outside_band_weight_share``) and, for every bucket with action tokens,
         ``{prefix}kl_<bucket>``, ``{prefix}outside_band_frac_<bucket>``, ``{prefix}tokens_<bucket>``.
         Empty buckets are left out (an empty batch gives ``{}``).
     """
