@@ -365,7 +365,9 @@ def comparison_sections(arms: Sequence[ArmData], reference: str | None, start_ar
             "## Signals of the mechanisms (per run over its steps, then 95% t-interval over seeds)", "",
             signal_table({a.name: [r.metrics for r in a.runs] for a in trained}), "",
             "staleness, KL, outside band, DIS kept, clip frac, critic EV, advantage spreads: means over the "
-            "steps; KL s0: staleness-0 tokens only (engine/trainer mismatch alone), weighted by their count "
+            "steps; outside-band weight: those tokens' share of the uncorrected gradient's weight |r·A| "
+            "(mean over the steps); KL s0: staleness-0 tokens only (engine/trainer mismatch alone), weighted "
+            "by their count "
             "(s0 tokens/step); entropy: mean over the first / last 10% of steps; grad-norm max/median: the "
             "run's largest policy gradient norm over the median of its non-zero ones; zero-grad steps: the "
             "share of steps with no gradient (all advantages 0); collapsed: the share of seeds whose run "
