@@ -51,6 +51,9 @@ class Env(ABC):
     name: ClassVar[str] = "env"
     stop_strings: ClassVar[tuple[str, ...]] = ()
     """Strings that end one action turn (e.g. '</tool>', '</answer>')."""
+    version: ClassVar[int] = 1
+    """Bump when the env's prompts, observations, rewards or demonstrations change: the cached SFT
+    warm starts and pretrained critics are keyed on it, so they are rebuilt, not reused stale."""
     max_turns: int = 4
 
     def __init__(self, **options: Any) -> None:

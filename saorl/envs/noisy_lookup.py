@@ -2,7 +2,7 @@
 
 An episode (k = 2 here)::
 
-    prompt   Look up: kiwi fig.\\n
+    prompt   Look up, in order:\\nkiwi\\nfig\\n
     action   <tool>kiwi</tool>
     observe  <out>ok hit row tmp ... kiwi=417 ... sync ack ok</out>\\n      tens of noise tokens
     action   <tool>fig</tool>
@@ -18,6 +18,11 @@ line that matters, and the number of calls k is long-tailed across tasks, so the
 advantage under plain GAE is scaled by roughly λ^(k · observation length) — by design very
 different from skip-observation GAE, and more so on the long tasks.
 
+- The prompt lists the names one per line, so each name starts a word with no space before it,
+  as it does in ``<tool>name</tool>``: a byte-level BPE then spells it with the same tokens in
+  both places (in a space-separated list it would not: ``" cider"`` is ``Ġc id er`` but
+  ``cider`` after ``>`` is ``c id er``, and 14 of the 39 names split differently), so a call is
+  a plain copy of prompt tokens.
 - k is drawn per task from a lognormal with mean ``mean_calls`` and coefficient of variation
   ``cv``, rounded and clipped to ``[1, max_calls]`` (:func:`saorl.envs.synthetic.draw_turns`); the
   k names are distinct words, each with a 3-digit code private to the task, so it must be looked
@@ -75,6 +80,7 @@ def noise_text(seed: str, n_words: int) -> list[str]:
 
 class NoisyLookupEnv(Env):
     name: ClassVar[str] = "noisy_lookup"
+    version: ClassVar[int] = 2  # 2: the prompt lists one name per line (1: "Look up: kiwi fig.")
     stop_strings: ClassVar[tuple[str, ...]] = ("</tool>", "</answer>")
 
     def __init__(self, mean_calls: float = 3.0, cv: float = 1.0, max_calls: int = 8, noise_words: int = 16,
@@ -125,7 +131,7 @@ class NoisyLookupEnv(Env):
             raise ValueError(f"task {task.id!r} is not a noisy_lookup task (needs lists 'names' and "
                              "'codes' of one non-zero length)")
         self._task, self._turn, self._calls = task, 0, 0
-        return f"Look up: {' '.join(names)}.\n"
+        return "Look up, in order:\n" + "".join(f"{name}\n" for name in names)
 
     def step(self, action: str) -> StepResult:
         if self._task is None:

@@ -60,6 +60,13 @@ def resolve_env(type_str: str) -> type[Env]:
     return cls
 
 
+def env_version_key(type_str: str) -> dict[str, int]:
+    """The env's part of a cache key: ``{"env_version": v}``, empty at version 1 (so the keys of
+    caches built before envs had versions stay valid)."""
+    version = resolve_env(type_str).version
+    return {} if version == 1 else {"env_version": version}
+
+
 def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None) -> Callable[[], Env]:
     """A zero-argument callable that builds a fresh env with ``options``.
 

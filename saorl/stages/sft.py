@@ -31,7 +31,7 @@ from saorl.data.batch import collate
 from saorl.data.task import Task
 from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
-from saorl.envs.registry import make_env_factory
+from saorl.envs.registry import env_version_key, make_env_factory
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
 from saorl.models.logprobs import token_logprobs
@@ -121,7 +121,7 @@ def sft_key(cfg: SaorlConfig) -> str:
         "policy": cfg.model.policy, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
         "env": cfg.env.model_dump(exclude_defaults=True), "seed": sft_seed(cfg),
         "sft": cfg.sft.model_dump(exclude={"enabled", "seed"}),
-        "format": 1, **prompt_format_key(cfg.model),
+        "format": 1, **prompt_format_key(cfg.model), **env_version_key(cfg.env.type),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -47,7 +47,7 @@ from saorl.config import SaorlConfig
 from saorl.data.batch import Batch, collate
 from saorl.data.tasks import env_sources, load_split
 from saorl.data.trajectory import Trajectory
-from saorl.envs.registry import make_env_factory
+from saorl.envs.registry import env_version_key, make_env_factory
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy, train_dtype
@@ -76,7 +76,7 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         "value_pretrain": cfg.value_pretrain.model_dump(exclude={"enabled"}),
         "gamma": p.gamma, "freeze_critic_attention": p.freeze_critic_attention,
         "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
-        **prompt_format_key(cfg.model),
+        **prompt_format_key(cfg.model), **env_version_key(cfg.env.type),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

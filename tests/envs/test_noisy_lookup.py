@@ -47,7 +47,7 @@ def test_tasks_deterministic_disjoint_and_long_tailed():
 
 def test_observations_carry_the_code_among_noise_deterministically():
     env = NoisyLookupEnv(noise_words=20)
-    assert env.reset(TASK) == "Look up: kiwi fig tea.\n"
+    assert env.reset(TASK) == "Look up, in order:\nkiwi\nfig\ntea\n"
     first = env.step("<tool>fig</tool>")
     assert not first.done and first.reward == 0.0 and _code_in(first.observation, "fig") == 902
     words = first.observation.removeprefix("<out>").removesuffix("</out>\n").split()
@@ -113,6 +113,31 @@ def test_demonstrations_succeed_or_fail_by_one_typo():
         assert len(results) == k + 1 and results[-1].info["success"] and results[-1].reward == 1.0
         results = play(bad, task, bad.demonstration(task, rng))
         assert not results[-1].info["success"] and results[-1].reward == pytest.approx((k - 1) / k)
+
+
+def _name_tokens(tok, text: str, name: str, start: int) -> list[str]:
+    """The tokens of ``text`` whose characters lie in ``name``, found at or after ``start``."""
+    at = text.index(name, start)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = [i for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if a >= at and b <= at + len(name)]
+    return tok.convert_ids_to_tokens(ids)
+
+
+def test_the_prompt_and_the_call_spell_every_name_with_the_same_tokens():
+    """Copying a name from the prompt into ``<tool>name</tool>`` is a plain token copy with the
+    shipped tokenizer, for every name and position (a space-separated list would not be: the
+    first piece would carry the space marker)."""
+    tok = load_tokenizer()
+    env = NoisyLookupEnv()
+    for i in range(0, len(NAMES), 3):
+        names = list(NAMES[i:i + 3])
+        prompt = env.reset(Task("noisy_lookup/x", {"names": names, "codes": [100] * len(names)}))
+        for name in names:
+            in_prompt = _name_tokens(tok, prompt, name, prompt.index(":"))
+            call = f"<tool>{name}</tool>"
+            assert in_prompt == _name_tokens(tok, call, name, 0) and in_prompt, (name, in_prompt)
+    spaced = "Look up: kiwi fig."  # the old format, for contrast
+    assert _name_tokens(tok, spaced, "fig", 0) != _name_tokens(tok, "<tool>fig</tool>", "fig", 0)
 
 
 def test_skip_observation_and_plain_gae_differ_by_design():

@@ -65,3 +65,27 @@ def test_sft_seed_decouples_the_warm_start_from_the_run_seed():
     assert sft_key(fixed0) == sft_key(fixed1) == sft_key(run0)  # sft.seed=0 is the seed-0 warm start
     assert sft_key(load_config(None, ["seed=1", "sft.seed=1"])) == sft_key(run1)
     assert sft_key(load_config(None, ["seed=0", "sft.seed=0", "sft.steps=7"])) != sft_key(fixed0)
+
+
+def test_an_env_version_bump_rebuilds_the_cached_warm_start(monkeypatch):
+    """A change to an env's prompts (its ``version``) must not reuse an SFT model trained on the old
+    ones; version 1 adds nothing to the key, so caches built before versions existed stay valid."""
+    import hashlib
+    import json
+
+    from saorl.config import load_config
+    from saorl.envs.noisy_lookup import NoisyLookupEnv
+    from saorl.models.codec import prompt_format_key
+    from saorl.stages import sft
+
+    cfg = load_config(None, ["env.type=noisy_lookup", "sft.seed=0"])
+    assert NoisyLookupEnv.version == 2
+    key2 = sft.sft_key(cfg)
+    monkeypatch.setattr(NoisyLookupEnv, "version", 1)
+    key1 = sft.sft_key(cfg)
+    assert key1 != key2
+    ident = {"policy": cfg.model.policy, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
+             "env": cfg.env.model_dump(exclude_defaults=True), "seed": 0,
+             "sft": cfg.sft.model_dump(exclude={"enabled", "seed"}), "format": 1,
+             **prompt_format_key(cfg.model)}
+    assert key1 == hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]

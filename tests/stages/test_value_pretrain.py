@@ -199,3 +199,12 @@ def test_fit_critic_moves_only_what_the_preset_trains(frozen):
     assert "value_head.weight" in changed and any(".mlp." in n for n in changed)
     attn = {n for n in before if "self_attn" in n or "embed_tokens" in n}
     assert (changed & attn == set()) if frozen else attn <= changed
+
+
+def test_critic_key_follows_the_env_version(tmp_path, monkeypatch):
+    from saorl.envs.noisy_lookup import NoisyLookupEnv
+
+    cfg = _cfg(tmp_path, "env.type=noisy_lookup")
+    key2 = vp.value_pretrain_key(cfg, "tiny-dense")
+    monkeypatch.setattr(NoisyLookupEnv, "version", 1)
+    assert vp.value_pretrain_key(cfg, "tiny-dense") != key2
