@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                         args.quick, list(args.overrides))
         out = args.out or Path("runs") / "experiments" / (spec.name + ("-quick" if args.quick else ""))
         runner = ExperimentRunner(spec, path, out, sel)
-        first_arm = next(a for a in sel.arms if a != spec.start_arm) if spec.arms else None
+        first_arm = next((a for a in sel.arms if a != spec.start_arm), None)  # None: the start arm alone
         cfg = runner.config(first_arm or next(iter(spec.arms)), sel.seeds[0])
     except (SpecError, ConfigError) as e:
         print(f"saorl experiment: {e}", file=sys.stderr)

@@ -53,6 +53,11 @@ def test_math_quick_end_to_end(tmp_path, capsys):
     assert "[sao seed 0] finished earlier (3 steps): skipped" in again
     assert [r for r in again.split("## Comparisons")[0].splitlines() if r.startswith("| ")] == rows
 
+    # the start arm alone (evaluate the SFT start before training anything): no trained arm selected
+    assert main(["experiment", "math", *TINY, "--quick", "--out", str(out), "--arms", "sft"]) == 0
+    alone = capsys.readouterr().out.split("## Comparisons")[0]
+    assert [r.split("|")[1].strip() for r in alone.splitlines() if r.startswith("| ")] == ["arm", "sft"]
+
     # the start arm's row is what evaluating the SFT start directly gives
     from saorl.experiments.runner import ExperimentRunner, Selection
     from saorl.experiments.spec import find_spec, load_spec
