@@ -28,7 +28,8 @@ different from skip-observation GAE, and more so on the long tasks.
   k names are distinct words, each with a 3-digit code private to the task, so it must be looked
   up: the codes appear nowhere but in the observations.
 - ``<tool>name</tool>`` returns ``<out>NOISE name=CODE NOISE</out>``: ``noise_words`` filler
-  words (log-like tokens and hex), split at a random point, deterministic in the task and the call
+  words (log-like tokens and, unless ``hex_ids=False``, 4-character hex ids, whose digits look
+  like a code's), split at a random point, deterministic in the task and the call
   (so a replayed episode sees the same text). A name that is not in the prompt gets
   ``<out>error: unknown name 'x'</out>``; a malformed action gets ``<out>error: ...</out>``. Both
   cost a turn.
@@ -71,9 +72,12 @@ _HEX = "0123456789abcdef"
 _CODES = re.compile(r"\d{3}(?: \d{3})*")
 
 
-def noise_text(seed: str, n_words: int) -> list[str]:
-    """``n_words`` filler words, deterministic in ``seed``: log words, and now and then a hex id."""
+def noise_text(seed: str, n_words: int, hex_ids: bool = True) -> list[str]:
+    """``n_words`` filler words, deterministic in ``seed``: log words, and now and then a hex id
+    (never with ``hex_ids=False``: then the code is the only digits in an observation)."""
     rng = random.Random(seed)
+    if not hex_ids:
+        return [rng.choice(NOISE) for _ in range(n_words)]
     return [rng.choice(NOISE) if rng.random() < 0.8 else "".join(rng.choice(_HEX) for _ in range(4))
             for _ in range(n_words)]
 
@@ -84,10 +88,12 @@ class NoisyLookupEnv(Env):
     stop_strings: ClassVar[tuple[str, ...]] = ("</tool>", "</answer>")
 
     def __init__(self, mean_calls: float = 3.0, cv: float = 1.0, max_calls: int = 8, noise_words: int = 16,
-                 extra_turns: int = 1, demo_error_rate: float = 0.3, **options: Any) -> None:
+                 extra_turns: int = 1, demo_error_rate: float = 0.3, hex_ids: bool = True,
+                 **options: Any) -> None:
         """Options: ``mean_calls`` (>= 1), ``cv`` (>= 0), ``max_calls`` (1..len(NAMES)),
         ``noise_words`` (filler words per observation, >= 0), ``extra_turns`` (turns past the k
-        calls, >= 1: the answer plus mistakes), ``demo_error_rate`` (in [0, 1])."""
+        calls, >= 1: the answer plus mistakes), ``demo_error_rate`` (in [0, 1]), ``hex_ids``
+        (bool: hex ids among the filler words)."""
         super().__init__(**options)
         if not (isinstance(mean_calls, (int, float)) and mean_calls >= 1):
             raise ValueError(f"mean_calls must be a number >= 1, got {mean_calls!r}")
@@ -101,8 +107,11 @@ class NoisyLookupEnv(Env):
             raise ValueError(f"extra_turns must be an int >= 1, got {extra_turns!r}")
         if not 0.0 <= demo_error_rate <= 1.0:
             raise ValueError(f"demo_error_rate must be in [0, 1], got {demo_error_rate!r}")
+        if not isinstance(hex_ids, bool):
+            raise ValueError(f"hex_ids must be true or false, got {hex_ids!r}")
         self.mean_calls, self.cv, self.max_calls = float(mean_calls), float(cv), max_calls
         self.noise_words, self.extra_turns, self.demo_error_rate = noise_words, extra_turns, demo_error_rate
+        self.hex_ids = hex_ids
         self.max_turns = max_calls + extra_turns
         self._task: Task | None = None
         self._turn = 0
@@ -155,7 +164,7 @@ class NoisyLookupEnv(Env):
         names, codes = self._task.data["names"], self._task.data["codes"]
         if name not in names:
             return f"<out>error: unknown name {name[:20]!r}</out>\n"
-        words = noise_text(f"{self._task.id}/{self._calls}", self.noise_words)
+        words = noise_text(f"{self._task.id}/{self._calls}", self.noise_words, self.hex_ids)
         cut = random.Random(f"{self._task.id}/{self._calls}/cut").randint(0, len(words))
         line = [*words[:cut], f"{name}={codes[names.index(name)]}", *words[cut:]]
         return f"<out>{' '.join(line)}</out>\n"

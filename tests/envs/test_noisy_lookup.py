@@ -61,6 +61,20 @@ def test_observations_carry_the_code_among_noise_deterministically():
     assert quiet.step("<tool>kiwi</tool>").observation == "<out>kiwi=417</out>\n"
 
 
+def test_without_hex_ids_the_code_is_the_only_digits_in_an_observation():
+    def digit_words(env):
+        env.reset(TASK)
+        words = [env.step(f"<tool>{n}</tool>").observation for n in TASK.data["names"]]
+        return [w for obs in words for w in obs.removeprefix("<out>").split("</out>")[0].split()
+                if any(c.isdigit() for c in w)]
+
+    only_codes = digit_words(NoisyLookupEnv(noise_words=40, hex_ids=False))
+    assert sorted(only_codes) == ["fig=902", "kiwi=417", "tea=133"]
+    assert len(digit_words(NoisyLookupEnv(noise_words=40))) > 3  # the default filler has hex ids with digits
+    plain = noise_text("s", 200, hex_ids=False)
+    assert len(plain) == 200 and set(plain) <= set(NOISE) and plain == noise_text("s", 200, hex_ids=False)
+
+
 def test_rewards_on_hand_made_actions():
     env = NoisyLookupEnv()
     calls = ["<tool>kiwi</tool>", "<tool>fig</tool>", "<tool>tea</tool>"]
@@ -95,7 +109,8 @@ def test_bad_options_and_tasks():
     for kwargs, name in [({"mean_calls": 0.5}, "mean_calls"), ({"cv": -1}, "cv"),
                          ({"max_calls": 0}, "max_calls"), ({"max_calls": 999}, "max_calls"),
                          ({"noise_words": -1}, "noise_words"),
-                         ({"extra_turns": 0}, "extra_turns"), ({"demo_error_rate": 2}, "demo_error_rate")]:
+                         ({"extra_turns": 0}, "extra_turns"), ({"demo_error_rate": 2}, "demo_error_rate"),
+                         ({"hex_ids": "no"}, "hex_ids"), ({"hex_ids": 0}, "hex_ids")]:
         with pytest.raises(ValueError, match=name):
             NoisyLookupEnv(**kwargs)
     with pytest.raises(ValueError, match="not a noisy_lookup task"):
