@@ -36,6 +36,13 @@ different from skip-observation GAE, and more so on the long tasks.
 - ``<answer>c1 c2 ... ck</answer>`` (codes in the prompt's order, separated by spaces) ends the
   episode with reward = (positions right) / max(k, codes given), in [0, 1];
   ``info["success"]`` when every code is right and no extra is given.
+- ``grade="calls"`` grades the lookups instead of the codes: an answer still ends the episode
+  and must be 3-digit codes separated by spaces (else reward 0), but the reward is
+  (calls that name the prompt's name at their position) / max(k, calls made), and success is
+  every name looked up once, in order. The structure the GAE variants differ on is unchanged
+  (the graded decisions are early, and long noisy observations follow each), but no code has to
+  be copied out of an observation — which the 1.9 M-parameter policy of ``saorl experiment
+  noisy_obs`` never learned from demonstrations (docs/results.md).
 - An episode may use ``k + extra_turns`` turns (the k calls, the answer, ``extra_turns − 1``
   mistakes); past that it ends with reward 0. ``max_turns`` (the agent loop's cap) is
   ``max_calls + extra_turns``.
@@ -70,6 +77,7 @@ NOISE = tuple("ok ack hit miss row tmp log req sync tick poll ping idle busy sca
               "open read lock wait done next skip page heap".split())
 _HEX = "0123456789abcdef"
 _CODES = re.compile(r"\d{3}(?: \d{3})*")
+GRADES = ("codes", "calls")
 
 
 def noise_text(seed: str, n_words: int, hex_ids: bool = True) -> list[str]:
@@ -89,11 +97,12 @@ class NoisyLookupEnv(Env):
 
     def __init__(self, mean_calls: float = 3.0, cv: float = 1.0, max_calls: int = 8, noise_words: int = 16,
                  extra_turns: int = 1, demo_error_rate: float = 0.3, hex_ids: bool = True,
-                 **options: Any) -> None:
+                 grade: str = "codes", **options: Any) -> None:
         """Options: ``mean_calls`` (>= 1), ``cv`` (>= 0), ``max_calls`` (1..len(NAMES)),
         ``noise_words`` (filler words per observation, >= 0), ``extra_turns`` (turns past the k
         calls, >= 1: the answer plus mistakes), ``demo_error_rate`` (in [0, 1]), ``hex_ids``
-        (bool: hex ids among the filler words)."""
+        (bool: hex ids among the filler words), ``grade`` (``"codes"``: the answer's codes;
+        ``"calls"``: the lookups, see the module docstring)."""
         super().__init__(**options)
         if not (isinstance(mean_calls, (int, float)) and mean_calls >= 1):
             raise ValueError(f"mean_calls must be a number >= 1, got {mean_calls!r}")
@@ -109,13 +118,16 @@ class NoisyLookupEnv(Env):
             raise ValueError(f"demo_error_rate must be in [0, 1], got {demo_error_rate!r}")
         if not isinstance(hex_ids, bool):
             raise ValueError(f"hex_ids must be true or false, got {hex_ids!r}")
+        if grade not in GRADES:
+            raise ValueError(f"grade must be one of {', '.join(GRADES)}, got {grade!r}")
         self.mean_calls, self.cv, self.max_calls = float(mean_calls), float(cv), max_calls
         self.noise_words, self.extra_turns, self.demo_error_rate = noise_words, extra_turns, demo_error_rate
-        self.hex_ids = hex_ids
+        self.hex_ids, self.grade = hex_ids, grade
         self.max_turns = max_calls + extra_turns
         self._task: Task | None = None
         self._turn = 0
         self._calls = 0
+        self._called: list[str] = []
 
     # ---------------------------------------------------------------- tasks
 
@@ -139,7 +151,7 @@ class NoisyLookupEnv(Env):
         if not (isinstance(names, list) and isinstance(codes, list) and names and len(names) == len(codes)):
             raise ValueError(f"task {task.id!r} is not a noisy_lookup task (needs lists 'names' and "
                              "'codes' of one non-zero length)")
-        self._task, self._turn, self._calls = task, 0, 0
+        self._task, self._turn, self._calls, self._called = task, 0, 0, []
         return "Look up, in order:\n" + "".join(f"{name}\n" for name in names)
 
     def step(self, action: str) -> StepResult:
@@ -161,6 +173,7 @@ class NoisyLookupEnv(Env):
     def _lookup(self, name: str) -> str:
         assert self._task is not None
         self._calls += 1
+        self._called.append(name)
         names, codes = self._task.data["names"], self._task.data["codes"]
         if name not in names:
             return f"<out>error: unknown name {name[:20]!r}</out>\n"
@@ -174,6 +187,12 @@ class NoisyLookupEnv(Env):
         text = body.strip()
         if not _CODES.fullmatch(text):
             return self._end(0.0, False, "answer is not 3-digit codes separated by spaces")
+        if self.grade == "calls":
+            names = self._task.data["names"]
+            right = sum(a == b for a, b in zip(self._called, names))
+            ok = right == len(names) == len(self._called)
+            return self._end(right / max(len(names), len(self._called)), ok,
+                             None if ok else f"{right}/{len(names)} lookups in order")
         given = [int(c) for c in text.split()]
         codes = self._task.data["codes"]
         right = sum(a == b for a, b in zip(given, codes))

@@ -90,6 +90,35 @@ def test_rewards_on_hand_made_actions():
         assert end.done and end.reward == pytest.approx(reward) and not end.info["success"], answer
 
 
+def test_grade_calls_rewards_the_lookups_not_the_codes():
+    env = NoisyLookupEnv(grade="calls", extra_turns=2)
+    calls = ["<tool>kiwi</tool>", "<tool>fig</tool>", "<tool>tea</tool>"]
+    *_, end = play(env, TASK, [*calls, "<answer>111 222 333</answer>"])  # wrong codes, right lookups
+    assert (end.reward, end.info["success"], end.info["error"]) == (1.0, True, None)
+    cases = [  # (calls, answer, reward)
+        (["kiwi", "tea"], "111", 1 / 3),                      # skipped fig: tea is at fig's position
+        (["kiwi", "fig"], "417 902", 2 / 3),                  # one missing
+        (["fig", "kiwi", "tea"], "417 902 133", 1 / 3),       # out of order
+        (["kiwi", "pear", "fig", "tea"], "417 902 133", 1 / 4),  # an unknown name counts as a call
+        (["kiwi", "fig", "tea", "tea"], "417 902 133", 3 / 4),   # an extra call
+        ([], "417 902 133", 0.0),                             # right codes, no lookups
+        (["kiwi", "fig", "tea"], "done", 0.0),                # an answer must still be codes
+    ]
+    for names, answer, reward in cases:
+        *_, end = play(NoisyLookupEnv(grade="calls", extra_turns=2), TASK,
+                       [*(f"<tool>{n}</tool>" for n in names), f"<answer>{answer}</answer>"])
+        assert end.done and end.reward == pytest.approx(reward) and not end.info["success"], (names, answer)
+    env = NoisyLookupEnv(grade="calls", extra_turns=1)  # out of turns: 0, as with codes
+    *_, end = play(env, TASK, [*calls, "<tool>kiwi</tool>"])
+    assert end.done and end.reward == 0.0 and "out of turns" in end.info["error"]
+    *_, end = play(env, TASK, [*calls, "<answer>111 222 333</answer>"])  # reset forgets the last calls
+    assert end.reward == 1.0
+    rng, tok = random.Random(0), load_tokenizer()  # demonstrations look up every name in order
+    for task in env.generate_tasks("train", 20, 0):
+        traj = asyncio.run(demonstration_trajectory(NoisyLookupEnv(grade="calls"), task, tok, rng))
+        assert traj.total_reward == 1.0
+
+
 def test_mistakes_cost_turns_and_the_turn_limit_ends_the_episode():
     env = NoisyLookupEnv(extra_turns=1)
     assert env.max_turns == 8 + 1
@@ -110,7 +139,8 @@ def test_bad_options_and_tasks():
                          ({"max_calls": 0}, "max_calls"), ({"max_calls": 999}, "max_calls"),
                          ({"noise_words": -1}, "noise_words"),
                          ({"extra_turns": 0}, "extra_turns"), ({"demo_error_rate": 2}, "demo_error_rate"),
-                         ({"hex_ids": "no"}, "hex_ids"), ({"hex_ids": 0}, "hex_ids")]:
+                         ({"hex_ids": "no"}, "hex_ids"), ({"hex_ids": 0}, "hex_ids"),
+                         ({"grade": "names"}, "grade"), ({"grade": None}, "grade")]:
         with pytest.raises(ValueError, match=name):
             NoisyLookupEnv(**kwargs)
     with pytest.raises(ValueError, match="not a noisy_lookup task"):
