@@ -126,8 +126,7 @@ class NoisyLookupEnv(Env):
         self.max_turns = max_calls + extra_turns
         self._task: Task | None = None
         self._turn = 0
-        self._calls = 0
-        self._called: list[str] = []
+        self._called: list[str] = []  # every looked-up name, in order (unknown ones included)
 
     # ---------------------------------------------------------------- tasks
 
@@ -151,7 +150,7 @@ class NoisyLookupEnv(Env):
         if not (isinstance(names, list) and isinstance(codes, list) and names and len(names) == len(codes)):
             raise ValueError(f"task {task.id!r} is not a noisy_lookup task (needs lists 'names' and "
                              "'codes' of one non-zero length)")
-        self._task, self._turn, self._calls, self._called = task, 0, 0, []
+        self._task, self._turn, self._called = task, 0, []
         return "Look up, in order:\n" + "".join(f"{name}\n" for name in names)
 
     def step(self, action: str) -> StepResult:
@@ -166,19 +165,19 @@ class NoisyLookupEnv(Env):
         if self._turn >= limit:
             return self._end(0.0, False, f"out of turns ({limit})")
         if parsed.tag == "tool":
-            return StepResult(self._lookup(parsed.body.strip()), 0.0, False, {"calls": self._calls})
+            return StepResult(self._lookup(parsed.body.strip()), 0.0, False, {"calls": len(self._called)})
         return StepResult(f"<out>error: {parsed.error}</out>\n", 0.0, False,
-                          {"calls": self._calls, "error": parsed.error})
+                          {"calls": len(self._called), "error": parsed.error})
 
     def _lookup(self, name: str) -> str:
         assert self._task is not None
-        self._calls += 1
         self._called.append(name)
+        call = len(self._called)
         names, codes = self._task.data["names"], self._task.data["codes"]
         if name not in names:
             return f"<out>error: unknown name {name[:20]!r}</out>\n"
-        words = noise_text(f"{self._task.id}/{self._calls}", self.noise_words, self.hex_ids)
-        cut = random.Random(f"{self._task.id}/{self._calls}/cut").randint(0, len(words))
+        words = noise_text(f"{self._task.id}/{call}", self.noise_words, self.hex_ids)
+        cut = random.Random(f"{self._task.id}/{call}/cut").randint(0, len(words))
         line = [*words[:cut], f"{name}={codes[names.index(name)]}", *words[cut:]]
         return f"<out>{' '.join(line)}</out>\n"
 
@@ -188,20 +187,16 @@ class NoisyLookupEnv(Env):
         if not _CODES.fullmatch(text):
             return self._end(0.0, False, "answer is not 3-digit codes separated by spaces")
         if self.grade == "calls":
-            names = self._task.data["names"]
-            right = sum(a == b for a, b in zip(self._called, names))
-            ok = right == len(names) == len(self._called)
-            return self._end(right / max(len(names), len(self._called)), ok,
-                             None if ok else f"{right}/{len(names)} lookups in order")
-        given = [int(c) for c in text.split()]
-        codes = self._task.data["codes"]
-        right = sum(a == b for a, b in zip(given, codes))
-        reward = right / max(len(codes), len(given))
-        ok = right == len(codes) == len(given)
-        return self._end(reward, ok, None if ok else f"{right}/{len(codes)} codes right")
+            given, wanted, what = self._called, self._task.data["names"], "lookups in order"
+        else:
+            given, wanted, what = [int(c) for c in text.split()], self._task.data["codes"], "codes right"
+        right = sum(a == b for a, b in zip(given, wanted))
+        ok = right == len(wanted) == len(given)
+        return self._end(right / max(len(wanted), len(given)), ok,
+                         None if ok else f"{right}/{len(wanted)} {what}")
 
     def _end(self, reward: float, success: bool, reason: str | None) -> StepResult:
-        info = {"success": success, "turns": self._turn, "calls": self._calls, "error": reason}
+        info = {"success": success, "turns": self._turn, "calls": len(self._called), "error": reason}
         self._task = None
         return StepResult("", reward, True, info)
 
