@@ -95,6 +95,13 @@ def _is_free_dict(annotation: Any) -> bool:
     return getattr(annotation, "__origin__", None) is dict or annotation is dict
 
 
+RENAMED = {
+    "rollout.logprob_probe_tol": "now spelled rollout.verify_tol, and it bounds the largest per-token "
+                                 "log-prob gap, not the mean (default by model.dtype; docs/engines.md)",
+}
+"""Dotted paths of fields that were renamed → what to write instead."""
+
+
 def _unknown(name: str, known: list[str]) -> str:
     hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     if hint:
@@ -203,6 +210,8 @@ def _describe(err: Mapping[str, Any]) -> str:
         loc = [*loc, error.field]
     path = ".".join(loc) or "(top level)"
     if err["type"] == "extra_forbidden":
+        if path in RENAMED:
+            return f"{path}: {RENAMED[path]}"
         return f"{path}: {_unknown(loc[-1], _known_fields(loc[:-1]))}"
     if err["type"] == "value_error":
         return f"{path}: {_one_line(str(error))}"

@@ -293,10 +293,14 @@ class RolloutConfig(Section):
     weight_update_timeout_s: float = Field(600.0, gt=0.0)
     """Watchdog of one weight update on a server (pause + load); past it the run stops with an
     error naming the server (the server is resumed first)."""
-    logprob_probe_tol: float = Field(0.1, ge=0.0)
-    """With ``vllm`` / ``sglang``: at start, one request per server is compared with the trainer's
-    log-probs of the same tokens (same temperature and truncation); a mean gap above this many
-    nats per token stops the run (e.g. vLLM without ``--logprobs-mode processed_logprobs``)."""
+    verify_every: int = Field(5, ge=0)
+    """With ``vllm`` / ``sglang``: after the first publication (the starting weights) and the second
+    (the first that changed them), and then every this many versions, each server's log-probs of
+    one sampled request are compared with the trainer's for the same tokens (same temperature and
+    truncation); 0 = the first two only. A failed check stops the run (exit 3)."""
+    verify_tol: float | None = Field(None, ge=0.0)
+    """The largest per-token log-prob gap (nats) a check accepts; None: by ``model.dtype``, 1e-3 for
+    float32, 0.25 for bfloat16, 0.1 for float16 (measured gaps: docs/engines.md)."""
 
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """The local engine's own parameter dtype (None: ``model.dtype``); the trainer keeps

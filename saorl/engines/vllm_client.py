@@ -28,11 +28,17 @@ the prompt and the output but its last token (``CompletionResponseChoice.routed_
 Weight publication (:class:`VllmAdmin`, dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``):
 ``POST /pause?mode=keep`` (in-flight requests are kept and continue after ``/resume``),
 ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (reload from
-the Hugging Face directory DIR on the server's disk), ``POST /update_weight_version
-{"new_version": "<v>"}``, ``POST /resume``.
+the Hugging Face directory DIR on the server's disk; ``saorl_reload_weights`` on a server started
+with saorl's plugin, :data:`PLUGIN_FLAG`, which is exact for MoE experts on the CPU build too),
+``POST /update_weight_version {"new_version": "<v>"}``, ``POST /reset_prefix_cache`` (best
+effort), ``POST /resume``. :meth:`VllmAdmin.describe` reads ``GET /version`` and ``GET
+/server_info?config_format=json`` (device, dtype, log-prob mode, worker extension).
 """
 
 from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.remote import RemoteEngine
@@ -101,20 +107,96 @@ class VllmEngine(RemoteEngine):
                               f"{str(out)[:300]}") from e
 
 
+PLUGIN_CLASS = "saorl_vllm.WeightReload"
+PLUGIN_FLAG = f"--worker-extension-cls {PLUGIN_CLASS}"
+"""The vLLM flag that loads saorl's worker extension (:mod:`saorl.engines.vllm_plugin.saorl_vllm`)."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a vLLM server says of itself (None where it does not say: an older build, an emulation)."""
+
+    url: str
+    version: str | None
+    device: str | None
+    """``cpu``, ``cuda``, ... (``device_config`` of ``GET /server_info``)."""
+    dtype: str | None
+    """``float32``, ``bfloat16``, ... (the model's dtype, same source)."""
+    logprobs_mode: str | None
+    """``processed_logprobs`` (what DIS needs), ``raw_logprobs`` (vLLM's default), ..."""
+    plugin: bool
+    """Whether the server was started with saorl's worker extension (:data:`PLUGIN_FLAG`)."""
+
+    @property
+    def reload_method(self) -> str:
+        return "saorl_reload_weights" if self.plugin else "reload_weights"
+
+
+def incompatibility(info: ServerInfo, moe: bool, processed: bool) -> str | None:
+    """Why the server of ``info`` cannot train a policy (``moe``: a Mixture-of-Experts one) whose
+    sampling needs processed log-probs (``processed``: a temperature other than 1, or top-k /
+    top-p), or None."""
+    if processed and info.logprobs_mode not in (None, "processed_logprobs"):
+        return (f"the vLLM server at {info.url} returns {info.logprobs_mode}, the log-probs of the model's "
+                "own distribution, but the run samples with a temperature other than 1 or with top-k / "
+                "top-p, so every DIS ratio would divide by the wrong probability. Restart it with "
+                "--logprobs-mode processed_logprobs")
+    if moe and info.device == "cpu" and not info.plugin:
+        return (f"the vLLM server at {info.url} is a CPU build (vLLM {info.version or '?'}) and the policy "
+                "is a Mixture-of-Experts model: vLLM's CPU build packs the expert weights once at load and "
+                "its weight reload does not pack them again, so after the first publication it would "
+                "sample from scrambled experts (measured: 0.13 nats per token off after reloading even "
+                "the same weights) and training would be silently wrong. Restart the server with saorl's "
+                f'plugin: PYTHONPATH="$(saorl check-server --plugin-dir)" and {PLUGIN_FLAG} '
+                "(docs/engines.md), or use a GPU server")
+    return None
+
+
 class VllmAdmin:
     """One vLLM server's side of a weight publication (see the module docstring)."""
 
     def __init__(self, url: str, transport: HttpTransport) -> None:
         self.url, self.transport = url.rstrip("/"), transport
+        self.info: ServerInfo | None = None
+
+    async def describe(self) -> ServerInfo:
+        """The server's version, device, dtype, log-prob mode and whether saorl's plugin is loaded
+        (``GET /version``, ``GET /server_info?config_format=json``); remembered, and :meth:`load`
+        then uses the plugin's reload when there is one. Read-only: an RPC to a method the worker
+        lacks would kill vLLM's engine, so the plugin is found in the config, never called."""
+        async def get(path: str, **params) -> dict:
+            try:
+                return await self.transport.call("GET", path, url=self.url, params=params or None) or {}
+            except EngineError as e:
+                if "HTTP 404" in str(e):
+                    return {}
+                raise
+
+        version = (await get("/version")).get("version")
+        config = (await get("/server_info", config_format="json")).get("vllm_config")
+        config = config if isinstance(config, dict) else {}
+        model = config.get("model_config") or {}
+        dtype = model.get("dtype")
+        self.info = ServerInfo(
+            self.url, version, (config.get("device_config") or {}).get("device"),
+            str(dtype).removeprefix("torch.") if dtype else None, model.get("logprobs_mode"),
+            (config.get("parallel_config") or {}).get("worker_extension_cls") == PLUGIN_CLASS)
+        return self.info
 
     async def pause(self) -> None:
         await self.transport.call("POST", "/pause", url=self.url, params={"mode": "keep"})
 
     async def load(self, hf_dir: str, version: int) -> None:
-        body = {"method": "reload_weights", "kwargs": {"weights_path": hf_dir}}
+        info = self.info or await self.describe()
+        body = {"method": info.reload_method, "kwargs": {"weights_path": hf_dir}}
         await self.transport.call("POST", "/collective_rpc", body, url=self.url)
         label = {"new_version": str(version)}
         await self.transport.call("POST", "/update_weight_version", label, url=self.url)
+        # Prefix KV of the old weights is never reused within a run (each request's cache_salt
+        # names its version); dropping it also covers a new run that starts its versions at 0
+        # on a server an earlier run used. vLLM refuses while requests hold blocks; best effort.
+        with contextlib.suppress(EngineError):
+            await self.transport.call("POST", "/reset_prefix_cache", url=self.url)
 
     async def resume(self) -> None:
         await self.transport.call("POST", "/resume", url=self.url)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -29,6 +29,9 @@ from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.weights import FileWeightSync, WeightSync
 from saorl.runtime.worker import WorkerSpec, build_engine
+
+if TYPE_CHECKING:
+    from saorl.runtime.publisher import ServerCheck
 
 
 @dataclass
@@ -160,32 +163,44 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
 
 def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> WeightSync:
     """Files in ``RUN/weights`` for the local engine and ``saorl serve``; for vLLM / SGLang also
-    each version put on the servers in place, with the start-up log-prob probe
-    (:mod:`saorl.runtime.publisher`)."""
+    each version put on the servers in place and verified there (:mod:`saorl.runtime.publisher`)."""
     files = FileWeightSync(run_dir / "weights")
     r = cfg.rollout
     if r.engine not in ("vllm", "sglang"):
         return files
     from saorl.engines.transport import HttpTransport
-    from saorl.runtime.publisher import LogprobProbe, ServerWeightSync
+    from saorl.runtime.publisher import ServerWeightSync
 
     transport = HttpTransport(r.engine_urls, timeout_s=r.weight_update_timeout_s)
     if r.engine == "vllm":
-        from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+        from saorl.engines.vllm_client import VllmAdmin
 
         admins = [VllmAdmin(u, transport) for u in r.engine_urls]
-        make = lambda url: VllmEngine(url, model=r.engine_model)  # noqa: E731
     else:
-        from saorl.engines.sglang_client import SglangAdmin, SglangEngine
+        from saorl.engines.sglang_client import SglangAdmin
 
         admins = [SglangAdmin(u, transport, r.sglang_pause_mode) for u in r.engine_urls]
-        make = SglangEngine
-    probe_prompt = list(tokenizer.encode("The log-prob probe checks the server against the trainer:"))
-    probe_sampling = replace(sampling_params(cfg), max_new_tokens=16, seed=cfg.seed)
-    probe = LogprobProbe(make, probe_prompt, probe_sampling, r.logprob_probe_tol,
-                         "vLLM" if r.engine == "vllm" else "SGLang")
     return ServerWeightSync(files, admins, transport, policy, timeout_s=r.weight_update_timeout_s,
-                            probe=probe)
+                            check=server_check(cfg, tokenizer))
+
+
+def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
+    """The check that each server samples from the published weights, under ``cfg``'s sampling."""
+    from saorl.runtime.publisher import DEFAULT_TOLERANCE, ServerCheck, check_sampling
+
+    r = cfg.rollout
+    if r.engine == "vllm":
+        from saorl.engines.vllm_client import VllmEngine
+
+        make = lambda url: VllmEngine(url, model=r.engine_model)  # noqa: E731
+    else:
+        from saorl.engines.sglang_client import SglangEngine
+
+        make = SglangEngine
+    prompt = list(tokenizer.encode("The weight check compares the server with the trainer:"))
+    tol = r.verify_tol if r.verify_tol is not None else DEFAULT_TOLERANCE[cfg.model.dtype]
+    return ServerCheck(make, prompt, check_sampling(sampling_params(cfg), cfg.seed), tol,
+                       "vLLM" if r.engine == "vllm" else "SGLang", every=r.verify_every)
 
 
 def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:

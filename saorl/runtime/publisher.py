@@ -1,97 +1,148 @@
-"""Publishing each policy version to vLLM / SGLang servers without restarting them.
+"""Publishing each policy version to vLLM / SGLang servers without restarting them, and checking
+that the servers then sample from exactly that version.
 
 :class:`ServerWeightSync` is the run's :class:`~saorl.runtime.weights.WeightSync` when
 ``rollout.engine`` is ``vllm`` or ``sglang``. ``publish(state_dict, version)``, under one lock (so
 two publications never interleave), does:
 
 1. write the weights as a Hugging Face model directory ``RUN/weights/hf/v<version>`` (config.json
-   + safetensors under the on-disk names), atomically: built in a temporary sibling, renamed into
-   place, so a server never reads a half-written directory;
+   + safetensors under the on-disk names, tied weights included:
+   :func:`~saorl.models.hf_format.served_names`), atomically: built in a temporary sibling,
+   renamed into place, so a server never reads a half-written directory;
 2. on every server at once: pause → load the directory and label the weights ``version`` →
    resume (:class:`~saorl.engines.remote.ServerAdmin`; the routes are each server's own). Resume
    always runs, also when the pause or the load failed. A watchdog bounds pause + load by
    ``timeout_s``: a hung update becomes a :class:`WeightPublishError` naming the server, never a
    silent stall;
-3. announce the version to the rollout workers through the file pointer
+3. when the check is due (:meth:`ServerCheck.due`), verify the version on every server (below);
+4. announce the version to the rollout workers through the file pointer
    (:class:`~saorl.runtime.weights.FileWeightSync`), only now that the servers run it, so a
    worker's belief (its fallback version tag) is never ahead of the servers;
-4. keep the newest ``keep`` directories and delete older ones.
+5. keep the newest ``keep`` directories and delete older ones.
 
 ``publish_checkpoint(buckets, version, config)`` — the sharded trainer's publication, buckets of
 full tensors already in checkpoint names — does the same with the directory written bucket by
-bucket (never the whole model in memory), without the log-prob probe (which needs the whole
-policy in this process).
+bucket (never the whole model in memory); its check scores the probe with a CPU copy of the policy
+loaded from the directory just published (the sharded policy is not whole in this process).
 
-After the first publication (the run's starting weights) a :class:`LogprobProbe` sends one request
-to each server with the run's sampling settings and compares the log-probs it returns with the
-trainer's own (:func:`saorl.models.logprobs.token_logprobs` under the same temperature and
-truncation). DIS divides by the engine's log-probs, so they must be those of the distribution the
-token was sampled from; vLLM returns them only with ``--logprobs-mode processed_logprobs``. A
-mismatch stops the run before any training, with what to change.
+**The check** (:class:`ServerCheck`). DIS divides by the engine's log-probs, so a server that
+samples from other weights than the trainer's — a reload that silently kept a layer, a server
+started from another model — trains wrongly without any error. So each server is sent one request
+(a fixed prompt, the run's temperature / top-k / top-p, a fixed seed), and the log-probs it returns
+for the tokens it sampled are compared with the trainer's own for the same tokens
+(:func:`saorl.models.logprobs.token_logprobs` under the same temperature and truncation), by the
+**largest per-token gap**. It runs after the first publication (the run's starting weights: a wrong
+model or dtype, a server that returns raw log-probs), after the second (the first that changed the
+weights: a reload that did not take) and then every ``every``-th version. A gap above
+``tolerance`` stops the run (exit 3) with one paragraph naming the server, the version, the gap and
+the likely cause; a server whose log-probs match the *untempered, untruncated* distribution better
+is named as running vLLM without ``--logprobs-mode processed_logprobs``. Each check's largest gap
+is the step's ``weights/verify_max_gap`` metric.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
-import statistics
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
 from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
 from saorl.engines.remote import ServerAdmin
 from saorl.engines.transport import HttpTransport
+from saorl.errors import RunFailure
 from saorl.models.serialize import save_hf_weights
 from saorl.runtime.weights import FileWeightSync, write_checkpoint_dir
 
+DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
+"""The largest per-token log-prob gap a check accepts, by the trainer's dtype (``rollout.verify_tol``
+overrides). float32 servers match to < 1e-6 (vLLM 0.32.0 CPU, docs/engines.md); bfloat16 measured
+in docs/engines.md."""
 
-class WeightPublishError(RuntimeError):
-    """A version could not be put on an inference server; the message says which and why."""
+
+class WeightPublishError(RunFailure):
+    """A version could not be put on an inference server, or the server does not sample from it;
+    the message says which server, which version and why (exit 3)."""
 
 
 @dataclass
-class LogprobProbe:
-    """One request per server, its log-probs compared with the trainer's (see the module docstring)."""
+class ServerCheck:
+    """One request per server, its log-probs compared with the trainer's (module docstring)."""
 
     make_engine: Callable[[str], InferenceEngine]
     prompt: list[int]
     sampling: SamplingParams
     tolerance: float
     server_name: str
+    every: int = 5
+    """Check every ``every``-th version after the first two publications (0: those two only)."""
 
-    def check(self, model: torch.nn.Module, urls: Sequence[str]) -> dict[str, float]:
-        """Mean |server − trainer| log-prob per server; raises WeightPublishError past ``tolerance``."""
-        from saorl.models.logprobs import token_logprobs
+    def due(self, publications: int, version: int) -> bool:
+        """Whether the ``publications``-th publication (1-based) of this run, of ``version``, is checked."""
+        return publications <= 2 or (self.every > 0 and version % self.every == 0)
 
+    def check(self, model: torch.nn.Module, urls: Sequence[str], version: int) -> dict[str, float]:
+        """The largest per-token gap per server; raises :class:`WeightPublishError` past the tolerance."""
         gaps = {}
         for url in urls:
-            engine = self.make_engine(url)
-            try:
-                res = engine.generate([self.prompt], self.sampling)[0]
-            finally:
-                engine.close()
-            if not res.token_ids:
-                continue
-            ids = torch.tensor([self.prompt + res.token_ids])
-            device = next(model.parameters()).device
-            with torch.no_grad():
-                mine = token_logprobs(model, ids.to(device), torch.ones_like(ids).to(device),
-                                      temperature=self.sampling.temperature, top_k=self.sampling.top_k,
-                                      top_p=self.sampling.top_p)[0, len(self.prompt):].tolist()
-            gaps[url] = statistics.fmean(abs(a - b) for a, b in zip(res.logprobs, mine))
-            if gaps[url] > self.tolerance:
-                s = self.sampling
-                raise WeightPublishError(
-                    f"the log-probs {self.server_name} at {url} returns differ from the trainer's by "
-                    f"{gaps[url]:.3f} nats per token on average (tolerance {self.tolerance}; "
-                    f"temperature={s.temperature}, top_k={s.top_k}, top_p={s.top_p}): DIS needs the "
-                    "log-prob of each token under the distribution it was sampled from. Start vLLM "
-                    "with --logprobs-mode processed_logprobs, check that the server runs the same "
-                    "model and dtype as the trainer, or raise rollout.logprob_probe_tol.")
+            gap, raw_gap, tokens, outside = self._gaps(model, url)
+            gaps[url] = gap
+            if gap > self.tolerance or outside > tokens // 8:
+                raise WeightPublishError(self._failure(url, version, gap, raw_gap, tokens, outside))
         return gaps
+
+    def _gaps(self, model: torch.nn.Module, url: str) -> tuple[float, float, int, int]:
+        """``(largest gap, largest gap to the raw distribution, tokens, tokens outside the
+        trainer's top-k / top-p set)`` of one request to ``url``. A sampled token the trainer's
+        truncation drops (a near-tie at the top-k / top-p edge, as bfloat16 round-off makes on a
+        flat distribution) has no finite gap: it is counted, not measured."""
+        from saorl.models.logprobs import LOGPROB_FLOOR, token_logprobs
+
+        engine = self.make_engine(url)
+        try:
+            res = engine.generate([self.prompt], self.sampling)[0]
+        except EngineError as e:
+            raise WeightPublishError(f"checking the weights on the {self.server_name} server at {url} "
+                                     f"failed: {e}") from e
+        finally:
+            engine.close()
+        if not res.token_ids:
+            raise WeightPublishError(f"the {self.server_name} server at {url} sampled no token for the "
+                                     "weight check; it cannot be verified")
+        ids = torch.tensor([self.prompt + res.token_ids], device=next(model.parameters()).device)
+        s, n = self.sampling, len(self.prompt)
+        with torch.no_grad():
+            mine = token_logprobs(model, ids, torch.ones_like(ids), temperature=s.temperature or 1.0,
+                                  top_k=s.top_k, top_p=s.top_p)[0, n:].float().cpu()
+            raw = token_logprobs(model, ids, torch.ones_like(ids))[0, n:].float().cpu()
+        served = torch.tensor(res.logprobs, dtype=torch.float32)
+        kept = mine > LOGPROB_FLOOR / 2
+        gap = float((served - mine)[kept].abs().max()) if kept.any() else float("inf")
+        return gap, float((served - raw).abs().max()), len(res.token_ids), int((~kept).sum())
+
+    def _failure(self, url: str, version: int, gap: float, raw_gap: float, tokens: int, outside: int) -> str:
+        s = self.sampling
+        off = (f", and {outside} of them lie outside the trainer's top-k / top-p set" if outside else "")
+        where = (f"the {self.server_name} server at {url}, checked after version {version} was put on it, "
+                 f"returns log-probs up to {gap:.3g} nats per token away from the trainer's for the "
+                 f"same {tokens} tokens{off} (tolerance {self.tolerance:g}; temperature={s.temperature}, "
+                 f"top_k={s.top_k}, top_p={s.top_p}), so it samples from another distribution than "
+                 "the one being trained and every DIS ratio would be wrong. ")
+        if raw_gap < gap / 10:
+            cause = ("Its log-probs match the untempered, untruncated distribution instead (gap "
+                     f"{raw_gap:.3g}): start vLLM with --logprobs-mode processed_logprobs.")
+        else:
+            cause = ("Likely causes: the server runs another model or dtype than the trainer (start it "
+                     "from the run's starting policy, with --dtype equal to model.dtype); or a weight "
+                     "reload that left some layers on the old weights (vLLM's CPU build keeps "
+                     "Mixture-of-Experts weights packed at load: start it with saorl's plugin, "
+                     "docs/engines.md). `saorl check-server` tells which. In bfloat16 raise "
+                     "rollout.verify_tol only if the gap is rounding.")
+        return where + cause
 
 
 class ServerWeightSync:
@@ -99,35 +150,49 @@ class ServerWeightSync:
 
     def __init__(self, files: FileWeightSync, admins: Sequence[ServerAdmin], transport: HttpTransport,
                  model: torch.nn.Module, *, timeout_s: float = 600.0, keep: int = 2,
-                 probe: LogprobProbe | None = None) -> None:
+                 check: ServerCheck | None = None) -> None:
         if timeout_s <= 0 or keep < 1 or not admins:
             raise ValueError(f"need servers, timeout_s > 0 and keep >= 1, got {len(admins)} servers, "
                              f"{timeout_s}, {keep}")
         self.files, self.admins, self.transport, self.model = files, list(admins), transport, model
-        self.timeout_s, self.keep, self.probe = timeout_s, keep, probe
+        self.timeout_s, self.keep, self.check = timeout_s, keep, check
         self.root = files.dir / "hf"
         self._lock = threading.Lock()
-        self.probe_gaps: dict[str, float] | None = None
+        self.publications = 0
+        self.gaps: dict[int, dict[str, float]] = {}
+        """Version → the largest per-token gap of each server, for every checked version."""
+        self._unreported: dict[str, float] = {}
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         with self._lock:
             path = save_hf_weights(self.model, state_dict, self.root / f"v{version:08d}")
-            self.transport.run(self._put_everywhere(str(path.resolve()), version))
+            self._put_and_check(path, version, lambda: self.model)
             self.files.publish(state_dict, version)
             self._prune()
-            if self.probe is not None and self.probe_gaps is None:
-                self.probe_gaps = self.probe.check(self.model, [a.url for a in self.admins])
 
     def publish_checkpoint(self, buckets, version: int, config) -> None:
         """The sharded trainer's publication (buckets already in checkpoint names): the directory
-        is written once, bucket by bucket, then put on the servers and announced, as in
-        :meth:`publish`. The log-prob probe needs the whole policy in this process, so a sharded
-        run does without it."""
+        is written once, bucket by bucket, then put on the servers, checked (with a CPU copy of the
+        policy read from that directory) and announced, as in :meth:`publish`."""
         with self._lock:
             path = write_checkpoint_dir(buckets, config, self.root / f"v{version:08d}")
-            self.transport.run(self._put_everywhere(str(path.resolve()), version))
+            self._put_and_check(path, version, lambda: _read_policy(path, getattr(config, "dtype", None)))
             self.files.announce(version, f"{self.root.name}/{path.name}")
             self._prune()
+
+    def _put_and_check(self, path: Path, version: int, model: Callable[[], torch.nn.Module]) -> None:
+        self.transport.run(self._put_everywhere(str(path.resolve()), version))
+        self.publications += 1
+        if self.check is not None and self.check.due(self.publications, version):
+            gaps = self.check.check(model(), [a.url for a in self.admins], version)
+            self.gaps[version] = gaps
+            self._unreported = {"weights/verify_max_gap": max(gaps.values()),
+                                "weights/verified_version": version}
+
+    def metrics(self) -> dict[str, float]:
+        """The newest check's result since the last call (``weights/verify_max_gap``), else {}."""
+        out, self._unreported = self._unreported, {}
+        return out
 
     async def _put_everywhere(self, path: str, version: int) -> None:
         errors = [e for e in await asyncio.gather(*(self._put(a, path, version) for a in self.admins)) if e]
@@ -168,3 +233,18 @@ class ServerWeightSync:
 
     def close(self) -> None:
         self.transport.close()
+
+
+def _read_policy(path: Path, dtype) -> torch.nn.Module:
+    from saorl.models.loading import load_policy
+    from saorl.models.serialize import quiet_progress
+
+    with quiet_progress():
+        return load_policy(str(path), dtype=dtype or "float32")
+
+
+def check_sampling(sampling: SamplingParams, seed: int, tokens: int = 32) -> SamplingParams:
+    """The check's request: the run's temperature and truncation (temperature 1 for a greedy run),
+    ``tokens`` new tokens, a fixed seed."""
+    return replace(sampling, temperature=sampling.temperature or 1.0, max_new_tokens=tokens, seed=seed,
+                   stop=(), stop_token_ids=())

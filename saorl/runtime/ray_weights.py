@@ -86,6 +86,9 @@ class RayWeightSync:
             tensors |= {k: v.clone() for k, v in part.items()}  # own memory, not the store's
         return version, tensors, config
 
+    def metrics(self) -> dict[str, float]:
+        return {}  # nothing measured: the weights are read back as written
+
     def latest(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The newest version as a state dict in the engine's names (fetched once per version)."""
         newest = ray.get(self.registry.latest_version.remote())

