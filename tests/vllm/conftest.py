@@ -49,6 +49,18 @@ def models(tmp_path_factory):
             for kind in ("dense", "moe")}
 
 
+@pytest.fixture(scope="session")
+def dense_server(vllm_python, models, tmp_path_factory):
+    """The dense policy's server (processed log-probs, no plugin), shared by the dense and the
+    training tests; killed with every process it started at the end of the session."""
+    log = tmp_path_factory.mktemp("vllm-log") / "dense.log"
+    server = VllmServer(vllm_python, models["dense"], log).start()
+    print(f"\n[vllm] dense server up in {server.startup_s:.0f}s at {server.url}", flush=True)
+    yield server
+    left = server.stop()
+    assert not left, f"processes of the vLLM server survived: {left}"
+
+
 @pytest.fixture(scope="module")
 def start_server(vllm_python, models, tmp_path_factory):
     """``start_server(kind, **flags)``: a real server up before the test uses it, killed (with every

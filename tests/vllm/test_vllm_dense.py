@@ -18,9 +18,9 @@ PROMPT = list(range(5, 40))
 TOL = 1e-5  # float32 server and trainer: measured gaps are below 1e-6
 
 
-@pytest.fixture(scope="module")
-def dense(start_server):
-    return start_server("dense")
+@pytest.fixture
+def dense(dense_server):
+    return dense_server
 
 
 def _check(sampling: SamplingParams, every: int = 1) -> ServerCheck:
