@@ -89,13 +89,14 @@ class ServerCheck:
         """The largest per-token gap per server; raises :class:`WeightPublishError` past the tolerance."""
         gaps = {}
         for url in urls:
-            gap, raw_gap, tokens, outside = self._gaps(model, url)
+            gap, raw_gap, tokens, outside = self.measure(model, url)
             gaps[url] = gap
             if gap > self.tolerance or outside > tokens // 8:
-                raise WeightPublishError(self._failure(url, version, gap, raw_gap, tokens, outside))
+                raise WeightPublishError(self.explain(url, f"after version {version} was put on it", gap,
+                                                       raw_gap, tokens, outside))
         return gaps
 
-    def _gaps(self, model: torch.nn.Module, url: str) -> tuple[float, float, int, int]:
+    def measure(self, model: torch.nn.Module, url: str) -> tuple[float, float, int, int]:
         """``(largest gap, largest gap to the raw distribution, tokens, tokens outside the
         trainer's top-k / top-p set)`` of one request to ``url``. A sampled token the trainer's
         truncation drops (a near-tie at the top-k / top-p edge, as bfloat16 round-off makes on a
@@ -124,10 +125,11 @@ class ServerCheck:
         gap = float((served - mine)[kept].abs().max()) if kept.any() else float("inf")
         return gap, float((served - raw).abs().max()), len(res.token_ids), int((~kept).sum())
 
-    def _failure(self, url: str, version: int, gap: float, raw_gap: float, tokens: int, outside: int) -> str:
+    def explain(self, url: str, when: str, gap: float, raw_gap: float, tokens: int, outside: int) -> str:
+        """The paragraph of a failed check of ``url`` (``when``: e.g. "after version 7 was put on it")."""
         s = self.sampling
         off = (f", and {outside} of them lie outside the trainer's top-k / top-p set" if outside else "")
-        where = (f"the {self.server_name} server at {url}, checked after version {version} was put on it, "
+        where = (f"the {self.server_name} server at {url}, checked {when}, "
                  f"returns log-probs up to {gap:.3g} nats per token away from the trainer's for the "
                  f"same {tokens} tokens{off} (tolerance {self.tolerance:g}; temperature={s.temperature}, "
                  f"top_k={s.top_k}, top_p={s.top_p}), so it samples from another distribution than "

@@ -44,7 +44,7 @@ def test_processed_logprobs_equal_the_trainers(dense, sampling):
     gaps = []
     for seed in range(3):
         check = _check(SamplingParams(**sampling, max_new_tokens=32, seed=seed))
-        gap, raw_gap, n, outside = check._gaps(model, dense.url)
+        gap, raw_gap, n, outside = check.measure(model, dense.url)
         assert n == 32 and outside == 0
         gaps.append(gap)
         if sampling != dict(temperature=1.0):  # the raw distribution is measurably another one
@@ -111,3 +111,23 @@ def test_logprobs_of_a_request_are_those_of_the_published_version(dense, tmp_pat
     finally:
         client.close()
         sync.close()
+
+
+def test_check_server_command_passes_a_good_server_and_catches_a_stale_head(dense, tmp_path, capsys,
+                                                                             monkeypatch):
+    from saorl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["check-server", "--url", dense.url, "model.policy=tiny-dense", "rollout.engine_model=policy",
+            "rollout.temperature=0.7", "rollout.top_k=20", "--reload"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "vLLM 0.32.0 on cpu, dtype float32, processed_logprobs, without saorl's plugin" in out
+    assert out.count(": ok") == 3, out  # as given, a perturbed copy reloaded, the policy reloaded back
+    monkeypatch.setattr(hf_format, "served_names", hf_format.saved_names)  # the writer of before
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "a perturbed copy, reloaded in place" in out and "FAILED" in out and "reload" in out
+    print(f"\nRESULT check-server on a stale head:\n{out}")
+    monkeypatch.undo()
+    assert main(argv) == 0  # the server is left with the policy

@@ -1,0 +1,144 @@
+"""``saorl check-server [CONFIG] [overrides...]``: check inference servers against a policy before
+training on them.
+
+For each server of ``rollout.engine_urls`` (or ``--url``): what the server says of itself (vLLM:
+version, device, dtype, log-prob mode, saorl's plugin), whether a run would refuse it at start-up,
+then the check every run makes after its publications (:class:`saorl.runtime.publisher.ServerCheck`):
+one request under the run's temperature / top-k / top-p, its log-probs compared with the policy's
+own for the same tokens, by the largest per-token gap. The server must be running the policy
+(``model.policy`` or ``--policy``). With ``--reload`` it also publishes a perturbed copy of the
+policy to the servers, checks that, then publishes the policy back and checks again: the in-place
+reload a run does after every step (the directory, ``--weights-dir``, must be readable by the
+servers under the same path). ``--plugin-dir`` prints the directory to put on a vLLM server's
+``PYTHONPATH`` for saorl's plugin, and exits.
+
+Exit status: 0 every check passed; 2 a server a run would refuse (or a bad input); 3 a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "engines" / "vllm_plugin"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("args", nargs="*", metavar="[CONFIG] KEY=VALUE",
+                        help="the run's config and overrides (sampling, model.policy, rollout.engine_urls)")
+    parser.add_argument("--url", action="append", default=None,
+                        help="a server's base URL (repeatable; default: rollout.engine_urls)")
+    parser.add_argument("--policy", default=None, help="the policy the servers run (default: model.policy)")
+    parser.add_argument("--engine", choices=("vllm", "sglang"), default=None,
+                        help="the servers' kind (default: rollout.engine, or vllm)")
+    parser.add_argument("--reload", action="store_true",
+                        help="also publish a perturbed copy and the policy back, checking each")
+    parser.add_argument("--weights-dir", default=".saorl-check-server",
+                        help="where --reload writes the versions it publishes (default: %(default)s)")
+    parser.add_argument("--plugin-dir", action="store_true",
+                        help="print the directory of saorl's vLLM plugin (for PYTHONPATH) and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plugin_dir:
+        print(PLUGIN_DIR)
+        return 0
+    from saorl.commands.common import config_or_exit, fail
+
+    overrides = list(args.args)
+    if args.url:
+        overrides.append(f"rollout.engine_urls=[{', '.join(args.url)}]")
+    if args.policy:
+        overrides.append(f"model.policy={args.policy}")
+    cfg = config_or_exit("saorl check-server", overrides)
+    engine = args.engine or (cfg.rollout.engine if cfg.rollout.engine in ("vllm", "sglang") else "vllm")
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": engine})})
+    if not cfg.rollout.engine_urls:
+        fail("saorl check-server: no server to check: give --url http://HOST:PORT or "
+             "rollout.engine_urls='[http://HOST:PORT]'")
+    return _check(cfg, args)
+
+
+def _check(cfg, args) -> int:
+    import torch
+
+    from saorl.models.codec import run_tokenizer
+    from saorl.models.hub import resolve_source
+    from saorl.models.loading import load_policy
+    from saorl.models.tiny import TINY_KINDS
+    from saorl.runtime.parts import server_check
+    from saorl.stages.preflight import check_servers
+
+    urls = cfg.rollout.engine_urls
+    if cfg.rollout.engine == "vllm":
+        _describe(urls)
+    check_servers(cfg)  # a server a run would refuse: StartupError, exit 2
+    spec = cfg.model.policy
+    policy = load_policy(spec if spec in TINY_KINDS else str(resolve_source(spec, "model.policy")),
+                         dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    check = server_check(cfg, run_tokenizer(cfg.model))
+    s = check.sampling
+    print(f"check: {len(check.prompt)}-token prompt, {s.max_new_tokens} new tokens, "
+          f"temperature={s.temperature}, top_k={s.top_k}, top_p={s.top_p}; tolerance {check.tolerance:g} "
+          "(largest per-token gap)")
+    failed = _report("the policy as given", check, policy, urls)
+    if args.reload and not failed:
+        from saorl.runtime.parts import build_weight_sync
+
+        sync = build_weight_sync(cfg, Path(args.weights_dir).resolve(), policy, run_tokenizer(cfg.model))
+        sync.check = None  # checked here, one line each
+        original = {k: v.clone() for k, v in policy.state_dict().items()}
+        try:
+            with torch.no_grad(), torch.random.fork_rng():
+                torch.manual_seed(cfg.seed)
+                for p in policy.parameters():
+                    p.add_(torch.randn_like(p) * 0.02)
+            sync.publish(policy.state_dict(), 1_000_000_001)
+            failed = _report("a perturbed copy, reloaded in place", check, policy, urls)
+            policy.load_state_dict(original)
+            sync.publish(policy.state_dict(), 1_000_000_002)
+            failed = _report("the policy again, reloaded in place", check, policy, urls) or failed
+        finally:
+            sync.close()
+    print("every check passed" if not failed else "a check failed: see above", file=sys.stderr)
+    return 3 if failed else 0
+
+
+def _describe(urls: list[str]) -> None:
+    from saorl.engines.base import EngineError
+    from saorl.engines.transport import HttpTransport
+    from saorl.engines.vllm_client import VllmAdmin
+
+    transport = HttpTransport(urls, timeout_s=60.0, retries=1)
+    try:
+        for url in urls:
+            i = transport.run(VllmAdmin(url, transport).describe())
+            plugin = "with" if i.plugin else "without"
+            print(f"{url}: vLLM {i.version or '?'} on {i.device or '?'}, dtype {i.dtype or '?'}, "
+                  f"{i.logprobs_mode or 'log-prob mode ?'}, {plugin} saorl's plugin")
+    except EngineError:
+        pass  # unreachable: the start-up check says so in one paragraph
+    finally:
+        transport.close()
+
+
+def _report(what: str, check, policy, urls: list[str]) -> bool:
+    """One line per server; True when a check failed."""
+    from saorl.runtime.publisher import WeightPublishError
+
+    failed = False
+    for url in urls:
+        try:
+            gap, raw_gap, tokens, outside = check.measure(policy, url)
+        except WeightPublishError as e:
+            print(f"{url}: {what}: {e}")
+            failed = True
+            continue
+        ok = gap <= check.tolerance and outside <= tokens // 8
+        print(f"{url}: {what}: largest gap {gap:.3g} over {tokens} tokens ({outside} outside the kept set; "
+              f"{raw_gap:.3g} to the raw distribution): {'ok' if ok else 'FAILED'}")
+        if not ok:
+            print("  " + check.explain(url, f"with {what}", gap, raw_gap, tokens, outside))
+        failed = failed or not ok
+    return failed
