@@ -45,6 +45,7 @@ def test_the_wheel_ships_the_presets_and_finds_them_when_installed(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for preset in (ROOT / "configs").rglob("*.yaml"):
         assert f"saorl/{preset.relative_to(ROOT).as_posix()}" in names
+    assert "saorl/engines/vllm_plugin/saorl_vllm.py" in names  # loaded by vLLM servers, not imported
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                     str(wheel)], check=True, capture_output=True, timeout=300)
@@ -52,6 +53,8 @@ def test_the_wheel_ships_the_presets_and_finds_them_when_installed(tmp_path):
              "from saorl.experiments.spec import find_spec, load_spec, resolve_base\n"
              "spec = find_spec('math')\n"
              "base = resolve_base(load_spec(spec), spec)\n"
+             "from saorl.commands.check_server import PLUGIN_DIR\n"
+             "assert (PLUGIN_DIR / 'saorl_vllm.py').is_file(), PLUGIN_DIR\n"
              "print(saorl.__file__, spec, base, c.load_config('sao_math_tool').run.name)")
     work = tmp_path / "work"
     work.mkdir()

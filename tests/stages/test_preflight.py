@@ -15,7 +15,14 @@ from saorl.errors import StartupError
 from saorl.models.serialize import export_policy
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.stages.preflight import check_device, check_env, check_models, check_run, check_tasks
+from saorl.stages.preflight import (
+    check_device,
+    check_env,
+    check_models,
+    check_run,
+    check_servers,
+    check_tasks,
+)
 
 ENV_MODULE = textwrap.dedent('''
     import time
@@ -184,3 +191,44 @@ def test_tasks_of_env_dataset_are_checked_and_named_by_split_and_row(tmp_path, e
                              "env.dataset.test_split=valid", "sft.enabled=false"])
     with pytest.raises(StartupError, match=r"has no split 'valid'.*point env\.dataset\.path at other data"):
         check_tasks(cfg, make_env_factory(cfg.env.type))
+
+
+def test_vllm_servers_that_do_not_answer_are_named_before_anything_runs():
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.engine_urls=[http://127.0.0.1:9]"])
+    with pytest.raises(StartupError, match=r"engine_urls: a vLLM server does not answer .*127.0.0.1:9"):
+        check_servers(cfg)
+
+
+def test_a_server_that_says_nothing_of_itself_is_not_refused(tmp_path):
+    """saorl's emulation (like an older vLLM) has no /version or /server_info: nothing is refused
+    at start-up; the check after the publications still verifies its log-probs."""
+    from saorl.engines.local import LocalEngine
+    from saorl.engines.server import serve_in_thread
+
+    tok = load_tokenizer()
+    eng = LocalEngine(build_tiny("tiny-moe", seed=0), tok, max_batch_size=2)
+    srv, url = serve_in_thread(eng, tokenizer=tok, weights_dir=tmp_path, emulate="vllm")
+    try:
+        check_servers(load_config(None, ["rollout.engine=vllm", f"rollout.engine_urls=[{url}]",
+                                         "rollout.temperature=0.7"]))
+    finally:
+        srv.shutdown()
+        eng.close()
+
+
+@pytest.mark.parametrize(("info", "moe", "processed", "refused"), [
+    (dict(device="cpu", logprobs_mode="processed_logprobs", plugin=False), True, True, "Mixture-of-Experts"),
+    (dict(device="cpu", logprobs_mode="processed_logprobs", plugin=True), True, True, None),
+    (dict(device="cuda", logprobs_mode="processed_logprobs", plugin=False), True, True, None),
+    (dict(device="cpu", logprobs_mode="processed_logprobs", plugin=False), False, True, None),
+    (dict(device="cuda", logprobs_mode="raw_logprobs", plugin=True), False, True, "--logprobs-mode"),
+    (dict(device="cuda", logprobs_mode="raw_logprobs", plugin=True), False, False, None),
+    (dict(device=None, logprobs_mode=None, plugin=False), True, True, None),
+])
+def test_which_vllm_servers_a_run_refuses(info, moe, processed, refused):
+    from saorl.engines.vllm_client import ServerInfo, incompatibility
+
+    problem = incompatibility(ServerInfo("http://s:1", "0.32.0", dtype="float32", **info), moe, processed)
+    assert (problem is None) == (refused is None)
+    if refused:
+        assert refused in problem and "http://s:1" in problem
