@@ -185,22 +185,29 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> Wei
 
 
 def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
-    """The check that each server samples from the published weights, under ``cfg``'s sampling."""
+    """The check that each server samples from the published weights, under ``cfg``'s sampling
+    (and, with routing replay, scored with the experts the server routed each token to)."""
     from saorl.runtime.publisher import DEFAULT_TOLERANCE, ServerCheck, check_sampling
 
     r = cfg.rollout
+    replay = cfg.algo.resolve().routing_replay
+    routes = {}
+    if replay:
+        spec = cfg.model.policy if cfg.model.policy in TINY_KINDS else str(resolve_source(cfg.model.policy,
+                                                                                           "model.policy"))
+        routes = dict(return_routes=True, route_layout=RouteLayout(*moe_layout(spec)))
     if r.engine == "vllm":
         from saorl.engines.vllm_client import VllmEngine
 
-        make = lambda url: VllmEngine(url, model=r.engine_model)  # noqa: E731
+        make = lambda url: VllmEngine(url, model=r.engine_model, **routes)  # noqa: E731
     else:
         from saorl.engines.sglang_client import SglangEngine
 
-        make = SglangEngine
+        make = lambda url: SglangEngine(url, **routes)  # noqa: E731
     prompt = list(tokenizer.encode("The weight check compares the server with the trainer:"))
     tol = r.verify_tol if r.verify_tol is not None else DEFAULT_TOLERANCE[cfg.model.dtype]
     return ServerCheck(make, prompt, check_sampling(sampling_params(cfg), cfg.seed), tol,
-                       "vLLM" if r.engine == "vllm" else "SGLang", every=r.verify_every)
+                       "vLLM" if r.engine == "vllm" else "SGLang", every=r.verify_every, replay=replay)
 
 
 def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:

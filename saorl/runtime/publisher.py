@@ -43,6 +43,7 @@ is the step's ``weights/verify_max_gap`` metric.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -80,6 +81,9 @@ class ServerCheck:
     server_name: str
     every: int = 5
     """Check every ``every``-th version after the first two publications (0: those two only)."""
+    replay: bool = False
+    """Score with the experts the server routed each token to (``algo.routing_replay``: the
+    engine must return routes), as the learner does."""
 
     def due(self, publications: int, version: int) -> bool:
         """Whether the ``publications``-th publication (1-based) of this run, of ``version``, is checked."""
@@ -116,7 +120,7 @@ class ServerCheck:
                                      "weight check; it cannot be verified")
         ids = torch.tensor([self.prompt + res.token_ids], device=next(model.parameters()).device)
         s, n = self.sampling, len(self.prompt)
-        with torch.no_grad():
+        with torch.no_grad(), self._routed(model, res.routes, ids.shape[1]):
             mine = token_logprobs(model, ids, torch.ones_like(ids), temperature=s.temperature or 1.0,
                                   top_k=s.top_k, top_p=s.top_p)[0, n:].float().cpu()
             raw = token_logprobs(model, ids, torch.ones_like(ids))[0, n:].float().cpu()
@@ -124,6 +128,18 @@ class ServerCheck:
         kept = mine > LOGPROB_FLOOR / 2
         gap = float((served - mine)[kept].abs().max()) if kept.any() else float("inf")
         return gap, float((served - raw).abs().max()), len(res.token_ids), int((~kept).sum())
+
+    def _routed(self, model: torch.nn.Module, routes: list[list[int]] | None, length: int):
+        """With :attr:`replay`, the forward routed as the server did (its routes cover every
+        position but the last, which routes as usual)."""
+        if not self.replay or routes is None:
+            return contextlib.nullcontext()
+        from saorl.models.routing import num_moe_layers, replay_routes
+
+        fed = torch.tensor(routes, dtype=torch.long, device=next(model.parameters()).device)
+        full = torch.full((length, fed.shape[1]), -1, dtype=torch.long, device=fed.device)
+        full[: fed.shape[0]] = fed
+        return replay_routes(model, full.reshape(1, length, num_moe_layers(model), -1))
 
     def explain(self, url: str, when: str, gap: float, raw_gap: float, tokens: int, outside: int) -> str:
         """The paragraph of a failed check of ``url`` (``when``: e.g. "after version 7 was put on it")."""
@@ -162,7 +178,7 @@ class ServerWeightSync:
         self._lock = threading.Lock()
         self.publications = 0
         self.gaps: dict[int, dict[str, float]] = {}
-        """Version → the largest per-token gap of each server, for every checked version."""
+        """Version → the largest per-token gap of each server, for the newest 64 checked versions."""
         self._unreported: dict[str, float] = {}
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -188,6 +204,8 @@ class ServerWeightSync:
         if self.check is not None and self.check.due(self.publications, version):
             gaps = self.check.check(model(), [a.url for a in self.admins], version)
             self.gaps[version] = gaps
+            for old in list(self.gaps)[:-64]:
+                del self.gaps[old]
             self._unreported = {"weights/verify_max_gap": max(gaps.values()),
                                 "weights/verified_version": version}
 

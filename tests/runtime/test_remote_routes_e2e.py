@@ -47,7 +47,9 @@ def _staleness0_kl(tmp_path, engine: str, *knobs: str) -> list[float]:
 
 @pytest.mark.parametrize("engine", ["sglang", "http", "vllm"])
 def test_replaying_a_servers_routes_brings_the_routing_mismatch_back_to_zero(tmp_path, engine):
-    perturbed = _staleness0_kl(tmp_path / "perturbed", engine)
+    # the server routes on purpose unlike the trainer: without replay, its log-probs are another
+    # distribution's (0.04 nats per token at most), which the server check would stop at start
+    perturbed = _staleness0_kl(tmp_path / "perturbed", engine, "rollout.verify_tol=0.5")
     replayed = _staleness0_kl(tmp_path / "replayed", engine, "algo.routing_replay=true")
     print(f"\nRESULT {engine}: kl_s0 without replay {perturbed}, with replay {replayed}")
     assert min(perturbed) > 1e-5 and max(replayed) < 1e-6

@@ -131,3 +131,21 @@ def test_check_server_command_passes_a_good_server_and_catches_a_stale_head(dens
     print(f"\nRESULT check-server on a stale head:\n{out}")
     monkeypatch.undo()
     assert main(argv) == 0  # the server is left with the policy
+
+
+def test_sharded_publication_is_checked_from_the_published_directory(dense, tmp_path):
+    """``publish_checkpoint`` (the sharded trainer's buckets): the directory carries the tied head,
+    the server loads it, and the check scores the request with the policy read back from it."""
+    model = build_tiny("tiny-dense", seed=9)
+    check = _check(SamplingParams(temperature=0.7, top_k=20, seed=4))
+    sync = _sync(tmp_path, dense.url, build_tiny("tiny-dense", seed=0), check)
+    try:
+        state, names = model.state_dict(), hf_format.served_names(model)
+        buckets = (hf_format.to_checkpoint(model, {n: state[n] for n in names[i:i + 8]})
+                   for i in range(0, len(names), 8))
+        sync.publish_checkpoint(buckets, 21, model.config)
+        assert sync.gaps[21][dense.url] < TOL and sync.latest()[0] == 21
+        assert sync.metrics() == {"weights/verify_max_gap": sync.gaps[21][dense.url],
+                                  "weights/verified_version": 21}
+    finally:
+        sync.close()
