@@ -270,3 +270,22 @@ def test_a_huge_but_finite_learning_rate_loads_and_the_skip_limit_is_a_setting()
     cfg = load_config(None, ["trainer.policy_lr=1e6", "trainer.max_nonfinite_skips=5"])
     assert cfg.trainer.policy_lr == 1e6 and cfg.trainer.max_nonfinite_skips == 5
     assert "trainer.max_nonfinite_skips" in _error(None, ["trainer.max_nonfinite_skips=0"])
+
+
+def test_a_renamed_field_is_named_in_overrides_and_dropped_from_saved_run_configs(tmp_path):
+    """``rollout.logprob_probe_tol`` became ``rollout.verify_tol`` (a max gap, not a mean): an
+    override says so; every run directory written before holds it (0.1), and must still load for
+    --resume and saorl eval; a value the user changed is dropped with a warning."""
+    import warnings
+
+    with pytest.raises(ConfigError, match=r"logprob_probe_tol: now spelled rollout.verify_tol"):
+        load_config(None, ["rollout.logprob_probe_tol=0.2"])
+    old = tmp_path / "config.yaml"
+    old.write_text("rollout:\n  logprob_probe_tol: 0.1\n  temperature: 0.8\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the old default: dropped without a word
+        cfg = load_config(old)
+    assert cfg.rollout.temperature == 0.8 and cfg.rollout.verify_tol is None
+    old.write_text("rollout:\n  logprob_probe_tol: 0.3\n")
+    with pytest.warns(UserWarning, match=r"logprob_probe_tol=0.3 is ignored: now spelled rollout.verify_tol"):
+        load_config(old)

@@ -9,7 +9,8 @@ own for the same tokens, by the largest per-token gap. The server must be runnin
 (``model.policy`` or ``--policy``). With ``--reload`` it also publishes a perturbed copy of the
 policy to the servers, checks that, then publishes the policy back and checks again: the in-place
 reload a run does after every step (the directory, ``--weights-dir``, must be readable by the
-servers under the same path). ``--plugin-dir`` prints the directory to put on a vLLM server's
+servers under the same path; by default a temporary directory, removed afterwards), and leaves the
+servers on the policy even when a check fails. ``--plugin-dir`` prints the directory to put on a vLLM server's
 ``PYTHONPATH`` for saorl's plugin, and exits.
 
 Exit status: 0 every check passed; 2 a server a run would refuse (or a bad input); 3 a check failed.
@@ -34,8 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the servers' kind (default: rollout.engine, or vllm)")
     parser.add_argument("--reload", action="store_true",
                         help="also publish a perturbed copy and the policy back, checking each")
-    parser.add_argument("--weights-dir", default=".saorl-check-server",
-                        help="where --reload writes the versions it publishes (default: %(default)s)")
+    parser.add_argument("--weights-dir", default=None,
+                        help="where --reload writes the versions it publishes; the servers must read it "
+                             "under the same path (default: a new directory in the system's temporary "
+                             "directory, removed afterwards: fine for servers on this machine)")
     parser.add_argument("--plugin-dir", action="store_true",
                         help="print the directory of saorl's vLLM plugin (for PYTHONPATH) and exit")
 
@@ -61,12 +64,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(cfg, args) -> int:
-    import torch
 
     from saorl.models.codec import run_tokenizer
-    from saorl.models.hub import resolve_source
+    from saorl.models.hub import policy_source
     from saorl.models.loading import load_policy
-    from saorl.models.tiny import TINY_KINDS
     from saorl.runtime.parts import server_check
     from saorl.stages.preflight import check_servers
 
@@ -74,9 +75,8 @@ def _check(cfg, args) -> int:
     if cfg.rollout.engine == "vllm":
         _describe(urls)
     check_servers(cfg)  # a server a run would refuse: StartupError, exit 2
-    spec = cfg.model.policy
-    policy = load_policy(spec if spec in TINY_KINDS else str(resolve_source(spec, "model.policy")),
-                         dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    policy = load_policy(policy_source(cfg.model.policy), dtype=cfg.model.dtype, device=cfg.model.device,
+                         seed=cfg.seed)
     check = server_check(cfg, run_tokenizer(cfg.model))
     s = check.sampling
     print(f"check: {len(check.prompt)}-token prompt, {s.max_new_tokens} new tokens, "
@@ -84,25 +84,53 @@ def _check(cfg, args) -> int:
           "(largest per-token gap)")
     failed = _report("the policy as given", check, policy, urls)
     if args.reload and not failed:
-        from saorl.runtime.parts import build_weight_sync
-
-        sync = build_weight_sync(cfg, Path(args.weights_dir).resolve(), policy, run_tokenizer(cfg.model))
-        sync.check = None  # checked here, one line each
-        original = {k: v.clone() for k, v in policy.state_dict().items()}
-        try:
-            with torch.no_grad(), torch.random.fork_rng():
-                torch.manual_seed(cfg.seed)
-                for p in policy.parameters():
-                    p.add_(torch.randn_like(p) * 0.02)
-            sync.publish(policy.state_dict(), 1_000_000_001)
-            failed = _report("a perturbed copy, reloaded in place", check, policy, urls)
-            policy.load_state_dict(original)
-            sync.publish(policy.state_dict(), 1_000_000_002)
-            failed = _report("the policy again, reloaded in place", check, policy, urls) or failed
-        finally:
-            sync.close()
+        failed = _reload(cfg, args.weights_dir, policy, check, urls)
     print("every check passed" if not failed else "a check failed: see above", file=sys.stderr)
     return 3 if failed else 0
+
+
+def _reload(cfg, weights_dir: str | None, policy, check, urls: list[str]) -> bool:
+    """Publish a perturbed copy of ``policy`` and check it, then ``policy`` again and check that;
+    True when a check failed. The servers are left on ``policy`` whatever happens."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from saorl.commands.common import fail
+    from saorl.models.codec import run_tokenizer
+    from saorl.runtime.parts import build_weight_sync
+
+    if weights_dir is not None and (Path(weights_dir) / "config.yaml").exists():
+        fail(f"saorl check-server: --weights-dir {weights_dir} holds a run (config.yaml); its weights "
+             "would be replaced: give another directory")
+    temp = weights_dir is None
+    root = Path(tempfile.mkdtemp(prefix="saorl-check-server-")) if temp else Path(weights_dir).resolve()
+    sync = build_weight_sync(cfg, root, policy, run_tokenizer(cfg.model))
+    sync.check = None  # checked here, one line each
+    original = {k: v.clone() for k, v in policy.state_dict().items()}
+    perturbed_on_servers = False
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            for p in policy.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        perturbed_on_servers = True
+        sync.publish(policy.state_dict(), 1_000_000_001)
+        failed = _report("a perturbed copy, reloaded in place", check, policy, urls)
+        policy.load_state_dict(original)
+        sync.publish(policy.state_dict(), 1_000_000_002)
+        perturbed_on_servers = False
+        return _report("the policy again, reloaded in place", check, policy, urls) or failed
+    finally:
+        try:
+            if perturbed_on_servers:  # a failed publication: put the policy back before leaving
+                policy.load_state_dict(original)
+                sync.publish(policy.state_dict(), 1_000_000_003)
+        finally:
+            sync.close()
+            if temp:
+                shutil.rmtree(root, ignore_errors=True)
 
 
 def _describe(urls: list[str]) -> None:
@@ -135,7 +163,7 @@ def _report(what: str, check, policy, urls: list[str]) -> bool:
             print(f"{url}: {what}: {e}")
             failed = True
             continue
-        ok = gap <= check.tolerance and outside <= tokens // 8
+        ok = check.passed(gap, raw_gap, tokens, outside)
         print(f"{url}: {what}: largest gap {gap:.3g} over {tokens} tokens ({outside} outside the kept set; "
               f"{raw_gap:.3g} to the raw distribution): {'ok' if ok else 'FAILED'}")
         if not ok:

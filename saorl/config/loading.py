@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import difflib
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,8 @@ def _check_path(schema: type[BaseModel], parts: list[str], item: str) -> None:
             raise ConfigError(f"bad override {item!r}: {'.'.join(parts[:i])} is a value, not a section")
         fields = model.model_fields
         if part not in fields:
-            raise ConfigError(f"bad override {item!r}: {where}: {_unknown(part, list(fields))}")
+            why = RENAMED.get(where) or _unknown(part, list(fields))
+            raise ConfigError(f"bad override {item!r}: {where}: {why}")
         annotation = _section_type(fields[part].annotation)
         if annotation is not None:
             model = annotation
@@ -99,7 +101,23 @@ RENAMED = {
     "rollout.logprob_probe_tol": "now spelled rollout.verify_tol, and it bounds the largest per-token "
                                  "log-prob gap, not the mean (default by model.dtype; docs/engines.md)",
 }
-"""Dotted paths of fields that were renamed → what to write instead."""
+"""Dotted paths of fields that were renamed → what to write instead. An override or a config
+given by the user is refused with that; in a YAML *file* the field is dropped (every run directory
+saorl wrote before the rename holds it, and ``--resume`` / ``saorl eval`` must still load it), with
+a warning when its value is not the old default."""
+
+_RETIRED_DEFAULTS = {"rollout.logprob_probe_tol": 0.1}
+
+
+def _drop_retired(data: dict[str, Any], source: str) -> dict[str, Any]:
+    for path, default in _RETIRED_DEFAULTS.items():
+        section, _, name = path.rpartition(".")
+        node = data.get(section)
+        if isinstance(node, dict) and name in node:
+            value = node.pop(name)
+            if value != default:
+                warnings.warn(f"{source}: {path}={value!r} is ignored: {RENAMED[path]}", stacklevel=3)
+    return data
 
 
 def _unknown(name: str, known: list[str]) -> str:
@@ -185,7 +203,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
     if path is not None:
         path = find_config(path)
     source = str(path) if path is not None else "<defaults>"
-    data = _read_yaml(Path(path)) if path is not None else {}
+    data = _drop_retired(_read_yaml(Path(path)), source) if path is not None else {}
     overrides = list(overrides)
     try:
         data = apply_overrides(data, overrides)

@@ -272,6 +272,11 @@ class SaorlConfig(Section):
         if self.trainer.shard == "fsdp2" and self.model.device == "mps":
             raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")
+        if (self.runtime.backend == "ray" and self.ray.weights == "object_store"
+                and self.rollout.engine in ("vllm", "sglang")):
+            raise FieldError("ray.weights", f"object_store hands the weights to saorl's own engines; the "
+                                            f"{self.rollout.engine} servers load each version from "
+                                            "RUN/weights/hf and are checked there: set ray.weights=shared_fs")
         # routing_replay: every engine returns routes (local: recorded; http / sglang / vllm: asked
         # of the servers, which must run with --enable-return-routed-experts) and both trainers,
         # sharded or not, replay them

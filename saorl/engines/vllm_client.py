@@ -10,7 +10,7 @@ sampled token's log-prob), ``return_token_ids: true``, ``return_tokens_as_token_
 Read: ``choices[0].token_ids`` (else the ids in ``logprobs.tokens``, ``"token_id:<id>"``),
 ``logprobs.token_logprobs``, ``finish_reason``, ``stop_reason``. The log-probs are those of the
 distribution sampled from only when the server runs with ``--logprobs-mode processed_logprobs``;
-the run's start-up probe checks it (:mod:`saorl.runtime.publisher`).
+the check of the published versions verifies it (:mod:`saorl.runtime.publisher`).
 
 Per-token versions. vLLM 0.32's completion response carries no weight version, so the client asks
 the server's label (``GET /weight_info``, set by the publisher through
@@ -126,29 +126,49 @@ class ServerInfo:
     """``processed_logprobs`` (what DIS needs), ``raw_logprobs`` (vLLM's default), ..."""
     plugin: bool
     """Whether the server was started with saorl's worker extension (:data:`PLUGIN_FLAG`)."""
+    dev_mode: bool | None = None
+    """Whether the development routes answer (``VLLM_SERVER_DEV_MODE=1``); None: not known."""
 
     @property
     def reload_method(self) -> str:
-        return "saorl_reload_weights" if self.plugin else "reload_weights"
+        """The plugin's reload on a CPU server (where vLLM's own one scrambles MoE experts), else
+        vLLM's ``reload_weights``."""
+        pinned = (self.version or "").startswith("0.32.")
+        return "saorl_reload_weights" if self.plugin and self.device == "cpu" and pinned else "reload_weights"
 
 
-def incompatibility(info: ServerInfo, moe: bool, processed: bool) -> str | None:
+def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str | None = None) -> str | None:
     """Why the server of ``info`` cannot train a policy (``moe``: a Mixture-of-Experts one) whose
     sampling needs processed log-probs (``processed``: a temperature other than 1, or top-k /
-    top-p), or None."""
-    if processed and info.logprobs_mode not in (None, "processed_logprobs"):
-        return (f"the vLLM server at {info.url} returns {info.logprobs_mode}, the log-probs of the model's "
+    top-p) and whose trainer holds ``dtype`` (None: not compared), or None."""
+    url = info.url
+    if info.dev_mode is False:
+        return (f"the vLLM server at {url} answers, but not its development routes (/server_info, "
+                "/collective_rpc), so no version could be put on it: restart it with "
+                "VLLM_SERVER_DEV_MODE=1 in its environment")
+    mode = info.logprobs_mode
+    if mode in ("raw_logits", "processed_logits"):
+        return (f"the vLLM server at {url} runs --logprobs-mode {mode}, which returns logits, not "
+                "log-probs; restart it with --logprobs-mode processed_logprobs")
+    if processed and mode not in (None, "processed_logprobs"):
+        return (f"the vLLM server at {url} returns {mode}, the log-probs of the model's "
                 "own distribution, but the run samples with a temperature other than 1 or with top-k / "
                 "top-p, so every DIS ratio would divide by the wrong probability. Restart it with "
                 "--logprobs-mode processed_logprobs")
-    if moe and info.device == "cpu" and not info.plugin:
-        return (f"the vLLM server at {info.url} is a CPU build (vLLM {info.version or '?'}) and the policy "
+    if dtype is not None and info.dtype is not None and info.dtype != dtype:
+        return (f"the vLLM server at {url} runs in {info.dtype} and the trainer in {dtype} "
+                f"(model.dtype): the check of each version compares their log-probs with the {dtype} "
+                f"tolerance and would stop the run. Restart the server with --dtype {dtype}, or set "
+                "rollout.verify_tol to the gap you accept (docs/engines.md has measured ones)")
+    if moe and info.device == "cpu" and info.reload_method != "saorl_reload_weights":
+        return (f"the vLLM server at {url} is a CPU build (vLLM {info.version or '?'}) and the policy "
                 "is a Mixture-of-Experts model: vLLM's CPU build packs the expert weights once at load and "
                 "its weight reload does not pack them again, so after the first publication it would "
                 "sample from scrambled experts (measured: 0.13 nats per token off after reloading even "
-                "the same weights) and training would be silently wrong. Restart the server with saorl's "
-                f'plugin: PYTHONPATH="$(saorl check-server --plugin-dir)" and {PLUGIN_FLAG} '
-                "(docs/engines.md), or use a GPU server")
+                "the same weights) and training would be silently wrong. Restart the server (vLLM 0.32, "
+                "for which the plugin is written) with saorl's plugin: "
+                f'PYTHONPATH="$(saorl check-server --plugin-dir)" and {PLUGIN_FLAG} (docs/engines.md), '
+                "or use a GPU server")
     return None
 
 
@@ -173,14 +193,16 @@ class VllmAdmin:
                 raise
 
         version = (await get("/version")).get("version")
-        config = (await get("/server_info", config_format="json")).get("vllm_config")
+        info = await get("/server_info", config_format="json")
+        config = info.get("vllm_config")
         config = config if isinstance(config, dict) else {}
         model = config.get("model_config") or {}
         dtype = model.get("dtype")
         self.info = ServerInfo(
             self.url, version, (config.get("device_config") or {}).get("device"),
             str(dtype).removeprefix("torch.") if dtype else None, model.get("logprobs_mode"),
-            (config.get("parallel_config") or {}).get("worker_extension_cls") == PLUGIN_CLASS)
+            (config.get("parallel_config") or {}).get("worker_extension_cls") == PLUGIN_CLASS,
+            dev_mode=None if version is None else bool(info))
         return self.info
 
     async def pause(self) -> None:

@@ -22,9 +22,8 @@ from saorl.engines.routes import RouteLayout
 from saorl.envs.registry import make_env_factory
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
-from saorl.models.hub import resolve_source
+from saorl.models.hub import policy_source
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, train_dtype
-from saorl.models.tiny import TINY_KINDS
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.weights import FileWeightSync, WeightSync
@@ -104,7 +103,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     directory (a Hub id is resolved here, once) and the run's tokenizer spec, so it loads exactly
     what the trainer did."""
     r = cfg.rollout
-    local = policy_spec if policy_spec in TINY_KINDS else str(resolve_source(policy_spec, "model.policy"))
+    local = policy_source(policy_spec)
     replay = cfg.algo.resolve().routing_replay
     layers, experts = moe_layout(local) if replay and r.engine != "local" else (0, 0)
     layout = RouteLayout(layers, experts) if layers else None  # a dense policy: the learner refuses it
@@ -171,6 +170,7 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> Wei
     from saorl.engines.transport import HttpTransport
     from saorl.runtime.publisher import ServerWeightSync
 
+    check = server_check(cfg, tokenizer)
     transport = HttpTransport(r.engine_urls, timeout_s=r.weight_update_timeout_s)
     if r.engine == "vllm":
         from saorl.engines.vllm_client import VllmAdmin
@@ -181,7 +181,7 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> Wei
 
         admins = [SglangAdmin(u, transport, r.sglang_pause_mode) for u in r.engine_urls]
     return ServerWeightSync(files, admins, transport, policy, timeout_s=r.weight_update_timeout_s,
-                            check=server_check(cfg, tokenizer))
+                            check=check)
 
 
 def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
@@ -193,9 +193,8 @@ def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
     replay = cfg.algo.resolve().routing_replay
     routes = {}
     if replay:
-        spec = cfg.model.policy if cfg.model.policy in TINY_KINDS else str(resolve_source(cfg.model.policy,
-                                                                                           "model.policy"))
-        routes = dict(return_routes=True, route_layout=RouteLayout(*moe_layout(spec)))
+        layout = RouteLayout(*moe_layout(policy_source(cfg.model.policy)))
+        routes = dict(return_routes=True, route_layout=layout)
     if r.engine == "vllm":
         from saorl.engines.vllm_client import VllmEngine
 

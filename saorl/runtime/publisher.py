@@ -22,8 +22,8 @@ two publications never interleave), does:
 
 ``publish_checkpoint(buckets, version, config)`` — the sharded trainer's publication, buckets of
 full tensors already in checkpoint names — does the same with the directory written bucket by
-bucket (never the whole model in memory); its check scores the probe with a CPU copy of the policy
-loaded from the directory just published (the sharded policy is not whole in this process).
+bucket (never the whole model in memory); its check scores the request with a CPU copy of the
+policy loaded from the directory just published (the sharded policy is not whole in this process).
 
 **The check** (:class:`ServerCheck`). DIS divides by the engine's log-probs, so a server that
 samples from other weights than the trainer's — a reload that silently kept a layer, a server
@@ -31,7 +31,8 @@ started from another model — trains wrongly without any error. So each server 
 (a fixed prompt, the run's temperature / top-k / top-p, a fixed seed), and the log-probs it returns
 for the tokens it sampled are compared with the trainer's own for the same tokens
 (:func:`saorl.models.logprobs.token_logprobs` under the same temperature and truncation), by the
-**largest per-token gap**. It runs after the first publication (the run's starting weights: a wrong
+**largest per-token gap**; a server fails when two requests in a row (two seeds) are past the
+bounds. It runs after the first publication (the run's starting weights: a wrong
 model or dtype, a server that returns raw log-probs), after the second (the first that changed the
 weights: a reload that did not take) and then every ``every``-th version. A gap above
 ``tolerance`` stops the run (exit 3) with one paragraph naming the server, the version, the gap and
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -90,15 +92,25 @@ class ServerCheck:
         return publications <= 2 or (self.every > 0 and version % self.every == 0)
 
     def check(self, model: torch.nn.Module, urls: Sequence[str], version: int) -> dict[str, float]:
-        """The largest per-token gap per server; raises :class:`WeightPublishError` past the tolerance."""
+        """The largest per-token gap per server; raises :class:`WeightPublishError` when a server
+        fails two requests in a row (the second with the next seed: one round-off outlier of a
+        low-precision server is not a wrong model, a wrong model fails every request)."""
         gaps = {}
         for url in urls:
-            gap, raw_gap, tokens, outside = self.measure(model, url)
-            gaps[url] = gap
-            if gap > self.tolerance or outside > tokens // 8:
-                raise WeightPublishError(self.explain(url, f"after version {version} was put on it", gap,
-                                                       raw_gap, tokens, outside))
+            measured = self.measure(model, url)
+            if not self.passed(*measured):
+                again = replace(self, sampling=replace(self.sampling, seed=(self.sampling.seed or 0) + 1))
+                retry = again.measure(model, url)
+                if not self.passed(*retry):
+                    raise WeightPublishError(self.explain(url, f"after version {version} was put on it",
+                                                          *measured))
+                measured = retry
+            gaps[url] = measured[0]
         return gaps
+
+    def passed(self, gap: float, raw_gap: float, tokens: int, outside: int) -> bool:
+        """Whether one request's measurement (:meth:`measure`) is within the check's bounds."""
+        return gap <= self.tolerance and outside <= tokens // 8
 
     def measure(self, model: torch.nn.Module, url: str) -> tuple[float, float, int, int]:
         """``(largest gap, largest gap to the raw distribution, tokens, tokens outside the
@@ -118,9 +130,20 @@ class ServerCheck:
         if not res.token_ids:
             raise WeightPublishError(f"the {self.server_name} server at {url} sampled no token for the "
                                      "weight check; it cannot be verified")
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if max(res.token_ids) >= vocab or len(res.logprobs) != len(res.token_ids):
+            raise WeightPublishError(f"the {self.server_name} server at {url} sampled token id "
+                                     f"{max(res.token_ids)} for the weight check, beyond the trainer's "
+                                     f"vocabulary of {vocab}: it runs another model than the trainer "
+                                     "(start it from the run's starting policy)")
         ids = torch.tensor([self.prompt + res.token_ids], device=next(model.parameters()).device)
         s, n = self.sampling, len(self.prompt)
-        with torch.no_grad(), self._routed(model, res.routes, ids.shape[1]):
+        try:
+            routed = self._routed(model, res.routes, ids.shape[1])
+        except ValueError as e:  # routes of another number of MoE layers
+            raise WeightPublishError(f"the {self.server_name} server at {url} routes another model than "
+                                     f"the trainer's: {e}") from None
+        with torch.no_grad(), routed:
             mine = token_logprobs(model, ids, torch.ones_like(ids), temperature=s.temperature or 1.0,
                                   top_k=s.top_k, top_p=s.top_p)[0, n:].float().cpu()
             raw = token_logprobs(model, ids, torch.ones_like(ids))[0, n:].float().cpu()
@@ -144,13 +167,13 @@ class ServerCheck:
     def explain(self, url: str, when: str, gap: float, raw_gap: float, tokens: int, outside: int) -> str:
         """The paragraph of a failed check of ``url`` (``when``: e.g. "after version 7 was put on it")."""
         s = self.sampling
-        off = (f", and {outside} of them lie outside the trainer's top-k / top-p set" if outside else "")
+        off = (f" ({outside} of them outside the trainer's top-k / top-p set)" if outside else "")
         where = (f"the {self.server_name} server at {url}, checked {when}, "
                  f"returns log-probs up to {gap:.3g} nats per token away from the trainer's for the "
                  f"same {tokens} tokens{off} (tolerance {self.tolerance:g}; temperature={s.temperature}, "
                  f"top_k={s.top_k}, top_p={s.top_p}), so it samples from another distribution than "
                  "the one being trained and every DIS ratio would be wrong. ")
-        if raw_gap < gap / 10:
+        if math.isfinite(gap) and raw_gap < gap / 10:
             cause = ("Its log-probs match the untempered, untruncated distribution instead (gap "
                      f"{raw_gap:.3g}): start vLLM with --logprobs-mode processed_logprobs.")
         else:
@@ -194,7 +217,8 @@ class ServerWeightSync:
         policy read from that directory) and announced, as in :meth:`publish`."""
         with self._lock:
             path = write_checkpoint_dir(buckets, config, self.root / f"v{version:08d}")
-            self._put_and_check(path, version, lambda: _read_policy(path, getattr(config, "dtype", None)))
+            dtype = next(self.model.parameters()).dtype  # the trainer's, whatever the config says
+            self._put_and_check(path, version, lambda: _read_policy(path, dtype))
             self.files.announce(version, f"{self.root.name}/{path.name}")
             self._prune()
 
@@ -255,12 +279,12 @@ class ServerWeightSync:
         self.transport.close()
 
 
-def _read_policy(path: Path, dtype) -> torch.nn.Module:
+def _read_policy(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     from saorl.models.loading import load_policy
     from saorl.models.serialize import quiet_progress
 
     with quiet_progress():
-        return load_policy(str(path), dtype=dtype or "float32")
+        return load_policy(str(path), dtype=dtype)
 
 
 def check_sampling(sampling: SamplingParams, seed: int, tokens: int = 32) -> SamplingParams:

@@ -89,6 +89,9 @@ class RayWeightSync:
     def metrics(self) -> dict[str, float]:
         return {}  # nothing measured: the weights are read back as written
 
+    def close(self) -> None:
+        pass  # the object store's references go with the Ray cluster
+
     def latest(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The newest version as a state dict in the engine's names (fetched once per version)."""
         newest = ray.get(self.registry.latest_version.remote())

@@ -81,6 +81,7 @@ class Run:
             save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
             self.learner.publish(parts.weights)
         except BaseException:
+            parts.weights.close()
             self.journal.close()
             self.recorder.close()
             raise
@@ -272,6 +273,7 @@ class Run:
             try:
                 self.parts.backend.shutdown()
             finally:  # the journal and the trackers close even if the shutdown fails
+                self.parts.weights.close()
                 self.journal.close()
                 self.recorder.close()
                 self.observer.run_finished()

@@ -65,6 +65,10 @@ class WeightSync(Protocol):
         """What the publications since the last call measured (a server check's gap), else {}."""
         ...
 
+    def close(self) -> None:
+        """Release what publishing holds (a server client's connections); the files stay."""
+        ...
+
 
 _VERSION = re.compile(r"v\d{8}(\.safetensors)?")
 """A published version: a file of a state dict or a checkpoint-named directory."""
@@ -151,6 +155,9 @@ class FileWeightSync:
 
     def metrics(self) -> dict[str, float]:
         return {}  # nothing measured: the weights are read back as written
+
+    def close(self) -> None:
+        pass
 
     def latest(self) -> tuple[int, str] | None:
         p = self._read_pointer()

@@ -21,8 +21,10 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
    first task of each split is always checked) and the rest are checked as they are played. Tasks
    from the env's own generator are the env's contract and are not re-checked;
 5. with ``sft.enabled``, the env has demonstrations: one is played on the first training task;
-6. with ``rollout.engine: vllm``, every server answers, and none is one the policy cannot be
-   trained on (a Mixture-of-Experts policy on vLLM's CPU build without saorl's plugin).
+
+:func:`check_servers` (called by :func:`saorl.training.train` after these, before the warm start:
+SFT and value pretraining do not need the servers) checks that with ``rollout.engine: vllm`` every
+server answers and none is one the run could not train on (:func:`saorl.engines.vllm_client.incompatibility`).
 """
 
 from __future__ import annotations
@@ -62,46 +64,47 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
     check_tasks(cfg, factory)
     if cfg.sft.enabled if demonstrations is None else demonstrations:
         check_demonstrations(cfg, factory)
-    check_servers(cfg)
     return factory
 
 
 # --------------------------------------------------------------------------------------- servers
 def check_servers(cfg: SaorlConfig) -> None:
-    """With ``rollout.engine: vllm``: each server of ``rollout.engine_urls`` answers, and can train
-    ``model.policy`` (:func:`saorl.engines.vllm_client.incompatibility`)."""
+    """With ``rollout.engine: vllm``: each server of ``rollout.engine_urls`` answers (a server
+    still starting is waited for about 12 s), and can train ``model.policy`` under the run's
+    sampling and dtype (:func:`saorl.engines.vllm_client.incompatibility`)."""
     r = cfg.rollout
     if r.engine != "vllm":
         return
     from saorl.engines.base import EngineError
     from saorl.engines.transport import HttpTransport
     from saorl.engines.vllm_client import VllmAdmin, incompatibility
-    from saorl.models.hub import resolve_source
+    from saorl.models.hub import policy_source
     from saorl.models.loading import moe_layout
-    from saorl.models.tiny import TINY_KINDS
 
-    transport = HttpTransport(r.engine_urls, timeout_s=60.0, retries=1)
+    transport = HttpTransport(r.engine_urls, timeout_s=60.0, retries=6, backoff_s=0.2)
     try:
         async def describe_all():
-            return await asyncio.gather(*(VllmAdmin(u, transport).describe() for u in r.engine_urls))
+            return await asyncio.gather(*(VllmAdmin(u, transport).describe() for u in r.engine_urls),
+                                        return_exceptions=True)
 
         infos = transport.run(describe_all())
-    except EngineError as e:
-        raise StartupError(f"rollout.engine_urls: a vLLM server does not answer ({e}). Start the "
-                           "servers before training (docs/engines.md has the launch command) or fix the "
-                           "URLs") from None
     finally:
         transport.close()
-    spec = cfg.model.policy if cfg.model.policy in TINY_KINDS else str(resolve_source(cfg.model.policy,
-                                                                                       "model.policy"))
-    moe = moe_layout(spec)[0] > 0
+    failed = [f"{url} ({e})" for url, e in zip(r.engine_urls, infos) if isinstance(e, EngineError)]
+    if failed:
+        raise StartupError(f"rollout.engine_urls: {len(failed)} of {len(infos)} vLLM servers do not answer: "
+                           f"{'; '.join(failed)}. Start the servers before training (docs/engines.md has "
+                           "the launch command) or fix the URLs")
+    for e in infos:
+        if isinstance(e, BaseException):
+            raise e
+    moe = moe_layout(policy_source(cfg.model.policy))[0] > 0
     processed = r.temperature not in (0.0, 1.0) or r.top_k > 0 or r.top_p < 1.0
+    dtype = cfg.model.dtype if r.verify_tol is None else None  # an explicit tolerance accepts a mismatch
     for info in infos:
-        problem = incompatibility(info, moe, processed)
+        problem = incompatibility(info, moe=moe, processed=processed, dtype=dtype)
         if problem:
             raise StartupError(f"rollout.engine=vllm: {problem}.")
-
-
 # ------------------------------------------------------------------------------------------- env
 def check_env(cfg: SaorlConfig) -> Callable[[], Env]:
     """The env factory of ``cfg``, or :class:`StartupError` (module or class missing, bad options)."""

@@ -268,7 +268,9 @@ def test_sharded_publication_in_buckets_reaches_the_server(tok, tmp_path):
 
     eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode="processed_logprobs")
     new = build_tiny("tiny-moe", seed=1)
-    sync = _publisher(tmp_path, lambda t: [VllmAdmin(url, t)], [url], new)
+    check = ServerCheck(VllmEngine, PROMPT, SamplingParams(temperature=0.7, top_k=20, seed=2), 1e-4, "vLLM")
+    sync = _publisher(tmp_path, lambda t: [VllmAdmin(url, t)], [url], build_tiny("tiny-moe", seed=0),
+                      check=check)
     client = VllmEngine(url)
     try:
         state = new.state_dict()
@@ -276,6 +278,7 @@ def test_sharded_publication_in_buckets_reaches_the_server(tok, tmp_path):
         buckets = (to_checkpoint(new, {n: state[n] for n in names[i:i + 10]})
                    for i in range(0, len(names), 10))
         sync.publish_checkpoint(buckets, 1, new.config)
+        assert sync.gaps[1][url] < 1e-4  # scored by the policy read back from the directory
         assert httpx.get(url + "/weight_info").json() == {"weight_version": "1"}
         assert sync.latest() == (1, str(tmp_path / "weights" / "hf" / "v00000001"))
         assert len(list((tmp_path / "weights" / "hf" / "v00000001").glob("model-*.safetensors"))) >= 2
@@ -286,5 +289,28 @@ def test_sharded_publication_in_buckets_reaches_the_server(tok, tmp_path):
     finally:
         client.close()
         sync.close()
+        srv.shutdown()
+        eng.close()
+
+
+def test_check_server_command_against_the_emulation(tok, tmp_path, capsys):
+    """``saorl check-server --reload`` end to end on loopback (the real server: tests/vllm): the
+    policy as given, a perturbed copy and the policy again, each checked; a server that runs
+    another model fails the first check with exit 3."""
+    from saorl.cli import main
+
+    eng, srv, url = _emulated(tok, tmp_path, "vllm", logprobs_mode="processed_logprobs")
+    try:
+        argv = ["check-server", "--url", url, "model.policy=tiny-moe", "rollout.temperature=0.7",
+                "--reload", "--weights-dir", str(tmp_path / "ck")]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert out.count(": ok") == 3 and "a perturbed copy, reloaded in place" in out, out
+        assert main([*argv[:-3], "seed=1"]) == 3  # the trainer's policy is another one than the server's
+        assert "FAILED" in capsys.readouterr().out
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "config.yaml").write_text("{}\n")
+        assert main([*argv[:-1], str(tmp_path / "run")]) == 2  # never over a run's weights
+    finally:
         srv.shutdown()
         eng.close()

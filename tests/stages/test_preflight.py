@@ -194,9 +194,12 @@ def test_tasks_of_env_dataset_are_checked_and_named_by_split_and_row(tmp_path, e
 
 
 def test_vllm_servers_that_do_not_answer_are_named_before_anything_runs():
-    cfg = load_config(None, ["rollout.engine=vllm", "rollout.engine_urls=[http://127.0.0.1:9]"])
-    with pytest.raises(StartupError, match=r"engine_urls: a vLLM server does not answer .*127.0.0.1:9"):
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.engine_urls=[http://127.0.0.1:9, http://127.0.0.1:11]"])
+    t0 = time.monotonic()
+    with pytest.raises(StartupError, match=r"engine_urls: 2 of 2 vLLM servers do not answer") as e:
         check_servers(cfg)
+    assert "http://127.0.0.1:9 (" in str(e.value) and "http://127.0.0.1:11 (" in str(e.value)
+    assert time.monotonic() - t0 < 30  # a server still starting is waited for ~12 s, not forever
 
 
 def test_a_server_that_says_nothing_of_itself_is_not_refused(tmp_path):
@@ -224,11 +227,24 @@ def test_a_server_that_says_nothing_of_itself_is_not_refused(tmp_path):
     (dict(device="cuda", logprobs_mode="raw_logprobs", plugin=True), False, True, "--logprobs-mode"),
     (dict(device="cuda", logprobs_mode="raw_logprobs", plugin=True), False, False, None),
     (dict(device=None, logprobs_mode=None, plugin=False), True, True, None),
+    (dict(device="cuda", logprobs_mode="processed_logits", plugin=False), False, False, "returns logits"),
+    (dict(device="cuda", logprobs_mode="processed_logprobs", plugin=False, dev_mode=False), False, False,
+     "VLLM_SERVER_DEV_MODE=1"),
 ])
 def test_which_vllm_servers_a_run_refuses(info, moe, processed, refused):
     from saorl.engines.vllm_client import ServerInfo, incompatibility
 
-    problem = incompatibility(ServerInfo("http://s:1", "0.32.0", dtype="float32", **info), moe, processed)
+    problem = incompatibility(ServerInfo("http://s:1", "0.32.0", dtype="float32", **info), moe=moe,
+                              processed=processed, dtype="float32")
     assert (problem is None) == (refused is None)
     if refused:
         assert refused in problem and "http://s:1" in problem
+
+
+def test_a_vllm_server_in_another_dtype_is_refused_unless_a_tolerance_is_given():
+    from saorl.engines.vllm_client import ServerInfo, incompatibility
+
+    info = ServerInfo("http://s:1", "0.32.0", "cuda", "bfloat16", "processed_logprobs", False, dev_mode=True)
+    assert "--dtype float32" in incompatibility(info, moe=False, processed=True, dtype="float32")
+    assert incompatibility(info, moe=False, processed=True, dtype="bfloat16") is None
+    assert incompatibility(info, moe=False, processed=True, dtype=None) is None  # rollout.verify_tol set

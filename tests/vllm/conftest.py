@@ -23,6 +23,7 @@ def pytest_collection_modifyitems(items):
         if Path(str(item.fspath)).parent == here:
             item.add_marker(pytest.mark.vllm_real)
             item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.timeout(1800))  # the first one may make the vLLM environment
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +60,26 @@ def dense_server(vllm_python, models, tmp_path_factory):
     yield server
     left = server.stop()
     assert not left, f"processes of the vLLM server survived: {left}"
+
+
+@pytest.fixture
+def dense(dense_server, tmp_path):
+    """The dense server, put back on the weights it started with (tiny-dense, seed 0) before the
+    test: the tests do not depend on what an earlier test published."""
+    from saorl.engines.transport import HttpTransport
+    from saorl.engines.vllm_client import VllmAdmin
+    from saorl.runtime.publisher import ServerWeightSync
+    from saorl.runtime.weights import FileWeightSync
+
+    model = build_tiny("tiny-dense", seed=0)
+    transport = HttpTransport([dense_server.url], timeout_s=120)
+    admins = [VllmAdmin(dense_server.url, transport)]
+    sync = ServerWeightSync(FileWeightSync(tmp_path / "reset-weights"), admins, transport, model)
+    try:
+        sync.publish(model.state_dict(), 0)
+    finally:
+        sync.close()
+    return dense_server
 
 
 @pytest.fixture(scope="module")

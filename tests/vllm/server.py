@@ -126,8 +126,9 @@ class VllmServer:
 
     def start(self) -> VllmServer:
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=open(self.log_path, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.log_path, "w") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         while time.monotonic() - t0 < self.startup_timeout_s:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the vLLM server exited ({self.proc.returncode}) while starting:\n"

@@ -18,11 +18,6 @@ PROMPT = list(range(5, 40))
 TOL = 1e-5  # float32 server and trainer: measured gaps are below 1e-6
 
 
-@pytest.fixture
-def dense(dense_server):
-    return dense_server
-
-
 def _check(sampling: SamplingParams, every: int = 1) -> ServerCheck:
     return ServerCheck(lambda url: VllmEngine(url, model="policy"), PROMPT, sampling, TOL, "vLLM",
                        every=every)

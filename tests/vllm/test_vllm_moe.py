@@ -89,3 +89,19 @@ def test_without_the_plugin_a_cpu_server_is_refused_at_start_and_its_reload_is_c
         assert sync.latest() is None
     finally:
         sync.close()
+
+
+def test_saorl_train_refuses_a_raw_server_in_seconds_and_leaves_nothing(plain_raw, tmp_path, capsys):
+    import time
+
+    from saorl.cli import main
+
+    t0 = time.monotonic()
+    code = main(["train", "model.policy=tiny-dense", "rollout.engine=vllm",
+                 f"rollout.engine_urls=[{plain_raw.url}]", "rollout.temperature=0.7",
+                 f"run.out_dir={tmp_path}", "--run-dir", str(tmp_path / "run")])
+    took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    print(f"\nRESULT raw server refused by saorl train in {took:.1f}s: {err.strip()}")
+    assert code == 2 and "--logprobs-mode processed_logprobs" in err and not (tmp_path / "run").exists()
+    assert took < 60  # before the SFT warm start (minutes)

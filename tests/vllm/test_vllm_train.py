@@ -46,8 +46,8 @@ def _assert_exact(rows):
         assert r["weights/verify_max_gap"] < GAP_MAX, r  # verify_every=1: every version checked
 
 
-def test_sync_run_on_vllm_is_exact(dense_server, tmp_path):
-    cfg = load_config(None, [*_overrides(dense_server.url), "runtime.mode=sync", "trainer.steps=3",
+def test_sync_run_on_vllm_is_exact(dense, tmp_path):
+    cfg = load_config(None, [*_overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
                              f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run")
     rows = _steps(run_dir)
@@ -81,13 +81,13 @@ def _turns(traj):
     return out
 
 
-def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dense_server, tmp_path,
+def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dense, tmp_path,
                                                                               monkeypatch):
     """Async: tokens are trained at staleness 1-3, so beyond ``kl_s0`` every turn's recorded
     log-probs are compared with those of the version it is tagged with (its published weights)."""
     monkeypatch.setattr(FileWeightSync, "_prune", lambda self: None)  # keep every version to score
     keep = Keep()
-    cfg = load_config(None, [*_overrides(dense_server.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
+    cfg = load_config(None, [*_overrides(dense.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run", observer=keep)
     rows = _steps(run_dir)
     assert len(rows) == 6 and last["policy/version"] == 6
@@ -115,13 +115,14 @@ def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dens
     assert exact > 24 and exact >= 0.8 * (exact + spanning)
 
 
-def test_trainer_killed_and_resumed_with_the_server_up(dense_server, tmp_path):
+def test_trainer_killed_and_resumed_with_the_server_up(dense, tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    args = [*_overrides(dense_server.url), "runtime.mode=sync", "trainer.steps=10", "run.checkpoint_every=2",
+    args = [*_overrides(dense.url), "runtime.mode=sync", "trainer.steps=10", "run.checkpoint_every=2",
             f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
-    proc = subprocess.Popen([sys.executable, "-m", "saorl.cli", "train", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            start_new_session=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "saorl.cli", "train", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                start_new_session=True)
     wait_for_steps(proc, run_dir, 3, log, timeout_s=300)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
@@ -140,3 +141,25 @@ def test_trainer_killed_and_resumed_with_the_server_up(dense_server, tmp_path):
     _assert_exact(after)
     print(f"\nRESULT kill -9 resume: killed after version {published}, resumed at {marker}, "
           f"kl_s0 after {[r.get('mismatch/kl_s0') for r in after]}")
+
+
+def test_a_run_on_a_server_that_keeps_the_old_head_stops_at_the_first_changed_version(
+        dense, tmp_path, capsys, monkeypatch):
+    """The writer of before (no ``lm_head.weight`` for a tied head) on the real server: the
+    check after the first publication that changed the weights stops the run, exit 3, one
+    paragraph naming the server, the version and the gap; the workers never sample from it."""
+    from saorl.cli import main
+    from saorl.models import hf_format
+
+    monkeypatch.setattr(hf_format, "served_names", hf_format.saved_names)
+    run_dir = tmp_path / "run"
+    argv = ["train", *_overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
+            "rollout.verify_every=0", f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    print(f"\nRESULT stale head in a run: {err.strip()}")
+    assert "the run failed: the vLLM server at " + dense.url in err
+    assert "checked after version 1 was put on it" in err and "Traceback" not in err
+    assert "v00000001" not in (run_dir / "weights" / "latest.json").read_text()  # never announced
+    rows = _steps(run_dir)
+    assert [r["step"] for r in rows] == [] and (run_dir / "checkpoints" / "latest").exists()

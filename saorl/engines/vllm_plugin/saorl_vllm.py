@@ -30,19 +30,24 @@ class WeightReload:
     called through ``POST /collective_rpc``."""
 
     def saorl_reload_weights(self, weights_path: str) -> int:
-        """``reload_weights`` from the Hugging Face directory ``weights_path``, then the CPU
-        experts packed again; returns how many MoE layers were packed (0 on a GPU)."""
-        self.model_runner.reload_weights(weights_path=weights_path)
+        """The worker's own ``reload_weights`` from the Hugging Face directory ``weights_path``,
+        then the CPU experts packed again; returns how many MoE layers were packed (0 on a GPU).
+        Pinned to vLLM 0.32 (the layout it packs); saorl calls it on CPU servers only."""
+        import vllm
+
+        if not vllm.__version__.startswith("0.32."):
+            raise RuntimeError(f"saorl's vLLM plugin is written for vLLM 0.32, this is {vllm.__version__}")
+        self.reload_weights(weights_path=weights_path)
         try:
             from vllm._custom_ops import cpu_prepack_moe_weight
             from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-        except ImportError:  # a build without the CPU kernels
+        except Exception:  # a build without the CPU kernels: nothing of the kind to pack
             return 0
         packed = 0
         for layer in self.model_runner.get_model().modules():
             kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
             experts = getattr(kernel, "fused_experts", None)
-            if not isinstance(experts, CPUUnquantizedExperts) or experts._use_zentorch:
+            if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
                 continue
             with torch.no_grad():
                 for name in ("w13_weight", "w2_weight"):
