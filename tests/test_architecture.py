@@ -44,12 +44,69 @@ def test_only_the_cli_imports_commands():
     ("runtime", ("saorl.stages", "saorl.commands", "saorl.training", "saorl.bench", "saorl.experiments")),
     ("stages", ("saorl.commands", "saorl.training", "saorl.bench", "saorl.experiments")),
     ("data", ("saorl.",)),
+    ("models", ("saorl.engines", "saorl.runtime", "saorl.stages", "saorl.commands", "saorl.training",
+                "saorl.agent", "saorl.envs")),
 ])
 def test_imports_point_one_way(package, forbidden):
     for path in _modules(package):
         own = f"saorl.{package}"
         bad = [m for m, _ in _imports(path) if m.startswith(forbidden) and not m.startswith(own)]
         assert not bad, f"{path.relative_to(SAORL)} imports {bad}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """saorl module → the saorl modules it imports, function-level imports included; ``from pkg
+    import sub`` counts as an import of ``pkg.sub`` only (not of ``pkg/__init__``)."""
+    names = {}
+    for path in SAORL.rglob("*.py"):
+        rel = path.relative_to(SAORL.parent).with_suffix("").as_posix().replace("/", ".")
+        names[rel.removesuffix(".__init__")] = path
+    graph = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in names]
+                out |= set(subs) if len(subs) == len(node.names) else {base, *subs}
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+        graph[name] = {m for m in out if m in names and m != name}
+    return graph
+
+
+def test_no_import_cycle_even_through_function_level_imports():
+    """A function-level import hides a cycle from Python, not from a reader: none is allowed."""
+    graph = _module_graph()
+    cycles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while not component or w != v:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
 
 
 def test_algo_imports_only_torch_and_the_standard_library():

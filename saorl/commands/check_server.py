@@ -66,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
 def _check(cfg, args) -> int:
 
     from saorl.models.codec import run_tokenizer
-    from saorl.models.hub import policy_source
-    from saorl.models.loading import load_policy
+    from saorl.models.loading import load_policy, policy_source
     from saorl.runtime.parts import server_check
     from saorl.stages.preflight import check_servers
 

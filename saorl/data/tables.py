@@ -30,8 +30,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from saorl.data.task import Task
-from saorl.data.tasks import TaskFileError
+from saorl.data.task import Task, TaskFileError
 
 INSTALL = 'pip install "saorl[data]"'
 

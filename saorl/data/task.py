@@ -12,3 +12,9 @@ class Task:
     """Unique across splits; the data cursor and resume logic key on it."""
     data: dict[str, Any]
     """JSON-serialisable task payload, interpreted by the env."""
+
+
+class TaskFileError(ValueError):
+    """A task file (or dataset) that cannot be read as tasks; the message names where and why.
+    (Here, beside :class:`Task`, so that :mod:`saorl.data.tasks` and the optional readers of
+    :mod:`saorl.data.tables` both raise it without importing each other.)"""

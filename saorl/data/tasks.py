@@ -34,11 +34,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from saorl.data.task import Task
-
-
-class TaskFileError(ValueError):
-    """A task file (or dataset) that cannot be read as tasks; the message names where and why."""
+from saorl.data.task import Task, TaskFileError
 
 
 def task_from_record(record: Any, where: str) -> Task:

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from saorl.engines import openai_api as oa
 from saorl.engines.base import GenerationResult, SamplingParams
+from saorl.engines.generation import read_json
 from saorl.engines.routes import encode_flat
 
 
@@ -182,13 +183,13 @@ def _vllm_routes(app: FastAPI, state) -> None:
 
     @app.post("/collective_rpc")
     async def collective_rpc(request: Request):
-        rpc = oa.parse(_Rpc, await _body(request))
+        rpc = oa.parse(_Rpc, await read_json(request))
         await _load_dir(state, rpc.kwargs.get("weights_path"), "kwargs.weights_path")
         return {"results": [None]}
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request):
-        body = await _body(request)
+        body = await read_json(request)
         new = body.get("new_version") if isinstance(body, dict) else None
         if not isinstance(new, str) or not new:
             raise oa.BadRequest("new_version: expected a non-empty string", "new_version")
@@ -198,12 +199,6 @@ def _vllm_routes(app: FastAPI, state) -> None:
     @app.get("/weight_info")
     async def weight_info():
         return {"weight_version": labels.current}
-
-
-async def _body(request: Request) -> Any:
-    from saorl.engines.server import read_json
-
-    return await read_json(request)
 
 
 # ------------------------------------------------------------------------------------- SGLang
@@ -246,7 +241,7 @@ def _sglang_routes(app: FastAPI, state) -> None:
 
     @app.post("/generate")
     async def generate(request: Request):
-        req = oa.parse(_SglGenerate, await _body(request))
+        req = oa.parse(_SglGenerate, await read_json(request))
         sp = req.sampling_params
         stop = (sp.stop,) if isinstance(sp.stop, str) else tuple(sp.stop or ())
         params = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
@@ -279,7 +274,7 @@ def _sglang_routes(app: FastAPI, state) -> None:
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request):
-        body = await _body(request) or {}
+        body = await read_json(request) or {}
         mode = body.get("mode", "abort") if isinstance(body, dict) else None
         if mode not in ("abort", "retract", "in_place"):
             raise oa.BadRequest("mode: expected 'abort', 'retract' or 'in_place'", "mode")
@@ -293,7 +288,7 @@ def _sglang_routes(app: FastAPI, state) -> None:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request):
-        req = oa.parse(_SglUpdate, await _body(request))
+        req = oa.parse(_SglUpdate, await read_json(request))
         await _load_dir(state, req.model_path, "model_path")
         if req.weight_version is not None:
             labels.set_current(req.weight_version)

@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +50,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from saorl.engines import openai_api as oa
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine
+from saorl.engines.generation import generate_all, read_json
 
 Emulate = Literal["vllm", "sglang"] | None
 
@@ -135,14 +135,6 @@ def _error(code: int, message: str, kind: str, param: str | None = None,
     return JSONResponse(body, status_code=code, headers=headers)
 
 
-def engine_bad_request(e: ValueError) -> oa.BadRequest:
-    """The engine's own validation (token ids out of range, prompt too long) as a 400."""
-    msg = str(e)
-    first = msg.split(" ", 1)[0].rstrip(":")
-    param = first if first in ("prompt", "stop", "stop_token_ids", "seed", "max_tokens") else None
-    return oa.BadRequest(msg, param)
-
-
 # ------------------------------------------------------------------------------------- body limits
 class BodyLimit:
     """ASGI middleware: read the whole body within the size and time limits, then pass it on."""
@@ -193,14 +185,6 @@ class BodyLimit:
 
 
 # ------------------------------------------------------------------------------------- generation
-async def read_json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise oa.BadRequest(f"body is not valid JSON: {e}") from None
-
-
 def _prompts(state: ServerState, req: oa.CompletionRequest) -> list[list[int]]:
     p = req.prompt
     if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], str)):
@@ -219,30 +203,6 @@ def _chat_prompt(state: ServerState, req: oa.ChatRequest) -> list[int]:
     msgs = [m.model_dump(exclude_none=True) for m in req.messages]
     out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
-async def generate_all(state: ServerState, prompts: list[list[int]], req: oa._Request, top: int,
-                       on_token: Callable[[int], Any] | None = None) -> list[GenerationResult]:
-    """Every choice of every prompt, in order ``[p0c0, p0c1, ..., p1c0, ...]``."""
-    calls = []
-    for prompt in prompts:
-        for seed in req.seeds():
-            sp = req.sampling(_max_tokens(req), top, seed)
-            kw = {"on_token": on_token(len(calls))} if on_token is not None and state.streams else {}
-            calls.append(state.engine.agenerate(prompt, sp, **kw))
-    state.running += len(calls)
-    try:
-        return list(await asyncio.gather(*calls))
-    except ValueError as e:
-        raise engine_bad_request(e) from None
-    finally:
-        state.running -= len(calls)
-
-
-def _max_tokens(req: oa._Request) -> int:
-    if isinstance(req, oa.ChatRequest) and req.max_completion_tokens is not None:
-        return req.max_completion_tokens
-    return req.max_tokens if req.max_tokens is not None else 16
 
 
 def completion_choice(state: ServerState, req: oa.CompletionRequest, i: int, res: GenerationResult,

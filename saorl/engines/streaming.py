@@ -18,6 +18,7 @@ from typing import Any
 
 from saorl.engines import openai_api as oa
 from saorl.engines.base import EngineError, GenerationResult
+from saorl.engines.generation import generate_all
 
 
 def _sse(obj: Any) -> str:
@@ -64,8 +65,6 @@ def _delta(state, req, chat: bool, i: int, c: _Choice, text: str, res: Generatio
 
 
 async def stream_events(state, req, prompts: list[list[int]], top: int, chat: bool) -> AsyncIterator[str]:
-    from saorl.engines.server import generate_all
-
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     n = len(prompts) * req.n

@@ -19,12 +19,15 @@ so a family transformers learns to fuse converts the same way.
   a *bucket* of the state dict at a time, as ``save_pretrained`` does for offloaded shards, as long
   as every tensor one conversion reads is in the same bucket (for the families saorl supports,
   each conversion reads one tensor).
+- :func:`save_hf_weights`: a state dict as the Hugging Face directory a server loads (tied weights
+  included).
 - :func:`from_checkpoint` / :func:`read_weights`: checkpoint-named tensors, or a directory / a
   safetensors file, → a state dict in the in-memory names of a model.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -97,3 +100,31 @@ def write_index(directory: Path, weight_map: dict[str, str], total_size: int) ->
     """``model.safetensors.index.json`` for shard files already in ``directory``."""
     index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
     (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def save_hf_weights(model, state_dict: dict[str, Tensor], out_dir: str | Path) -> Path:
+    """``state_dict`` (``model``'s in-memory names) as a Hugging Face model directory at
+    ``out_dir``, atomically: ``config.json`` and one ``model.safetensors`` under the on-disk names
+    that ``from_pretrained`` (and vLLM / SGLang) read, **tied weights included**
+    (:func:`served_names`: a server keeps its own copy of a tied head and
+    reloads only what the checkpoint carries), no tokenizer."""
+    from saorl.models.serialize import atomic_dir, save_safetensors_atomic
+
+    names = served_names(model)
+    missing = [n for n in names if n not in state_dict]
+    if missing:
+        raise KeyError(f"the state dict lacks {len(missing)} of the model's weights, e.g. {missing[:3]}")
+    tensors = to_checkpoint(model, {n: state_dict[n] for n in names})
+    with atomic_dir(out_dir) as tmp:
+        save_safetensors_atomic(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        hf_config(model).to_json_file(str(tmp / "config.json"))
+    return Path(out_dir)
+
+
+def hf_config(model):
+    """``model``'s config as ``save_pretrained`` writes it: ``architectures`` names the class (what
+    a server builds from the directory) and ``dtype`` is the weights' dtype."""
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.dtype = next(model.parameters()).dtype
+    return config

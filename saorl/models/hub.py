@@ -54,14 +54,6 @@ def resolve_source(spec: str, what: str = "model.policy") -> Path:
     return _snapshot(spec, what)
 
 
-def policy_source(spec: str) -> str:
-    """What the policy ``spec`` loads from: a tiny kind as it is, else its local directory
-    (:func:`resolve_source`)."""
-    from saorl.models.tiny import TINY_KINDS
-
-    return spec if spec in TINY_KINDS else str(resolve_source(spec, "model.policy"))
-
-
 @functools.cache
 def _snapshot(repo_id: str, what: str) -> Path:
     from huggingface_hub import snapshot_download

@@ -106,6 +106,12 @@ def load_policy(
     return ensure_cpu_experts(model, device).eval()
 
 
+def policy_source(spec: str) -> str:
+    """What the policy ``spec`` loads from: a tiny kind as it is, else its local directory
+    (:func:`~saorl.models.hub.resolve_source`: a Hub id resolves to its cached snapshot)."""
+    return spec if spec in TINY_KINDS else str(resolve_source(spec, "model.policy"))
+
+
 def moe_layout(spec: str) -> tuple[int, int]:
     """``(MoE layers, experts per layer)`` of the policy ``spec`` (a tiny kind or a local model
     directory) from its config alone: the model is built on the meta device, no weights are read.

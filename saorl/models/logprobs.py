@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from saorl.models.packed import model_inputs
+from saorl.models.truncation import filtered_logprobs
 
 LOGPROB_FLOOR = -1e4
 """The log-probability of a token outside the truncated distribution (probability 0)."""
@@ -38,9 +39,7 @@ LOGPROB_FLOOR = -1e4
 
 def truncation_mask(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     """``[..., V]`` bool: the tokens top-k then top-p keep of each (tempered) row, as the engine's
-    sampler keeps them (:func:`saorl.engines.sampling.filtered_logprobs`)."""
-    from saorl.engines.sampling import filtered_logprobs
-
+    sampler keeps them (:func:`saorl.models.truncation.filtered_logprobs`)."""
     flat = logits.detach().reshape(-1, logits.shape[-1])
     n = flat.shape[0]
     ones = flat.new_ones(n)

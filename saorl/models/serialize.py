@@ -18,7 +18,6 @@ Layouts:
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -215,34 +214,6 @@ def load_critic(
     critic.to(device=device)
     ensure_cpu_experts(critic.trunk, device)
     return critic
-
-
-def save_hf_weights(model, state_dict: dict[str, Tensor], out_dir: str | Path) -> Path:
-    """``state_dict`` (``model``'s in-memory names) as a Hugging Face model directory at
-    ``out_dir``, atomically: ``config.json`` and one ``model.safetensors`` under the on-disk names
-    that ``from_pretrained`` (and vLLM / SGLang) read, **tied weights included**
-    (:func:`~saorl.models.hf_format.served_names`: a server keeps its own copy of a tied head and
-    reloads only what the checkpoint carries), no tokenizer."""
-    from saorl.models.hf_format import served_names, to_checkpoint
-
-    names = served_names(model)
-    missing = [n for n in names if n not in state_dict]
-    if missing:
-        raise KeyError(f"the state dict lacks {len(missing)} of the model's weights, e.g. {missing[:3]}")
-    tensors = to_checkpoint(model, {n: state_dict[n] for n in names})
-    with atomic_dir(out_dir) as tmp:
-        save_safetensors_atomic(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-        hf_config(model).to_json_file(str(tmp / "config.json"))
-    return Path(out_dir)
-
-
-def hf_config(model):
-    """``model``'s config as ``save_pretrained`` writes it: ``architectures`` names the class (what
-    a server builds from the directory) and ``dtype`` is the weights' dtype."""
-    config = copy.deepcopy(model.config)
-    config.architectures = [type(model).__name__]
-    config.dtype = next(model.parameters()).dtype
-    return config
 
 
 @contextmanager

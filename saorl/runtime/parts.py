@@ -22,8 +22,7 @@ from saorl.engines.routes import RouteLayout
 from saorl.envs.registry import make_env_factory
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
-from saorl.models.hub import policy_source
-from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, train_dtype
+from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.weights import FileWeightSync, WeightSync

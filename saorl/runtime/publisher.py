@@ -58,7 +58,7 @@ from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
 from saorl.engines.remote import ServerAdmin
 from saorl.engines.transport import HttpTransport
 from saorl.errors import RunFailure
-from saorl.models.serialize import save_hf_weights
+from saorl.models.hf_format import save_hf_weights
 from saorl.runtime.weights import FileWeightSync, write_checkpoint_dir
 
 DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}

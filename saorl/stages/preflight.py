@@ -78,8 +78,7 @@ def check_servers(cfg: SaorlConfig) -> None:
     from saorl.engines.base import EngineError
     from saorl.engines.transport import HttpTransport
     from saorl.engines.vllm_client import VllmAdmin, incompatibility
-    from saorl.models.hub import policy_source
-    from saorl.models.loading import moe_layout
+    from saorl.models.loading import moe_layout, policy_source
 
     transport = HttpTransport(r.engine_urls, timeout_s=60.0, retries=6, backoff_s=0.2)
     try:

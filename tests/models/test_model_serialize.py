@@ -122,11 +122,12 @@ def test_published_weights_carry_the_tied_head_and_load_back(tmp_path, kind):
     writes); ``from_pretrained`` takes the directory back, head still tied, every tensor equal."""
     from safetensors.torch import load_file
 
+    from saorl.models import hf_format
     from saorl.models.hf_format import saved_names, served_names
 
     model = build_tiny(kind, seed=4)
     assert "lm_head.weight" not in saved_names(model) and "lm_head.weight" in served_names(model)
-    out = serialize.save_hf_weights(model, model.state_dict(), tmp_path / "v1")
+    out = hf_format.save_hf_weights(model, model.state_dict(), tmp_path / "v1")
     names = set(load_file(str(out / "model.safetensors")))
     assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
     back = load_policy(str(out))
@@ -134,7 +135,7 @@ def test_published_weights_carry_the_tied_head_and_load_back(tmp_path, kind):
     for (k, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), k
     with pytest.raises(KeyError, match="lacks 1 of the model's weights"):
-        serialize.save_hf_weights(model, {k: v for k, v in model.state_dict().items()
+        hf_format.save_hf_weights(model, {k: v for k, v in model.state_dict().items()
                                           if k != "model.norm.weight"}, tmp_path / "v2")
     assert not (tmp_path / "v2").exists()
 
@@ -142,11 +143,12 @@ def test_published_weights_carry_the_tied_head_and_load_back(tmp_path, kind):
 def test_an_untied_head_is_published_once(tmp_path):
     from safetensors.torch import load_file
 
+    from saorl.models import hf_format
     from saorl.models.hf_format import saved_names, served_names
 
     model = build_tiny("tiny-dense", seed=1, tie_word_embeddings=False)
     assert served_names(model) == saved_names(model)
-    out = serialize.save_hf_weights(model, model.state_dict(), tmp_path / "v1")
+    out = hf_format.save_hf_weights(model, model.state_dict(), tmp_path / "v1")
     back = load_policy(str(out))
     assert torch.equal(back.lm_head.weight, model.lm_head.weight)
     assert not torch.equal(back.lm_head.weight, back.model.embed_tokens.weight)

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 from saorl.data.jsonl import read_jsonl
+from saorl.runtime.observe import Observer
 
-__all__ = ["BASE", "SYNC_MISMATCH_BASE", "read_jsonl", "resume_train", "rollout_worker_pids", "session_pids",
-           "start_train", "step_rows", "wait_for_steps", "wait_until_gone"]
+__all__ = ["BASE", "SYNC_MISMATCH_BASE", "KeepTrajectories", "read_jsonl", "resume_train",
+           "rollout_worker_pids", "session_pids", "start_train", "step_rows", "turns", "wait_for_steps",
+           "wait_until_gone"]
 
 # Small but real: the tiny MoE policy, math_tool, workers in their own processes.
 BASE = [
@@ -111,3 +113,26 @@ def wait_until_gone(sid: int, timeout_s: float) -> list[int]:
     while (left := session_pids(sid)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+class KeepTrajectories(Observer):
+    """Every trajectory a run trains on, in order."""
+
+    def __init__(self) -> None:
+        self.trajectories = []
+
+    def step_done(self, step, metrics, trajectories) -> None:
+        self.trajectories += trajectories
+
+
+def turns(traj):
+    """(version, [positions]) of each contiguous run of action tokens of one version (a request,
+    or the part of one that a version sampled)."""
+    out, cur = [], None
+    for t, m in enumerate(traj.action_mask):
+        if m and cur is not None and cur[1][-1] == t - 1 and cur[0] == traj.versions[t]:
+            cur[1].append(t)
+        elif m:
+            cur = (traj.versions[t], [t])
+            out.append(cur)
+    return out

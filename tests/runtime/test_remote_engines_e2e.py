@@ -4,7 +4,7 @@ trajectories carry per-token versions that are checked against the published wei
 
 import pytest
 import torch
-from runtime_helpers import BASE
+from runtime_helpers import BASE, KeepTrajectories, turns
 from safetensors.torch import load_file
 
 from saorl.config import load_config
@@ -13,32 +13,10 @@ from saorl.engines.server import serve_in_thread
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.observe import Observer
 from saorl.runtime.weights import FileWeightSync
 from saorl.training import train
 
 pytestmark = pytest.mark.slow
-
-
-class Keep(Observer):
-    def __init__(self) -> None:
-        self.trajectories = []
-
-    def step_done(self, step, metrics, trajectories) -> None:
-        self.trajectories += trajectories
-
-
-def _turns(traj):
-    """(version, [positions]) of each contiguous run of action tokens of one version (a request,
-    or the part of one that a version sampled)."""
-    out, cur = [], None
-    for t, m in enumerate(traj.action_mask):
-        if m and cur is not None and cur[1][-1] == t - 1 and cur[0] == traj.versions[t]:
-            cur[1].append(t)
-        elif m:
-            cur = (traj.versions[t], [t])
-            out.append(cur)
-    return out
 
 
 def _run(tmp_path, monkeypatch, engine: str):
@@ -48,7 +26,7 @@ def _run(tmp_path, monkeypatch, engine: str):
     eng = LocalEngine(build_tiny("tiny-moe", seed=5), tok, max_batch_size=8)
     extra = {"logprobs_mode": "processed_logprobs"} if engine == "vllm" else {}
     srv, url = serve_in_thread(eng, tokenizer=tok, weights_dir=tmp_path, emulate=engine, **extra)
-    keep = Keep()
+    keep = KeepTrajectories()
     try:
         # multi-turn episodes (synthetic: 2-5 turns), so updates land between turns as well
         cfg = load_config(None, [*BASE, "trainer.steps=8", f"rollout.engine={engine}",
@@ -76,12 +54,12 @@ def _run(tmp_path, monkeypatch, engine: str):
     exact, spanning = 0, 0
     multi_version = []
     for traj in keep.trajectories:
-        turns = _turns(traj)
-        versions = [v for v, _ in turns]
+        runs = turns(traj)
+        versions = [v for v, _ in runs]
         assert versions == sorted(versions)  # never back in time
         if len(set(versions)) > 1:
             multi_version.append(traj)
-        for v, pos in turns:
+        for v, pos in runs:
             mine = logprobs_at(v, traj.token_ids)
             if all(abs(traj.rollout_logprobs[t] - mine[t]) < 2e-4 for t in pos):
                 exact += 1

@@ -159,25 +159,10 @@ class VllmServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         self.proc.wait(15)
-        deadline = time.monotonic() + 15
-        while (left := _group_pids(pgid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        from runtime_helpers import wait_until_gone  # tests/runtime, on the path in the tests
+
         self.proc = None
-        return left
-
-
-def _group_pids(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
+        return wait_until_gone(pgid, 15)  # its own session: sid == pgid == its pid
 
 
 if __name__ == "__main__":

@@ -10,13 +10,20 @@ import subprocess
 import sys
 
 import torch
-from runtime_helpers import read_jsonl, resume_train, session_pids, wait_for_steps, wait_until_gone
+from runtime_helpers import (
+    KeepTrajectories,
+    read_jsonl,
+    resume_train,
+    session_pids,
+    turns,
+    wait_for_steps,
+    wait_until_gone,
+)
 from safetensors.torch import load_file
 
 from saorl.config import load_config
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
-from saorl.runtime.observe import Observer
 from saorl.runtime.weights import FileWeightSync
 from saorl.training import train
 
@@ -61,32 +68,12 @@ def test_sync_run_on_vllm_is_exact(dense, tmp_path):
     assert sorted(p.name for p in (run_dir / "weights" / "hf").iterdir()) == ["v00000002", "v00000003"]
 
 
-class Keep(Observer):
-    def __init__(self) -> None:
-        self.trajectories = []
-
-    def step_done(self, step, metrics, trajectories) -> None:
-        self.trajectories += trajectories
-
-
-def _turns(traj):
-    """(version, [positions]) of each contiguous run of action tokens of one version."""
-    out, cur = [], None
-    for t, m in enumerate(traj.action_mask):
-        if m and cur is not None and cur[1][-1] == t - 1 and cur[0] == traj.versions[t]:
-            cur[1].append(t)
-        elif m:
-            cur = (traj.versions[t], [t])
-            out.append(cur)
-    return out
-
-
 def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dense, tmp_path,
                                                                               monkeypatch):
     """Async: tokens are trained at staleness 1-3, so beyond ``kl_s0`` every turn's recorded
     log-probs are compared with those of the version it is tagged with (its published weights)."""
     monkeypatch.setattr(FileWeightSync, "_prune", lambda self: None)  # keep every version to score
-    keep = Keep()
+    keep = KeepTrajectories()
     cfg = load_config(None, [*_overrides(dense.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run", observer=keep)
     rows = _steps(run_dir)
@@ -107,7 +94,7 @@ def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dens
 
     exact = spanning = 0
     for traj in keep.trajectories:
-        for v, pos in _turns(traj):
+        for v, pos in turns(traj):
             gap = (torch.tensor(traj.rollout_logprobs)[pos] - logprobs(v, traj.token_ids)[pos]).abs().max()
             exact, spanning = (exact + 1, spanning) if gap < GAP_MAX else (exact, spanning + 1)
     print(f"\nRESULT async vllm: staleness_max {[r['rollout/staleness_max'] for r in rows]}, "
