@@ -55,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if args.policy:
         overrides.append(f"model.policy={args.policy}")
     cfg = config_or_exit("saorl check-server", overrides)
-    engine = args.engine or (cfg.rollout.engine if cfg.rollout.engine in ("vllm", "sglang") else "vllm")
+    from saorl.engines.kinds import updated_in_place
+
+    engine = args.engine or (cfg.rollout.engine if updated_in_place(cfg.rollout.engine) else "vllm")
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": engine})})
     if not cfg.rollout.engine_urls:
         fail("saorl check-server: no server to check: give --url http://HOST:PORT or "

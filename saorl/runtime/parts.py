@@ -18,6 +18,7 @@ from saorl.config import SaorlConfig
 from saorl.data.task import Task
 from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
+from saorl.engines.kinds import ClientOptions, server_kind, updated_in_place
 from saorl.engines.routes import RouteLayout
 from saorl.envs.registry import make_env_factory
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
@@ -164,21 +165,14 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> Wei
     each version put on the servers in place and verified there (:mod:`saorl.runtime.publisher`)."""
     files = FileWeightSync(run_dir / "weights")
     r = cfg.rollout
-    if r.engine not in ("vllm", "sglang"):
+    if not updated_in_place(r.engine):
         return files
     from saorl.engines.transport import HttpTransport
     from saorl.runtime.publisher import ServerWeightSync
 
     check = server_check(cfg, tokenizer)
     transport = HttpTransport(r.engine_urls, timeout_s=r.weight_update_timeout_s)
-    if r.engine == "vllm":
-        from saorl.engines.vllm_client import VllmAdmin
-
-        admins = [VllmAdmin(u, transport) for u in r.engine_urls]
-    else:
-        from saorl.engines.sglang_client import SglangAdmin
-
-        admins = [SglangAdmin(u, transport, r.sglang_pause_mode) for u in r.engine_urls]
+    admins = [server_kind(r.engine).admin(u, transport, r.sglang_pause_mode) for u in r.engine_urls]
     return ServerWeightSync(files, admins, transport, policy, timeout_s=r.weight_update_timeout_s,
                             check=check)
 
@@ -189,23 +183,15 @@ def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
     from saorl.runtime.publisher import DEFAULT_TOLERANCE, ServerCheck, check_sampling
 
     r = cfg.rollout
+    kind = server_kind(r.engine)
     replay = cfg.algo.resolve().routing_replay
-    routes = {}
-    if replay:
-        layout = RouteLayout(*moe_layout(policy_source(cfg.model.policy)))
-        routes = dict(return_routes=True, route_layout=layout)
-    if r.engine == "vllm":
-        from saorl.engines.vllm_client import VllmEngine
-
-        make = lambda url: VllmEngine(url, model=r.engine_model, **routes)  # noqa: E731
-    else:
-        from saorl.engines.sglang_client import SglangEngine
-
-        make = lambda url: SglangEngine(url, **routes)  # noqa: E731
+    layout = RouteLayout(*moe_layout(policy_source(cfg.model.policy))) if replay else None
+    options = ClientOptions(model=r.engine_model, return_routes=replay, route_layout=layout)
     prompt = list(tokenizer.encode("The weight check compares the server with the trainer:"))
     tol = r.verify_tol if r.verify_tol is not None else DEFAULT_TOLERANCE[cfg.model.dtype]
-    return ServerCheck(make, prompt, check_sampling(sampling_params(cfg), cfg.seed), tol,
-                       "vLLM" if r.engine == "vllm" else "SGLang", every=r.verify_every, replay=replay)
+    return ServerCheck(lambda url: kind.client([url], options), prompt,
+                       check_sampling(sampling_params(cfg), cfg.seed), tol, kind.server_name,
+                       every=r.verify_every, replay=replay)
 
 
 def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:

@@ -133,20 +133,12 @@ async def play_rollout(engine: InferenceEngine, env_factory: Callable, tokenizer
 
 def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
     """The worker's engine: the local torch engine, or a client of the servers in ``spec``."""
-    routes = dict(return_routes=spec.record_routes, route_layout=spec.route_layout)
-    if spec.engine_kind == "http":
-        from saorl.engines.http_client import HttpEngine
+    if spec.engine_kind != "local":
+        from saorl.engines.kinds import ClientOptions, server_kind
 
-        return HttpEngine(list(spec.engine_urls) or spec.http_url, routing=spec.engine_routing, **routes)
-    if spec.engine_kind == "vllm":
-        from saorl.engines.vllm_client import VllmEngine
-
-        return VllmEngine(list(spec.engine_urls), model=spec.engine_model, routing=spec.engine_routing,
-                          **routes)
-    if spec.engine_kind == "sglang":
-        from saorl.engines.sglang_client import SglangEngine
-
-        return SglangEngine(list(spec.engine_urls), routing=spec.engine_routing, **routes)
+        options = ClientOptions(model=spec.engine_model, routing=spec.engine_routing,
+                                return_routes=spec.record_routes, route_layout=spec.route_layout)
+        return server_kind(spec.engine_kind).client(list(spec.engine_urls) or [spec.http_url], options)
     from saorl.engines.local import LocalEngine
     from saorl.models.loading import load_policy
 

@@ -1,0 +1,95 @@
+"""The kinds of engine ``rollout.engine`` names, one row each: how a rollout worker builds its
+client of the servers, how the trainer's publisher administers a server (pause, load, label,
+resume), and the name the server goes by in messages.
+
+``local`` is not a row: it is saorl's own engine, built in the worker from the policy
+(:func:`saorl.runtime.worker.build_engine`). A kind with an ``admin`` is a server the user started
+that the trainer updates in place and checks after its publications
+(:class:`saorl.runtime.publisher.ServerWeightSync`); one without (``http``, ``saorl serve``) loads
+the published files itself when a worker tells it the path. Adding a kind is one row here plus its
+client (and admin) module. Each row imports its module only when it is used, so the kinds a run
+does not use cost nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from saorl.engines.base import InferenceEngine
+from saorl.engines.remote import ServerAdmin
+from saorl.engines.routes import RouteLayout
+from saorl.engines.transport import HttpTransport
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """What every client of servers is built with (the worker's spec, unpacked)."""
+
+    model: str | None = None
+    """The served model name sent with each request (vLLM's ``--served-model-name``); None: none."""
+    routing: str = "least_loaded"
+    return_routes: bool = False
+    route_layout: RouteLayout | None = None
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    name: str
+    server_name: str
+    client: Callable[[list[str], ClientOptions], InferenceEngine]
+    admin: Callable[[str, HttpTransport, str], ServerAdmin] | None = None
+    """``admin(url, transport, sglang_pause_mode)``: one server's side of a publication; None for a
+    server that loads the published files itself."""
+
+
+def _http(urls: list[str], o: ClientOptions) -> InferenceEngine:
+    from saorl.engines.http_client import HttpEngine
+
+    # rollout.engine_model is vLLM's served name: saorl serve is always asked as "saorl"
+    return HttpEngine(urls, routing=o.routing, return_routes=o.return_routes, route_layout=o.route_layout)
+
+
+def _vllm(urls: list[str], o: ClientOptions) -> InferenceEngine:
+    from saorl.engines.vllm_client import VllmEngine
+
+    return VllmEngine(urls, model=o.model, routing=o.routing, return_routes=o.return_routes,
+                      route_layout=o.route_layout)
+
+
+def _vllm_admin(url: str, transport: HttpTransport, pause_mode: str) -> ServerAdmin:
+    from saorl.engines.vllm_client import VllmAdmin
+
+    return VllmAdmin(url, transport)
+
+
+def _sglang(urls: list[str], o: ClientOptions) -> InferenceEngine:
+    from saorl.engines.sglang_client import SglangEngine
+
+    return SglangEngine(urls, routing=o.routing, return_routes=o.return_routes, route_layout=o.route_layout)
+
+
+def _sglang_admin(url: str, transport: HttpTransport, pause_mode: str) -> ServerAdmin:
+    from saorl.engines.sglang_client import SglangAdmin
+
+    return SglangAdmin(url, transport, pause_mode)
+
+
+KINDS: dict[str, EngineKind] = {
+    "http": EngineKind("http", "saorl serve", _http),
+    "vllm": EngineKind("vllm", "vLLM", _vllm, _vllm_admin),
+    "sglang": EngineKind("sglang", "SGLang", _sglang, _sglang_admin),
+}
+"""The engines that are clients of servers, by ``rollout.engine``."""
+
+
+def server_kind(name: str) -> EngineKind:
+    """The row of ``name``; a ValueError naming the kinds for anything else (``local`` included)."""
+    if name not in KINDS:
+        raise ValueError(f"engine {name!r} is not a client of servers; the kinds are {sorted(KINDS)}")
+    return KINDS[name]
+
+
+def updated_in_place(name: str) -> bool:
+    """Whether the trainer puts each version on the servers of ``name`` itself (and checks it)."""
+    return name in KINDS and KINDS[name].admin is not None

@@ -1,0 +1,46 @@
+"""The table of engine kinds: each row builds its own client and admin, and nothing else does."""
+
+import pytest
+
+from saorl.engines.http_client import HttpEngine
+from saorl.engines.kinds import KINDS, ClientOptions, server_kind, updated_in_place
+from saorl.engines.routes import RouteLayout
+from saorl.engines.sglang_client import SglangAdmin, SglangEngine
+from saorl.engines.transport import HttpTransport
+from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+
+
+@pytest.mark.parametrize(("name", "client", "admin", "server"), [
+    ("http", HttpEngine, None, "saorl serve"),
+    ("vllm", VllmEngine, VllmAdmin, "vLLM"),
+    ("sglang", SglangEngine, SglangAdmin, "SGLang"),
+])
+def test_each_row_builds_its_client_and_admin(name, client, admin, server):
+    kind = server_kind(name)
+    layout = RouteLayout(4, 8)
+    options = ClientOptions(model="policy", routing="round_robin", return_routes=True, route_layout=layout)
+    engine = kind.client(["http://127.0.0.1:1", "http://127.0.0.1:2"], options)
+    try:
+        assert type(engine) is client and kind.server_name == server
+        assert engine.transport.urls == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+        assert engine.transport.routing == "round_robin"
+        assert engine.return_routes and engine.route_layout == layout
+        if name == "vllm":
+            assert engine.model == "policy"  # vLLM's served name; saorl serve is always asked as "saorl"
+    finally:
+        engine.close()
+    assert updated_in_place(name) == (admin is not None)
+    if admin is not None:
+        transport = HttpTransport("http://127.0.0.1:1")
+        try:
+            a = kind.admin("http://127.0.0.1:1/", transport, "retract")
+            assert type(a) is admin and a.url == "http://127.0.0.1:1"
+            assert name != "sglang" or a.mode == "retract"
+        finally:
+            transport.close()
+
+
+def test_local_and_unknown_kinds_are_not_rows():
+    assert not updated_in_place("local") and "local" not in KINDS
+    with pytest.raises(ValueError, match=r"'local' is not a client of servers; the kinds are"):
+        server_kind("local")
