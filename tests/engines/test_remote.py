@@ -314,3 +314,47 @@ def test_check_server_command_against_the_emulation(tok, tmp_path, capsys):
     finally:
         srv.shutdown()
         eng.close()
+
+
+class _FakeServer:
+    """A server that answers the check's request with the trainer's own tokens and log-probs, off
+    by ``offsets[i]`` nats on the i-th request (a round-off outlier, or a wrong model)."""
+
+    def __init__(self, model, offsets, ids=None):
+        self.model, self.offsets, self.ids, self.requests = model, list(offsets), ids, []
+
+    def __call__(self, url):
+        return self
+
+    def generate(self, prompts, sp):
+        from saorl.engines.base import GenerationResult
+
+        self.requests.append(sp.seed)
+        ids = self.ids or [9, 10, 11, 12]
+        if self.ids:  # another model's token ids: its own log-probs
+            return [GenerationResult(ids, [-1.0] * len(ids), "length", [0] * len(ids))]
+        x = torch.tensor([prompts[0] + ids])
+        with torch.no_grad():
+            mine = token_logprobs(self.model, x, torch.ones_like(x), temperature=sp.temperature)
+        mine = mine[0, len(prompts[0]):]
+        off = self.offsets[min(len(self.requests), len(self.offsets)) - 1]
+        return [GenerationResult(ids, [float(v) + off for v in mine], "length", [0] * len(ids))]
+
+    def close(self):
+        pass
+
+
+def test_check_fails_a_server_only_on_two_bad_requests_in_a_row_and_names_another_vocabulary():
+    model = build_tiny("tiny-dense", seed=0)
+    sp = SamplingParams(temperature=0.8, max_new_tokens=4, seed=7)
+    outlier = _FakeServer(model, [0.5, 0.0])  # one bad request, then a good one: passes
+    assert ServerCheck(outlier, PROMPT, sp, 1e-3, "vLLM").check(model, ["http://s:1"], 3)["http://s:1"] < 1e-5
+    assert outlier.requests == [7, 8]  # the second request with the next seed
+    wrong = _FakeServer(model, [0.5, 0.5])
+    bad = r"after version 3 was put on it, returns log-probs up to 0\.5 "
+    with pytest.raises(WeightPublishError, match=bad):
+        ServerCheck(wrong, PROMPT, sp, 1e-3, "vLLM").check(model, ["http://s:1"], 3)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    other = _FakeServer(model, [0.0], ids=[vocab + 3])
+    with pytest.raises(WeightPublishError, match=rf"token id {vocab + 3} .* vocabulary of {vocab}: it runs"):
+        ServerCheck(other, PROMPT, sp, 1e-3, "vLLM").check(model, ["http://s:1"], 0)
