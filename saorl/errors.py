@@ -3,7 +3,7 @@
 - :class:`StartupError`: the input cannot work (config, files, env, model, device). Raised before
   anything has run, naming what is wrong and how to fix it; ``saorl`` exits with status 2. The
   config's own :class:`~saorl.config.ConfigError`, a task file's
-  :class:`~saorl.data.tasks.TaskFileError` and an env's
+  :class:`~saorl.data.task.TaskFileError` and an env's
   :class:`~saorl.envs.registry.EnvResolveError` are reported the same way.
 - :class:`RunFailure`: the run started and cannot go on (the workers' restart budget is spent, a
   rollout keeps failing, the run directory is damaged). The run directory keeps what was done up to

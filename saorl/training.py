@@ -118,7 +118,10 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | N
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
         return Run(cfg, run_dir, parts, evaluator, resume=resume, observer=observer)
     except BaseException:
-        parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind
+        try:
+            parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind
+        finally:
+            parts.weights.close()  # a server client's connections and thread (close is idempotent)
         raise
 
 

@@ -62,11 +62,19 @@ def run(args: argparse.Namespace) -> int:
     if not cfg.rollout.engine_urls:
         fail("saorl check-server: no server to check: give --url http://HOST:PORT or "
              "rollout.engine_urls='[http://HOST:PORT]'")
+    if args.reload and args.weights_dir is not None:
+        where = Path(args.weights_dir)
+        if (where / "config.yaml").exists():
+            fail(f"saorl check-server: --weights-dir {where} holds a run (config.yaml); its weights "
+                 "would be replaced: give another directory")
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"saorl check-server: --weights-dir {where} cannot be made: {e}")
     return _check(cfg, args)
 
 
 def _check(cfg, args) -> int:
-
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy, policy_source
     from saorl.runtime.parts import server_check
@@ -98,15 +106,13 @@ def _reload(cfg, weights_dir: str | None, policy, check, urls: list[str]) -> boo
 
     import torch
 
-    from saorl.commands.common import fail
     from saorl.models.codec import run_tokenizer
     from saorl.runtime.parts import build_weight_sync
 
-    if weights_dir is not None and (Path(weights_dir) / "config.yaml").exists():
-        fail(f"saorl check-server: --weights-dir {weights_dir} holds a run (config.yaml); its weights "
-             "would be replaced: give another directory")
     temp = weights_dir is None
     root = Path(tempfile.mkdtemp(prefix="saorl-check-server-")) if temp else Path(weights_dir).resolve()
+    if temp:
+        root.chmod(0o755)  # mkdtemp makes it 0700: a server running as another user reads it too
     sync = build_weight_sync(cfg, root, policy, run_tokenizer(cfg.model))
     sync.check = None  # checked here, one line each
     original = {k: v.clone() for k, v in policy.state_dict().items()}
@@ -159,15 +165,14 @@ def _report(what: str, check, policy, urls: list[str]) -> bool:
     failed = False
     for url in urls:
         try:
-            gap, raw_gap, tokens, outside = check.measure(policy, url)
+            (gap, raw_gap, tokens, outside), first, ok = check.judge(policy, url)  # as a run judges
         except WeightPublishError as e:
             print(f"{url}: {what}: {e}")
             failed = True
             continue
-        ok = check.passed(gap, raw_gap, tokens, outside)
         print(f"{url}: {what}: largest gap {gap:.3g} over {tokens} tokens ({outside} outside the kept set; "
               f"{raw_gap:.3g} to the raw distribution): {'ok' if ok else 'FAILED'}")
         if not ok:
-            print("  " + check.explain(url, f"with {what}", gap, raw_gap, tokens, outside))
+            print("  " + check.explain(url, f"with {what}", *first))
         failed = failed or not ok
     return failed

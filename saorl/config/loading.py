@@ -101,8 +101,8 @@ RENAMED = {
     "rollout.logprob_probe_tol": "now spelled rollout.verify_tol, and it bounds the largest per-token "
                                  "log-prob gap, not the mean (default by model.dtype; docs/engines.md)",
 }
-"""Dotted paths of fields that were renamed → what to write instead. An override or a config
-given by the user is refused with that; in a YAML *file* the field is dropped (every run directory
+"""Dotted paths of fields that were renamed → what to write instead. An override (or a dict given
+to :func:`config_from_dict`) is refused with that; in a YAML *file* the field is dropped (every run directory
 saorl wrote before the rename holds it, and ``--resume`` / ``saorl eval`` must still load it), with
 a warning when its value is not the old default."""
 

@@ -16,5 +16,5 @@ class Task:
 
 class TaskFileError(ValueError):
     """A task file (or dataset) that cannot be read as tasks; the message names where and why.
-    (Here, beside :class:`Task`, so that :mod:`saorl.data.tasks` and the optional readers of
-    :mod:`saorl.data.tables` both raise it without importing each other.)"""
+    (Here, beside :class:`Task`, so that the optional readers of :mod:`saorl.data.tables` raise it
+    without importing :mod:`saorl.data.tasks`, which imports them.)"""

@@ -7,8 +7,9 @@ resume), and the name the server goes by in messages.
 that the trainer updates in place and checks after its publications
 (:class:`saorl.runtime.publisher.ServerWeightSync`); one without (``http``, ``saorl serve``) loads
 the published files itself when a worker tells it the path. Adding a kind is one row here plus its
-client (and admin) module. Each row imports its module only when it is used, so the kinds a run
-does not use cost nothing.
+client (and admin) module, and its name in ``rollout.engine``'s allowed values
+(:class:`saorl.config.sections.RolloutConfig`; the config does not import the engines). Each row
+imports its module only when it is used, so the kinds a run does not use cost nothing.
 """
 
 from __future__ import annotations

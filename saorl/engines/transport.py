@@ -45,7 +45,7 @@ class HttpTransport:
 
     def __init__(self, urls: str | Sequence[str], *, timeout_s: float = 60.0, retries: int = 2,
                  backoff_s: float = 0.2, max_connections: int = 256,
-                 routing: Routing = "least_loaded") -> None:
+                 routing: Routing = "least_loaded", connect_timeout_s: float | None = None) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
             raise ValueError(f"need one or more http(s):// base URLs, got {urls!r}")
@@ -63,7 +63,8 @@ class HttpTransport:
         self._thread = threading.Thread(target=self._loop.run_forever, name="saorl-http", daemon=True)
         self._thread.start()
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        timeout = httpx.Timeout(timeout_s, pool=None)  # waiting for a pooled connection is not a failure
+        # waiting for a pooled connection is not a failure; connecting may have its own bound
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s or timeout_s, pool=None)
 
         async def make() -> httpx.AsyncClient:
             return httpx.AsyncClient(limits=limits, timeout=timeout)

@@ -28,8 +28,8 @@ the prompt and the output but its last token (``CompletionResponseChoice.routed_
 Weight publication (:class:`VllmAdmin`, dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``):
 ``POST /pause?mode=keep`` (in-flight requests are kept and continue after ``/resume``),
 ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (reload from
-the Hugging Face directory DIR on the server's disk; ``saorl_reload_weights`` on a server started
-with saorl's plugin, :data:`PLUGIN_FLAG`, which is exact for MoE experts on the CPU build too),
+the Hugging Face directory DIR on the server's disk; ``saorl_reload_weights`` on a CPU vLLM 0.32
+server started with saorl's plugin, :data:`PLUGIN_FLAG`, which is exact for its MoE experts too),
 ``POST /update_weight_version {"new_version": "<v>"}``, ``POST /reset_prefix_cache`` (best
 effort), ``POST /resume``. :meth:`VllmAdmin.describe` reads ``GET /version`` and ``GET
 /server_info?config_format=json`` (device, dtype, log-prob mode, worker extension).
@@ -182,15 +182,17 @@ class VllmAdmin:
     async def describe(self) -> ServerInfo:
         """The server's version, device, dtype, log-prob mode and whether saorl's plugin is loaded
         (``GET /version``, ``GET /server_info?config_format=json``); remembered, and :meth:`load`
-        then uses the plugin's reload when there is one. Read-only: an RPC to a method the worker
+        then uses the plugin's reload on a CPU vLLM 0.32 server that has it
+        (:attr:`ServerInfo.reload_method`). Read-only: an RPC to a method the worker
         lacks would kill vLLM's engine, so the plugin is found in the config, never called."""
         async def get(path: str, **params) -> dict:
             try:
-                return await self.transport.call("GET", path, url=self.url, params=params or None) or {}
+                out = await self.transport.call("GET", path, url=self.url, params=params or None)
             except EngineError as e:
                 if "HTTP 404" in str(e):
                     return {}
                 raise
+            return out if isinstance(out, dict) else {}
 
         version = (await get("/version")).get("version")
         info = await get("/server_info", config_format="json")

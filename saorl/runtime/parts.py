@@ -207,9 +207,13 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     train_tasks, test_tasks = build_tasks(cfg, env_factory)
     weights = build_weight_sync(cfg, run_dir, policy, tokenizer)
-    if cfg.runtime.backend == "ray":
-        backend, weights = build_ray(cfg, run_dir, policy_spec, tokenizer, weights)
-    else:
-        backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
+    try:
+        if cfg.runtime.backend == "ray":
+            backend, weights = build_ray(cfg, run_dir, policy_spec, tokenizer, weights)
+        else:
+            backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
+    except BaseException:
+        weights.close()
+        raise
     return RunParts(preset, cfg.resolved_mode(), tokenizer, policy, critic, env_factory, train_tasks,
                     test_tasks, backend, weights)

@@ -93,20 +93,25 @@ class ServerCheck:
 
     def check(self, model: torch.nn.Module, urls: Sequence[str], version: int) -> dict[str, float]:
         """The largest per-token gap per server; raises :class:`WeightPublishError` when a server
-        fails two requests in a row (the second with the next seed: one round-off outlier of a
-        low-precision server is not a wrong model, a wrong model fails every request)."""
+        fails (:meth:`judge`)."""
         gaps = {}
         for url in urls:
-            measured = self.measure(model, url)
-            if not self.passed(*measured):
-                again = replace(self, sampling=replace(self.sampling, seed=(self.sampling.seed or 0) + 1))
-                retry = again.measure(model, url)
-                if not self.passed(*retry):
-                    raise WeightPublishError(self.explain(url, f"after version {version} was put on it",
-                                                          *measured))
-                measured = retry
+            measured, first, ok = self.judge(model, url)
+            if not ok:
+                raise WeightPublishError(self.explain(url, f"after version {version} was put on it", *first))
             gaps[url] = measured[0]
         return gaps
+
+    def judge(self, model: torch.nn.Module, url: str) -> tuple[tuple, tuple, bool]:
+        """``(measurement, first measurement, passed)`` for ``url``: a server fails when two
+        requests in a row are out of bounds, the second with the next seed (one round-off outlier
+        of a low-precision server is not a wrong model; a wrong model fails every request)."""
+        first = self.measure(model, url)
+        if self.passed(*first):
+            return first, first, True
+        again = replace(self, sampling=replace(self.sampling, seed=(self.sampling.seed or 0) + 1))
+        second = again.measure(model, url)
+        return second, first, self.passed(*second)
 
     def passed(self, gap: float, raw_gap: float, tokens: int, outside: int) -> bool:
         """Whether one request's measurement (:meth:`measure`) is within the check's bounds."""
@@ -131,19 +136,17 @@ class ServerCheck:
             raise WeightPublishError(f"the {self.server_name} server at {url} sampled no token for the "
                                      "weight check; it cannot be verified")
         vocab = model.get_output_embeddings().weight.shape[0]
-        if max(res.token_ids) >= vocab or len(res.logprobs) != len(res.token_ids):
+        if max(res.token_ids) >= vocab:
             raise WeightPublishError(f"the {self.server_name} server at {url} sampled token id "
                                      f"{max(res.token_ids)} for the weight check, beyond the trainer's "
                                      f"vocabulary of {vocab}: it runs another model than the trainer "
                                      "(start it from the run's starting policy)")
+        if len(res.logprobs) != len(res.token_ids):
+            raise WeightPublishError(f"the {self.server_name} server at {url} returned {len(res.logprobs)} "
+                                     f"log-probs for {len(res.token_ids)} tokens of the weight check")
         ids = torch.tensor([self.prompt + res.token_ids], device=next(model.parameters()).device)
         s, n = self.sampling, len(self.prompt)
-        try:
-            routed = self._routed(model, res.routes, ids.shape[1])
-        except ValueError as e:  # routes of another number of MoE layers
-            raise WeightPublishError(f"the {self.server_name} server at {url} routes another model than "
-                                     f"the trainer's: {e}") from None
-        with torch.no_grad(), routed:
+        with torch.no_grad(), self._routed(model, res.routes, ids.shape[1], url):
             mine = token_logprobs(model, ids, torch.ones_like(ids), temperature=s.temperature or 1.0,
                                   top_k=s.top_k, top_p=s.top_p)[0, n:].float().cpu()
             raw = token_logprobs(model, ids, torch.ones_like(ids))[0, n:].float().cpu()
@@ -152,7 +155,7 @@ class ServerCheck:
         gap = float((served - mine)[kept].abs().max()) if kept.any() else float("inf")
         return gap, float((served - raw).abs().max()), len(res.token_ids), int((~kept).sum())
 
-    def _routed(self, model: torch.nn.Module, routes: list[list[int]] | None, length: int):
+    def _routed(self, model: torch.nn.Module, routes: list[list[int]] | None, length: int, url: str):
         """With :attr:`replay`, the forward routed as the server did (its routes cover every
         position but the last, which routes as usual)."""
         if not self.replay or routes is None:
@@ -160,9 +163,14 @@ class ServerCheck:
         from saorl.models.routing import num_moe_layers, replay_routes
 
         fed = torch.tensor(routes, dtype=torch.long, device=next(model.parameters()).device)
+        layers = num_moe_layers(model)
+        if fed.dim() != 2 or fed.shape[0] >= length or not layers or fed.shape[1] % layers:
+            raise WeightPublishError(f"the {self.server_name} server at {url} returned routes of shape "
+                                     f"{tuple(fed.shape)} for {length} tokens, which do not fit the "
+                                     f"trainer's {layers} MoE layers: it routes another model")
         full = torch.full((length, fed.shape[1]), -1, dtype=torch.long, device=fed.device)
         full[: fed.shape[0]] = fed
-        return replay_routes(model, full.reshape(1, length, num_moe_layers(model), -1))
+        return replay_routes(model, full.reshape(1, length, layers, -1))
 
     def explain(self, url: str, when: str, gap: float, raw_gap: float, tokens: int, outside: int) -> str:
         """The paragraph of a failed check of ``url`` (``when``: e.g. "after version 7 was put on it")."""

@@ -273,7 +273,9 @@ class Run:
             try:
                 self.parts.backend.shutdown()
             finally:  # the journal and the trackers close even if the shutdown fails
-                self.parts.weights.close()
-                self.journal.close()
-                self.recorder.close()
-                self.observer.run_finished()
+                try:
+                    self.parts.weights.close()
+                finally:
+                    self.journal.close()
+                    self.recorder.close()
+                    self.observer.run_finished()

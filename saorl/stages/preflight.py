@@ -20,11 +20,12 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
    whose reset is slow the check stops after :data:`TASK_CHECK_BUDGET_S` seconds (at least the
    first task of each split is always checked) and the rest are checked as they are played. Tasks
    from the env's own generator are the env's contract and are not re-checked;
-5. with ``sft.enabled``, the env has demonstrations: one is played on the first training task;
+5. with ``sft.enabled``, the env has demonstrations: one is played on the first training task.
 
 :func:`check_servers` (called by :func:`saorl.training.train` after these, before the warm start:
 SFT and value pretraining do not need the servers) checks that with ``rollout.engine: vllm`` every
-server answers and none is one the run could not train on (:func:`saorl.engines.vllm_client.incompatibility`).
+server answers and none is one the run could not train on
+(:func:`saorl.engines.vllm_client.incompatibility`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
 # --------------------------------------------------------------------------------------- servers
 def check_servers(cfg: SaorlConfig) -> None:
     """With ``rollout.engine: vllm``: each server of ``rollout.engine_urls`` answers (a server
-    still starting is waited for about 12 s), and can train ``model.policy`` under the run's
+    still starting is waited for about 12 s; one that never answers a connection, 7 tries of 3 s),
+    and can train ``model.policy`` under the run's
     sampling and dtype (:func:`saorl.engines.vllm_client.incompatibility`)."""
     r = cfg.rollout
     if r.engine != "vllm":
@@ -80,7 +82,7 @@ def check_servers(cfg: SaorlConfig) -> None:
     from saorl.engines.vllm_client import VllmAdmin, incompatibility
     from saorl.models.loading import moe_layout, policy_source
 
-    transport = HttpTransport(r.engine_urls, timeout_s=60.0, retries=6, backoff_s=0.2)
+    transport = HttpTransport(r.engine_urls, timeout_s=60.0, retries=6, backoff_s=0.2, connect_timeout_s=3.0)
     try:
         async def describe_all():
             return await asyncio.gather(*(VllmAdmin(u, transport).describe() for u in r.engine_urls),
@@ -104,6 +106,8 @@ def check_servers(cfg: SaorlConfig) -> None:
         problem = incompatibility(info, moe=moe, processed=processed, dtype=dtype)
         if problem:
             raise StartupError(f"rollout.engine=vllm: {problem}.")
+
+
 # ------------------------------------------------------------------------------------------- env
 def check_env(cfg: SaorlConfig) -> Callable[[], Env]:
     """The env factory of ``cfg``, or :class:`StartupError` (module or class missing, bad options)."""

@@ -25,8 +25,8 @@ def test_each_row_builds_its_client_and_admin(name, client, admin, server):
         assert engine.transport.urls == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
         assert engine.transport.routing == "round_robin"
         assert engine.return_routes and engine.route_layout == layout
-        if name == "vllm":
-            assert engine.model == "policy"  # vLLM's served name; saorl serve is always asked as "saorl"
+        # rollout.engine_model is vLLM's served name; saorl serve is always asked as "saorl"
+        assert engine.model == {"vllm": "policy", "http": "saorl"}.get(name, engine.model)
     finally:
         engine.close()
     assert updated_in_place(name) == (admin is not None)
@@ -42,5 +42,7 @@ def test_each_row_builds_its_client_and_admin(name, client, admin, server):
 
 def test_local_and_unknown_kinds_are_not_rows():
     assert not updated_in_place("local") and "local" not in KINDS
-    with pytest.raises(ValueError, match=r"'local' is not a client of servers; the kinds are"):
-        server_kind("local")
+    for name in ("local", "tgi"):
+        with pytest.raises(ValueError, match=rf"'{name}' is not a client of servers; the kinds are"):
+            server_kind(name)
+        assert not updated_in_place(name)

@@ -31,18 +31,18 @@ class WeightReload:
 
     def saorl_reload_weights(self, weights_path: str) -> int:
         """The worker's own ``reload_weights`` from the Hugging Face directory ``weights_path``,
-        then the CPU experts packed again; returns how many MoE layers were packed (0 on a GPU).
+        then the CPU experts packed again; returns how many MoE layers were packed.
         Pinned to vLLM 0.32 (the layout it packs); saorl calls it on CPU servers only."""
         import vllm
 
         if not vllm.__version__.startswith("0.32."):
             raise RuntimeError(f"saorl's vLLM plugin is written for vLLM 0.32, this is {vllm.__version__}")
         self.reload_weights(weights_path=weights_path)
-        try:
-            from vllm._custom_ops import cpu_prepack_moe_weight
-            from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-        except Exception:  # a build without the CPU kernels: nothing of the kind to pack
-            return 0
+        # saorl calls this on CPU servers only: without these the experts would stay scrambled, so
+        # an ImportError here must fail the publication, never pass as "nothing to pack"
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
         packed = 0
         for layer in self.model_runner.get_model().modules():
             kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
