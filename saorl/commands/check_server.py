@@ -78,12 +78,17 @@ def _check(cfg, args) -> int:
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy, policy_source
     from saorl.runtime.parts import server_check
-    from saorl.stages.preflight import check_servers
+    from saorl.stages.preflight import check_servers, describe_servers
 
     urls = cfg.rollout.engine_urls
+    infos = None
     if cfg.rollout.engine == "vllm":
-        _describe(urls)
-    check_servers(cfg)  # a server a run would refuse: StartupError, exit 2
+        infos = describe_servers(cfg)  # one that does not answer: StartupError, exit 2
+        for i in infos:
+            plugin = "with" if i.plugin else "without"
+            print(f"{i.url}: vLLM {i.version or '?'} on {i.device or '?'}, dtype {i.dtype or '?'}, "
+                  f"{i.logprobs_mode or 'log-prob mode ?'}, {plugin} saorl's plugin")
+    check_servers(cfg, infos)  # a server a run would refuse: StartupError, exit 2
     policy = load_policy(policy_source(cfg.model.policy), dtype=cfg.model.dtype, device=cfg.model.device,
                          seed=cfg.seed)
     check = server_check(cfg, run_tokenizer(cfg.model))
@@ -138,24 +143,6 @@ def _reload(cfg, weights_dir: str | None, policy, check, urls: list[str]) -> boo
             sync.close()
             if temp:
                 shutil.rmtree(root, ignore_errors=True)
-
-
-def _describe(urls: list[str]) -> None:
-    from saorl.engines.base import EngineError
-    from saorl.engines.transport import HttpTransport
-    from saorl.engines.vllm_client import VllmAdmin
-
-    transport = HttpTransport(urls, timeout_s=60.0, retries=1)
-    try:
-        for url in urls:
-            i = transport.run(VllmAdmin(url, transport).describe())
-            plugin = "with" if i.plugin else "without"
-            print(f"{url}: vLLM {i.version or '?'} on {i.device or '?'}, dtype {i.dtype or '?'}, "
-                  f"{i.logprobs_mode or 'log-prob mode ?'}, {plugin} saorl's plugin")
-    except EngineError:
-        pass  # unreachable: the start-up check says so in one paragraph
-    finally:
-        transport.close()
 
 
 def _report(what: str, check, policy, urls: list[str]) -> bool:

@@ -69,36 +69,17 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
 
 
 # --------------------------------------------------------------------------------------- servers
-def check_servers(cfg: SaorlConfig) -> None:
-    """With ``rollout.engine: vllm``: each server of ``rollout.engine_urls`` answers (a server
-    still starting is waited for about 12 s; one that never answers a connection, 7 tries of 3 s),
-    and can train ``model.policy`` under the run's
-    sampling and dtype (:func:`saorl.engines.vllm_client.incompatibility`)."""
+def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
+    """With ``rollout.engine: vllm``: each server of ``rollout.engine_urls`` answers
+    (:func:`describe_servers`, unless its ``infos`` are given), and can train ``model.policy``
+    under the run's sampling and dtype (:func:`saorl.engines.vllm_client.incompatibility`)."""
     r = cfg.rollout
     if r.engine != "vllm":
         return
-    from saorl.engines.base import EngineError
-    from saorl.engines.transport import HttpTransport
-    from saorl.engines.vllm_client import VllmAdmin, incompatibility
+    from saorl.engines.vllm_client import incompatibility
     from saorl.models.loading import moe_layout, policy_source
 
-    transport = HttpTransport(r.engine_urls, timeout_s=60.0, retries=6, backoff_s=0.2, connect_timeout_s=3.0)
-    try:
-        async def describe_all():
-            return await asyncio.gather(*(VllmAdmin(u, transport).describe() for u in r.engine_urls),
-                                        return_exceptions=True)
-
-        infos = transport.run(describe_all())
-    finally:
-        transport.close()
-    failed = [f"{url} ({e})" for url, e in zip(r.engine_urls, infos) if isinstance(e, EngineError)]
-    if failed:
-        raise StartupError(f"rollout.engine_urls: {len(failed)} of {len(infos)} vLLM servers do not answer: "
-                           f"{'; '.join(failed)}. Start the servers before training (docs/engines.md has "
-                           "the launch command) or fix the URLs")
-    for e in infos:
-        if isinstance(e, BaseException):
-            raise e
+    infos = describe_servers(cfg) if infos is None else infos
     moe = moe_layout(policy_source(cfg.model.policy))[0] > 0
     processed = r.temperature not in (0.0, 1.0) or r.top_k > 0 or r.top_p < 1.0
     dtype = cfg.model.dtype if r.verify_tol is None else None  # an explicit tolerance accepts a mismatch
@@ -106,6 +87,35 @@ def check_servers(cfg: SaorlConfig) -> None:
         problem = incompatibility(info, moe=moe, processed=processed, dtype=dtype)
         if problem:
             raise StartupError(f"rollout.engine=vllm: {problem}.")
+
+
+def describe_servers(cfg: SaorlConfig) -> list:
+    """What each vLLM server of ``rollout.engine_urls`` says of itself (``ServerInfo``), asked of
+    all at once; a server still starting is waited for about 12 s, one that never answers a
+    connection 7 tries of 3 s; every one that does not answer is named in one StartupError."""
+    from saorl.engines.base import EngineError
+    from saorl.engines.transport import HttpTransport
+    from saorl.engines.vllm_client import VllmAdmin
+
+    urls = cfg.rollout.engine_urls
+    transport = HttpTransport(urls, timeout_s=60.0, retries=6, backoff_s=0.2, connect_timeout_s=3.0)
+    try:
+        async def describe_all():
+            return await asyncio.gather(*(VllmAdmin(u, transport).describe() for u in urls),
+                                        return_exceptions=True)
+
+        infos = transport.run(describe_all())
+    finally:
+        transport.close()
+    failed = [f"{url} ({e})" for url, e in zip(urls, infos) if isinstance(e, EngineError)]
+    if failed:
+        raise StartupError(f"rollout.engine_urls: {len(failed)} of {len(infos)} vLLM servers do not answer: "
+                           f"{'; '.join(failed)}. Start the servers before training (docs/engines.md has "
+                           "the launch command) or fix the URLs")
+    for e in infos:
+        if isinstance(e, BaseException):
+            raise e
+    return infos
 
 
 # ------------------------------------------------------------------------------------------- env
