@@ -22,10 +22,12 @@ intact checkpoint it always stops. A run directory with no checkpoint at all res
 only when its journal shows none was ever written (segment 0 is still there).
 
 The learner writes its own state (``learner.save_state(directory)``, read back by
-``learner.load_state``). The single-process layout (:func:`save_learner_files`):
-``policy.safetensors``, ``critic.safetensors`` (state dicts in the models' own names) and
-``optim.safetensors`` (both optimizers' tensors, flattened by parameter index). The sharded
-learner writes either the same layout (gathered to rank 0) or its ranks' shards
+``learner.load_state``); its counters (policy version, steps, non-finite skips, running-mean
+baseline: :class:`~saorl.runtime.step_record.LearnerCounters`) go into the manifest. The
+single-process layout (:func:`save_learner_files`): ``policy.safetensors``,
+``critic.safetensors`` (state dicts in the models' own names) and ``optim.safetensors`` (both
+optimizers' tensors, flattened by parameter index). The sharded learner writes either the same
+layout (gathered to rank 0) or its ranks' shards
 (:mod:`saorl.runtime.sharded`).
 """
 
@@ -146,10 +148,8 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
         f.flush()
         os.fsync(f.fileno())
     manifest = {
-        "step": step, "version": learner.version, "nonfinite_skips": learner.nonfinite_skips,
-        "learner_steps": learner.steps_done,
-        **learner_meta, "python_rng": _py_rng_to_json(random.getstate()),
-        "baseline": learner.baseline.state_dict(), **extra,
+        "step": step, **learner.counters.state(),
+        **learner_meta, "python_rng": _py_rng_to_json(random.getstate()), **extra,
         "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*"))
                   if p.is_file()},
     }
@@ -326,13 +326,9 @@ def _aside_name(ckpt_root: Path, name: str) -> Path:
 def load_checkpoint(ckpt_dir: Path, learner, manifest: dict[str, Any]) -> list[tuple[int, Trajectory]]:
     """Restore the learner in place from a checkpoint :func:`verify` passed (``manifest`` is what
     it returned); return the pending trajectories."""
-    learner.load_state(ckpt_dir, manifest)
+    learner.load_state(ckpt_dir, manifest)  # weights, optimizers and the learner's counters
     torch.set_rng_state(load_safetensors(ckpt_dir / "rng.safetensors")["torch"])
     s = manifest["python_rng"]
     random.setstate((s[0], tuple(s[1]), s[2]))
-    learner.version = int(manifest["version"])
-    learner.nonfinite_skips = int(manifest["nonfinite_skips"])
-    learner.steps_done = int(manifest["learner_steps"])
-    learner.baseline.load_state_dict(manifest["baseline"])
     lines = (ckpt_dir / "pending.jsonl").read_text(encoding="utf-8").splitlines()
     return [decode_entry(line) for line in lines]

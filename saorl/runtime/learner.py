@@ -26,9 +26,18 @@ the batch's, for DIS / PPO, the entropy bonus and the value loss; its positive-t
 tokens for the LM loss), so the update equals the one-pass update on the whole batch: the DIS
 denominator is every action token of the batch, as in the method. Logged:
 ``throughput/positions_per_action_token`` (positions the model processed per action token:
-padding and non-action tokens included) and ``throughput/microbatches``. The sharded learner
-(:mod:`saorl.runtime.sharded`) runs these very passes on each rank's share; it differs only in
-:meth:`Learner._token_total` (global counts), ``_backward`` and ``_optimizer_step``.
+padding and non-action tokens included) and ``throughput/microbatches``.
+
+**One step for both learners.** :meth:`Learner.step` runs the passes over this process's share
+of the batch (all of it here), fills one :class:`~saorl.runtime.step_record.StepRecord` with the
+per-token values they produced, gathers it (the identity here) and computes every metric with
+one function (:func:`~saorl.runtime.step_record.step_metrics`). Every optimizer step goes through
+the routine SFT and value pretraining use too (:func:`saorl.runtime.optimize.update`: accumulate
+over the micro-batches, one finite step with rollback). What crosses ranks is the
+:class:`~saorl.runtime.optimize.Updater`'s business: the sharded learner
+(:mod:`saorl.runtime.sharded`) runs this very step on each rank's share with the sharded updater
+(global counts, idle passes, a skip decided on every rank, the gather of the records to rank 0)
+and overrides only the share split.
 
 A loss, gradient or updated parameter that is not finite skips (rolls back) that optimizer step
 (counted in ``train/nonfinite_skips``): it never reaches the weights. The policy version advances
@@ -47,16 +56,15 @@ like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from saorl.algo.advantages import RunningMeanBaseline
-from saorl.algo.diagnostics import advantage_spread, mismatch_metrics
+from saorl.algo.diagnostics import first_action_advantages
 from saorl.algo.gae import value_targets
-from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
+from saorl.algo.losses import lm_loss, masked_mean, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
 from saorl.data.batch import Batch, collate
 from saorl.data.packing import MicroBatch, microbatches
@@ -65,8 +73,9 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.packed import use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
 from saorl.runtime.checkpoint import load_learner_files, save_learner_files
-from saorl.runtime.nonfinite import params_finite, roll_back, snapshot
 from saorl.runtime.observe import Timings
+from saorl.runtime.optimize import Updater, share_of, update
+from saorl.runtime.step_record import LearnerCounters, StepRecord, StepResult, StepTotals, step_metrics
 from saorl.runtime.weights import WeightSync
 
 Tensor = torch.Tensor
@@ -82,40 +91,10 @@ class OptimConfig:
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
 
 
-def _backward(loss: Tensor) -> None:
-    """Accumulate one micro-batch's gradients (a non-finite loss is left out: the step is skipped)."""
-    if loss.requires_grad and torch.isfinite(loss):
-        loss.backward()
-
-
-def _finite_step(params, optimizer: torch.optim.Optimizer, loss: Tensor, clip: float) -> float | None:
-    """Clipped step on the gradients accumulated for ``loss`` (the whole batch's loss, summed over
-    micro-batches); returns the grad norm, or None — no step, gradients cleared — if the loss or
-    the norm is not finite.
-
-    A step that leaves a parameter non-finite is rolled back (:mod:`saorl.runtime.nonfinite`),
-    and None is returned as well: a non-finite value never reaches the weights.
-    """
-    if not torch.isfinite(loss):
-        optimizer.zero_grad(set_to_none=True)
-        return None
-    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-    if not torch.isfinite(norm):
-        optimizer.zero_grad(set_to_none=True)
-        return None
-    saved = snapshot(params, optimizer)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if params_finite(params):
-        return float(norm)
-    roll_back(params, optimizer, saved)
-    return None
-
-
-def _share(part: Tensor, total: Tensor) -> Tensor:
-    """A micro-batch's share of a batch-wide token-mean denominator (``total``, from
-    :meth:`Learner._token_total`)."""
-    return part.sum() / total
+def _no_actions(pad_id: int) -> Trajectory:
+    """Two prompt tokens, no action: the batch of an empty share (its passes are all idle)."""
+    return Trajectory(token_ids=[pad_id, pad_id], action_mask=[0, 0], rollout_logprobs=[0.0, 0.0],
+                      rewards=[0.0, 0.0], versions=[-1, -1], prompt_len=2)
 
 
 class Learner:
@@ -130,8 +109,9 @@ class Learner:
     def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module | None, preset: AlgoPreset,
                  optim: OptimConfig, *, pad_id: int, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, device: str = "cpu", max_tokens_per_microbatch: int = 4096,
-                 packing: bool = True) -> None:
+                 packing: bool = True, updater: Updater | None = None) -> None:
         self.policy, self.critic, self.preset, self.optim = policy, critic, preset, optim
+        self.updater = updater if updater is not None else Updater()
         self.pad_id, self.device = pad_id, device
         self.temperature = temperature if temperature > 0 else 1.0
         self.top_k, self.top_p = top_k, top_p
@@ -155,10 +135,28 @@ class Learner:
             self.critic_params = [p for p in critic.parameters() if p.requires_grad]
             self.critic_opt = torch.optim.AdamW(self.critic_params, lr=optim.critic_lr,
                                                 weight_decay=optim.weight_decay)
-        self.baseline = RunningMeanBaseline(preset.baseline_momentum)
-        self.version = 0
-        self.steps_done = 0
-        self.nonfinite_skips = 0
+        self.counters = LearnerCounters(RunningMeanBaseline(preset.baseline_momentum))
+
+    # the counters (checkpointed as one record: :class:`~saorl.runtime.step_record.LearnerCounters`)
+    @property
+    def version(self) -> int:
+        return self.counters.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.counters.version = value
+
+    @property
+    def steps_done(self) -> int:
+        return self.counters.steps_done
+
+    @property
+    def nonfinite_skips(self) -> int:
+        return self.counters.nonfinite_skips
+
+    @property
+    def baseline(self) -> RunningMeanBaseline:
+        return self.counters.baseline
 
     def _apply_warmup(self) -> None:
         scale = min(1.0, (self.steps_done + 1) / self.optim.warmup_steps) if self.optim.warmup_steps else 1.0
@@ -167,18 +165,21 @@ class Learner:
                 for g in opt.param_groups:
                     g["lr"] = lr * scale
 
-    # ------------------------------------- what the sharded learner does across its ranks
-    def _token_total(self, mask: Tensor) -> Tensor:
-        """The denominator of a token mean over the batch (``mask``'s sum, 0 counts as 1)."""
-        return mask.sum().clamp(min=1)
+    # ---------------------------------------- what crosses ranks: the updater's business
+    def _totals(self, policy_loss: float, action_tokens: float, positions: float,
+                microbatches: int) -> StepTotals:
+        """The step's scalars over the whole batch (every rank's, summed: each rank's policy loss
+        is weighted by the global count over the world size, :meth:`Updater.token_total`)."""
+        loss, act, pos, micro = self.updater.sum([policy_loss, action_tokens, positions, float(microbatches)])
+        return StepTotals(loss / self.updater.world, act, pos, int(micro))
 
-    def _backward(self, loss: Tensor) -> None:
-        """Accumulate one micro-batch's gradients."""
-        _backward(loss)
-
-    def _optimizer_step(self, params, optimizer: torch.optim.Optimizer, total: Tensor) -> float | None:
-        """The step on the accumulated gradients (``total``: the batch's loss); None if skipped."""
-        return _finite_step(params, optimizer, total, self.optim.grad_clip)
+    def _gather(self, record: StepRecord) -> StepRecord | None:
+        """The whole batch's record where the metrics are computed: this one in one process,
+        every rank's rows on rank 0 of a sharded learner (None on the others)."""
+        if self.updater.world == 1:
+            return record
+        parts = self.updater.gather(record.rows())
+        return StepRecord.concat(parts) if parts is not None else None
 
     # ----------------------------------------------------------------- critic
     def _values(self, batch: Batch, micro: list[MicroBatch]) -> Tensor:
@@ -195,28 +196,27 @@ class Learner:
         it saw (before its optimizer step) and the batch's loss."""
         p = self.preset
         values = torch.zeros_like(batch.rewards)
-        total = torch.zeros((), device=values.device)
-        whole = self._token_total(mask)
-        self.critic_opt.zero_grad(set_to_none=True)
-        for mb in micro:
+        whole = self.updater.token_total(mask)
+
+        def loss_of(mb: MicroBatch) -> Tensor:
             m = mb.gather(mask)
             clip = {"old_values": mb.gather(old_values), "clip": p.value_clip} if p.value_clip else {}
             with self.timings.span("critic forward (grad)"):
                 v = self.critic(mb.input_ids, **mb.model_args())
-                loss = value_loss(v, mb.gather(targets), m, **clip)[0] * _share(m, whole)
-            with self.timings.span("critic backward + optimizer"):
-                self._backward(loss)
-            total = total + loss.detach()
+                loss = value_loss(v, mb.gather(targets), m, **clip)[0] * share_of(m, whole)
             mb.scatter(v.detach(), values)
-        with self.timings.span("critic backward + optimizer"):
-            if self._optimizer_step(self.critic_params, self.critic_opt, total) is None:
-                self.nonfinite_skips += 1
+            return loss
+
+        total, norm = update(self.updater, self.critic_params, self.critic_opt, micro, loss_of,
+                             self.optim.grad_clip, backward_span=self._span("critic backward + optimizer"))
+        if norm is None:
+            self.counters.nonfinite_skips += 1
         return values, total
 
-    def _critic_updates(self, batch: Batch, micro: list[MicroBatch]) -> tuple[dict[str, float], Tensor]:
-        """K critic steps; returns metrics and the values ``[B, T]`` the advantages use: the updated
+    def _critic_updates(self, batch: Batch, micro: list[MicroBatch]) -> tuple[Tensor, dict[str, Tensor]]:
+        """K critic steps; returns the values ``[B, T]`` the advantages use — the updated
         critic's, or with ``advantage_values = before_update`` the critic's before this batch's
-        updates (those of the first update's forward).
+        updates (those of the first update's forward) — and the record's critic columns.
 
         ``critic/value_loss`` and ``critic/explained_var`` describe the critic *before* this
         batch's updates (how well it predicted unseen data); ``*_after`` after them.
@@ -227,42 +227,34 @@ class Learner:
         old_values = self._values(batch, micro) if needs_old else None
         targets, mask = value_targets(batch.rewards, old_values, batch.action_mask, batch.response_mask,
                                       gamma=p.gamma, lam=p.lam_critic, skip_observation=p.skip_observation)
-        clip = {"old_values": old_values, "clip": p.value_clip} if p.value_clip else {}
         self.critic.train()
-        before: dict[str, float] | None = None
         first: Tensor | None = None
         for _ in range(p.critic_updates):
             seen, _ = self._critic_pass(batch, micro, targets, mask, old_values)
-            if before is None:
-                first, before = seen, value_loss(seen, targets, mask, **clip)[1]
+            first = seen if first is None else first
         self.critic.eval()
         after = self._values(batch, micro)
-        _, after_metrics = value_loss(after, targets, mask)
-        return {
-            "critic/value_loss": before["critic/value_loss"],
-            "critic/value_loss_after": after_metrics["critic/value_loss"],
-            "critic/explained_var": before["critic/explained_var"],
-            "critic/explained_var_after": after_metrics["critic/explained_var"],
-            "critic/value_mean": after_metrics["critic/value_mean"],
-            "critic/return_mean": float(masked_mean(targets, mask)),
-        }, first if p.advantage_values == "before_update" else after
+        columns = {"value_mask": mask, "values_seen": first, "targets": targets, "old_values": old_values,
+                   "values_after": after}
+        return (first if p.advantage_values == "before_update" else after), columns
 
     # ----------------------------------------------------------------- policy
-    def _advantages(self, batch: Batch, values: Tensor | None, gids: Tensor) -> tuple[Tensor, dict]:
+    def _advantages(self, batch: Batch, values: Tensor | None, gids: list[int], empty: bool) -> Tensor:
+        """Per-token advantages ``[B, T]``, zero off the action tokens (``empty``: a share with no
+        trajectory, which still joins the running-mean baseline's all-gather)."""
         p = self.preset
+        gid = torch.tensor(gids, device=batch.input_ids.device)
         with self.timings.span("advantages"):
+            if empty:
+                if p.advantage == "running_mean":
+                    self.baseline.update(torch.zeros(0))
+                return torch.zeros_like(batch.action_mask)
             advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
                 rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
                 lam_alpha=p.vapo_alpha, values=values, response_mask=batch.response_mask,
-                skip_observation=p.skip_observation, group_ids=gids, baseline=self.baseline))
-        advantages = advantages * batch.action_mask
-        adv_mean = masked_mean(advantages, batch.action_mask)
-        adv_var = masked_mean((advantages - adv_mean) ** 2, batch.action_mask)
-        metrics = {"advantage/mean": float(adv_mean), "advantage/std": float(adv_var.sqrt())}
-        metrics |= advantage_spread(advantages, batch.rewards, batch.action_mask)
-        if p.advantage == "running_mean":
-            metrics["advantage/baseline"] = float(self.baseline.value)
-        return advantages, metrics
+                skip_observation=p.skip_observation, group_ids=gid,
+                baseline=self.baseline))
+        return advantages * batch.action_mask
 
     def _micro_policy_loss(self, mb: MicroBatch, batch: Batch, logprobs: Tensor, entropy: Tensor,
                            advantages: Tensor, lm_tokens: Tensor | None, totals: tuple) -> Tensor:
@@ -270,7 +262,7 @@ class Learner:
         action tokens' and ``lm_tokens``' denominators."""
         p = self.preset
         act = mb.gather(batch.action_mask)
-        share = _share(act, totals[0])
+        share = share_of(act, totals[0])
         # behaviour "trainer": the step's own log-probs, detached (ratio 1: nothing corrected)
         behaviour = mb.gather(batch.rollout_logprobs) if p.behaviour == "rollout" else logprobs.detach()
         loss, _ = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, mb.gather(advantages), act, p.eps_low,
@@ -281,7 +273,7 @@ class Learner:
         if lm_tokens is not None:
             w = mb.gather(lm_tokens)  # the LM loss's own denominator: positive trajectories' actions
             lm = lm_loss(logprobs, w, torch.ones(w.shape[0], device=w.device))
-            loss = loss + p.lm_loss_coef * lm * _share(w, totals[1])
+            loss = loss + p.lm_loss_coef * lm * share_of(w, totals[1])
         return loss
 
     def _replayed(self, batch: Batch, mb: MicroBatch):
@@ -292,92 +284,82 @@ class Learner:
         layers = num_moe_layers(self.policy)
         return replay_routes(self.policy, routes.reshape(*routes.shape[:2], layers, -1))
 
-    def _policy_passes(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
-                       lm_tokens: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """The policy's forward and backward over ``micro``, gradients accumulated (no optimizer
-        step); returns its log-probs and entropies ``[B, T]`` and the batch's loss."""
+    def _policy_update(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
+                       lm_tokens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, float | None]:
+        """The policy's forward and backward over ``micro`` and its optimizer step: a new version,
+        or (non-finite) a skipped step counted in ``nonfinite_skips``. Returns its log-probs and
+        entropies ``[B, T]`` (before the step), the batch's loss and the grad norm (None: skipped)."""
         logprobs, entropy = torch.zeros_like(batch.rewards), torch.zeros_like(batch.rewards)
-        totals = (self._token_total(batch.action_mask),
-                  self._token_total(lm_tokens) if lm_tokens is not None else None)
-        total = torch.zeros((), device=logprobs.device)
-        self.policy.train()
-        self.policy_opt.zero_grad(set_to_none=True)
-        for mb in micro:
+        totals = (self.updater.token_total(batch.action_mask),
+                  self.updater.token_total(lm_tokens) if lm_tokens is not None else None)
+
+        def loss_of(mb: MicroBatch) -> Tensor:
             with self.timings.span("policy forward"), self._replayed(batch, mb):
                 lp, ent = token_logprobs(self.policy, mb.input_ids, temperature=self.temperature,
                                          top_k=self.top_k, top_p=self.top_p, return_entropy=True,
                                          **mb.model_args())
                 loss = self._micro_policy_loss(mb, batch, lp, ent, advantages, lm_tokens, totals)
-            with self.timings.span("policy backward + optimizer"):
-                self._backward(loss)
-            total = total + loss.detach()
             mb.scatter(lp.detach(), logprobs)
             mb.scatter(ent.detach(), entropy)
-        return logprobs, entropy, total
+            return loss
 
-    def _policy_update(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
-                       trajectories: list[Trajectory]) -> dict[str, float]:
-        p = self.preset
-        positive = lm_tokens = None
-        if p.lm_loss_coef:
-            positive = torch.tensor([float(t.episode.success) for t in trajectories],
-                                    device=batch.rewards.device)
-            lm_tokens = positive[:, None] * batch.action_mask
-        logprobs, entropy, total = self._policy_passes(batch, micro, advantages, lm_tokens)
-        behaviour = batch.rollout_logprobs if p.behaviour == "rollout" else logprobs
-        _, metrics = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, advantages, batch.action_mask,
-                                                  p.eps_low, p.eps_high)
-        metrics |= mismatch_metrics(logprobs, batch.rollout_logprobs, batch.action_mask,
-                                    self.version - batch.versions, p.eps_low, p.eps_high,
-                                    advantages=advantages)
-        ratio = torch.exp(logprobs - batch.rollout_logprobs)  # histogram: 24 log bins, 1e-2..1e2
-        metrics["policy/ratio_hist"] = ratio_histogram(ratio, batch.action_mask)[0].tolist()
-        if positive is not None:
-            metrics["policy/lm_loss"] = float(lm_loss(logprobs, batch.action_mask, positive))
-        norm = self._policy_step(total)
-        if norm is not None:
-            metrics["policy/grad_norm"] = norm
-        metrics["policy/loss"] = float(total) if torch.isfinite(total) else math.nan
-        metrics["policy/entropy"] = float(masked_mean(entropy, batch.action_mask))
-        return metrics
-
-    def _policy_step(self, total: Tensor) -> float | None:
-        """The optimizer step on the policy's accumulated gradients: a new version, or (non-finite)
-        a skipped step counted in ``nonfinite_skips``; returns the grad norm or None."""
-        with self.timings.span("policy backward + optimizer"):
-            norm = self._optimizer_step(self.policy_params, self.policy_opt, total)
+        self.policy.train()
+        total, norm = update(self.updater, self.policy_params, self.policy_opt, micro, loss_of,
+                             self.optim.grad_clip, backward_span=self._span("policy backward + optimizer"))
         self.policy.eval()
         if norm is None:
-            self.nonfinite_skips += 1
+            self.counters.nonfinite_skips += 1
         else:
-            self.version += 1
-        return norm
+            self.counters.version += 1
+        return logprobs, entropy, total, norm
 
-    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
+    def _span(self, name: str):
+        return lambda: self.timings.span(name)
+
+    # ------------------------------------------------------------------- step
+    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> StepResult:
+        """One trainer update on ``trajectories`` (``group_ids``: GRPO's groups, equal ids
+        consecutive; None: each trajectory its own)."""
         if not trajectories:
             raise ValueError("Learner.step needs at least one trajectory")
+        gids = list(group_ids) if group_ids is not None else list(range(len(trajectories)))
+        return self._step_share(trajectories, gids)
+
+    def _step_share(self, trajs: list[Trajectory], gids: list[int]) -> StepResult | None:
+        """The step on this process's share of the batch; the result where the metrics are
+        gathered (None elsewhere). An empty share (a rank without trajectories) runs idle passes."""
+        p = self.preset
         with self.timings.span("collate"):
-            batch = collate(trajectories, self.pad_id).to(self.device)
-            micro = microbatches(batch, self.max_tokens, self.packing)
+            batch = collate(trajs or [_no_actions(self.pad_id)], self.pad_id).to(self.device)
+            micro = microbatches(batch, self.max_tokens, self.packing) if trajs else []
+        passes = self.updater.passes(micro, self.pad_id, self.device, self.packing)
         self._apply_warmup()
-        self.steps_done += 1
-        actions = max(float(batch.action_mask.sum()), 1.0)
-        metrics: dict[str, float] = {
-            "policy/lr": self.policy_opt.param_groups[0]["lr"],
-            "throughput/positions_per_action_token": sum(mb.positions for mb in micro) / actions,
-            "throughput/microbatches": len(micro)}
-        values = None
-        if self.preset.use_critic:
-            critic_metrics, values = self._critic_updates(batch, micro)
-            metrics |= critic_metrics
-        gids = torch.tensor(group_ids if group_ids is not None else range(len(trajectories)),
-                            device=batch.input_ids.device)
-        advantages, adv_metrics = self._advantages(batch, values, gids)
-        metrics |= adv_metrics
-        metrics |= self._policy_update(batch, micro, advantages, trajectories)
+        self.counters.steps_done += 1
+        skips, lr = self.counters.nonfinite_skips, self.policy_opt.param_groups[0]["lr"]
+        values, critic_columns = self._critic_updates(batch, passes) if p.use_critic else (None, {})
+        advantages = self._advantages(batch, values, gids, empty=not trajs)
+        act = batch.action_mask
+        lm_tokens = None
+        if p.lm_loss_coef:
+            positive = torch.tensor([float(t.episode.success) for t in trajs] or [0.0], device=act.device)
+            lm_tokens = positive[:, None] * act
+        staleness = self.version - batch.versions  # before the update
+        logprobs, entropy, total, norm = self._policy_update(batch, passes, advantages, lm_tokens)
+        record = StepRecord(act, logprobs, batch.rollout_logprobs, advantages, entropy, staleness, lm_tokens,
+                            *first_action_advantages(advantages, batch.rewards, act), **critic_columns)
+        totals = self._totals(float(total), float(act.sum()), float(sum(mb.positions for mb in micro)),
+                              len(micro))
+        whole = self._gather(record)
+        if whole is None:
+            return None
+        metrics = {"policy/lr": lr, **step_metrics(p, whole, totals)}
+        if p.advantage == "running_mean":
+            metrics["advantage/baseline"] = float(self.baseline.value)
+        if norm is not None:
+            metrics["policy/grad_norm"] = norm
         metrics["policy/version"] = self.version
         metrics["train/nonfinite_skips"] = self.nonfinite_skips
-        return metrics
+        return StepResult(metrics, skipped=self.nonfinite_skips > skips, version=self.version)
 
     # ------------------------------------------------- weights out, checkpoints
     def policy_state(self) -> dict[str, torch.Tensor]:
@@ -399,10 +381,11 @@ class Learner:
                                   self.critic_opt.state_dict() if critic else None)
 
     def load_state(self, directory: Path, manifest: dict) -> None:
-        """Restore what :meth:`save_state` wrote (the counters are the checkpoint's business)."""
+        """Restore what :meth:`save_state` wrote, and the counters from the checkpoint's manifest."""
         policy, policy_optim, critic, critic_optim = load_learner_files(directory, manifest)
         self.policy.load_state_dict(policy)
         self.policy_opt.load_state_dict(policy_optim)
         if self.critic is not None and critic is not None:
             self.critic.load_state_dict(critic)
             self.critic_opt.load_state_dict(critic_optim)
+        self.counters.restore(manifest)

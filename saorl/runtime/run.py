@@ -163,11 +163,12 @@ class Run:
             time.sleep(0.05)
 
     def _train_step(self, trajs: list[Trajectory], gids: list[int], wait_s: float) -> dict:
-        version, skips = self.learner.version, self.learner.nonfinite_skips
+        version = self.learner.version
         self.clock.train_started()
-        metrics = self.learner.step(trajs, gids)
+        result = self.learner.step(trajs, gids)
+        metrics = dict(result)
         train_start, train_end = self.clock.train_interval()
-        if self.learner.nonfinite_skips > skips:
+        if result.skipped:
             self.recorder.message(f"step {self.step + 1}: a non-finite loss, gradient or updated weight; "
                                   f"that update was rolled back ({self.learner.nonfinite_skips} so far)")
         self.step += 1
@@ -182,12 +183,11 @@ class Run:
         self.observer.step_done(self.step, metrics, trajs)
         if self.step % self.cfg.run.checkpoint_every == 0:  # after the step's rows are written: a
             self.checkpoint()                               # checkpointed step is never missing one
-        self._check_skips(skips)  # after the step is recorded: its rollouts count as trained
+        self._check_skips(result.skipped)  # after the step is recorded: its rollouts count as trained
         return metrics
 
-    def _check_skips(self, skips_before: int) -> None:
+    def _check_skips(self, skipped: bool) -> None:
         """Stop after ``trainer.max_nonfinite_skips`` steps in a row that skipped an update."""
-        skipped = self.learner.nonfinite_skips > skips_before
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
         limit = self.cfg.trainer.max_nonfinite_skips
         if self._skipped_in_a_row >= limit:

@@ -11,8 +11,10 @@ checkpoint save or load, the end — starts on rank 0 by broadcasting ``(name, a
 control channel; every rank then runs the same ``_all_<name>`` method, so the collectives inside
 run in the same order everywhere.
 
-**The step** equals a single-process :meth:`~saorl.runtime.learner.Learner.step` on the same
-batch, up to float rounding:
+**The step** is the single-process :meth:`~saorl.runtime.learner.Learner.step` itself, run by
+every rank on its share; this class overrides only what crosses ranks (the share split, the idle
+passes, the global counts, the backward, the optimizer step and the gather of the step's record).
+It equals a single-process step on the same batch, up to float rounding:
 
 1. rank 0 hands each rank its share: whole groups (GRPO's groups never split), greedily balanced
    by tokens.
@@ -40,9 +42,10 @@ batch, up to float rounding:
    rank: every rank rolls its shards back (:mod:`saorl.runtime.nonfinite`).
 4. The running-mean baseline sees the scores of the whole batch (all-gathered): every rank keeps
    an identical baseline and takes its own trajectories' advantages.
-5. Metrics: the per-token quantities on action and value-target tokens are gathered to rank 0,
-   which computes every metric with the same functions the single-process learner uses, over the
-   whole batch. ``throughput/microbatches`` sums the ranks' micro-batches and
+5. Metrics: each rank's :class:`~saorl.runtime.step_record.StepRecord` (the per-token values on
+   action and value-target tokens) is gathered to rank 0 as rows of one token each, where the
+   single-process learner's metrics function runs over the whole batch. ``policy/loss`` is the
+   ranks' summed loss, ``throughput/microbatches`` sums the ranks' micro-batches and
    ``throughput/positions_per_action_token`` their positions (idle passes not counted).
 
 **Routing replay** (``routing_replay``) runs as in the single-process learner: each micro-batch's
@@ -63,7 +66,6 @@ single-process run can resume too. :meth:`load_state` reads either, and the sing
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +81,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from saorl.algo.advantages import RunningMeanBaseline
-from saorl.algo.diagnostics import advantage_spread, first_action_advantages, mismatch_metrics
-from saorl.algo.gae import value_targets
-from saorl.algo.losses import lm_loss, masked_mean, ratio_histogram, value_loss
-from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
-from saorl.data.batch import collate
-from saorl.data.packing import MicroBatch, idle_microbatch, microbatches
+from saorl.algo.registry import AlgoPreset
 from saorl.data.trajectory import Trajectory
 from saorl.models.critic import Critic
 from saorl.models.hf_format import served_names, to_checkpoint
@@ -92,7 +89,8 @@ from saorl.models.loading import checkpoint_activations
 from saorl.runtime import shard_group as sg
 from saorl.runtime.checkpoint import SHARDS, load_learner_files, save_learner_files
 from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.nonfinite import params_finite, roll_back, snapshot
+from saorl.runtime.shard_update import ShardedUpdater, split_groups
+from saorl.runtime.step_record import StepResult
 from saorl.runtime.weights import WeightSync
 
 
@@ -108,34 +106,6 @@ class GlobalBaseline(RunningMeanBaseline):
         adv = super().update(torch.cat(parts))
         start = sum(len(p) for p in parts[: self.group.rank])
         return adv[start: start + len(scores)].to(scores.device)
-
-
-def split_groups(gids: list[int], lengths: list[int], world: int) -> list[list[int]]:
-    """Indices of each rank's share: whole groups (equal consecutive ``gids``), longest first to
-    the rank with the fewest tokens so far; each share in batch order."""
-    groups: list[list[int]] = []
-    for i, g in enumerate(gids):
-        if groups and gids[groups[-1][0]] == g:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    load, shares = [0] * world, [[] for _ in range(world)]
-    for members in sorted(groups, key=lambda m: -sum(lengths[i] for i in m)):
-        r = min(range(world), key=lambda k: (load[k], k))
-        shares[r] += members
-        load[r] += sum(lengths[i] for i in members)
-    return [sorted(s) for s in shares]
-
-
-def _dummy(pad_id: int) -> Trajectory:
-    """Two prompt tokens, no action: the batch of a rank with no share (its passes are all idle)."""
-    return Trajectory(token_ids=[pad_id, pad_id], action_mask=[0, 0], rollout_logprobs=[0.0, 0.0],
-                      rewards=[0.0, 0.0], versions=[-1, -1], prompt_len=2)
-
-
-def _rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``x`` at ``mask``'s positions, on the CPU, detached (a rank's tokens for the metrics)."""
-    return x.detach()[mask.bool()].float().cpu()
 
 
 class ShardedLearner(Learner):
@@ -172,8 +142,9 @@ class ShardedLearner(Learner):
         del full_policy, full_critic
         super().__init__(policy, critic, preset, optim, pad_id=desc["pad_id"], temperature=temperature,
                          top_k=top_k, top_p=top_p, device=str(group.device),
-                         max_tokens_per_microbatch=max_tokens_per_microbatch, packing=packing)
-        self.baseline = GlobalBaseline(preset.baseline_momentum, group)
+                         max_tokens_per_microbatch=max_tokens_per_microbatch, packing=packing,
+                         updater=ShardedUpdater(group))
+        self.counters.baseline = GlobalBaseline(preset.baseline_momentum, group)
 
     # ------------------------------------------------------------ rank 0 calls
     def _run(self, name: str, *args: Any) -> Any:
@@ -197,7 +168,7 @@ class ShardedLearner(Learner):
         if self.group.rank == 0:
             self.group.command("close")
 
-    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> dict[str, float]:
+    def step(self, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> StepResult:
         if not trajectories:
             raise ValueError("Learner.step needs at least one trajectory")
         gids = list(group_ids if group_ids is not None else range(len(trajectories)))
@@ -220,110 +191,8 @@ class ShardedLearner(Learner):
         self._run("load_state", Path(directory), manifest)
 
     # ------------------------------------------------------------- every rank
-    def _token_total(self, mask: torch.Tensor) -> torch.Tensor:
-        """The global count of ``mask`` (every rank's share; 0 counts as 1) over the world size:
-        FSDP2 averages the ranks' gradients, so weighting by it gives the global mean's sum."""
-        total = self.group.all_sum([float(mask.sum())])[0]
-        return torch.tensor(max(total, 1.0) / self.group.world, device=mask.device)
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        """Every rank runs every backward (FSDP's reduce-scatter), even of a non-finite loss: the
-        step is then skipped on every rank."""
-        loss.backward()
-
-    def _optimizer_step(self, params, optimizer, loss: torch.Tensor) -> float | None:
-        """``_finite_step`` of the single-process learner on the accumulated gradients, decided
-        the same way on every rank."""
-        if self.group.all_sum([0.0 if torch.isfinite(loss) else 1.0])[0]:
-            optimizer.zero_grad(set_to_none=True)
-            return None
-        clip = self.optim.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # global, the same everywhere
-        if not math.isfinite(norm):
-            optimizer.zero_grad(set_to_none=True)
-            return None
-        saved = snapshot(params, optimizer)  # of this rank's shards
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if not self.group.all_sum([0.0 if params_finite(params) else 1.0])[0]:
-            return norm
-        roll_back(params, optimizer, saved)  # on every rank, even where its own shards are finite
-        return None
-
-    def _with_idle(self, micro: list[MicroBatch]) -> list[MicroBatch]:
-        """``micro`` and as many idle passes as make every rank's count the largest (docstring)."""
-        most = max(self.group.all_gather(len(micro)))
-        return micro + [idle_microbatch(self.pad_id, self.device, self.packing)] * (most - len(micro))
-
-    def _critic_updates_sharded(self, batch, micro: list[MicroBatch], metrics: dict) -> torch.Tensor:
-        p = self.preset
-        needs_old = bool(p.value_clip) or p.lam_critic != 1.0
-        old_values = self._values(batch, micro) if needs_old else None
-        targets, mask = value_targets(batch.rewards, old_values, batch.action_mask, batch.response_mask,
-                                      gamma=p.gamma, lam=p.lam_critic, skip_observation=p.skip_observation)
-        self.critic.train()
-        before = None
-        for _ in range(p.critic_updates):
-            values, _ = self._critic_pass(batch, micro, targets, mask, old_values)
-            if before is None:
-                old = _rows(old_values, mask) if old_values is not None else None
-                before = (_rows(values, mask), _rows(targets, mask), old)
-        self.critic.eval()
-        after = self._values(batch, micro)
-        tokens = self.group.gather((*before, _rows(after, mask)))
-        if tokens is not None:
-            metrics |= _critic_metrics(tokens, p.value_clip)
-        return after
-
-    def _all_step(self, parts: list[tuple[list[Trajectory], list[int]]]) -> dict[str, float] | None:
-        p = self.preset
-        trajs, gids = parts[self.group.rank]
-        dummy = not trajs
-        with self.timings.span("collate"):
-            batch = collate(trajs or [_dummy(self.pad_id)], self.pad_id).to(self.device)
-            micro = [] if dummy else microbatches(batch, self.max_tokens, self.packing)
-        passes = self._with_idle(micro)
-        self._apply_warmup()
-        self.steps_done += 1
-        metrics: dict[str, float] = {"policy/lr": self.policy_opt.param_groups[0]["lr"]}
-        values = self._critic_updates_sharded(batch, passes, metrics) if p.use_critic else None
-        with self.timings.span("advantages"):
-            if dummy:
-                if p.advantage == "running_mean":
-                    self.baseline.update(torch.zeros(0))  # its part of the all-gather
-                advantages = torch.zeros_like(batch.action_mask)
-            else:
-                advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
-                    rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
-                    lam_alpha=p.vapo_alpha, values=values, response_mask=batch.response_mask,
-                    skip_observation=p.skip_observation, group_ids=torch.tensor(gids, device=self.device),
-                    baseline=self.baseline))
-        advantages = advantages * batch.action_mask
-        positive = torch.tensor([float(t.episode.success) for t in trajs] or [0.0], device=self.device)
-        pos_tokens = positive[:, None] * batch.action_mask
-        g_act, g_positions, g_micro = self.group.all_sum(
-            [float(batch.action_mask.sum()), float(sum(mb.positions for mb in micro)), float(len(micro))])
-        logprobs, entropy, total = self._policy_passes(batch, passes, advantages,
-                                                       pos_tokens if p.lm_loss_coef else None)
-        act = batch.action_mask
-        tokens = (_rows(logprobs, act), _rows(batch.rollout_logprobs, act), _rows(advantages, act),
-                  _rows(entropy, act), _rows(pos_tokens, act), _rows(self.version - batch.versions, act),
-                  *first_action_advantages(advantages, batch.rewards, act))
-        norm = self._policy_step(total)
-        tokens = self.group.gather(tokens)
-        if tokens is None:
-            return None
-        metrics |= _policy_metrics(p, tokens)
-        metrics["throughput/positions_per_action_token"] = g_positions / max(g_act, 1.0)
-        metrics["throughput/microbatches"] = int(g_micro)
-        if p.advantage == "running_mean":
-            metrics["advantage/baseline"] = float(self.baseline.value)
-        if norm is not None:
-            metrics["policy/grad_norm"] = norm
-        metrics["policy/version"] = self.version
-        metrics["train/nonfinite_skips"] = self.nonfinite_skips
-        return metrics
+    def _all_step(self, parts: list[tuple[list[Trajectory], list[int]]]) -> StepResult | None:
+        return self._step_share(*parts[self.group.rank])
 
     # --------------------------------------------------------- weights, state
     def _all_publish(self, sync: WeightSync | None) -> None:
@@ -409,9 +278,7 @@ class ShardedLearner(Learner):
                 set_model_state_dict(model, model_sd or {}, options=full)
                 optim_sd = _by_name(optim_sd, model) if optim_sd else {}
                 set_optimizer_state_dict(model, opt, optim_sd, options=full)
-        self.version, self.steps_done = int(manifest["version"]), int(manifest["learner_steps"])
-        self.nonfinite_skips = int(manifest["nonfinite_skips"])
-        self.baseline.load_state_dict(manifest["baseline"])
+        self.counters.restore(manifest)
 
 
 # ------------------------------------------------------------------ optimizer state layouts
@@ -432,53 +299,3 @@ def _by_name(state: dict, model: torch.nn.Module) -> dict:
     names = _trainable_names(model)
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
     return {"state": {names[int(i)]: s for i, s in state["state"].items()}, "param_groups": groups}
-
-
-# ---------------------------------------------------------------------------------- metrics
-def _cat(tokens: list[tuple], i: int) -> torch.Tensor:
-    """Column ``i`` of every rank's gathered tokens, as ``[N, 1]`` rows of one token each."""
-    return torch.cat([t[i] for t in tokens])[:, None]
-
-
-def _critic_metrics(tokens: list[tuple], value_clip: float | None) -> dict[str, float]:
-    """The single-process learner's critic metrics, from every rank's value-target tokens."""
-    v0, r, after = _cat(tokens, 0), _cat(tokens, 1), _cat(tokens, 3)
-    ones = torch.ones_like(r)
-    clip = {"old_values": _cat(tokens, 2), "clip": value_clip} if value_clip else {}
-    _, before = value_loss(v0, r, ones, **clip)
-    _, post = value_loss(after, r, ones)
-    return {
-        "critic/value_loss": before["critic/value_loss"],
-        "critic/value_loss_after": post["critic/value_loss"],
-        "critic/explained_var": before["critic/explained_var"],
-        "critic/explained_var_after": post["critic/explained_var"],
-        "critic/value_mean": post["critic/value_mean"],
-        "critic/return_mean": float(masked_mean(r, ones)),
-    }
-
-
-def _policy_metrics(p: AlgoPreset, tokens: list[tuple]) -> dict[str, float]:
-    """The single-process learner's policy metrics (and its loss value), from every rank's action
-    tokens: the same functions over the whole batch's tokens, one token per row."""
-    logprobs, rollout, adv, entropy, pos, staleness = (_cat(tokens, i) for i in range(6))
-    ones = torch.ones_like(logprobs)
-    behaviour = rollout if p.behaviour == "rollout" else logprobs
-    loss, metrics = POLICY_LOSSES[p.policy_loss](logprobs, behaviour, adv, ones, p.eps_low, p.eps_high)
-    metrics |= mismatch_metrics(logprobs, rollout, ones, staleness.long(), p.eps_low, p.eps_high,
-                                advantages=adv)
-    adv_mean = masked_mean(adv, ones)
-    metrics["advantage/mean"] = float(adv_mean)
-    metrics["advantage/std"] = float(masked_mean((adv - adv_mean) ** 2, ones).sqrt())
-    metrics["policy/ratio_hist"] = ratio_histogram(torch.exp(logprobs - rollout), ones)[0].tolist()
-    first_adv, returns = _cat(tokens, 6), _cat(tokens, 7)  # one row per trajectory with actions
-    metrics |= advantage_spread(first_adv, returns, torch.ones_like(returns))
-    mean_entropy = masked_mean(entropy, ones)
-    if p.entropy_coef:
-        loss = loss - p.entropy_coef * mean_entropy
-    if p.lm_loss_coef:
-        lm = lm_loss(logprobs, ones, pos[:, 0])
-        loss = loss + p.lm_loss_coef * lm
-        metrics["policy/lm_loss"] = float(lm)
-    metrics["policy/loss"] = float(loss) if torch.isfinite(loss) else math.nan
-    metrics["policy/entropy"] = float(mean_entropy)
-    return metrics
