@@ -44,6 +44,14 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvc
 """Tracker names ``run.report_to`` accepts: accelerate's (``saorl.runtime.trackers``)."""
 
 
+def installed_trackers() -> list[str]:
+    """The trackers of :data:`TRACKERS` whose package is installed (``run.report_to: all``); each
+    tracker's module has its name (``saorl.runtime.trackers.PACKAGES``, which a test holds to it)."""
+    import importlib.util
+
+    return [name for name in TRACKERS if importlib.util.find_spec(name) is not None]
+
+
 # ------------------------------------------------------------------------------------- sections
 class RunConfig(Section):
     out_dir: str = "runs"
@@ -83,7 +91,10 @@ class RunConfig(Section):
     """Trackers that get every step's metrics besides ``metrics.jsonl`` (always written): any of
     ``tensorboard`` (in ``RUN/tb``), ``wandb``, ``mlflow``, ``comet_ml``, ``aim``, ``clearml``,
     ``dvclive``, ``swanlab``, ``trackio`` (accelerate's trackers; all but tensorboard are optional
-    installs, e.g. ``pip install 'saorl[wandb]'``); ``[]`` for none."""
+    installs, e.g. ``pip install 'saorl[wandb]'``); ``[]`` for none. Also as TRL / transformers
+    spell it: one name as a string (``wandb``), ``none`` for none, ``all`` for every one of them
+    whose package is installed here (resolved when the config loads, so the run's saved config
+    lists them)."""
     tracker_project: str = "saorl"
     """Project (W&B) or experiment (MLflow) name the trackers file the run under; the tracker's
     run name is the run directory's name."""
@@ -94,6 +105,18 @@ class RunConfig(Section):
     @classmethod
     def _plain_name(cls, v: str) -> str:
         return plain_name(v)
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _trl_spelling(cls, v: Any) -> Any:
+        if v is None:
+            raise ValueError("null is ambiguous (transformers 4 reads it as 'all', 5 as 'none'): write "
+                             "none, all, a tracker name or a list of them")
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list) and len(v) == 1 and v[0] in ("none", "all"):
+            return installed_trackers() if v[0] == "all" else []
+        return v
 
     @field_validator("report_to")
     @classmethod

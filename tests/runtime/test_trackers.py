@@ -67,6 +67,38 @@ def test_unknown_or_missing_trackers_are_clear_errors(monkeypatch):
     check_trackers(["tensorboard"])
 
 
+def test_report_to_as_trl_spells_it(tmp_path, monkeypatch):
+    """A string (one tracker), ``none`` and ``all`` as transformers' ``TrainingArguments`` take them,
+    from the command line and from YAML; ``all`` is resolved at load, so the saved config lists it."""
+    import importlib.util
+
+    from saorl.config import save_resolved
+
+    assert load_config(None, ["run.report_to=wandb"]).run.report_to == ["wandb"]
+    assert load_config(None, ["run.report_to=none"]).run.report_to == []
+    assert load_config(None, ["run.report_to=[none]"]).run.report_to == []
+    path = tmp_path / "cfg.yaml"
+    path.write_text("run:\n  report_to: tensorboard\n")
+    assert load_config(path).run.report_to == ["tensorboard"]
+    installed = [n for n in TRACKERS if importlib.util.find_spec(PACKAGES[n][0]) is not None]
+    cfg = load_config(None, ["run.report_to=all"])
+    assert cfg.run.report_to == installed and "tensorboard" in installed  # a saorl dependency
+    saved = save_resolved(cfg, tmp_path / "run")
+    assert "report_to:\n  - tensorboard\n" in saved.read_text() and "all" not in saved.read_text().split()
+    assert load_config(saved).run.report_to == installed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # nothing installed
+    assert load_config(None, ["run.report_to=all"]).run.report_to == []
+    with pytest.raises(ConfigError, match=r"run\.report_to: null is ambiguous .* write none, all"):
+        load_config(None, ["run.report_to=null"])
+    with pytest.raises(ConfigError, match=r"run\.report_to: unknown tracker 'wandbb' \(did you mean wandb"):
+        load_config(None, ["run.report_to=wandbb"])
+
+
+def test_each_trackers_module_has_its_name():
+    """``run.report_to: all`` finds a tracker's package by the tracker's name."""
+    assert all(PACKAGES[name][0] == name for name in TRACKERS)
+
+
 def test_flat_config():
     assert flat_config({"a": {"b": 1, "c": [1, 2]}, "d": None, "e": {}}) == \
         {"a.b": 1, "a.c": "[1, 2]", "d": "null", "e": "{}"}
