@@ -229,8 +229,9 @@ class EnvConfig(Section):
     dataset: DatasetConfig | None = None
     """Train and test tasks from one local dataset with named splits (instead of ``tasks_file``)."""
     id_column: str | None = None
-    """Parquet and dataset rows: the column holding unique task ids; null = an ``id`` column if
-    there is one, else a hash of each row's content (so a row in both splits is caught)."""
+    """The column (JSONL key) holding unique task ids, in every source (JSONL, parquet, datasets);
+    null = an ``id`` column if there is one, else a hash of each row's content (so a row in both
+    splits is caught)."""
     num_train_tasks: int = Field(5000, ge=1)
     """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
     num_test_tasks: int = Field(128, ge=1)

@@ -1,4 +1,5 @@
-"""Tasks from tabular data: parquet files and Hugging Face ``datasets`` directories, local only.
+"""Tasks from tabular data: parquet files and Hugging Face ``datasets`` directories, local only;
+and the ids of every row-shaped source (JSONL lines too, :mod:`saorl.data.tasks`).
 
 One row is one task; every column but the id is the payload (``Task.data``), handed to the env
 unchanged (``prompt_reward`` reads its prompt column and passes the rest to the reward function).
@@ -55,32 +56,34 @@ def row_hash(row: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def tasks_from_rows(rows: Iterable[Mapping[str, Any]], where: str,
-                    id_column: str | None = None) -> list[Task]:
-    """Rows → tasks with ids as the module docstring says; errors name ``where`` and the row."""
+def tasks_from_rows(rows: Iterable[Mapping[str, Any]], where: str, id_column: str | None = None,
+                    names: Iterable[str] | None = None) -> list[Task]:
+    """Rows → tasks with ids as the module docstring says; errors name ``where`` and the row
+    (``{where} row N``, numbered from 1), or the row's own name from ``names`` (JSONL: ``path:line``)."""
     tasks: list[Task] = []
-    first: dict[str, int] = {}
+    first: dict[str, str] = {}
     repeats: dict[str, int] = {}
-    for i, row in enumerate(rows, 1):  # rows are numbered from 1, as saorl's other messages do
+    named = (((f"{where} row {i}", f"row {i}"), row) for i, row in enumerate(rows, 1)) if names is None \
+        else (((name, name), row) for name, row in zip(names, rows, strict=True))
+    for (name, ref), row in named:
         data = dict(row)
         column = id_column or ("id" if "id" in data else None)
         if column is not None:
             if column not in data:
-                raise TaskFileError(f"{where} row {i}: no id column {column!r} (columns: {sorted(data)})")
+                raise TaskFileError(f"{name}: no id column {column!r} (columns: {sorted(data)})")
             value = data.pop(column)
             if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-                raise TaskFileError(f"{where} row {i}: id column {column!r} must hold non-empty text or an "
+                raise TaskFileError(f"{name}: id column {column!r} must hold non-empty text or an "
                                     f"integer, got {value!r}")
             task_id = str(value)
             if task_id in first:
-                raise TaskFileError(f"{where} row {i}: duplicate id {task_id!r} "
-                                    f"(first at row {first[task_id]})")
+                raise TaskFileError(f"{name}: duplicate id {task_id!r} (first at {first[task_id]})")
         else:
             task_id = "row-" + row_hash(data)
             if task_id in first:
                 repeats[task_id] = repeats.get(task_id, 1) + 1
                 task_id = f"{task_id}#{repeats[task_id]}"
-        first[task_id] = i
+        first[task_id] = ref
         tasks.append(Task(task_id, data))
     if not tasks:
         raise TaskFileError(f"{where}: no rows")

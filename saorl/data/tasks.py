@@ -5,15 +5,19 @@ JSONL format: one JSON object per line; blank lines are skipped. Each object is 
 two shapes:
 
 - flat: ``{"id": "t1", "question": "2+3", "answer": 5}`` → ``Task("t1", {"question": ..., "answer": ...})``
-  (every key except ``id`` is the payload);
-- wrapped: ``{"id": "t1", "data": {"question": "2+3", "answer": 5}}`` → the same task
-  (``data`` must be an object and the only other key).
+  (every key except the id is the payload);
+- wrapped: ``{"id": "t1", "data": {"question": "2+3", "answer": 5}}`` → the same task. A line is
+  wrapped only when its keys are exactly ``id`` and ``data`` and ``data`` is an object; in any other
+  line ``data`` is a column like the others (as in parquet, where no name is reserved).
 
-``id`` must be a non-empty string, unique in the file.
+Ids follow the rules of every row-shaped source (:mod:`saorl.data.tables`): ``env.id_column``,
+else an ``id`` key (a non-empty string or an integer, unique in the file), else ``row-`` + a
+hash of the line's content, so the Hub's ``train.jsonl`` files, which have no ids, load as they
+are, and a row in both a train and a test file (JSONL or parquet) is caught by its hash.
 
 A task source (:func:`read_tasks`) is a JSONL file (any name but the ones below), a ``.parquet``
 file, or a directory: one written by ``datasets``' ``save_to_disk``, or one holding a file per
-split (``train.parquet``, ``test.jsonl``, ...). Parquet and dataset rows need no ``id`` column
+split (``train.parquet``, ``test.jsonl``, ...). No source needs an ``id`` column
 (:mod:`saorl.data.tables` says how ids are made then).
 
 Splits (:func:`load_tasks`, :func:`load_split`). Without files, an env's generator makes each
@@ -34,30 +38,23 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from saorl.data import tables
 from saorl.data.task import Task, TaskFileError
 
 
-def task_from_record(record: Any, where: str) -> Task:
-    """One JSON object (flat or wrapped, see the module docstring) → ``Task``; ``where`` prefixes errors."""
+def record_row(record: Any, where: str) -> dict[str, Any]:
+    """One JSON object (flat or wrapped, see the module docstring) → its row, the id still in it."""
     if not isinstance(record, Mapping):
         raise TaskFileError(f"{where}: expected a JSON object, got {_json_type(record)}")
-    if "id" not in record:
-        raise TaskFileError(f"{where}: missing 'id'")
-    task_id = record["id"]
-    if not isinstance(task_id, str) or not task_id:
-        raise TaskFileError(f"{where}: 'id' must be a non-empty string, got {task_id!r}")
-    if "data" in record:
-        extra = sorted(set(record) - {"id", "data"})
-        if extra:
-            raise TaskFileError(f"{where}: a task with 'data' may have no keys besides 'id', got {extra}")
-        data = record["data"]
-        if not isinstance(data, Mapping):
-            raise TaskFileError(f"{where}: 'data' must be a JSON object, got {_json_type(data)}")
-        return Task(id=task_id, data=dict(data))
-    return Task(id=task_id, data={k: v for k, v in record.items() if k != "id"})
+    if set(record) == {"id", "data"} and isinstance(record["data"], Mapping):
+        if "id" in record["data"]:
+            raise TaskFileError(f"{where}: a wrapped task's 'data' has an 'id' of its own; give the line "
+                                "flat (no 'data' key) with one id")
+        return {"id": record["id"], **record["data"]}
+    return dict(record)
 
 
-def load_tasks_jsonl(path: str | os.PathLike) -> list[Task]:
+def load_tasks_jsonl(path: str | os.PathLike, id_column: str | None = None) -> list[Task]:
     """Read tasks from a JSONL file (format in the module docstring), in file order."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -66,30 +63,20 @@ def load_tasks_jsonl(path: str | os.PathLike) -> list[Task]:
         raise TaskFileError(f"{path}: task file not found") from None
     except UnicodeDecodeError as e:
         raise TaskFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    records = []
+    names, rows = [], []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{path}:{lineno}"
         try:
-            records.append((f"{path}:{lineno}", json.loads(line)))
+            record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise TaskFileError(f"{path}:{lineno}: malformed JSON: {e.msg} at column {e.colno}") from None
-    tasks = _unique(records)
-    if not tasks:
+            raise TaskFileError(f"{where}: malformed JSON: {e.msg} at column {e.colno}") from None
+        names.append(where)
+        rows.append(record_row(record, where))
+    if not rows:
         raise TaskFileError(f"{path}: no tasks in the file")
-    return tasks
-
-
-def _unique(records: Iterable[tuple[str, Any]]) -> list[Task]:
-    tasks: list[Task] = []
-    seen: dict[str, str] = {}
-    for where, record in records:
-        task = task_from_record(record, where)
-        if task.id in seen:
-            raise TaskFileError(f"{where}: duplicate id {task.id!r} (first at {seen[task.id]})")
-        seen[task.id] = where
-        tasks.append(task)
-    return tasks
+    return tables.tasks_from_rows(rows, str(path), id_column, names=names)
 
 
 def _json_type(value: Any) -> str:
@@ -111,8 +98,6 @@ Source = tuple[str, str | None]
 
 def read_tasks(path: str | os.PathLike, split: str | None = None, id_column: str | None = None) -> list[Task]:
     """The tasks of one source (see the module docstring); ``split`` names a part of a directory."""
-    from saorl.data import tables
-
     p = Path(path)
     if p.is_dir():
         if tables.is_saved_dataset(p):
@@ -125,7 +110,7 @@ def read_tasks(path: str | os.PathLike, split: str | None = None, id_column: str
             raise TaskFileError(f"{path}: no file for split {split!r} (looked for {split}.parquet, "
                                 f"{split}.jsonl and {split}-*.parquet, also under data/)")
         if files[0].suffix == ".jsonl":
-            return load_tasks_jsonl(files[0])
+            return load_tasks_jsonl(files[0], id_column)
         return tables.load_tasks_parquet(files, id_column, where=f"{path} [{split}]")
     if split is not None:
         raise TaskFileError(f"{path}: split {split!r} asked of a file; splits are parts of a directory")
@@ -133,7 +118,7 @@ def read_tasks(path: str | os.PathLike, split: str | None = None, id_column: str
         return tables.load_tasks_parquet(p, id_column)
     if not p.exists():
         raise TaskFileError(f"{path}: task file not found (saorl reads local files only)")
-    return load_tasks_jsonl(p)
+    return load_tasks_jsonl(p, id_column)
 
 
 def load_tasks(env: TaskGenerator, split: Split, n: int | None, seed: int,

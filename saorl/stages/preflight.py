@@ -219,8 +219,8 @@ def check_tasks(cfg: SaorlConfig, factory: Callable[[], Env],
         test = load_split(factory(), env, "test", None, cfg.seed)
     except TaskFileError as e:
         raise StartupError(f"{e}. Fix the data or point {_source_setting(env)} at other data (JSONL: one "
-                           "JSON object per line with a unique string 'id'; parquet and datasets "
-                           "directories as docs/envs.md says)") from None
+                           "JSON object per line; parquet and datasets directories as docs/envs.md "
+                           "says)") from None
     # row numbers as in the source: the test split is the test source, or the last tasks of the train one
     offset = 0 if test_src is not None else len(train)
     splits = [[(source_name(train_src), i + 1, t) for i, t in enumerate(train)],

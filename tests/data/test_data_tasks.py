@@ -36,11 +36,10 @@ def test_flat_and_wrapped_lines_and_blank_lines(tmp_path):
     [('{"id": "x", "q": ', "malformed JSON"),
      ('[1, 2]', "expected a JSON object, got array"),
      ('"just a string"', "expected a JSON object, got string"),
-     ('{"question": "1+1"}', "missing 'id'"),
-     ('{"id": 7}', "'id' must be a non-empty string, got 7"),
-     ('{"id": ""}', "'id' must be a non-empty string"),
-     ('{"id": "x", "data": [1]}', "'data' must be a JSON object, got array"),
-     ('{"id": "x", "data": {}, "answer": 1}', "may have no keys besides 'id', got ['answer']"),
+     ('{"id": 1.5}', "id column 'id' must hold non-empty text or an integer, got 1.5"),
+     ('{"id": ""}', "id column 'id' must hold non-empty text or an integer"),
+     ('{"id": null, "q": 1}', "id column 'id' must hold non-empty text or an integer, got None"),
+     ('{"id": "x", "data": {"id": "y"}}', "a wrapped task's 'data' has an 'id' of its own"),
      ('{"id": "t1", "q": 2}', "duplicate id 't1' (first at ")],
 )
 def test_errors_name_path_and_line(tmp_path, bad, reason):
@@ -51,6 +50,54 @@ def test_errors_name_path_and_line(tmp_path, bad, reason):
     assert msg.startswith(f"{path}:3: ") and reason in msg
     if "duplicate" in reason:
         assert msg.endswith(f"(first at {path}:1)")
+
+
+def test_lines_without_ids_get_the_ids_parquet_rows_get(tmp_path):
+    """A Hub ``train.jsonl`` has no ``id``: each line's id is ``row-`` + the hash of its content,
+    as for a parquet row, so the same row in a JSONL train file and a parquet test file is caught."""
+    from saorl.data.tables import row_hash
+    from saorl.data.tasks import check_disjoint, read_tasks
+
+    rows = [{"question": "Natalia sold 48 clips.", "answer": "#### 72"}, {"question": "2+2", "answer": "4"},
+            {"question": "2+2", "answer": "4"}]
+    path = _file(tmp_path, [json.dumps(r) for r in rows])
+    tasks = read_tasks(path)
+    h0, h1 = ("row-" + row_hash(r) for r in rows[:2])
+    assert [t.id for t in tasks] == [h0, h1, f"{h1}#2"] and [t.data for t in tasks] == rows
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[1:2]), tmp_path / "test.parquet")
+    test = read_tasks(tmp_path / "test.parquet")
+    assert [t.id for t in test] == [h1]
+    with pytest.raises(TaskFileError, match=rf"in both the train split .* e\.g\. '{h1}'"):
+        check_disjoint(tasks, test, str(path), "test.parquet")
+
+
+def test_ids_as_for_parquet_rows_integers_and_id_column(tmp_path):
+    path = _file(tmp_path, ['{"id": 7, "q": "a"}', '{"id": "x", "q": "b"}'])
+    assert load_tasks_jsonl(path) == [Task("7", {"q": "a"}), Task("x", {"q": "b"})]
+    path = _file(tmp_path, ['{"uid": "u1", "id": 1, "q": "a"}'])
+    assert load_tasks_jsonl(path, id_column="uid") == [Task("u1", {"id": 1, "q": "a"})]
+    from saorl.data.tasks import read_tasks
+
+    assert read_tasks(path, id_column="uid") == [Task("u1", {"id": 1, "q": "a"})]
+    with pytest.raises(TaskFileError, match=rf"^{path}:1: no id column 'nope'"):
+        load_tasks_jsonl(path, id_column="nope")
+
+
+def test_a_column_named_data_is_a_column_unless_the_line_is_wrapped(tmp_path):
+    """``data`` is saorl's wrapped shape only for a line of exactly ``id`` and an object ``data``;
+    in any other line it is the user's column, as it is in parquet."""
+    path = _file(tmp_path, [
+        json.dumps({"id": "a", "prompt": "p", "data": "some text"}),
+        json.dumps({"id": "b", "data": [1, 2]}),
+        json.dumps({"prompt": "q", "data": {"source": "gsm8k"}}),
+        json.dumps({"id": "c", "data": {"prompt": "r"}}),
+    ])
+    tasks = load_tasks_jsonl(path)
+    assert [t.data for t in tasks] == [{"prompt": "p", "data": "some text"}, {"data": [1, 2]},
+                                       {"prompt": "q", "data": {"source": "gsm8k"}}, {"prompt": "r"}]
+    assert tasks[3].id == "c"
 
 
 def test_missing_and_empty_files(tmp_path):
