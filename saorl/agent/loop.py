@@ -2,10 +2,11 @@
 
 One episode::
 
-    ids  = prompt_ids(env.reset(task, progress))             # prompt, action_mask 0
+    ids  = prompt_ids(env.reset(task, progress))             # prompt (text or messages), action_mask 0
     loop up to max_turns:
         r    = await engine.agenerate(ids, params)           # stop = sampling.stop + env.stop_strings
         ids += r.token_ids                                   # action_mask 1, r.logprobs, r.versions
+        env.note_action_ids(r.token_ids)
         out  = env.step(text of r.token_ids minus a final eos, after ids)
         rewards[last action token of this turn] += out.reward
         if out.done or a limit is hit: stop
@@ -14,9 +15,10 @@ One episode::
 Token exactness: earlier text is NEVER re-tokenized. ``traj.token_ids`` is exactly the prompt ids,
 then each turn's sampled ids as the engine returned them, then each observation's ids. The text
 side goes through :class:`saorl.models.codec.RunTokenizer` (a plain HF tokenizer is wrapped with
-the default prompt format): the prompt through the chat template when the tokenizer has one (else
-after its BOS), each action's text decoded in its context and each observation encoded so that
-it appends exactly its text, for byte-level BPE and SentencePiece tokenizers alike. So
+the default prompt format): a text prompt through the chat template when the tokenizer has one
+(else after its BOS), a prompt of chat messages through the chat template always, each action's
+text decoded in its context and each observation encoded so that it appends exactly its text,
+for byte-level BPE and SentencePiece tokenizers alike. So
 ``decode(traj.token_ids)`` equals the decoded prompt + actions + observations as text, with no
 space inserted or lost at a boundary, even where the sampled ids are not the canonical
 tokenization of the action text.
@@ -163,7 +165,7 @@ def _turn_params(sampling: SamplingParams, env: Env, eos_id: int | None, left: i
 
 
 async def _call_env(fn: Callable[..., Any], *args: Any, env: Env, task: Task, what: str,
-                    expect: type, executor: Executor | None) -> Any:
+                    expect: type | tuple[type, ...], executor: Executor | None) -> Any:
     loop = asyncio.get_running_loop()
     try:
         out = await loop.run_in_executor(executor, fn, *args)
@@ -171,8 +173,9 @@ async def _call_env(fn: Callable[..., Any], *args: Any, env: Env, task: Task, wh
         raise EpisodeError(f"env {env.name!r} raised in {what} on task {task.id!r}: "
                            f"{type(e).__name__}: {e}") from e
     if not isinstance(out, expect):
+        names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
         raise EpisodeError(f"env {env.name!r} {what} on task {task.id!r} returned {type(out).__name__}, "
-                           f"expected {expect.__name__}")
+                           f"expected {names}")
     return out
 
 
@@ -211,7 +214,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     kw = dict(env=env, task=task, executor=env_executor)
     codec = as_run_tokenizer(tokenizer)
     t0 = time.perf_counter()
-    prompt = await _call_env(env.reset, task, progress, what="reset", expect=str, **kw)
+    prompt = await _call_env(env.reset, task, progress, what="reset", expect=(str, list), **kw)
     env_s, gen_s = time.perf_counter() - t0, 0.0
     b = _Builder()
     b.add_context(codec.prompt_ids(prompt))
@@ -233,6 +236,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         b.add_action(res)
         t0 = time.perf_counter()
         action = _action_text(codec, b.token_ids, b.turn_spans[-1][0])
+        env.note_action_ids(list(res.token_ids))
         out = await _call_env(env.step, action, what="step", expect=StepResult, **kw)
         env_s += time.perf_counter() - t0
         b.add_reward(out.reward)

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from saorl.data.tasks import load_tasks
-from saorl.envs.base import Progress
+from saorl.envs.base import Progress, prompt_text
 from saorl.envs.demo import play_demonstration, token_counts
 from saorl.envs.registry import BUILTIN_ENVS, EnvResolveError, make_env_factory, resolve_env
 
@@ -117,10 +117,10 @@ def _run_sample(args: argparse.Namespace) -> int:
         try:
             ep = play_demonstration(env, task, rng, progress)
         except NotImplementedError as e:
-            out.line("PROMPT", env.reset(task, progress))
+            out.line("PROMPT", prompt_text(env.reset(task, progress)))
             out.line("INFO", f"no demonstration: {e}")
             continue
-        out.line("PROMPT", ep.prompt)
+        out.line("PROMPT", prompt_text(ep.prompt))
         for action, obs in ep.turns:
             out.line("ACT", action)
             if obs:

@@ -10,13 +10,14 @@ Importing this package imports no env module; :func:`resolve_env` does that lazi
 """
 
 from saorl.data.tasks import load_tasks
-from saorl.envs.base import Env, Progress, Split, StepResult, Task
+from saorl.envs.base import Env, Progress, Prompt, Split, StepResult, Task
 from saorl.envs.registry import BUILTIN_ENVS, make_env_factory, resolve_env
 
 __all__ = [
     "BUILTIN_ENVS",
     "Env",
     "Progress",
+    "Prompt",
     "Split",
     "StepResult",
     "Task",

@@ -3,14 +3,19 @@
 An :class:`Env` instance runs one episode at a time (the agent loop makes a fresh instance per
 episode, so ``__init__`` must be cheap). The loop is::
 
-    prompt = env.reset(task, progress)          # first observation
+    prompt = env.reset(task, progress)          # first observation: text, or chat messages
     while True:
         action = <policy samples text until one of env.stop_strings>
+        env.note_action_ids(ids of that action)  # optional hook; the default ignores them
         result = env.step(action)               # observation, reward, done, info
         if result.done: break
 
 The agent loop (``saorl.agent``) turns this into token ids without ever re-tokenizing earlier
-text; env authors never see tokens. Rewards may be given at every turn. The final
+text; env authors never see tokens (unless they keep what ``note_action_ids`` gives). The prompt
+is text, which goes to the model as one user message through its chat template (when it has
+one), or a list of ``{"role", "content"}`` messages (a system message among them, say), which
+goes through the chat template as it is: a model without a template cannot take it
+(:meth:`saorl.models.codec.RunTokenizer.prompt_ids`). Rewards may be given at every turn. The final
 ``StepResult.info["success"]`` (bool) is what evaluation accuracy counts; an optional final
 ``info["metrics"]`` (names → finite numbers) is kept on the episode (``Episode.env_metrics``) and
 logged as batch means, ``env/<name>`` per trainer step and ``eval/env/<name>`` per evaluation.
@@ -26,8 +31,17 @@ from typing import Any, ClassVar, Literal
 from saorl.data.task import Task
 
 Split = Literal["train", "test"]
+Prompt = str | list[dict[str, Any]]
+"""What ``reset`` returns: the prompt text, or a conversation (``{"role", "content"}`` messages)."""
 
-__all__ = ["Env", "Progress", "Split", "StepResult", "Task"]
+__all__ = ["Env", "Progress", "Prompt", "Split", "StepResult", "Task", "prompt_text"]
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """A prompt as text for people (``saorl envs sample``): a conversation as ``role: content`` lines."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in prompt)
 
 
 @dataclass(frozen=True)
@@ -65,12 +79,17 @@ class Env(ABC):
         """Deterministic in ``seed``; train and test task ids never overlap."""
 
     @abstractmethod
-    def reset(self, task: Task, progress: Progress | None = None) -> str:
-        """Start an episode and return the prompt text."""
+    def reset(self, task: Task, progress: Progress | None = None) -> Prompt:
+        """Start an episode and return the prompt: text, or a list of chat messages."""
 
     @abstractmethod
     def step(self, action: str) -> StepResult:
         """Apply one action (the decoded text the policy sampled this turn)."""
+
+    def note_action_ids(self, ids: list[int]) -> None:
+        """The token ids the policy sampled for the action about to be stepped (eos included), given
+        by the agent loop right before ``step``; envs played as text never get them. Ignored here."""
+        del ids
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
         """Actions of a (sometimes deliberately suboptimal) demonstration for SFT."""

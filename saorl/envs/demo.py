@@ -9,12 +9,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from saorl.envs.base import Env, Progress, Task
+from saorl.envs.base import Env, Progress, Prompt, Task, prompt_text
 
 
 @dataclass
 class DemoEpisode:
-    prompt: str
+    prompt: Prompt
     turns: list[tuple[str, str]] = field(default_factory=list)
     """(action, observation) pairs in order."""
     reward: float = 0.0
@@ -42,7 +42,7 @@ def token_counts(ep: DemoEpisode, tokenizer: Any) -> dict[str, int]:
     def n(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
 
-    counts = {"prompt": n(ep.prompt), "actions": sum(n(a) for a, _ in ep.turns),
+    counts = {"prompt": n(prompt_text(ep.prompt)), "actions": sum(n(a) for a, _ in ep.turns),
               "observations": sum(n(o) for _, o in ep.turns)}
     counts["max_action"] = max((n(a) for a, _ in ep.turns), default=0)
     counts["total"] = counts["prompt"] + counts["actions"] + counts["observations"]

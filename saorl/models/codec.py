@@ -6,10 +6,13 @@ ids. Three operations make that exact for byte-level BPE tokenizers (Qwen, GPT-2
 and for SentencePiece-style ones (Llama 2, Mistral: a ``▁`` dummy prefix, space as ``▁``):
 
 - :meth:`RunTokenizer.prompt_ids`: with the tokenizer's chat template (when it has one and the
-  run allows it) the prompt is one user message plus the generation prompt, rendered as text and
+  run allows it) a text prompt is one user message plus the generation prompt, rendered as text and
   encoded without adding special tokens (the template writes its own BOS). Without one: the
   special tokens the tokenizer itself puts before a text (BOS for Llama-style tokenizers, nothing
-  for Qwen-style ones), then the text; an EOS the tokenizer appends is not kept.
+  for Qwen-style ones), then the text; an EOS the tokenizer appends is not kept. A prompt that is
+  a conversation (a list of ``{"role", "content"}`` messages, system message included, as TRL's
+  conversational datasets hold them) is rendered by the chat template as it is, plus the generation
+  prompt; without a template (or with ``model.chat_template=false``) it is an error saying so.
 - :meth:`RunTokenizer.continuation_ids` (observations): ids that, appended to the context,
   decode to the context's text followed by exactly the observation. For byte-level BPE that is
   ``encode(text)``. For SentencePiece ``encode(text)`` starts with the dummy prefix and would
@@ -110,8 +113,11 @@ class RunTokenizer:
         """``text``'s ids with no special tokens added (``encode`` itself is the HF tokenizer's)."""
         return list(self.hf.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, text: str) -> list[int]:
-        """The prompt's ids: chat template, or the tokenizer's own leading special tokens + text."""
+    def prompt_ids(self, text: str | list[dict[str, Any]]) -> list[int]:
+        """The prompt's ids: chat template, or the tokenizer's own leading special tokens + text; a
+        conversation (a list of messages) through the chat template only."""
+        if isinstance(text, list):
+            return self._conversation_ids(text)
         if self.applies_chat_template:
             try:
                 rendered = self.hf.apply_chat_template(
@@ -130,6 +136,28 @@ class RunTokenizer:
             if full[k:k + n] == plain:
                 return full[:k + n]
         return full
+
+    def _conversation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        if not self.applies_chat_template:
+            start = ("the prompt is a conversation (a list of chat messages), which only a chat template can "
+                     "turn into tokens, and ")
+            if getattr(self.hf, "chat_template", None):
+                raise ValueError(start + "model.chat_template is false: set model.chat_template=true (the "
+                                 "tokenizer has one), or give the prompts as text")
+            raise ValueError(
+                start + f"the run's tokenizer ({self.spec.source or 'the shipped one'}) has none. Use a "
+                "model whose tokenizer has one (an instruct or chat model), or set model.tokenizer to a "
+                "tokenizer directory with the same vocabulary whose tokenizer_config.json has a "
+                "chat_template, or give the prompts as text")
+        roles = [m.get("role") for m in messages]
+        try:
+            rendered = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                   **self.spec.chat_template_kwargs)
+        except Exception as e:
+            raise ValueError(f"the tokenizer's chat template failed on a conversation of roles {roles}: "
+                             f"{type(e).__name__}: {e} (some templates refuse a system message, or roles "
+                             "out of turn)") from e
+        return self.ids(rendered)
 
     def continuation_ids(self, context: list[int], text: str) -> list[int]:
         """Ids that append exactly ``text`` to the decoded ``context`` (see the module docstring)."""

@@ -53,6 +53,26 @@ def test_chat_template_kwargs_reach_the_template():
         RunTokenizer(hf).prompt_ids("hi")
 
 
+def test_a_conversation_goes_through_the_chat_template_as_it_is():
+    """TRL's conversational prompts: the messages, system message included, then the generation prompt."""
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 1 and 2."}]
+    bpe = RunTokenizer(bpe_tokenizer())
+    assert bpe.text(bpe.prompt_ids(chat)) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                                              "Add 1 and 2.<|im_end|>\n<|im_start|>assistant\n")
+    assert bpe.prompt_ids(chat[1:]) == bpe.prompt_ids("Add 1 and 2.")  # one user message: as the text
+    with pytest.raises(ValueError, match=r"a conversation .* model\.chat_template is false: set "
+                                         r"model\.chat_template=true"):
+        RunTokenizer(bpe.hf, TokenizerSpec(None, chat_template=False)).prompt_ids(chat)
+    with pytest.raises(ValueError, match=r"a conversation .* has none\. Use a model whose tokenizer has "
+                                         r"one .* set model\.tokenizer to a tokenizer directory"):
+        RunTokenizer(sp_tokenizer()).prompt_ids(chat)
+    hf = bpe_tokenizer()
+    hf.chat_template = ("{% if messages[0].role == 'system' %}{{ raise_exception('System role not "
+                        "supported') }}{% endif %}{{ messages[0].content }}")
+    with pytest.raises(ValueError, match=r"on a conversation of roles \['system', 'user'\]: .*System role"):
+        RunTokenizer(hf).prompt_ids(chat)
+
+
 def test_continuations_append_exactly(family):
     name, tok = family
     rng = random.Random(0)
