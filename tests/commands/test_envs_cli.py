@@ -31,3 +31,17 @@ def test_sample_reports_bad_input(capsys):
     assert "unknown env 'nope'" in capsys.readouterr().err
     assert main(["envs", "sample", "math_tool", "--option", "difficulty"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_sample_shows_a_conversation_and_the_rewards_of_a_jsonl_without_ids(tmp_path, capsys):
+    import json
+
+    chat = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "2+3?"}]
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"prompt": chat, "answer": 5, "solution": "5"}) + "\n")
+    args = ["envs", "sample", "prompt_reward", "--tasks-file", str(path), "--n", "1", "--no-color",
+            "--option", "reward_fn=saorl.envs.rewards:number_answer", "--option", "demo_column=solution"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "PROMPT| system: Answer with a number.\n" in out and "user: 2+3?" in out
+    assert "reward 1  success True" in out

@@ -1,5 +1,6 @@
 """The documented "bring your own dataset and reward function" path, end to end: the example's
-parquet files and reward module, ``saorl train`` in a subprocess with rollout workers."""
+parquet files and reward module, and a TRL user's conversational data with TRL-style reward
+functions, ``saorl train`` in a subprocess with rollout workers."""
 
 from __future__ import annotations
 
@@ -41,3 +42,63 @@ def test_train_on_a_parquet_dataset_with_a_reward_function_module(tmp_path):
     train_ids = {t.id for t in read_tasks(data / "train.parquet")}
     trained = [tid for row in read_jsonl(run_dir / "trained.jsonl") for tid in row["task_ids"]]
     assert len(trained) == 8 and set(trained) <= train_ids
+
+
+TRL_REWARDS = '''
+import re
+
+def format_reward(completions, **kwargs):
+    """TRL style: a list of conversational completions in, one float per completion out."""
+    return [1.0 if re.fullmatch(r"\\s*-?\\d+\\s*", c[0]["content"]) else 0.0 for c in completions]
+
+def correct(prompts, completions, answer, **kwargs):
+    assert prompts[0][0]["role"] == "system"  # the conversation as the row holds it
+    return [float(str(a) in c[0]["content"]) for c, a in zip(completions, answer)]
+'''
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_train_on_conversations_with_weighted_trl_reward_functions(tmp_path):
+    """Conversational rows (system + user messages) as parquet for training and as a Hub-style JSONL
+    without ids for testing, a tokenizer with a chat template, two TRL-style functions weighted,
+    ``run.report_to=none``: the run trains and logs each function's reward."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from saorl.models.tokenizer import load_tokenizer
+
+    def rows(pairs):
+        return [{"prompt": [{"role": "system", "content": "Answer with a number."},
+                            {"role": "user", "content": f"{a}+{b}="}], "answer": a + b} for a, b in pairs]
+
+    pq.write_table(pa.Table.from_pylist(rows([(a, b) for a in range(1, 9) for b in range(1, 5)])),
+                   tmp_path / "train.parquet")
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows([(20, 1), (20, 2)])))
+    (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
+    hf = load_tokenizer()  # the shipped one (the tiny policy's vocabulary), with a chat template
+    hf.chat_template = TEMPLATE
+    hf.save_pretrained(str(tmp_path / "tok"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "saorl.cli", "train", "env.type=prompt_reward",
+           f"env.tasks_file={tmp_path / 'train.parquet'}", f"env.test_tasks_file={tmp_path / 'test.jsonl'}",
+           "env.options.reward_fn=[trl_rewards:format_reward, trl_rewards:correct]",
+           "env.options.reward_weights=[0.5, 1.0]", f"model.tokenizer={tmp_path / 'tok'}",
+           "run.report_to=none", "sft.enabled=false", "value_pretrain.enabled=false",
+           "trainer.steps=2", "trainer.batch_size=4", "run.eval_every=2", "run.eval_tasks=2",
+           "run.progress=false", "rollout.max_new_tokens=6", "rollout.max_total_tokens=96",
+           "rollout.concurrent_episodes=4", "rollout.engine_slots=4", "--run-dir", str(run_dir)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows_ = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows_] == [0, 1, 2]
+    for r in rows_[1:]:
+        fmt, ok = r["env/reward/format_reward"], r["env/reward/correct"]
+        assert 0.0 <= fmt <= 1.0 and 0.0 <= ok <= 1.0
+        assert 0.0 <= r["reward/mean"] <= 1.5
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2] and "eval/env/reward/correct" in evals[-1]
+    assert not (run_dir / "tb").exists()  # report_to=none: no tracker
