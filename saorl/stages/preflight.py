@@ -15,7 +15,9 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
 4. the tasks: the task files or ``env.dataset`` parse (a bad line is named by file and line), and
    the env accepts their tasks: **every task read from a file** (train and test split) is passed
    to a fresh env's ``reset`` once, in file order, and the first one the env rejects is named by
-   file, row and id.
+   file, row and id; a prompt that is a conversation (chat messages) is rendered through the run's
+   tokenizer, so a tokenizer without a chat template, or a template that refuses the messages (a
+   system message, say), is named by the same row.
    Built-in resets take microseconds, so this is all of them in well under a second; for an env
    whose reset is slow the check stops after :data:`TASK_CHECK_BUDGET_S` seconds (at least the
    first task of each split is always checked) and the rest are checked as they are played. Tasks
@@ -40,9 +42,10 @@ from pathlib import Path
 from saorl.config import ModelConfig, SaorlConfig
 from saorl.data.task import Task
 from saorl.data.tasks import TaskFileError, env_sources, load_split, source_name
-from saorl.envs.base import Env, Progress
+from saorl.envs.base import Env, Progress, Prompt
 from saorl.envs.registry import EnvResolveError, make_env_factory, resolve_env
 from saorl.errors import StartupError
+from saorl.models.codec import run_tokenizer
 from saorl.runtime.trackers import TrackerUnavailable, check_trackers
 
 TASK_CHECK_BUDGET_S = 10.0
@@ -226,27 +229,35 @@ def check_tasks(cfg: SaorlConfig, factory: Callable[[], Env],
     splits = [[(source_name(train_src), i + 1, t) for i, t in enumerate(train)],
               [(source_name(test_src or train_src), offset + i + 1, t) for i, t in enumerate(test)]]
     deadline = time.monotonic() + budget_s
+    tokenizer = None
     for rows in splits:
         for j, (path, row, task) in enumerate(rows):
             if j > 0 and time.monotonic() > deadline:
                 break  # a slow env: the rest are checked as they are played
-            _reset(factory, task, f"{path}: row {row} (task id {task.id!r})", env.type)
+            where = f"{path}: row {row} (task id {task.id!r})"
+            _, prompt = _reset(factory, task, where, env.type)
+            if isinstance(prompt, list):
+                tokenizer = tokenizer or run_tokenizer(cfg.model)
+                try:
+                    tokenizer.prompt_ids(prompt)
+                except ValueError as e:
+                    raise StartupError(f"{where}: {e}") from None
 
 
 def _source_setting(env) -> str:
     return "env.dataset.path" if env.dataset is not None else "env.tasks_file / env.test_tasks_file"
 
 
-def _reset(factory: Callable[[], Env], task: Task, where: str, env_type: str) -> Env:
+def _reset(factory: Callable[[], Env], task: Task, where: str, env_type: str) -> tuple[Env, Prompt]:
     env = factory()
     try:
-        env.reset(task, Progress())
+        prompt = env.reset(task, Progress())
     except Exception as e:
         raise StartupError(f"{where}: env {env_type} rejects this task: {type(e).__name__}: {e}. Every task "
                            "must carry the fields the env's reset() reads (saorl envs sample "
                            f"{env_type} shows tasks it accepts); fix the row, or set env.type to the env the "
                            "file was written for") from None
-    return env
+    return env, prompt
 
 
 def check_demonstrations(cfg: SaorlConfig, factory: Callable[[], Env]) -> None:
@@ -257,7 +268,7 @@ def check_demonstrations(cfg: SaorlConfig, factory: Callable[[], Env]) -> None:
         raise StartupError(str(e)) from None
     if not first:
         raise StartupError(f"env {cfg.env.type} made no training tasks; raise env.num_train_tasks")
-    env = _reset(factory, first[0], f"training task {first[0].id!r}", cfg.env.type)
+    env, _ = _reset(factory, first[0], f"training task {first[0].id!r}", cfg.env.type)
     try:
         env.demonstration(first[0], random.Random(0))
     except NotImplementedError:

@@ -117,6 +117,38 @@ def test_a_slow_env_is_checked_within_the_budget_first_task_of_each_split_always
         check_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options), budget_s=60)
 
 
+def test_conversational_rows_need_a_chat_template_and_well_formed_messages(tmp_path):
+    """TRL's conversational format in a Hub-style JSONL (no ids): refused at start-up, naming the fix,
+    with a tokenizer that has no chat template (the tiny kinds' shipped one); accepted with one;
+    a malformed message is named by file and row."""
+    chat = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "1+1?"}]
+    path = _tasks(tmp_path / "train.jsonl", [{"prompt": chat, "answer": 2}, {"prompt": "2+2?", "answer": 4}])
+    over = ["env.type=prompt_reward", "env.options.reward_fn=saorl.envs.rewards:number_answer",
+            f"env.tasks_file={path}", "env.num_test_tasks=1", "sft.enabled=false"]
+    cfg = load_config(None, over)
+    with pytest.raises(StartupError) as info:
+        check_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options))
+    msg = _one_paragraph(info)
+    assert msg.startswith(f"{path}: row 1 (task id 'row-") and "the prompt is a conversation" in msg
+    assert "has none. Use a model whose tokenizer has one" in msg and "model.tokenizer" in msg
+    tok_dir = tmp_path / "tok"
+    hf = load_tokenizer()
+    hf.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    hf.save_pretrained(str(tok_dir))
+    cfg = load_config(None, [*over, f"model.tokenizer={tok_dir}"])
+    check_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options))
+    off = load_config(None, [*over, f"model.tokenizer={tok_dir}", "model.chat_template=false"])
+    with pytest.raises(StartupError, match=r"model\.chat_template is false: set model\.chat_template=true"):
+        check_tasks(off, make_env_factory(off.env.type, off.env.options))
+    _tasks(path, [{"prompt": chat, "answer": 2}, {"prompt": [{"content": "hi"}], "answer": 1},
+                  {"prompt": "2+2?", "answer": 4}])
+    with pytest.raises(StartupError) as info:
+        check_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options))
+    msg = _one_paragraph(info)
+    assert msg.startswith(f"{path}: row 2 (task id 'row-") and "message 1 has no role" in msg
+
+
 def test_env_module_class_and_options(env_module):
     cases = [("env.type=no_such_pkg.envs:Env", "cannot import module 'no_such_pkg.envs'", "PYTHONPATH"),
              ("env.type=preflight_envs:Missing", "has no attribute 'Missing'", "saorl envs list"),
