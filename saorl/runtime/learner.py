@@ -74,7 +74,7 @@ from saorl.models.packed import use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
 from saorl.runtime.checkpoint import load_learner_files, save_learner_files
 from saorl.runtime.observe import Timings
-from saorl.runtime.optimize import Updater, share_of, update
+from saorl.runtime.optimize import Updater, no_actions, share_of, update
 from saorl.runtime.step_record import LearnerCounters, StepRecord, StepResult, StepTotals, step_metrics
 from saorl.runtime.weights import WeightSync
 
@@ -89,12 +89,6 @@ class OptimConfig:
     grad_clip: float = 1.0
     warmup_steps: int = 0
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
-
-
-def _no_actions(pad_id: int) -> Trajectory:
-    """Two prompt tokens, no action: the batch of an empty share (its passes are all idle)."""
-    return Trajectory(token_ids=[pad_id, pad_id], action_mask=[0, 0], rollout_logprobs=[0.0, 0.0],
-                      rewards=[0.0, 0.0], versions=[-1, -1], prompt_len=2)
 
 
 class Learner:
@@ -330,7 +324,7 @@ class Learner:
         gathered (None elsewhere). An empty share (a rank without trajectories) runs idle passes."""
         p = self.preset
         with self.timings.span("collate"):
-            batch = collate(trajs or [_no_actions(self.pad_id)], self.pad_id).to(self.device)
+            batch = collate(trajs or [no_actions(self.pad_id)], self.pad_id).to(self.device)
             micro = microbatches(batch, self.max_tokens, self.packing) if trajs else []
         passes = self.updater.passes(micro, self.pad_id, self.device, self.packing)
         self._apply_warmup()

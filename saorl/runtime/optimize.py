@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from saorl.data.packing import MicroBatch
+from saorl.data.trajectory import Trajectory
 from saorl.runtime.nonfinite import params_finite, roll_back, snapshot
 
 Tensor = torch.Tensor
@@ -87,6 +88,12 @@ class Updater:
             return float(norm)
         roll_back(params, optimizer, saved)
         return None
+
+
+def no_actions(pad_id: int) -> Trajectory:
+    """Two prompt tokens, no action: the batch of an empty share (a rank whose passes are all idle)."""
+    return Trajectory(token_ids=[pad_id, pad_id], action_mask=[0, 0], rollout_logprobs=[0.0, 0.0],
+                      rewards=[0.0, 0.0], versions=[-1, -1], prompt_len=2)
 
 
 def share_of(part: Tensor, total: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ import torch
 from saorl.algo.losses import masked_mean
 from saorl.config import SaorlConfig
 from saorl.data.batch import collate
+from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.task import Task
 from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
@@ -35,7 +36,9 @@ from saorl.envs.registry import env_version_key, make_env_factory
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
 from saorl.models.logprobs import token_logprobs
+from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import export_policy
+from saorl.runtime.optimize import Updater, no_actions, share_of, update
 from saorl.runtime.recorder import CountProgress
 
 WARMUP_STEPS = 20
@@ -71,19 +74,29 @@ def lr_at(step: int, steps: int, lr: float, warmup: int = WARMUP_STEPS) -> float
 
 def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps: int, batch_size: int,
         lr: float, seed: int, warmup_steps: int = WARMUP_STEPS, grad_clip: float = 1.0,
-        on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
+        on_step: Callable[[int, dict], None] | None = None, max_tokens_per_microbatch: int = 4096,
+        packing: bool = True, updater: Updater | None = None) -> dict[str, float]:
     """Train ``policy`` in place on ``demos`` for ``steps`` AdamW steps; return the last step's metrics.
 
-    Minibatches of ``batch_size`` demonstrations, reshuffled (seeded) every epoch; a step whose
-    loss or gradient norm is not finite is skipped.
+    Minibatches of ``batch_size`` demonstrations, reshuffled (seeded) every epoch. Each step is the
+    trainer's optimizer routine (:func:`saorl.runtime.optimize.update`): token-budget micro-batches
+    (``max_tokens_per_microbatch``, ``packing``, as RL's), gradients accumulated to the minibatch's
+    token mean, and a step whose loss, gradient or updated weights are not finite rolled back
+    (counted in ``sft/nonfinite_skips``). With the sharded trainer's ``updater`` every rank trains
+    its share of each minibatch (every rank holds ``demos``).
     """
     if not demos:
         raise ValueError("sft needs at least one demonstration")
+    updater = updater if updater is not None else Updater()
+    device = next(policy.parameters()).device
+    if packing:
+        use_varlen_attention(policy)
     gen = random.Random(seed)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     order: list[int] = []
     metrics: dict[str, float] = {}
+    skips = 0
     policy.train()
     t0 = time.monotonic()
     for step in range(steps):
@@ -92,18 +105,25 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
             gen.shuffle(more)
             order += more
         idx, order = order[:batch_size], order[batch_size:]
-        batch = collate([demos[i] for i in idx], pad_id)
+        mine = updater.share([demos[i] for i in idx], [len(demos[i]) for i in idx])
+        batch = collate(mine or [no_actions(pad_id)], pad_id).to(device)
+        micro = microbatches(batch, max_tokens_per_microbatch, packing) if mine else []
+        whole = updater.token_total(batch.action_mask)
+
+        def loss_of(mb: MicroBatch, batch=batch, whole=whole) -> torch.Tensor:
+            mask = mb.gather(batch.action_mask)
+            logprobs = token_logprobs(policy, mb.input_ids, **mb.model_args())
+            return -masked_mean(logprobs, mask) * share_of(mask, whole)
+
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup_steps)
-        logprobs = token_logprobs(policy, batch.input_ids, batch.attention_mask)
-        loss = -masked_mean(logprobs, batch.action_mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        if torch.isfinite(loss) and torch.isfinite(norm):
-            opt.step()
-        metrics = {"sft/loss": float(loss.detach()), "sft/grad_norm": float(norm),
-                   "sft/lr": opt.param_groups[0]["lr"], "sft/elapsed_s": time.monotonic() - t0}
+        total, norm = update(updater, params, opt, updater.passes(micro, pad_id, device, packing), loss_of,
+                             grad_clip)
+        skips += norm is None
+        loss = updater.sum([float(total)])[0] / updater.world
+        metrics = {"sft/loss": loss, "sft/grad_norm": math.nan if norm is None else norm,
+                   "sft/lr": opt.param_groups[0]["lr"], "sft/nonfinite_skips": skips,
+                   "sft/elapsed_s": time.monotonic() - t0}
         if on_step is not None:
             on_step(step + 1, metrics)
     policy.eval()
@@ -148,7 +168,8 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
     # a bar on a terminal; the lines above are the progress otherwise
     with CountProgress("sft", enabled=cfg.run.progress, every_s=math.inf) as bar:
         metrics = sft(policy, demos, tokenizer.pad_token_id, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-                      seed=seed, on_step=on_step)
+                      seed=seed, on_step=on_step, packing=cfg.trainer.packing,
+                      max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
     export_policy(policy, tokenizer, out_dir)
     metrics |= {"sft/demos": len(demos), "sft/demo_success_frac": success}
     (out_dir / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

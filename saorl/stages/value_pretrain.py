@@ -45,14 +45,17 @@ from saorl.algo.losses import value_loss
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
 from saorl.data.batch import Batch, collate
+from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.tasks import env_sources, load_split
 from saorl.data.trajectory import Trajectory
 from saorl.envs.registry import env_version_key, make_env_factory
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy, train_dtype
+from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
 from saorl.runtime.messages import RolloutRequest
+from saorl.runtime.optimize import Updater, no_actions, share_of, update
 from saorl.runtime.parts import sampling_params
 from saorl.runtime.recorder import CountProgress
 
@@ -174,37 +177,52 @@ def critic_metrics(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPres
 
 def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, *, steps: int,
                batch_size: int, lr: float, grad_clip: float, pad_id: int, seed: int,
-               device: str = "cpu") -> dict[str, float]:
+               device: str = "cpu", max_tokens_per_microbatch: int = 4096, packing: bool = True,
+               updater: Updater | None = None) -> dict[str, float]:
     """Train ``critic`` in place on ``trajs`` for ``steps`` minibatch steps; last step's metrics.
 
     Frozen attention per ``preset.freeze_critic_attention`` (frozen parameters never change).
-    Minibatches of ``min(batch_size, len(trajs))`` distinct rollouts, reshuffled every epoch.
-    A step whose loss or gradient norm is not finite is skipped.
+    Minibatches of ``min(batch_size, len(trajs))`` distinct rollouts, reshuffled every epoch. Each
+    step is the trainer's optimizer routine (:func:`saorl.runtime.optimize.update`): token-budget
+    micro-batches as in RL, the minibatch's token-mean value loss, and a step whose loss, gradient
+    or updated weights are not finite rolled back (``critic/nonfinite_skips``). With the sharded
+    trainer's ``updater`` every rank trains its share of each minibatch.
     """
     if not trajs:
         raise ValueError("fit_critic needs at least one trajectory")
+    updater = updater if updater is not None else Updater()
     critic.set_frozen_attention(preset.freeze_critic_attention)
+    if packing:
+        use_varlen_attention(critic.trunk)
     params = critic.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = random.Random(seed)
     order: list[int] = []
     size = min(batch_size, len(trajs))
     metrics: dict[str, float] = {}
+    skips = 0
     critic.train()
     for _ in range(steps):
         if len(order) < size:  # a new epoch; a short remainder is dropped
             order = list(range(len(trajs)))
             gen.shuffle(order)
         idx, order = order[:size], order[size:]
-        b = collate([trajs[i] for i in idx], pad_id).to(device)
+        mine = updater.share([trajs[i] for i in idx], [len(trajs[i]) for i in idx])
+        b = collate(mine or [no_actions(pad_id)], pad_id).to(device)
         returns, mask = chain_targets(b, preset)
-        loss, metrics = value_loss(critic(b.input_ids, b.attention_mask), returns, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        if torch.isfinite(loss) and torch.isfinite(norm):
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        micro = microbatches(b, max_tokens_per_microbatch, packing) if mine else []
+        whole = updater.token_total(mask)
+
+        def loss_of(mb: MicroBatch, returns=returns, mask=mask, whole=whole) -> torch.Tensor:
+            m = mb.gather(mask)
+            values = critic(mb.input_ids, **mb.model_args())
+            return value_loss(values, mb.gather(returns), m)[0] * share_of(m, whole)
+
+        total, norm = update(updater, params, opt, updater.passes(micro, pad_id, device, packing), loss_of,
+                             grad_clip)
+        skips += norm is None
+        metrics = {"critic/value_loss": updater.sum([float(total)])[0] / updater.world,
+                   "critic/nonfinite_skips": skips}
     critic.eval()
     return metrics
 
@@ -254,7 +272,8 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     for n in sizes:
         critic = fresh()
         fit = fit_critic(critic, train[:n], preset, steps=vp.steps, batch_size=vp.batch_size, lr=vp.lr,
-                         grad_clip=cfg.trainer.grad_clip, seed=cfg.seed, **kw)
+                         grad_clip=cfg.trainer.grad_clip, seed=cfg.seed, packing=cfg.trainer.packing,
+                         max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch, **kw)
         val_m = critic_metrics(critic, val, preset, batch_size=vp.batch_size, **kw)
         rows.append(_row(n / len(train), n, val_m, fit["critic/value_loss"]))
         log(f"value pretraining: {n} rollouts: val loss {val_m['loss']:.4f}, "

@@ -208,3 +208,29 @@ def test_critic_key_follows_the_env_version(tmp_path, monkeypatch):
     key2 = vp.value_pretrain_key(cfg, "tiny-dense")
     monkeypatch.setattr(NoisyLookupEnv, "version", 1)
     assert vp.value_pretrain_key(cfg, "tiny-dense") != key2
+
+
+def test_fit_critic_micro_batches_accumulate_to_the_one_pass_step_and_roll_back_non_finite():
+    """Packed or padded token-budget micro-batches take the one-pass step (within float rounding,
+    scaled by Adam as in SFT's test); an infinite learning rate is rolled back, every step."""
+    preset = load_config(None, []).algo.resolve()
+    trajs = [_traj() for _ in range(6)]
+    states = {}
+    for name, kw in {"one pass": dict(max_tokens_per_microbatch=10_000, packing=False),
+                     "packed": dict(max_tokens_per_microbatch=24, packing=True),
+                     "padded": dict(max_tokens_per_microbatch=24, packing=False)}.items():
+        critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
+        fit = vp.fit_critic(critic, trajs, preset, steps=3, batch_size=4, lr=1e-5, grad_clip=1.0,
+                            pad_id=1, seed=0, **kw)
+        states[name] = ({k: v.clone() for k, v in critic.state_dict().items()}, fit["critic/value_loss"])
+    ref, ref_loss = states.pop("one pass")
+    for name, (state, loss) in states.items():
+        assert loss == pytest.approx(ref_loss, rel=1e-5), name
+        for k, v in ref.items():
+            torch.testing.assert_close(state[k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
+    critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
+    before = {k: v.clone() for k, v in critic.state_dict().items()}
+    fit = vp.fit_critic(critic, trajs, preset, steps=2, batch_size=4, lr=math.inf, grad_clip=1.0,
+                        pad_id=1, seed=0)
+    assert fit["critic/nonfinite_skips"] == 2
+    assert all(torch.equal(v, before[k]) for k, v in critic.state_dict().items())
