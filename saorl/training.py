@@ -131,7 +131,9 @@ def serve_rank(cfg: SaorlConfig) -> None:
     its step and checkpoint, which need this rank, then releases it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        build_learner(cfg, None, None, None).follow()  # models and pad id: rank 0's
+    from saorl.runtime.shard_stages import serve_stages
+
+    try:  # SFT and value pretraining's fits, if rank 0 runs them, then the learner
+        serve_stages(shard_group.current(), lambda: build_learner(cfg, None, None, None))
     finally:
         shard_group.leave()

@@ -86,7 +86,10 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int |
         from saorl.runtime import shard_group
         from saorl.runtime.sharded import ShardedLearner
 
-        return ShardedLearner(policy, critic, cfg.algo.resolve(), optim, group=shard_group.current(),
+        group = shard_group.current()
+        if group.rank == 0:  # the other ranks wait in shard_stages.serve_stages: the stages are over
+            group.command("learner")
+        return ShardedLearner(policy, critic, cfg.algo.resolve(), optim, group=group,
                               pad_id=pad_id, bucket_mb=t.publish_bucket_mb,
                               checkpoint_format=t.shard_checkpoint,
                               activation_checkpointing=t.activation_checkpointing,

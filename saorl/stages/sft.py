@@ -166,10 +166,16 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
             log(f"sft: step {step}/{s.steps} loss {m['sft/loss']:.4f} ({m['sft/elapsed_s']:.0f}s)")
 
     # a bar on a terminal; the lines above are the progress otherwise
+    kwargs = dict(steps=s.steps, batch_size=s.batch_size, lr=s.lr, seed=seed, packing=cfg.trainer.packing,
+                  max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
     with CountProgress("sft", enabled=cfg.run.progress, every_s=math.inf) as bar:
-        metrics = sft(policy, demos, tokenizer.pad_token_id, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
-                      seed=seed, on_step=on_step, packing=cfg.trainer.packing,
-                      max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
+        if cfg.trainer.shard == "fsdp2":  # on every rank, sharded as the learner is
+            from saorl.runtime.shard_stages import sharded_sft
+
+            policy, metrics = sharded_sft(policy, demos, tokenizer.pad_token_id, **kwargs)
+            on_step(s.steps, metrics)
+        else:
+            metrics = sft(policy, demos, tokenizer.pad_token_id, on_step=on_step, **kwargs)
     export_policy(policy, tokenizer, out_dir)
     metrics |= {"sft/demos": len(demos), "sft/demo_success_frac": success}
     (out_dir / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

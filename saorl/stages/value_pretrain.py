@@ -269,11 +269,17 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     rows = [_row(0.0, 0, critic_metrics(fresh(), val, preset, batch_size=vp.batch_size, **kw), None)]
     sizes = sorted({max(1, round(f * len(train))) for f in FRACTIONS})
     critic = None
+    fit_kw = dict(steps=vp.steps, batch_size=vp.batch_size, lr=vp.lr, grad_clip=cfg.trainer.grad_clip,
+                  seed=cfg.seed, packing=cfg.trainer.packing,
+                  max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch, **kw)
     for n in sizes:
         critic = fresh()
-        fit = fit_critic(critic, train[:n], preset, steps=vp.steps, batch_size=vp.batch_size, lr=vp.lr,
-                         grad_clip=cfg.trainer.grad_clip, seed=cfg.seed, packing=cfg.trainer.packing,
-                         max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch, **kw)
+        if cfg.trainer.shard == "fsdp2":  # on every rank, sharded as the learner is
+            from saorl.runtime.shard_stages import sharded_fit_critic
+
+            critic, fit = sharded_fit_critic(critic, train[:n], preset, **fit_kw)
+        else:
+            fit = fit_critic(critic, train[:n], preset, **fit_kw)
         val_m = critic_metrics(critic, val, preset, batch_size=vp.batch_size, **kw)
         rows.append(_row(n / len(train), n, val_m, fit["critic/value_loss"]))
         log(f"value pretraining: {n} rollouts: val loss {val_m['loss']:.4f}, "
