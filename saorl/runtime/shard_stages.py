@@ -7,11 +7,11 @@ model sharded as the learner's is and each rank training its share of every mini
 the :class:`~saorl.runtime.shard_update.ShardedUpdater`. So a policy or critic that does not fit
 one device is trained where the learner trains it.
 
-The protocol: the ranks other than 0 wait in :func:`serve_stages` for rank 0's commands — ``sft``,
-``fit_critic`` (each with its data and settings, then the same function on every rank), ``learner``
-(build the sharded learner and serve it: the stages are over), ``close``. Rank 0 sends a command
-and runs its own part in :func:`sharded_sft` / :func:`sharded_fit_critic`, which return the
-trained model, gathered whole on rank 0's CPU (for export and held-out metrics).
+The protocol: the ranks other than 0 wait in :func:`serve_stages` for rank 0's commands — ``stage``
+(a stage's training function, by name, with its data and settings: the same call on every rank),
+``learner`` (build the sharded learner and serve it: the stages are over), ``close``. Rank 0 sends
+``stage`` from :func:`run_sharded`, which returns the trained model gathered whole on rank 0 (for
+export and held-out metrics). This module imports no stage: the stages hand their functions in.
 """
 
 from __future__ import annotations
@@ -56,41 +56,29 @@ def _whole(group: sg.ShardGroup, model: torch.nn.Module, desc: dict, which: str)
     return sg.replica(Critic, (trunk_cls, trunk_config), state, like=model)
 
 
-def _sft_all(group: sg.ShardGroup, policy, demos: list, pad_id: int, kwargs: dict) -> tuple:
-    from saorl.stages.sft import sft
-
-    model, desc = _sharded(group, policy, None, pad_id, "policy")
-    metrics = sft(model, demos, pad_id, updater=ShardedUpdater(group), **kwargs)
-    return _whole(group, model, desc, "policy"), metrics
-
-
-def _fit_all(group: sg.ShardGroup, critic: Critic | None, trajs: list, preset: Any, kwargs: dict) -> tuple:
-    from saorl.stages.value_pretrain import fit_critic
-
-    model, desc = _sharded(group, None, critic, kwargs["pad_id"], "critic")
-    metrics = fit_critic(model, trajs, preset, updater=ShardedUpdater(group), **kwargs)
-    return _whole(group, model, desc, "critic"), metrics
+def _run_all(group: sg.ShardGroup, fn: Callable, model: torch.nn.Module | None, which: str,
+             args: tuple, kwargs: dict) -> tuple:
+    policy, critic = (model, None) if which == "policy" else (None, model)
+    sharded, desc = _sharded(group, policy, critic, None, which)
+    metrics = fn(sharded, *args, updater=ShardedUpdater(group), **kwargs)
+    return _whole(group, sharded, desc, which), metrics
 
 
-def sharded_sft(policy: torch.nn.Module, demos: list, pad_id: int, **kwargs: Any) -> tuple:
-    """Rank 0: :func:`saorl.stages.sft.sft` of ``policy`` on every rank (it is sharded in place);
-    returns the trained policy (a plain model) and the last step's metrics. ``kwargs``: ``sft``'s."""
+def run_sharded(fn: Callable, model: torch.nn.Module, *args: Any, which: str, **kwargs: Any) -> tuple:
+    """Rank 0: ``fn(model, *args, updater=..., **kwargs)`` — a stage's training function, such as
+    :func:`saorl.stages.sft.sft` (``which="policy"``) or
+    :func:`saorl.stages.value_pretrain.fit_critic` (``which="critic"``) — on every rank, with
+    ``model`` sharded over them (in place: its plain form is gone). Returns the trained model (a
+    plain model, on ``model``'s device) and ``fn``'s result. The other ranks receive ``fn`` by name
+    (it must be importable) and ``args`` / ``kwargs`` by value."""
     group = sg.current()
-    group.command("sft", demos, pad_id, kwargs)
-    trained, metrics = _sft_all(group, policy, demos, pad_id, kwargs)
-    for attr in ("_weight_conversions",):  # as loaded: as saved (a Hugging Face model's names)
-        if hasattr(policy, attr):
-            setattr(trained, attr, getattr(policy, attr))
-    return trained.to(next(policy.parameters()).device), metrics
-
-
-def sharded_fit_critic(critic: Critic, trajs: list, preset: Any, **kwargs: Any) -> tuple:
-    """Rank 0: :func:`saorl.stages.value_pretrain.fit_critic` of ``critic`` on every rank (it is
-    sharded in place); returns the fitted critic (a plain model) and the last step's metrics."""
-    group = sg.current()
-    group.command("fit_critic", trajs, preset, kwargs)
-    fitted, metrics = _fit_all(group, critic, trajs, preset, kwargs)
-    return fitted.to(kwargs.get("device", "cpu")), metrics
+    device = next(model.parameters()).device
+    conversions = getattr(model, "_weight_conversions", None)  # as loaded: as saved (HF names)
+    group.command("stage", fn, which, args, kwargs)
+    trained, result = _run_all(group, fn, model, which, args, kwargs)
+    if conversions is not None:
+        trained._weight_conversions = conversions
+    return trained.to(device), result
 
 
 def serve_stages(group: sg.ShardGroup, learner: Callable[[], Any] | None = None) -> None:
@@ -98,10 +86,8 @@ def serve_stages(group: sg.ShardGroup, learner: Callable[[], Any] | None = None)
     serve it until rank 0 closes it) or ``close``."""
     while True:
         name, args = group.receive()
-        if name == "sft":
-            _sft_all(group, None, *args)
-        elif name == "fit_critic":
-            _fit_all(group, None, *args)
+        if name == "stage":
+            _run_all(group, args[0], None, *args[1:])
         elif name == "learner" and learner is not None:
             learner().follow()
             return

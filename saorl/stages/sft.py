@@ -170,9 +170,10 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
                   max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
     with CountProgress("sft", enabled=cfg.run.progress, every_s=math.inf) as bar:
         if cfg.trainer.shard == "fsdp2":  # on every rank, sharded as the learner is
-            from saorl.runtime.shard_stages import sharded_sft
+            from saorl.runtime.shard_stages import run_sharded
 
-            policy, metrics = sharded_sft(policy, demos, tokenizer.pad_token_id, **kwargs)
+            pad = tokenizer.pad_token_id
+            policy, metrics = run_sharded(sft, policy, demos, pad, which="policy", **kwargs)
             on_step(s.steps, metrics)
         else:
             metrics = sft(policy, demos, tokenizer.pad_token_id, on_step=on_step, **kwargs)

@@ -275,9 +275,9 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     for n in sizes:
         critic = fresh()
         if cfg.trainer.shard == "fsdp2":  # on every rank, sharded as the learner is
-            from saorl.runtime.shard_stages import sharded_fit_critic
+            from saorl.runtime.shard_stages import run_sharded
 
-            critic, fit = sharded_fit_critic(critic, train[:n], preset, **fit_kw)
+            critic, fit = run_sharded(fit_critic, critic, train[:n], preset, which="critic", **fit_kw)
         else:
             fit = fit_critic(critic, train[:n], preset, **fit_kw)
         val_m = critic_metrics(critic, val, preset, batch_size=vp.batch_size, **kw)

@@ -1,11 +1,11 @@
 """SFT and value pretraining's fit on 2 gloo ranks equal the single-process ones.
 
-Rank 0 runs :func:`~saorl.runtime.shard_stages.sharded_sft` and
-:func:`~saorl.runtime.shard_stages.sharded_fit_critic` as a sharded run's stages do; rank 1 serves
-them (:func:`~saorl.runtime.shard_stages.serve_stages`). The single-process stage runs on the same
-data in this process. Tolerances as in tests/runtime/test_sharded.py: the last loss within 1e-5
-relative, every weight within 1e-6 after the steps at lr 1e-5 (Adam turns another summation order
-into weight differences that scale with the learning rate).
+Rank 0 runs SFT and a fit through :func:`~saorl.runtime.shard_stages.run_sharded` as a sharded
+run's stages do; rank 1 serves them (:func:`~saorl.runtime.shard_stages.serve_stages`). The
+single-process stage runs on the same data in this process. Tolerances as in
+tests/runtime/test_sharded.py: the last loss within 1e-5 relative, every weight within 1e-6 after
+the steps at lr 1e-5 (Adam turns another summation order into weight differences that scale with
+the learning rate).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def _models():
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
     from saorl.runtime import shard_group
-    from saorl.runtime.shard_stages import serve_stages, sharded_fit_critic, sharded_sft
+    from saorl.runtime.shard_stages import run_sharded, serve_stages
+    from saorl.stages.sft import sft
+    from saorl.stages.value_pretrain import fit_critic
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -69,9 +71,9 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
             serve_stages(group)
             return
         policy, critic = _models()
-        trained, sft_m = sharded_sft(policy, _trajs(), 1, **SFT)
+        trained, sft_m = run_sharded(sft, policy, _trajs(), 1, which="policy", **SFT)
         torch.save({k: v.clone() for k, v in trained.state_dict().items()}, f"{out}/sft.pt")
-        fitted, fit_m = sharded_fit_critic(critic, _trajs(), get_preset("sao"), **FIT)
+        fitted, fit_m = run_sharded(fit_critic, critic, _trajs(), get_preset("sao"), which="critic", **FIT)
         torch.save({k: v.clone() for k, v in fitted.state_dict().items()}, f"{out}/critic.pt")
         Path(out, "metrics.json").write_text(json.dumps({"sft": sft_m, "fit": fit_m}))
         group.command("close")
