@@ -18,6 +18,7 @@ from pydantic import (
     ValidationError,
 )
 
+from saorl.atomic import write_text
 from saorl.config.schema import SaorlConfig
 from saorl.config.sections import ConfigError, FieldError
 
@@ -306,14 +307,8 @@ def save_resolved(cfg: SaorlConfig, run_dir: str | os.PathLike) -> Path:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.yaml"
-    _write_atomic(path, config_to_yaml(cfg))
+    write_text(path, config_to_yaml(cfg))
     header = "# The algorithm preset after overrides (informational; config.yaml is the source).\n"
-    _write_atomic(run_dir / "algo_resolved.yaml",
+    write_text(run_dir / "algo_resolved.yaml",
                   header + yaml.safe_dump(resolved_algo_dict(cfg), sort_keys=False))
     return path
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -108,7 +108,8 @@ def save_hf_weights(model, state_dict: dict[str, Tensor], out_dir: str | Path) -
     that ``from_pretrained`` (and vLLM / SGLang) read, **tied weights included**
     (:func:`served_names`: a server keeps its own copy of a tied head and
     reloads only what the checkpoint carries), no tokenizer."""
-    from saorl.models.serialize import atomic_dir, save_safetensors_atomic
+    from saorl.atomic import atomic_dir
+    from saorl.models.serialize import save_safetensors_atomic
 
     names = served_names(model)
     missing = [n for n in names if n not in state_dict]

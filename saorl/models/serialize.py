@@ -1,11 +1,7 @@
 """Safetensors checkpoints, written atomically: policies as HF directories, critics, raw tensor dicts.
 
-Atomicity. A file is written to a temporary name in the destination's directory, fsynced, then
-``os.replace``d over the destination; a directory is built in a temporary sibling directory and
-renamed into place (an existing one is first renamed aside, then deleted). A crash or an
-exception midway leaves the previous file/directory intact and nothing half-written at the
-destination; the temporaries are removed on exceptions (a hard kill can leave a hidden
-``.NAME.tmp-*`` sibling, never a partial ``NAME``).
+Atomicity: every file and directory here is written through :mod:`saorl.atomic` (replaced whole or
+not at all).
 
 Layouts:
 - ``export_policy``: what ``save_pretrained`` writes (``config.json``, ``model.safetensors``,
@@ -19,10 +15,6 @@ Layouts:
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,30 +24,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import AutoConfig, AutoModel
 
+from saorl.atomic import atomic_dir, atomic_file
 from saorl.models.critic import Critic
 from saorl.models.loading import ensure_cpu_experts, resolve_dtype
 
 CRITIC_FORMAT = "saorl-critic"
 CRITIC_VERSION = 1
 CRITIC_WEIGHTS = "critic.safetensors"
-
-
-def _fsync_path(path: Path) -> None:
-    """fsync a file or a directory (directory fsync is best effort: not all filesystems allow it)."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() and hasattr(os, "O_DIRECTORY") else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        if path.is_dir():
-            return
-        raise
-    try:
-        os.fsync(fd)
-    except OSError:
-        if not path.is_dir():
-            raise
-    finally:
-        os.close(fd)
 
 
 def _prepare(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -84,19 +59,10 @@ def save_safetensors_atomic(
     Tensors may live on any device, be non-contiguous or share storage (tied weights): each is
     saved as its own contiguous CPU copy. ``metadata``: optional str → str header entries.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     prepared = _prepare(tensors)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_file(path) as tmp:
         save_file(prepared, str(tmp), metadata=metadata)
-        _fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_path(path.parent)
-    return path
+    return Path(path)
 
 
 def load_safetensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Tensor]:
@@ -105,46 +71,6 @@ def load_safetensors(path: str | Path, device: str | torch.device = "cpu") -> di
     if not path.is_file():
         raise FileNotFoundError(f"safetensors file {str(path)!r} does not exist")
     return load_file(str(path), device=str(device))
-
-
-@contextmanager
-def atomic_dir(out_dir: str | Path) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of ``out_dir``; on success it replaces ``out_dir``.
-
-    On an exception the temporary directory is deleted and ``out_dir`` is untouched.
-    """
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                _fsync_path(f)
-        _fsync_path(tmp)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename ``src`` to ``dst``; an existing ``dst`` is renamed aside first and deleted after."""
-    if dst.exists() and not dst.is_dir():
-        raise FileExistsError(f"{str(dst)!r} exists and is not a directory")
-    old = None
-    if dst.exists():
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(dst, old)
-    try:
-        os.rename(src, dst)
-    except BaseException:
-        if old is not None:
-            os.rename(old, dst)
-        raise
-    _fsync_path(dst.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def export_policy(model, tokenizer, out_dir: str | Path) -> Path:

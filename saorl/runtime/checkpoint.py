@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from saorl.atomic import fsync_path
 from saorl.data.trajectory import Trajectory
 from saorl.models.serialize import load_safetensors, save_safetensors_atomic
 from saorl.runtime.journal import Journal, decode_entry, encode_entry
@@ -78,14 +79,6 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict, prefix: s
         pid, name = key.split(".", 1)
         state.setdefault(int(pid), {})[name] = v
     return {"state": state, "param_groups": meta["param_groups"]}
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_learner_files(directory: Path, policy: dict[str, torch.Tensor], policy_optim: dict,
@@ -158,7 +151,7 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
         json.dump(manifest, f)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    fsync_path(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -171,7 +164,7 @@ def _point_latest(ckpt_root: Path, name: str) -> None:
     latest_tmp = ckpt_root / f".latest.tmp{os.getpid()}"
     latest_tmp.write_text(name)
     os.replace(latest_tmp, ckpt_root / LATEST)
-    _fsync_dir(ckpt_root)
+    fsync_path(ckpt_root)
 
 
 def checkpoint_dirs(ckpt_root: Path) -> list[Path]:

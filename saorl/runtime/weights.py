@@ -37,8 +37,9 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file
 
+from saorl.atomic import atomic_dir, write_json
 from saorl.models.hf_format import INDEX, write_index
-from saorl.models.serialize import atomic_dir, save_safetensors_atomic
+from saorl.models.serialize import save_safetensors_atomic
 
 
 class WeightSync(Protocol):
@@ -94,15 +95,6 @@ def write_checkpoint_dir(buckets: Iterable[dict[str, torch.Tensor]], config: Any
     return out_dir
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class FileWeightSync:
     """Publish / poll versioned policy weights in a directory shared by trainer and workers."""
 
@@ -127,7 +119,7 @@ class FileWeightSync:
     def announce(self, version: int, name: str) -> None:
         """Point readers at ``name`` (a file or directory under this one, already complete) as
         ``version``."""
-        _write_json_atomic(self._pointer, {"version": version, "file": name})
+        write_json(self._pointer, {"version": version, "file": name})
         if name in self._published:
             self._published.remove(name)
         self._published.append(name)

@@ -1,0 +1,115 @@
+"""Atomic writes: every file and directory saorl replaces is replaced whole or not at all.
+
+A file is written to a hidden temporary sibling (``.NAME.tmp-<pid>-<random>``), fsynced, then
+``os.replace``d over the destination, and the directory is fsynced (:func:`atomic_file`,
+:func:`write_text`, :func:`write_json`). A directory is built in a temporary sibling and renamed
+into place; an existing one is first renamed aside, then deleted (:func:`atomic_dir`). A crash or
+an exception midway leaves the previous file or directory intact and nothing half-written at the
+destination; the temporaries are removed on exceptions (a hard kill can leave a hidden
+temporary sibling, never a partial ``NAME``). Directory fsyncs are best effort: not every
+filesystem allows them.
+
+Used by the checkpoints, the published weights, the run directory's ``config.yaml``, the exported
+models and every safetensors file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory (a directory's is best effort)."""
+    path = Path(path)
+    is_dir = path.is_dir()
+    flags = os.O_RDONLY | (os.O_DIRECTORY if is_dir and hasattr(os, "O_DIRECTORY") else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if is_dir:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not is_dir:
+            raise
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` to write; on success it replaces ``path`` (fsynced,
+    then the directory); on an exception it is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield tmp
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """``text`` (UTF-8) to ``path``, atomically."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: str | Path, obj: Any, **dump: Any) -> Path:
+    """``obj`` as JSON to ``path``, atomically (``dump``: ``json.dumps`` options)."""
+    return write_text(path, json.dumps(obj, **dump))
+
+
+@contextmanager
+def atomic_dir(out_dir: str | Path) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of ``out_dir``; on success it replaces ``out_dir``.
+
+    On an exception the temporary directory is deleted and ``out_dir`` is untouched.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                fsync_path(f)
+        fsync_path(tmp)
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``; an existing ``dst`` is renamed aside first and deleted after."""
+    if dst.exists() and not dst.is_dir():
+        raise FileExistsError(f"{str(dst)!r} exists and is not a directory")
+    old = None
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(dst, old)
+    try:
+        os.rename(src, dst)
+    except BaseException:
+        if old is not None:
+            os.rename(old, dst)
+        raise
+    fsync_path(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,35 @@
+"""saorl.atomic: a file or directory is replaced whole or not at all, and no temporary is left."""
+
+import json
+
+import pytest
+
+from saorl.atomic import atomic_dir, atomic_file, write_json, write_text
+
+
+def test_a_file_is_replaced_whole_and_an_exception_leaves_the_old_one(tmp_path):
+    path = tmp_path / "sub" / "config.yaml"
+    write_text(path, "a: 1\n")
+    assert path.read_text() == "a: 1\n"
+    with pytest.raises(RuntimeError), atomic_file(path) as tmp:
+        tmp.write_text("half-writ")
+        raise RuntimeError("killed midway")
+    assert path.read_text() == "a: 1\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["config.yaml"]  # no temporary left
+    write_json(path, {"b": 2}, indent=1)
+    assert json.loads(path.read_text()) == {"b": 2}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["config.yaml"]
+
+
+def test_a_directory_is_replaced_whole_and_an_exception_leaves_the_old_one(tmp_path):
+    out = tmp_path / "final"
+    with atomic_dir(out) as tmp:
+        (tmp / "x.txt").write_text("1")
+    with pytest.raises(ValueError), atomic_dir(out) as tmp:
+        (tmp / "x.txt").write_text("2")
+        raise ValueError("no")
+    assert (out / "x.txt").read_text() == "1"
+    with atomic_dir(out) as tmp:
+        (tmp / "y.txt").write_text("3")
+    assert sorted(p.name for p in out.iterdir()) == ["y.txt"]  # the old directory is gone whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
