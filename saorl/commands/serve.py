@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=4 * 2**20, help="largest request body")
     parser.add_argument("--body-timeout", type=float, default=10.0,
                         help="seconds a request body may take to arrive")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a request's line and headers may take to arrive")
+    parser.add_argument("--max-json-depth", type=int, default=32,
+                        help="deepest nesting of arrays and objects in a JSON body")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (queued connections)")
     parser.add_argument("--emulate", choices=["vllm", "sglang"], default=None,
                         help="also serve the vLLM or SGLang routes saorl's clients use")
@@ -84,11 +88,12 @@ def _load_tokenizer(args: argparse.Namespace):
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    for name in ("max_batch_size", "max_pending", "max_body_bytes", "backlog"):
+    for name in ("max_batch_size", "max_pending", "max_body_bytes", "max_json_depth", "backlog"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-    if args.body_timeout <= 0:
-        return f"--body-timeout must be > 0, got {args.body_timeout}"
+    for name in ("body_timeout", "header_timeout"):
+        if not getattr(args, name) > 0:
+            return f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}"
     if args.moe_top_k is not None and args.moe_top_k < 1:
         return f"--moe-top-k must be >= 1, got {args.moe_top_k}"
     if not args.router_noise >= 0:
@@ -125,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2
     limits = ServerLimits(max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
-                          body_timeout_s=args.body_timeout, backlog=args.backlog)
+                          body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
+                          max_json_depth=args.max_json_depth, backlog=args.backlog)
     extra = {"logprobs_mode": args.logprobs_mode} if args.emulate == "vllm" else {}
     app = create_app(engine, tokenizer=tokenizer, model_name=args.model, limits=limits,
                      weights_dir=args.weights_dir, emulate=args.emulate, **extra)

@@ -14,26 +14,24 @@ servers leave them out, as the real ones do. With an engine that records MoE rou
 each choice's ``routed_experts`` (base64 ``.npy``, :mod:`saorl.engines.routes`); an emulated vLLM
 server sends them with every choice, as vLLM does.
 
-Holding load (every limit is a :class:`ServerLimits` field and a ``saorl serve`` option):
-
-- a listen backlog of ``backlog`` connections, so a burst of clients is queued by the kernel, not
-  refused;
-- at most ``max_pending`` generations admitted at once (running or waiting for an engine slot; a
-  request with ``n`` choices counts ``n`` per prompt); past it, HTTP 503 with ``Retry-After``;
-- bodies over ``max_body_bytes`` get 413 before they are read (by ``Content-Length``) or as soon
-  as they pass the limit; a body not fully received within ``body_timeout_s`` (a slow client, a
-  lying ``Content-Length``) gets 408, so no handler waits forever;
-- malformed fields get 400 naming the field (strict validation, finite numbers only).
+Holding load: every limit is a :class:`ServerLimits` field and a ``saorl serve`` option, and every
+refusal a JSON error naming its limit (:mod:`saorl.engines.server_limits`: the header and body
+deadlines, the body size, the JSON nesting depth). Here: at most ``max_pending`` generations
+admitted at once (running or waiting for an engine slot; a request with ``n`` choices counts ``n``
+per prompt); past it, 503 with ``Retry-After``. Malformed fields get 400 naming the
+field (strict validation, finite numbers only); an exception no handler expected is a JSON 500.
 
 Weight updates (``POST /update_weights {"path", "version"}``) are off unless the server is given
 ``weights_dir``; then only files under that directory (after resolving links) are loaded, and a
 path outside it is refused without looking at it, so the endpoint reveals nothing about other
-paths. Errors are ``{"error": {"message", "type", "param", "code"}}``; engine failures are 503.
+paths. Errors are
+``{"error": {"message", "type", "param", "code"}}``; engine failures are 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 import socket
@@ -45,36 +43,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from saorl.engines import openai_api as oa
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine
 from saorl.engines.generation import generate_all, read_json
+from saorl.engines.server_limits import BodyLimit, HeaderDeadline, Overloaded, ServerLimits, error_response
 
 Emulate = Literal["vllm", "sglang"] | None
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    max_pending: int = 512
-    """Generations admitted at once (running or waiting for a slot); past it, 503 + Retry-After."""
-    max_body_bytes: int = 4 * 2**20
-    """Largest request body accepted (413 past it)."""
-    body_timeout_s: float = 10.0
-    """A request body must arrive completely within this many seconds (408 otherwise)."""
-    backlog: int = 2048
-    """Listen backlog: connections the kernel queues before the server accepts them."""
-    retry_after_s: int = 1
-    """The ``Retry-After`` a 503 asks clients to wait, in seconds."""
-
-    def __post_init__(self) -> None:
-        if self.max_pending < 1 or self.max_body_bytes < 1 or self.body_timeout_s <= 0 or self.backlog < 1:
-            raise ValueError(f"server limits must be positive, got {self}")
-
-
-class Overloaded(Exception):
-    """More generations than ``max_pending``: answered 503 with ``Retry-After``."""
 
 
 @dataclass
@@ -127,61 +105,6 @@ class ServerState:
         if not real.exists():
             raise oa.BadRequest(f"{what}: nothing at {path!r} under the weights directory", what)
         return real
-
-
-def _error(code: int, message: str, kind: str, param: str | None = None,
-           headers: dict | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=code, headers=headers)
-
-
-# ------------------------------------------------------------------------------------- body limits
-class BodyLimit:
-    """ASGI middleware: read the whole body within the size and time limits, then pass it on."""
-
-    def __init__(self, app, limits: ServerLimits) -> None:
-        self.app, self.limits = app, limits
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        lim = self.limits
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > lim.max_body_bytes):
-            return await self._refuse(scope, receive, send, 413 if declared.isdigit() else 400,
-                                      f"request body over the limit of {lim.max_body_bytes} bytes"
-                                      if declared.isdigit() else "Content-Length is not a number")
-        chunks, size, deadline = [], 0, time.monotonic() + lim.body_timeout_s
-        while True:
-            try:
-                msg = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
-            except asyncio.TimeoutError:
-                return await self._refuse(scope, receive, send, 408,
-                                          f"request body not received within {lim.body_timeout_s:g}s")
-            if msg["type"] == "http.disconnect":
-                return None
-            chunks.append(msg.get("body", b""))
-            size += len(chunks[-1])
-            if size > lim.max_body_bytes:
-                return await self._refuse(scope, receive, send, 413,
-                                          f"request body over the limit of {lim.max_body_bytes} bytes")
-            if not msg.get("more_body", False):
-                break
-        body, sent = b"".join(chunks), False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
-
-    @staticmethod
-    async def _refuse(scope, receive, send, code: int, message: str) -> None:
-        response = _error(code, message, "invalid_request_error", headers={"Connection": "close"})
-        await response(scope, receive, send)
 
 
 # ------------------------------------------------------------------------------------- generation
@@ -317,24 +240,35 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
 
     @app.exception_handler(oa.BadRequest)
     async def _bad(_r, e: oa.BadRequest):
-        return _error(400, str(e), "invalid_request_error", e.param)
+        return error_response(400, str(e), "invalid_request_error", e.param)
 
     @app.exception_handler(Overloaded)
     async def _busy(_r, e: Overloaded):
-        return _error(503, f"server busy: {e}; retry after {limits.retry_after_s}s", "server_busy",
+        return error_response(503, f"server busy: {e}; retry after {limits.retry_after_s}s", "server_busy",
                       headers={"Retry-After": str(limits.retry_after_s)})
 
     @app.exception_handler(EngineError)
     async def _engine(_r, e: EngineError):
-        return _error(503, str(e), "engine_error")
+        return error_response(503, str(e), "engine_error")
 
     @app.exception_handler(PermissionError)
     async def _forbidden(_r, e: PermissionError):
-        return _error(403, str(e), "forbidden")
+        return error_response(403, str(e), "forbidden")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_r, e: StarletteHTTPException):
-        return _error(e.status_code, str(e.detail), "not_found" if e.status_code == 404 else "http_error")
+        kind = "not_found" if e.status_code == 404 else "http_error"
+        return error_response(e.status_code, str(e.detail), kind)
+
+    @app.exception_handler(RequestValidationError)  # FastAPI's own: the query of an emulated route
+    async def _query(_r, e: RequestValidationError):
+        err = e.errors()[0]
+        name = str(err["loc"][-1]) if err["loc"] else "request"
+        return error_response(400, f"{name}: {err['msg']}", "invalid_request_error", name)
+
+    @app.exception_handler(Exception)  # a bug: still an error body (the log has the traceback)
+    async def _internal(_r, e: Exception):
+        return error_response(500, f"internal server error ({type(e).__name__})", "internal_error")
 
     @app.get("/health")
     async def health():
@@ -390,9 +324,11 @@ def bind(host: str, port: int, backlog: int) -> socket.socket:
 def make_server(app: FastAPI, sock: socket.socket, *, verbose: bool = False):
     import uvicorn
 
+    limits = app.state.saorl.limits
+    protocol = functools.partial(HeaderDeadline, timeout_s=limits.header_timeout_s)
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
-                            backlog=app.state.saorl.limits.backlog, timeout_keep_alive=30,
-                            timeout_graceful_shutdown=5, lifespan="off")
+                            backlog=limits.backlog, timeout_keep_alive=30, timeout_graceful_shutdown=5,
+                            lifespan="off", http=protocol)
     return uvicorn.Server(config)
 
 

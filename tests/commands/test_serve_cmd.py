@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("args, message", [
     (["--max-pending", "0"], "--max-pending must be >= 1"),
     (["--body-timeout", "0"], "--body-timeout must be > 0"),
+    (["--header-timeout", "nan"], "--header-timeout must be > 0"),
+    (["--max-json-depth", "0"], "--max-json-depth must be >= 1"),
     (["--weights-dir", "/nonexistent/dir"], "--weights-dir '/nonexistent/dir' is not a directory"),
     (["--chat-template", "/nonexistent.jinja"], "--chat-template '/nonexistent.jinja' is not a file"),
     (["--moe-top-k", "0"], "--moe-top-k must be >= 1"),
