@@ -18,7 +18,8 @@ Holding load: every limit is a :class:`ServerLimits` field and a ``saorl serve``
 refusal a JSON error naming its limit (:mod:`saorl.engines.server_limits`: the header and body
 deadlines, the body size, the JSON nesting depth). Here: at most ``max_pending`` generations
 admitted at once (running or waiting for an engine slot; a request with ``n`` choices counts ``n``
-per prompt); past it, 503 with ``Retry-After``. Malformed fields get 400 naming the
+per prompt); past it, 503 with ``Retry-After``, unless the request alone asks for more than
+``max_pending``, which no wait would let in: that is a 400. Malformed fields get 400 naming the
 field (strict validation, finite numbers only); an exception no handler expected is a JSON 500.
 
 Weight updates (``POST /update_weights {"path", "version"}``) are off unless the server is given
@@ -81,6 +82,11 @@ class ServerState:
             self.route_layout = RouteLayout(routing.num_moe_layers(model), routing.num_experts(model))
 
     def admit(self, need: int) -> None:
+        """Count ``need`` more generations in: 503 while too many run, 400 if they never could."""
+        if need > self.limits.max_pending:
+            raise oa.BadRequest(f"n: the request asks for {need} generations at once (prompts x n), "
+                                f"more than the {self.limits.max_pending} this server ever admits "
+                                "(--max-pending); send it in smaller pieces", "n")
         if self.pending + need > self.limits.max_pending:
             raise Overloaded(f"{self.pending} generations in flight; the limit is {self.limits.max_pending}")
         self.pending += need

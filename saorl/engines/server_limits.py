@@ -17,7 +17,8 @@ limit. Two layers enforce them:
   recursive parsers fail on deep nesting with a ``RecursionError``).
 
 What the routes check themselves: ``max_pending`` (:meth:`~saorl.engines.server.ServerState.admit`:
-503 + ``Retry-After``) and the fields of each request (400 naming the field).
+503 + ``Retry-After`` while others run, 400 for a request larger than the server ever admits) and
+the fields of each request (400 naming the field).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 @dataclass(frozen=True)
 class ServerLimits:
     max_pending: int = 512
-    """Generations admitted at once (running or waiting for a slot); past it, 503 + Retry-After."""
+    """Generations admitted at once (running or waiting for a slot); past it, 503 + Retry-After; a
+    request that alone asks for more (prompts × ``n``) is a 400."""
     max_body_bytes: int = 4 * 2**20
     """Largest request body accepted (413 past it)."""
     body_timeout_s: float = 10.0

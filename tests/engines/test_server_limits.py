@@ -1,5 +1,5 @@
-"""saorl serve's limits against a real server on loopback: slow headers, deep JSON, requests HTTP
-cannot parse; each refusal a JSON error naming what was wrong, and the server still answering
+"""saorl serve's limits against a real server on loopback: slow headers, deep JSON, requests no
+wait would admit; each refusal a JSON error naming what was wrong, and the server still answering
 afterwards."""
 
 import functools
@@ -141,6 +141,31 @@ def test_json_depth_is_linear_on_an_unterminated_string_of_escapes():
     t0 = time.monotonic()
     assert json_depth(b'["' + b'\\"' * 2_000_000) == 1  # a backtracking scan would take hours
     assert time.monotonic() - t0 < 2
+
+
+def test_a_request_no_wait_would_admit_is_a_400_one_that_fits_later_a_503(served):
+    _, url, _ = served
+    too_big = {"prompt": [[5], [6], [7]], "n": 3, "max_tokens": 1}  # 9 generations, 8 admitted at most
+    r = _post(url + "/v1/completions", json=too_big)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "n" and "Retry-After" not in r.headers
+    assert "asks for 9 generations" in err["message"]
+    assert "more than the 8 this server ever admits (--max-pending)" in err["message"]
+    fits_later = {"prompt": [5], "n": 4, "max_tokens": 1}
+    with httpx.Client(timeout=60) as c, c.stream("POST", url + "/v1/completions", json={
+            "prompt": [5, 6], "n": 6, "max_tokens": 4000, "stream": True}) as long:
+        lines = long.iter_lines()
+        first = next(lines)  # 6 of 8 generations running
+        assert first.startswith("data: {") and '"finish_reason": null' in first, first
+        r = _post(url + "/v1/completions", json=fits_later)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1", (r.text, list(lines)[-6:])
+        assert "server busy: 6 generations in flight" in r.json()["error"]["message"]
+        assert _post(url + "/v1/completions", json=too_big).status_code == 400  # 400 under load too
+    deadline = time.monotonic() + 60  # the stream closed: its generations are released
+    while (r := _post(url + "/v1/completions", json=fits_later)).status_code == 503:
+        assert time.monotonic() < deadline, "the closed stream's generations were never released"
+        time.sleep(0.1)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 4
 
 
 def test_an_unexpected_exception_is_a_json_500(tok):
