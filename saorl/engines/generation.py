@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -17,13 +18,24 @@ from fastapi import Request
 from saorl.engines import openai_api as oa
 from saorl.engines.base import GenerationResult
 
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
 
 async def read_json(request: Request) -> Any:
+    """The body as JSON (nested at most ``max_json_depth`` deep: the server's middleware saw to it);
+    400 for what is not JSON, or a string no tokenizer or path can take (a lone UTF-16 surrogate:
+    JSON lets ``"\\ud800"`` through, UTF-8 does not)."""
     raw = await request.body()
-    try:
-        return json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    try:  # a ValueError: malformed, not UTF-8, or a number past Python's 4300 digits
+        body = json.loads(raw or b"null")
+        if _SURROGATE.search(raw):
+            json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise oa.BadRequest("body: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff not in a "
+                            "pair), which is not text") from None
+    except ValueError as e:
         raise oa.BadRequest(f"body is not valid JSON: {e}") from None
+    return body
 
 
 def engine_bad_request(e: ValueError) -> oa.BadRequest:

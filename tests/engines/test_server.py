@@ -148,6 +148,8 @@ def test_chat_without_a_template_is_refused_clearly(tiny_moe, tok):
     (b'{"prompt": [5], "stream": "yes"}', "stream"),
     (b'[1, 2]', None),
     (b'{"prompt": [5', None),
+    (b'{"prompt": [' + b"1" * 5000 + b']}', None),  # past Python's 4300 digits: a ValueError, not JSON's
+    (b'{"prompt": ["a\\ud800"]}', None),  # a lone surrogate: no tokenizer can take it
 ])
 def test_each_malformed_request_is_a_400_naming_the_field(server, body, field):
     r = httpx.post(server[1] + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
