@@ -87,10 +87,14 @@ async def _load_dir(state, path: Any, what: str) -> None:
     if not (real / "config.json").is_file() or not any(real.glob("*.safetensors")):
         raise oa.BadRequest(f"{what}: {path!r} is not a Hugging Face model directory "
                             "(config.json and *.safetensors)", what)
+    from safetensors import SafetensorError
+
+    from saorl.models.hf_format import check_same_model
     from saorl.models.loading import load_policy
     from saorl.models.serialize import quiet_progress
 
     def load():
+        check_same_model(real, state.engine.model)  # before load_policy allocates what config.json says
         with quiet_progress():
             return load_policy(str(real))
 
@@ -99,7 +103,7 @@ async def _load_dir(state, path: Any, what: str) -> None:
         loaded = await asyncio.to_thread(load)
         weights = {k: v for k, v in loaded.state_dict().items() if k in own}
         await asyncio.to_thread(state.engine.update_weights, weights, state.engine.version + 1)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, SafetensorError) as e:
         raise oa.BadRequest(f"{what}: cannot load {path!r}: {e}", what) from None
 
 

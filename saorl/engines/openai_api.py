@@ -111,6 +111,14 @@ class ChatRequest(_Request):
         return self
 
 
+class WeightUpdate(BaseModel):
+    """``POST /update_weights``, saorl's own route: load the weights file or directory ``path`` (under
+    the server's ``--weights-dir``) as ``version``."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    path: str
+    version: Annotated[int, Field(ge=0, lt=2**63)]
+
+
 def parse(model: type[BaseModel], body: Any) -> Any:
     """``body`` validated as ``model``, or :class:`BadRequest` naming the first bad field."""
     if not isinstance(body, dict):

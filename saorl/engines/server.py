@@ -25,7 +25,8 @@ field (strict validation, finite numbers only); an exception no handler expected
 Weight updates (``POST /update_weights {"path", "version"}``) are off unless the server is given
 ``weights_dir``; then only files under that directory (after resolving links) are loaded, and a
 path outside it is refused without looking at it, so the endpoint reveals nothing about other
-paths. Errors are
+paths. A path that is not one (a NUL byte), a file that is not weights (garbage, text, another
+model's) and a load that fails are 400s saying why; the old weights stay. Errors are
 ``{"error": {"message", "type", "param", "code"}}``; engine failures are 503.
 """
 
@@ -105,10 +106,12 @@ class ServerState:
                                   "to load weights from files under DIR")
         if not isinstance(path, str) or not path:
             raise oa.BadRequest(f"{what}: expected a non-empty string path", what)
+        if "\0" in path:
+            raise oa.BadRequest(f"{what}: a path cannot hold a NUL byte", what)
         real = Path(os.path.realpath(path))
         if real != self.weights_dir and self.weights_dir not in real.parents:
             raise PermissionError(f"{what} must lie under the server's weights directory")
-        if not real.exists():
+        if not os.path.exists(real):  # False for a name too long as well (Path.exists raises)
             raise oa.BadRequest(f"{what}: nothing at {path!r} under the weights directory", what)
         return real
 
@@ -295,15 +298,10 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
 
     @app.post("/update_weights")
     async def update_weights(request: Request):
-        body = await read_json(request)
-        if not isinstance(body, dict) or set(body) - {"path", "version"}:
-            raise oa.BadRequest('update_weights expects {"path": str, "version": int}')
-        version = body.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise oa.BadRequest("version: expected an int >= 0", "version")
-        path = state.allowed_path(body.get("path"))
-        try:
-            await asyncio.to_thread(engine.update_weights, str(path), version)
+        req = oa.parse(oa.WeightUpdate, await read_json(request))
+        path = state.allowed_path(req.path)
+        try:  # checked before anything is applied: a file that fails leaves the old weights
+            await asyncio.to_thread(engine.update_weights, str(path), req.version)
         except (ValueError, OSError) as e:
             raise oa.BadRequest(f"path: cannot load weights: {e}", "path") from None
         return {"status": "ok", "version": engine.version}

@@ -81,19 +81,49 @@ def from_checkpoint(config: PretrainedConfig, tensors: dict[str, Tensor],
 
 def read_weights(path: str | Path, like: PreTrainedModel) -> dict[str, Tensor]:
     """The weights at ``path`` in ``like``'s in-memory names: a safetensors file of a state dict
-    (loaded as is) or a Hugging Face directory (converted by ``from_pretrained``)."""
+    (loaded as is) or a Hugging Face directory (converted by ``from_pretrained``, once
+    :func:`check_same_model` has passed). ``ValueError`` for what is not such weights (garbage,
+    text, another model's directory), ``OSError`` for what cannot be read."""
+    from safetensors import SafetensorError
+
     path = Path(path)
-    if path.is_file():
-        from safetensors.torch import load_file
+    try:
+        if path.is_file():
+            from safetensors.torch import load_file
 
-        return load_file(str(path))
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} is neither a safetensors file nor a model directory")
-    from saorl.models.serialize import quiet_progress
+            return load_file(str(path))
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{str(path)!r} is neither a safetensors file nor a model directory")
+        check_same_model(path, like)
+        from saorl.models.serialize import quiet_progress
 
-    with quiet_progress():
-        model = type(like).from_pretrained(str(path), local_files_only=True, dtype=like.dtype)
+        with quiet_progress():
+            model = type(like).from_pretrained(str(path), local_files_only=True, dtype=like.dtype)
+    except SafetensorError as e:
+        raise ValueError(f"{str(path)!r}: not readable as safetensors ({e})") from None
     return model.state_dict()
+
+
+def check_same_model(path: str | Path, like: PreTrainedModel) -> None:
+    """``ValueError`` unless the ``config.json`` of the directory ``path`` builds ``like``'s weights,
+    name for name and shape for shape. Decided on the meta device, before any weight is read or
+    allocated: ``from_pretrained`` builds whatever the config describes first (the defaults of a
+    Qwen3-MoE config for a file that names another model type: tens of GB)."""
+    try:
+        config = type(like.config).from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"):
+            skeleton = type(like)(config)
+    except OSError:
+        raise
+    except Exception as e:  # an untrusted config: whatever it breaks, it is not this model's
+        raise ValueError(f"{str(path)!r}: config.json does not build a {type(like).__name__} "
+                         f"({e!r})") from None
+    want = {k: tuple(v.shape) for k, v in like.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    if got != want:
+        name = next(k for k in sorted(want.keys() | got.keys()) if want.get(k) != got.get(k))
+        raise ValueError(f"{str(path)!r}: config.json describes another model ({name}: "
+                         f"{got.get(name, 'absent')} there, {want.get(name, 'absent')} here)")
 
 
 def write_index(directory: Path, weight_map: dict[str, str], total_size: int) -> None:

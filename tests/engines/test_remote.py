@@ -254,6 +254,32 @@ def test_emulated_weight_routes_stay_inside_the_weights_dir(tok, tmp_path):
         eng.close()
 
 
+@pytest.mark.parametrize("emulate, route, body", [
+    ("sglang", "/update_weights_from_disk", lambda path: {"model_path": path, "weight_version": "9"}),
+    ("vllm", "/collective_rpc", lambda path: {"method": "reload_weights", "kwargs": {"weights_path": path}}),
+])
+def test_emulated_weight_routes_refuse_what_is_not_the_model(tok, tmp_path, emulate, route, body):
+    import json
+
+    from saorl.models.hf_format import save_hf_weights
+
+    eng, srv, url = _emulated(tok, tmp_path, emulate)
+    try:
+        other = build_tiny("tiny-moe", seed=1)
+        bigger = save_hf_weights(other, other.state_dict(), tmp_path / "bigger")
+        config = json.loads((bigger / "config.json").read_text())  # refused before it is built
+        (bigger / "config.json").write_text(json.dumps({**config, "hidden_size": 8192, "vocab_size": 10**6}))
+        broken = save_hf_weights(other, other.state_dict(), tmp_path / "broken")
+        (broken / "model.safetensors").write_bytes(b"\x00" * 100)
+        for path, says in ((bigger, "config.json describes another model"), (broken, "deserializing header")):
+            r = httpx.post(url + route, json=body(str(path)))
+            assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+        assert eng.version == 0
+    finally:
+        srv.shutdown()
+        eng.close()
+
+
 @pytest.mark.vllm
 @pytest.mark.gpu
 def test_against_a_real_sglang_server():

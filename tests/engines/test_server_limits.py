@@ -1,6 +1,6 @@
 """saorl serve's limits against a real server on loopback: slow headers, deep JSON, requests no
-wait would admit; each refusal a JSON error naming what was wrong, and the server still answering
-afterwards."""
+wait would admit, weight files that are not weights; each refusal a JSON error naming what was
+wrong, and the server still answering afterwards."""
 
 import functools
 import json
@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from saorl.engines import LocalEngine
 from saorl.engines.server import ServerLimits, serve_in_thread
 from saorl.engines.server_limits import json_depth
+from saorl.models.hf_format import save_hf_weights
+from saorl.models.serialize import save_safetensors_atomic
 from saorl.models.tiny import build_tiny
 
 _post = functools.partial(httpx.post, timeout=60)  # the 2-core CI machine can be slow: no 5 s default
@@ -166,6 +168,60 @@ def test_a_request_no_wait_would_admit_is_a_400_one_that_fits_later_a_503(served
         assert time.monotonic() < deadline, "the closed stream's generations were never released"
         time.sleep(0.1)
     assert r.status_code == 200 and len(r.json()["choices"]) == 4
+
+
+def _not_weights(wdir) -> list[tuple[str, str, str]]:
+    """(what, path under ``wdir``, what the refusal must say) of paths that hold no weights for the
+    tiny MoE."""
+    import os
+
+    (wdir / "random.safetensors").write_bytes(os.urandom(4096))
+    (wdir / "notes.txt").write_text("these are not weights\n")
+    (wdir / "empty.safetensors").write_bytes(b"")
+    (wdir / "no-config").mkdir()
+    other = build_tiny("tiny-moe", seed=1)
+    names = save_safetensors_atomic({"nope.weight": other.lm_head.weight}, wdir / "names.safetensors")
+    thin = {k: v[..., :1].contiguous() for k, v in other.state_dict().items()}
+    shapes = save_safetensors_atomic(thin, wdir / "shapes.safetensors")
+    bigger = save_hf_weights(other, other.state_dict(), wdir / "bigger")
+    config = json.loads((bigger / "config.json").read_text())
+    (bigger / "config.json").write_text(json.dumps({**config, "hidden_size": 8192, "vocab_size": 10**6}))
+    broken = save_hf_weights(other, other.state_dict(), wdir / "broken")
+    (broken / "model.safetensors").write_bytes(b"\x00" * 100)
+    not_safetensors = "not readable as safetensors"
+    return [("random bytes", wdir / "random.safetensors", not_safetensors),
+            ("a text file", wdir / "notes.txt", not_safetensors),
+            ("an empty file", wdir / "empty.safetensors", not_safetensors),
+            ("a directory without config.json", wdir / "no-config", "neither a safetensors file nor a model"),
+            ("unknown names", names, "unknown parameter names"),
+            ("wrong shapes", shapes, "has shape"),
+            ("another model's config.json", bigger, "config.json describes another model"),
+            ("a broken safetensors file in a model directory", broken, not_safetensors),
+            ("a NUL byte", str(wdir / "a\0b"), "cannot hold a NUL byte"),
+            ("nothing there", wdir / "missing", "nothing at"),
+            ("a name too long", wdir / ("a" * 5000), "nothing at"),
+            ("an empty path", "", "non-empty string")]
+
+
+def test_every_failed_weight_update_is_a_400_and_the_old_weights_stay(served):
+    eng, url, wdir = served
+    probe = {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
+    before = _post(url + "/v1/completions", json=probe).json()["choices"][0]["token_ids"]
+    for what, path, says in _not_weights(wdir):
+        r = _post(url + "/update_weights", json={"path": str(path), "version": 7})
+        assert r.status_code == 400, (what, r.text)
+        err = r.json()["error"]
+        assert err["param"] == "path" and says in err["message"], (what, err)
+    for body in ([1], {"path": str(wdir), "version": -1}, {"path": 5, "version": 1}, {"version": 1},
+                 {"path": str(wdir), "version": 1, "extra": 1}, {"path": str(wdir), "version": True}):
+        r = _post(url + "/update_weights", json=body)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (body, r.text)
+    assert eng.version == 0 and _get(url + "/health").json() == {"status": "ok", "version": 0}
+    assert _post(url + "/v1/completions", json=probe).json()["choices"][0]["token_ids"] == before
+    good = save_safetensors_atomic(build_tiny("tiny-moe", seed=1).state_dict(), wdir / "good.safetensors")
+    r = _post(url + "/update_weights", json={"path": str(good), "version": 7})
+    assert r.json() == {"status": "ok", "version": 7}  # the endpoint still loads real weights
+    assert _post(url + "/v1/completions", json=probe).json()["choices"][0]["versions"] == [7] * 8
 
 
 def test_an_unexpected_exception_is_a_json_500(tok):
