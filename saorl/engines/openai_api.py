@@ -119,6 +119,22 @@ class WeightUpdate(BaseModel):
     version: Annotated[int, Field(ge=0, lt=2**63)]
 
 
+def request_body(model: type[BaseModel]) -> dict:
+    """The OpenAPI ``requestBody`` of a route that reads ``model`` itself (FastAPI's ``openapi_extra``),
+    self-contained: pydantic's ``$defs`` inlined, as they would point nowhere in the document."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(x: Any) -> Any:
+        if isinstance(x, dict):
+            return inline(defs[x["$ref"].rsplit("/", 1)[1]]) if "$ref" in x else {
+                k: inline(v) for k, v in x.items()}
+        return [inline(v) for v in x] if isinstance(x, list) else x
+
+    content = {"application/json": {"schema": inline(schema)}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
 def parse(model: type[BaseModel], body: Any) -> Any:
     """``body`` validated as ``model``, or :class:`BadRequest` naming the first bad field."""
     if not isinstance(body, dict):

@@ -28,6 +28,10 @@ path outside it is refused without looking at it, so the endpoint reveals nothin
 paths. A path that is not one (a NUL byte), a file that is not weights (garbage, text, another
 model's) and a load that fails are 400s saying why; the old weights stay. Errors are
 ``{"error": {"message", "type", "param", "code"}}``; engine failures are 503.
+
+``create_app(...).openapi()`` is the OpenAPI document, request bodies included (the routes read their
+bodies themselves, to answer 400s in this shape); it is not served (no docs routes), and the tests
+fuzz the server from it.
 """
 
 from __future__ import annotations
@@ -244,7 +248,7 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
     limits = limits or ServerLimits()
     wdir = Path(os.path.realpath(weights_dir)) if weights_dir is not None else None
     state = ServerState(engine, tokenizer, model_name, limits, wdir, emulate)
-    app = FastAPI(title="saorl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="saorl serve", docs_url=None, redoc_url=None, openapi_url=None)  # see .openapi()
     app.state.saorl = state
 
     @app.exception_handler(oa.BadRequest)
@@ -288,15 +292,15 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "saorl",
                                             "created": 0, "version": engine.version}]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=oa.request_body(oa.CompletionRequest))
     async def completions(request: Request):
         return await handle_generation(state, request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=oa.request_body(oa.ChatRequest))
     async def chat_completions(request: Request):
         return await handle_generation(state, request, chat=True)
 
-    @app.post("/update_weights")
+    @app.post("/update_weights", openapi_extra=oa.request_body(oa.WeightUpdate))
     async def update_weights(request: Request):
         req = oa.parse(oa.WeightUpdate, await read_json(request))
         path = state.allowed_path(req.path)
