@@ -38,6 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("saorl.commands.sft", "fine-tune a policy on an env's demonstrations; accuracy before/after"),
     "value-pretrain": ("saorl.commands.value_pretrain", "fit a critic on rollouts of a fixed policy"),
     "serve": ("saorl.commands.serve", "serve the local engine over OpenAI-compatible HTTP"),
+    "replay": ("saorl.commands.replay",
+               "re-run the learner on a run's recorded batches from a checkpoint, under changed settings"),
     "check-server": ("saorl.commands.check_server",
                      "check vLLM / SGLang servers against a policy: log-probs, reloads, start-up refusals"),
     "envs": ("saorl.commands.envs", "list environments, sample tasks and demonstrations"),
