@@ -52,7 +52,7 @@ from pathlib import Path
 from saorl.envs.sandbox_bwrap import Bwrap, SandboxUnavailable, failure_message, resolve
 from saorl.envs.sandbox_child import BOOT_SOURCE, make_preexec, untraversable
 
-__all__ = ["WORKDIR", "SandboxResult", "SandboxUnavailable", "ensure_available", "run_python",
+__all__ = ["WORKDIR", "SandboxResult", "SandboxUnavailable", "ensure_available", "kill_group", "run_python",
            "run_python_files"]
 
 WORKDIR = "/sandbox"
@@ -171,7 +171,7 @@ def _pump(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[_Capture, 
         if reason is None and now >= deadline:
             reason = "timeout"
         if reason is not None and hard_stop == math.inf:
-            _kill_group(proc)
+            kill_group(proc)
             hard_stop = now + _KILL_GRACE_S
         if now >= hard_stop:
             break
@@ -187,7 +187,9 @@ def _pump(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[_Capture, 
     return outs[proc.stdout], outs[proc.stderr], reason
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group that ``proc`` leads (started with ``start_new_session``): it and
+    everything it started that stayed in its group. A no-op when it is gone."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
 
@@ -275,7 +277,7 @@ def _execute(bw: Bwrap, files: dict[str, str], argv: list[str], *, timeout_s: fl
         try:
             out, err, reason = _pump(proc, start + timeout_s, max_output_bytes)
         finally:
-            _kill_group(proc)  # also on KeyboardInterrupt etc.; the pid namespace dies with bwrap
+            kill_group(proc)  # also on KeyboardInterrupt etc.; the pid namespace dies with bwrap
             rc = proc.wait()
         proc.stdout.close()
         proc.stderr.close()

@@ -1,6 +1,8 @@
 """A rollout worker never outlives its trainer, whatever killed the trainer (``kill -9`` included).
 
-Two mechanisms, because neither covers everything alone:
+Two mechanisms, because neither covers everything alone, both in
+:func:`~saorl.runtime.parent_death.die_with_parent` (which also ends the child processes that run
+user code, :mod:`saorl.envs.hosted`):
 
 - on Linux the worker asks the kernel for ``SIGKILL`` when its parent dies
   (``prctl(PR_SET_PDEATHSIG)``). The kernel ties that signal to the parent *thread*, so it is
@@ -10,8 +12,9 @@ Two mechanisms, because neither covers everything alone:
   worker's parent is still the trainer that started it, and kills the worker otherwise.
 
 Both start before anything heavy is imported: :func:`run_worker` is the process's entry point
-and this module imports only the standard library, and the worker's spec arrives pickled, so
-unpickling the process arguments imports nothing of torch or the models. With the worker gone,
+and this module imports only the standard library (and ``parent_death``, which does too), and
+the worker's spec arrives pickled, so unpickling the process arguments imports nothing of torch
+or the models. With the worker gone,
 the multiprocessing resource tracker it shared with the trainer sees its last pipe close and
 exits too. (Sandbox processes of the worker's episodes run with ``bwrap --die-with-parent``.)
 
@@ -31,32 +34,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-PARENT_CHECK_S = 0.5
-PR_SET_PDEATHSIG = 1
+from saorl.runtime.parent_death import PARENT_CHECK_S, die_with_parent
 
-
-def die_with_parent(parent_pid: int, kernel_signal: bool) -> None:
-    """Make this process die when ``parent_pid`` does (see the module docstring)."""
-    if kernel_signal and sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # the watcher below still covers it
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_CHECK_S)
-        os.kill(os.getpid(), signal.SIGKILL)  # no trainer is left to take the results
-
-    if os.getppid() != parent_pid:  # the parent died before any of this was in place
-        os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=watch, name="saorl-parent-watch", daemon=True).start()
-
+__all__ = ["PARENT_CHECK_S", "Reaper", "descendants", "die_with_parent", "run_worker", "start_time"]
 
 def run_worker(parent_pid: int, kernel_signal: bool, worker_id: int, spec: bytes, requests, results) -> None:
     """Entry point of a rollout worker process: first the lifeline, then
