@@ -236,6 +236,18 @@ class EnvConfig(Section):
     """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
     num_test_tasks: int = Field(128, ge=1)
     """Held-out test tasks: drawn from the env's generator, or held out of ``tasks_file``."""
+    call_timeout_s: float | None = Field(60.0, gt=0.0)
+    """Deadline, in seconds, of each call into user code: the reward function of ``prompt_reward``
+    (its ``reset`` and ``step``), and ``reset`` / ``step`` of an env given as
+    ``module.path:ClassName``. Those calls run in warm child processes of each rollout worker (and
+    of the trainer, for evaluations), which such an env's state must pickle to cross; a call past
+    the deadline is killed with its process — busy loops and C calls that never yield included —
+    and fails its rollout with a message naming the function, the task and its row: the rollout is
+    tried again like any failed one (a rollout that fails 4 times stops the run, exit status 3,
+    every failure in ``errors.log``), and in an evaluation the episode counts as unsuccessful
+    (``eval/failed``). null: no deadline; those calls run in the worker's own threads, where one
+    that never returns hangs the run. The built-in envs always run there: their model-written code
+    has the sandbox's own time limit."""
 
     @model_validator(mode="after")
     def _files(self) -> EnvConfig:

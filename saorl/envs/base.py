@@ -19,6 +19,13 @@ goes through the chat template as it is: a model without a template cannot take 
 ``StepResult.info["success"]`` (bool) is what evaluation accuracy counts; an optional final
 ``info["metrics"]`` (names → finite numbers) is kept on the episode (``Episode.env_metrics``) and
 logged as batch means, ``env/<name>`` per trainer step and ``eval/env/<name>`` per evaluation.
+
+Code saorl does not ship — a reward function, an env class from outside the ``saorl`` package —
+runs with a deadline (``env.call_timeout_s``): the run wraps such an env in
+:class:`saorl.envs.hosted.HostedEnv`, whose ``reset`` and ``step`` run in a warm child process
+that is killed when a call runs past it. Such an env must pickle (its state crosses a process
+boundary with every call). ``calls_user_code`` marks a built-in env that calls user code
+(``prompt_reward``); :meth:`Env.call_site` names what a call runs, for the timeout's message.
 """
 
 from __future__ import annotations
@@ -69,6 +76,9 @@ class Env(ABC):
     """Bump when the env's prompts, observations, rewards or demonstrations change: the cached SFT
     warm starts and pretrained critics are keyed on it, so they are rebuilt, not reused stale."""
     max_turns: int = 4
+    calls_user_code: ClassVar[bool] = False
+    """True for a built-in env whose ``reset`` / ``step`` call code given by the user (a reward
+    function): they run under ``env.call_timeout_s`` like those of an env class from outside saorl."""
 
     def __init__(self, **options: Any) -> None:
         if options:
@@ -90,6 +100,11 @@ class Env(ABC):
         """The token ids the policy sampled for the action about to be stepped (eos included), given
         by the agent loop right before ``step``; envs played as text never get them. Ignored here."""
         del ids
+
+    def call_site(self, method: str, task: Task) -> str:
+        """What a call of ``method`` (``"reset"`` or ``"step"``) on ``task`` runs, for a message
+        about it (a call past its deadline). Must not depend on the episode's state."""
+        return f"env {self.name!r} ({type(self).__qualname__}.{method}) on task {task.id!r}"
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
         """Actions of a (sometimes deliberately suboptimal) demonstration for SFT."""

@@ -23,6 +23,12 @@ message that hold None (a field some messages of a parquet column lack reads bac
 dropped; a message without a role, with content that is not text (multimodal parts), or an empty
 conversation is an error naming the task, which the start-up check names by file and row.
 
+The reward function is user code, so a run calls it under a deadline (``env.call_timeout_s``,
+:mod:`saorl.envs.hosted`): ``reset`` and ``step`` run in a warm child process, killed when a call
+runs past it, and the timeout's message names the function, the task and its row
+(:meth:`PromptRewardEnv.call_site`). The env pickles without its function, which the receiving
+process imports again by name.
+
 Demonstrations for the SFT warm start come from a column of the row (``demo_column``, e.g. a
 reference solution); without one the env has none, and a run needs ``sft.enabled=false``.
 """
@@ -73,6 +79,7 @@ def chat_messages(value: Sequence[Any], where: str) -> list[dict[str, Any]]:
 
 class PromptRewardEnv(Env):
     name: ClassVar[str] = "prompt_reward"
+    calls_user_code: ClassVar[bool] = True
 
     def __init__(self, reward_fn: str | list[str] | None = None, prompt_column: str = "prompt",
                  success_threshold: float = 0.5, stop: Sequence[str] = (), demo_column: str | None = None,
@@ -105,6 +112,19 @@ class PromptRewardEnv(Env):
         self.max_turns = 1
         self._task: Task | None = None
         self._action_ids: list[int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "fn"}  # a function pickles by name, if at all
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.fn = load_reward_fn(self.reward_spec)
+
+    def call_site(self, method: str, task: Task) -> str:
+        if method != "step":
+            return super().call_site(method, task)
+        row = {k: v for k, v in task.data.items() if k != self.prompt_column}
+        return f"reward function {self.reward_spec!r} on task {task.id!r} (row {_row_text(row)})"
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         raise ValueError("prompt_reward has no task generator: give your data with env.tasks_file "

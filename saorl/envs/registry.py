@@ -2,16 +2,19 @@
 
 ``resolve_env`` imports lazily, so listing the built-ins costs nothing and a broken third-party
 env only fails when it is asked for. ``make_env_factory`` builds one instance up front so that a
-bad option fails at config time, with the option's name, not inside a rollout worker.
+bad option fails at config time, with the option's name, not inside a rollout worker; given a
+deadline, the envs it makes for an env that runs user code (:func:`runs_user_code`) are
+:class:`~saorl.envs.hosted.HostedEnv` s, whose calls run in child processes under it.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from saorl.envs.base import Env
+from saorl.envs.hosted import HostedEnv, HostPool
 
 BUILTIN_ENVS: dict[str, str] = {
     "math_tool": "saorl.envs.math_tool:MathToolEnv",
@@ -67,22 +70,55 @@ def env_version_key(type_str: str) -> dict[str, int]:
     return {} if version == 1 else {"env_version": version}
 
 
-def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None) -> Callable[[], Env]:
+def runs_user_code(cls: type[Env]) -> bool:
+    """Whether ``cls``'s ``reset`` / ``step`` run code saorl does not ship: a class from outside the
+    saorl package, or a built-in that calls user code (``Env.calls_user_code``: ``prompt_reward``)."""
+    return cls.calls_user_code or not cls.__module__.startswith("saorl.")
+
+
+class EnvFactory:
+    """Builds a fresh env per call (``factory()``); :meth:`close` ends the child processes that
+    the hosted envs of this factory share (also as a context manager)."""
+
+    def __init__(self, cls: type[Env], options: dict[str, Any], template: Env,
+                 call_timeout_s: float | None) -> None:
+        self.cls, self.options, self.call_timeout_s = cls, options, call_timeout_s
+        self.pool: HostPool | None = None
+        if call_timeout_s is not None and runs_user_code(cls):
+            self.pool, self.template = HostPool(cls, options), template
+
+    def __call__(self) -> Env:
+        if self.pool is None:
+            return self.cls(**self.options)
+        return HostedEnv(self.template, self.pool, self.call_timeout_s)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def __enter__(self) -> EnvFactory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
+                     call_timeout_s: float | None = None) -> EnvFactory:
     """A zero-argument callable that builds a fresh env with ``options``.
 
     One instance is built here to validate the options: an unknown option or a bad value raises
-    ``ValueError`` naming the env and the option.
+    ``ValueError`` naming the env and the option. With ``call_timeout_s`` (the run's
+    ``env.call_timeout_s``) an env that runs user code has its ``reset`` and ``step`` run in warm
+    child processes that are killed past that many seconds (:mod:`saorl.envs.hosted`); close the
+    factory when done with it. Without, every env runs in the caller's process.
     """
     cls = resolve_env(type_str)
     opts = dict(options or {})
     try:
-        cls(**opts)
+        template = cls(**opts)
     except TypeError as e:
         raise ValueError(f"env {type_str!r}: bad options {opts}: {e}") from e
     except ValueError as e:
         raise ValueError(f"env {type_str!r}: {e}") from e
-
-    def factory() -> Env:
-        return cls(**opts)
-
-    return factory
+    return EnvFactory(cls, opts, template, call_timeout_s)

@@ -1,0 +1,272 @@
+"""Env calls under a deadline: user code runs in warm child processes that are killed past it.
+
+A call that never returns — a busy loop, a C call that holds the GIL, a sleep — cannot be stopped
+from inside the process that made it: no thread can be killed, no cooperative check runs. So for an
+env that runs user code (a reward function, an env class from outside saorl), :class:`HostedEnv`
+runs ``reset`` and ``step`` in a child process (:mod:`saorl.envs.hosted_child`) and waits at most
+``timeout_s`` for the answer. Past it, the child's process group is SIGKILLed — the sandbox's way
+with model-written code (:func:`saorl.envs.sandbox.kill_group`: a child of its own session, the
+deadline kept by the parent, the whole group killed) — and :class:`CallTimeout` says what ran
+(:meth:`~saorl.envs.base.Env.call_site`: the reward function and the task's row) and the deadline.
+
+Children are warm: a :class:`HostPool` keeps the idle ones and starts one only when every child is
+busy, or to replace one that was killed. No child belongs to an episode: the env's state travels
+with each call (pickled both ways), so an episode holds no child between its calls, the pool holds
+as many children as there are calls at once (not episodes), and a killed child takes only the call
+that ran past its deadline with it. What a call costs on top of running in-process:
+``benchmarks/bench_env_calls.py`` (docs/performance.md).
+
+Children are started from one long-lived thread of the pool: the kernel's parent-death signal,
+which ends a child stuck where nothing else can reach it once its parent is gone, follows the
+thread that started it (see :mod:`saorl.runtime.lifeline`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from saorl.envs.base import Env, Progress, Split, StepResult, Task
+from saorl.envs.hosted_child import BOOT
+from saorl.envs.sandbox import kill_group
+
+HOST_START_TIMEOUT_S = 120.0
+"""Seconds a new child may take to start and build one env (imports included) before it is given
+up; not part of any call's deadline."""
+
+
+class CallTimeout(TimeoutError):
+    """A call into user code ran past its deadline; its process was killed."""
+
+
+class HostDied(RuntimeError):
+    """The child process running a call died (or could not start, or its pool was closed)."""
+
+
+def child_traceback(error: BaseException) -> str | None:
+    """The traceback, in the child that ran it, of the call whose exception ``error`` is or
+    wraps (``__cause__`` / ``__context__``); None if no hosted call raised it."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = getattr(e, "child_traceback", None)
+        if isinstance(text, str):
+            return text
+        e = e.__cause__ or e.__context__
+    return None
+
+
+class _Host:
+    """One child process and its end of the socket pair."""
+
+    def __init__(self, proc: subprocess.Popen, conn: Connection) -> None:
+        self.proc, self.conn = proc, conn
+        self._code: int | None = None
+        self._killed = False
+
+    def handshake(self, preload: bytes, what: str) -> None:
+        self.conn.send_bytes(preload)
+        if not self.conn.poll(HOST_START_TIMEOUT_S):
+            self.kill()
+            raise HostDied(f"the process for {what} did not start within {HOST_START_TIMEOUT_S:g} s")
+        try:
+            kind, text = pickle.loads(self.conn.recv_bytes())
+        except EOFError:
+            raise HostDied(f"the process for {what} died while starting (exit code {self.kill()})") from None
+        if kind != "ready":
+            self.kill()
+            raise HostDied(f"the process for {what} could not build it: {text}")
+
+    def call(self, frame: bytes, timeout_s: float, site: str) -> tuple:
+        """The reply to ``frame``; the child is killed (and the error raised) on a timeout or its death."""
+        try:
+            self.conn.send_bytes(frame)
+            ready = self.conn.poll(timeout_s)
+            reply = self.conn.recv_bytes() if ready else None
+        except (EOFError, OSError):
+            raise HostDied(f"{site}: the process running it died (exit code {self.kill()})") from None
+        except BaseException:  # KeyboardInterrupt: the child's answer would be read by the next call
+            self.kill()
+            raise
+        if reply is None:
+            self.kill()
+            raise CallTimeout(f"{site} did not return within {timeout_s:g} s (env.call_timeout_s); its "
+                              "process was killed")
+        return pickle.loads(reply)
+
+    def kill(self) -> int | None:
+        """Kill the child's process group and reap it, once (a reaped pid may name another process
+        later); its exit code."""
+        if not self._killed:
+            self._killed = True
+            kill_group(self.proc)
+            try:
+                self._code = self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL of a live process
+                pass
+            self.conn.close()
+        return self._code
+
+
+class HostPool:
+    """Warm children that run calls on envs of ``cls(**options)``, one call at a time each."""
+
+    def __init__(self, cls: type[Env], options: dict[str, Any]) -> None:
+        self.what = f"env {cls.__module__}:{cls.__qualname__}"
+        try:
+            self._preload = pickle.dumps((cls, options))
+            pickle.loads(self._preload)
+        except Exception as e:
+            raise ValueError(f"{self.what} runs user code, so its calls run in a separate process "
+                             f"(env.call_timeout_s), which needs the class importable by its name and "
+                             f"the options picklable: {type(e).__name__}: {e}. Define the class at the "
+                             "top level of a module, or set env.call_timeout_s=null to run it in the "
+                             "worker without a deadline") from None
+        self._idle: list[_Host] = []
+        self._live: set[_Host] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._starter = ThreadPoolExecutor(1, thread_name_prefix="saorl-env-host")
+        self.started = 0
+        """Children started so far (replacements of killed ones included)."""
+
+    def call(self, state: bytes | None, method: str, args: tuple, timeout_s: float,
+             site: str) -> tuple[Any, bytes]:
+        """``(result, state after the call)`` of ``method(*args)`` on the env ``state`` holds (a fresh
+        one when None), run in a child; raises what the call raised, :class:`CallTimeout` past
+        ``timeout_s`` (the child is killed) or :class:`HostDied`."""
+        frame = pickle.dumps((state, method, args))
+        host = self._take()
+        try:
+            reply = host.call(frame, timeout_s, site)
+        except BaseException:
+            self._drop(host)
+            raise
+        self._give(host)
+        if reply[0] == "ok":
+            return reply[1], reply[2]
+        exc = reply[1]
+        exc.child_traceback = reply[2]  # where user code failed, for logs (child_traceback())
+        raise exc
+
+    def _take(self) -> _Host:
+        with self._lock:
+            if self._closed:
+                raise HostDied(f"the processes for {self.what} were closed (the run is stopping)")
+            if self._idle:
+                return self._idle.pop()
+        host = self._starter.submit(self._start).result()  # started from the pool's own thread
+        try:
+            host.handshake(self._preload, self.what)
+        except BaseException:
+            self._drop(host)
+            raise
+        return host
+
+    def _start(self) -> _Host:
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", BOOT, json.dumps(sys.path), str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        host = _Host(proc, Connection(ours.detach()))
+        with self._lock:
+            self._live.add(host)
+            self.started += 1
+            closed = self._closed
+        if closed:  # close() ran while this one started
+            self._drop(host)
+            raise HostDied(f"the processes for {self.what} were closed (the run is stopping)")
+        return host
+
+    def _give(self, host: _Host) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(host)
+                return
+        self._drop(host)
+
+    def _drop(self, host: _Host) -> None:
+        with self._lock:
+            self._live.discard(host)
+            if host in self._idle:
+                self._idle.remove(host)
+        host.kill()
+
+    def pids(self) -> list[int]:
+        """The process ids of the live children (idle and busy)."""
+        with self._lock:
+            return [h.proc.pid for h in self._live]
+
+    def close(self) -> None:
+        """Kill every child, busy ones too (their calls raise :class:`HostDied`); later calls fail."""
+        with self._lock:
+            self._closed = True
+            hosts = list(self._live)
+            self._live.clear()
+            self._idle.clear()
+        for host in hosts:
+            host.kill()
+        self._starter.shutdown(wait=False)
+
+
+class HostedEnv(Env):
+    """An env whose ``reset`` and ``step`` run in a :class:`HostPool`'s child, under ``timeout_s``.
+
+    ``template`` is an instance of the env, built in this process: it gives the attributes the
+    agent loop reads (``name``, ``stop_strings``, ``max_turns``), :meth:`call_site` for messages,
+    and runs ``generate_tasks`` and ``demonstration`` (which take everything they need as
+    arguments). Each episode's env is built in a child by ``reset``.
+    """
+
+    def __init__(self, template: Env, pool: HostPool, timeout_s: float) -> None:
+        self.template, self.pool, self.timeout_s = template, pool, float(timeout_s)
+        self.name = template.name  # type: ignore[misc]  # the template's, per instance
+        self.stop_strings = template.stop_strings  # type: ignore[misc]
+        self.max_turns = template.max_turns
+        self._state: bytes | None = None
+        self._task: Task | None = None
+        self.call_s = 0.0
+        """Seconds spent in calls, round trips included (what benchmarks read)."""
+
+    def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
+        return self.template.generate_tasks(split, n, seed)
+
+    def demonstration(self, task: Task, rng) -> list[str]:
+        return self.template.demonstration(task, rng)
+
+    def call_site(self, method: str, task: Task) -> str:
+        return self.template.call_site(method, task)
+
+    def reset(self, task: Task, progress: Progress | None = None) -> str:
+        self._task = task
+        return self._call(None, "reset", (task, progress))
+
+    def step(self, action: str) -> StepResult:
+        if self._task is None:
+            raise RuntimeError(f"{type(self.template).__name__}.step called before reset")
+        return self._call(self._state, "step", (action,))
+
+    def _call(self, state: bytes | None, method: str, args: tuple) -> Any:
+        t0 = time.perf_counter()
+        try:
+            result, self._state = self.pool.call(state, method, args, self.timeout_s,
+                                                 self.call_site(method, self._task))
+        finally:
+            self.call_s += time.perf_counter() - t0
+        return result

@@ -1,0 +1,242 @@
+"""Env calls under a deadline (saorl.envs.hosted): real child processes, real kills."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from saorl.envs.base import Task
+from saorl.envs.hosted import CallTimeout, HostDied, HostedEnv, child_traceback
+from saorl.envs.prompt_reward import RewardFunctionError
+from saorl.envs.registry import make_env_factory
+
+USER_CODE = '''
+import os, re, time
+
+from saorl.envs.base import Env, StepResult
+
+def ok(prompt, completion, answer, **row):
+    return 1.0 if completion.strip() == str(answer) else 0.0
+
+def busy(prompt, completion, **row):
+    while True:  # pure Python, never yields
+        pass
+
+def gil(prompt, completion, **row):
+    re.match(r"(a+)+$", "a" * 64 + "b")  # catastrophic backtracking in C: holds the GIL throughout
+    return 0.0
+
+def sleepy(prompt, completion, **row):
+    time.sleep(10**9)
+
+def boom(prompt, completion, **row):
+    raise KeyError("no such thing")
+
+def pid(prompt, completion, **row):
+    return os.getpid()
+
+class Counter(Env):
+    """Two turns; the state (a count) must travel between the calls."""
+    name = "counter"
+    stop_strings = ("!",)
+    max_turns = 3
+
+    def generate_tasks(self, split, n, seed):
+        return []
+
+    def reset(self, task, progress=None):
+        self.count = 0
+        return "count"
+
+    def step(self, action):
+        self.count += len(action)
+        return StepResult(f"{self.count}", float(self.count), self.count >= 5, {"success": True})
+
+class Unpicklable(Counter):
+    def reset(self, task, progress=None):
+        self.handle = open(os.devnull)
+        return "count"
+'''
+TASK = Task("t7", {"prompt": "What is 2+3?", "answer": 5})
+
+
+@pytest.fixture
+def user_code(tmp_path, monkeypatch):
+    (tmp_path / "hosted_user_code.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the children get this sys.path
+    sys.modules.pop("hosted_user_code", None)
+
+
+def _reward_env(fn: str, timeout_s: float = 30.0):
+    options = {"reward_fn": f"hosted_user_code:{fn}"}
+    return make_env_factory("prompt_reward", options, call_timeout_s=timeout_s)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_hosted_reward_function_scores_as_in_process_in_one_warm_child(user_code):
+    with _reward_env("ok") as factory:
+        results = []
+        for action in ("5", "4", " 5 "):
+            env = factory()
+            assert isinstance(env, HostedEnv) and env.stop_strings == () and env.max_turns == 1
+            assert env.reset(TASK) == "What is 2+3?"
+            results.append(env.step(action))
+        assert [(r.reward, r.done, r.info["success"]) for r in results] == [
+            (1.0, True, True), (0.0, True, False), (1.0, True, True)]
+        assert factory.pool.started == 1  # one warm child served every call
+    plain = make_env_factory("prompt_reward", {"reward_fn": "hosted_user_code:ok"})()  # no deadline: here
+    plain.reset(TASK)
+    assert not isinstance(plain, HostedEnv) and plain.step("5").reward == 1.0
+
+
+def test_the_reward_function_runs_in_the_child_not_here(user_code):
+    with _reward_env("pid") as factory:
+        env = factory()
+        env.reset(TASK)
+        child = int(env.step("x").reward)
+    assert child != os.getpid()
+    assert _gone(child)  # closing the factory ended it
+
+
+@pytest.mark.parametrize("fn", ["busy", "gil", "sleepy"])
+def test_a_call_past_its_deadline_is_killed_and_named(user_code, fn):
+    with _reward_env(fn, timeout_s=1.0) as factory:
+        env = factory()
+        env.reset(TASK)
+        t0 = time.monotonic()
+        with pytest.raises(CallTimeout) as info:
+            env.step("5")
+        took = time.monotonic() - t0
+        assert 1.0 <= took < 6.0, took
+        msg = str(info.value)
+        assert f"reward function 'hosted_user_code:{fn}'" in msg and "task 't7'" in msg
+        assert "{'answer': 5}" in msg and "within 1 s (env.call_timeout_s)" in msg
+        assert factory.pool.started == 1
+        env = factory()  # the next call gets a fresh child
+        env.reset(TASK)
+        assert factory.pool.started == 2
+
+
+def test_the_killed_child_is_gone_and_the_pool_goes_on(user_code, tmp_path):
+    code = USER_CODE + ("\ndef slow_pid(prompt, completion, **row):\n"
+                        "    open(row['path'], 'w').write(str(os.getpid()))\n    while True:\n        pass\n")
+    (tmp_path / "hosted_user_code.py").write_text(code)
+    sys.modules.pop("hosted_user_code", None)
+    task = Task("t8", {"prompt": "p", "path": str(tmp_path / "pid")})
+    with _reward_env("slow_pid", timeout_s=1.0) as factory:
+        env = factory()
+        env.reset(task)
+        with pytest.raises(CallTimeout):
+            env.step("x")
+        assert _gone(int((tmp_path / "pid").read_text()))
+
+
+def test_an_exception_in_user_code_comes_back_as_itself_with_the_childs_traceback(user_code):
+    with _reward_env("boom") as factory:
+        env = factory()
+        env.reset(TASK)
+        with pytest.raises(RewardFunctionError, match=r"'hosted_user_code:boom' on task 't7'.*KeyError") as e:
+            env.step("5")
+        assert "raise KeyError" in child_traceback(e.value)  # the child's traceback
+        assert factory.pool.started == 1  # an error is not a reason to replace the child
+
+
+def test_a_custom_env_keeps_its_state_across_calls_in_any_child(user_code):
+    with make_env_factory("hosted_user_code:Counter", call_timeout_s=30.0) as factory:
+        env = factory()
+        assert isinstance(env, HostedEnv) and env.name == "counter" and env.stop_strings == ("!",)
+        assert env.reset(TASK) == "count"
+        assert env.step("ab").observation == "2"
+        assert (env.step("abc").observation, env.step("").done) == ("5", True)
+
+
+def test_an_env_whose_state_does_not_pickle_says_how_to_fix_it(user_code):
+    with (make_env_factory("hosted_user_code:Unpicklable", call_timeout_s=30.0) as factory,
+          pytest.raises(TypeError, match=r"does not pickle.*env\.call_timeout_s=null")):
+        factory().reset(TASK)
+
+
+def test_built_in_envs_run_here_and_a_class_that_is_not_importable_is_refused():
+    assert not isinstance(make_env_factory("math_tool", call_timeout_s=1.0)(), HostedEnv)
+
+    from saorl.envs.base import Env
+
+    class Local(Env):
+        def generate_tasks(self, split, n, seed):
+            return []
+
+        def reset(self, task, progress=None):
+            return ""
+
+        def step(self, action):
+            raise NotImplementedError
+
+    from saorl.envs.registry import EnvFactory
+
+    with pytest.raises(ValueError, match=r"importable by its name.*env\.call_timeout_s=null"):
+        EnvFactory(Local, {}, Local(), 1.0)  # defined in a function: no child could import it
+
+
+def test_close_ends_a_call_that_is_stuck(user_code):
+    import threading
+
+    factory = _reward_env("busy", timeout_s=600.0)
+    env = factory()
+    env.reset(TASK)
+    out = []
+
+    def stuck() -> None:
+        with pytest.raises(HostDied):
+            env.step("5")
+        out.append("raised")
+
+    t = threading.Thread(target=stuck)
+    t.start()
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    factory.close()
+    t.join(10.0)
+    assert not t.is_alive() and out and time.monotonic() - t0 < 5.0
+    with pytest.raises(HostDied, match="closed"):
+        factory().reset(TASK)
+
+
+def test_a_stuck_child_dies_with_its_parent_however_the_parent_died(user_code, tmp_path):
+    """The parent is SIGKILLed while its child busy-loops: nothing could tell the child, the kernel does."""
+    script = textwrap.dedent(f'''
+        import sys, threading
+        sys.path.insert(0, {str(tmp_path)!r})
+        from saorl.envs.base import Task
+        from saorl.envs.registry import make_env_factory
+        options = {{"reward_fn": "hosted_user_code:busy"}}
+        factory = make_env_factory("prompt_reward", options, call_timeout_s=600.0)
+        env = factory()
+        env.reset(Task("t", {{"prompt": "p"}}))
+        threading.Thread(target=env.step, args=("x",), daemon=True).start()
+        import time; time.sleep(1.0)
+        print(factory.pool.pids()[0], flush=True)
+        time.sleep(600)
+    ''')
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert not _gone(child)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10.0
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(child)
+    finally:
+        parent.kill()
