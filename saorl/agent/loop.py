@@ -58,7 +58,9 @@ Decisions that the trainer and the env authors rely on:
   ``episode.env_metrics``; anything else there is an env bug (:class:`EpisodeError`).
 - **Errors.** :class:`EngineError` propagates with the task id prefixed; an aborted or empty
   generation is an :class:`EngineError` too. Any exception from the env (``reset`` or ``step``)
-  is an env bug and surfaces as :class:`EpisodeError` naming the env and the task.
+  is an env bug and surfaces as :class:`EpisodeError` naming the env and the task; a call into
+  user code past its deadline (``env.call_timeout_s``: :class:`~saorl.envs.hosted.CallTimeout`)
+  is :class:`EpisodeTimeout`, with the timeout's own message (what ran, the task, the deadline).
 
 ``env.reset`` and ``env.step`` run in a thread executor so that sandboxed tool calls of one
 episode overlap decoding of the others.
@@ -80,6 +82,7 @@ from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
 from saorl.envs.base import Env, Progress, StepResult
+from saorl.envs.hosted import CallTimeout
 from saorl.models.codec import RunTokenizer, as_run_tokenizer
 
 ProgressSource = Progress | Callable[[], Progress] | None
@@ -87,6 +90,11 @@ ProgressSource = Progress | Callable[[], Progress] | None
 
 class EpisodeError(RuntimeError):
     """The environment raised during an episode (an env bug, not a policy failure)."""
+
+
+class EpisodeTimeout(EpisodeError):
+    """A call into user code (a reward function, a custom env's reset or step) ran past its
+    deadline and was killed: the episode failed, through no fault of the policy or of saorl."""
 
 
 class PromptTooLongError(EpisodeError):
@@ -169,6 +177,8 @@ async def _call_env(fn: Callable[..., Any], *args: Any, env: Env, task: Task, wh
     loop = asyncio.get_running_loop()
     try:
         out = await loop.run_in_executor(executor, fn, *args)
+    except CallTimeout as e:
+        raise EpisodeTimeout(str(e)) from None
     except Exception as e:
         raise EpisodeError(f"env {env.name!r} raised in {what} on task {task.id!r}: "
                            f"{type(e).__name__}: {e}") from e

@@ -17,6 +17,8 @@ and prints accuracy, mean reward, mean turns and mean action tokens as a small t
 
 The evaluation is the trainer's (:func:`saorl.stages.evaluate.evaluate_config`); the test tasks
 are the first ``--tasks`` of the run's test split, so numbers compare with the run's ``eval/*``.
+An episode whose reward function (or custom env call) runs past ``env.call_timeout_s`` is killed
+and counts as failed (unsuccessful; the ``failed`` row), each named on stderr.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ if TYPE_CHECKING:  # torch is imported when a policy is loaded, not when the par
 
 _ROWS = (("accuracy", "eval/accuracy", ".3f"), ("reward mean", "eval/reward_mean", ".3f"),
          ("turns mean", "eval/turns_mean", ".2f"), ("action tokens mean", "eval/action_tokens_mean", ".1f"),
-         ("truncated frac", "eval/truncated_frac", ".3f"), ("episodes", "eval/episodes", ".0f"))
+         ("truncated frac", "eval/truncated_frac", ".3f"), ("episodes", "eval/episodes", ".0f"),
+         ("failed (timed out)", "eval/failed", ".0f"))
 
 
 class TargetError(ValueError):
@@ -138,6 +141,14 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
 
 
 # ------------------------------------------------------------------------------- output
+def _print_failures(report: str, shown: int = 10) -> None:
+    """The evaluation's report of failed episodes (timed-out user code), on stderr."""
+    lines = report.splitlines()
+    more = len(lines) - 1 - shown
+    print("saorl eval: " + "\n".join(lines[: shown + 1]) + (f"\n  ... and {more} more" if more > 0 else ""),
+          file=sys.stderr)
+
+
 def format_table(columns: dict[str, dict[str, float]]) -> str:
     """Metric rows × one column per entry of ``columns`` (e.g. ``{"before": m0, "after": m1}``)."""
     lines = [f"{'metric':<20}" + "".join(f"{name:>10}" for name in columns)]
@@ -175,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
             args.temperature = target.cfg.run.eval_temperature
         with CountProgress(f"eval {args.split}", enabled=target.cfg.run.progress) as count:
             metrics, trajs = evaluate_config(target.cfg, policy, tokenizer, split=args.split, n=args.tasks,
-                                             temperature=args.temperature, on_done=count)
+                                             temperature=args.temperature, on_done=count,
+                                             on_error=_print_failures)
     except (ConfigError, TargetError, StartupError, FileNotFoundError, NotADirectoryError) as e:
         print(f"saorl eval: {e}" if not isinstance(e, ConfigError) else str(e), file=sys.stderr)
         return 2
@@ -190,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     for t in shown:
         print(render_trajectory(t, tokenizer, color=color))
     print(f"policy  {target.description}")
-    print(f"env     {cfg.env.type}, {args.split} split, {len(trajs)} episodes, {mode}")
+    episodes = int(metrics.get("eval/episodes", 0))
+    print(f"env     {cfg.env.type}, {args.split} split, {episodes} episodes, {mode}")
     print(format_table({"value": metrics}))
     return 0

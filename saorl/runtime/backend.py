@@ -175,6 +175,8 @@ def collect(msg, out: PollResult, assigned: list[set[int]], stats: dict[int, dic
         assigned[msg.worker].discard(msg.rid)
         out.lost.append(msg.rid)
         out.errors.append(f"rollout {msg.rid} on worker {msg.worker} failed: {msg.error}")
+        if msg.timed_out:
+            out.timeouts[msg.rid] = msg.error.split("\n", 1)[0]
     elif isinstance(msg, EngineStats):
         stats[msg.worker] = msg.stats
     elif isinstance(msg, WorkerCrashed):

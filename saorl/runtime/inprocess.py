@@ -19,17 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from saorl.engines.base import InferenceEngine, SamplingParams
-from saorl.envs import pyast
+from saorl.errors import RunFailure
 from saorl.runtime.backend import collect, drain
 from saorl.runtime.messages import (
     EngineStats,
     PollResult,
-    RolloutFailed,
     RolloutFinished,
     RolloutRequest,
 )
 from saorl.runtime.weights import WeightSync
-from saorl.runtime.worker import WeightFollower, play_rollout
+from saorl.runtime.worker import WeightFollower, play_rollout, rollout_failed
 
 
 class InProcessBackend:
@@ -108,8 +107,7 @@ class InProcessBackend:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self._results.put(RolloutFailed(self.worker, req.rid,
-                                            f"{type(e).__name__}: {e}\n{pyast.format_exc()}"))
+            self._results.put(rollout_failed(self.worker, req.rid, e))
 
     def poll(self, timeout_s: float) -> PollResult:
         out = PollResult()
@@ -140,26 +138,48 @@ class InProcessBackend:
             self.engine.close()
 
 
+class Stopped(Exception):
+    """:func:`run_requests` gave up because its ``should_stop()`` became true."""
+
+
+class RolloutTimeout(RunFailure):
+    """A rollout's call into user code ran past ``env.call_timeout_s`` where nothing retries it."""
+
+
 def run_requests(backend: InProcessBackend, requests: list[RolloutRequest],
-                 on_done: Callable[[int, int], None] | None = None) -> dict[int, Any]:
+                 on_done: Callable[[int, int], None] | None = None, *,
+                 should_stop: Callable[[], bool] | None = None,
+                 timeouts: dict[int, str] | None = None) -> dict[int, Any]:
     """Play every request on ``backend`` (started and shut down here); trajectories by rollout id.
 
     The first failed rollout raises ``RuntimeError`` with its error (nothing is retried: a
-    fixed set of episodes, as evaluation wants). ``on_done(done, total)`` is called as rollouts finish.
+    fixed set of episodes, as evaluation wants), except one whose call into user code ran past its
+    deadline: with ``timeouts`` given it is recorded there (rollout id → the timeout's message) and
+    counts as done — evaluation counts it as a failed episode — else it raises
+    :class:`RolloutTimeout`. ``on_done(done, total)`` is called as rollouts finish;
+    ``should_stop()`` true raises :class:`Stopped` (the rollouts in flight are cancelled).
     """
     todo, out = list(reversed(requests)), {}
+    timed_out: dict[int, str] = {} if timeouts is None else timeouts
     backend.start()
     try:
-        while todo or len(out) < len(requests):
+        while todo or len(out) + len(timed_out) < len(requests):
+            if should_stop is not None and should_stop():
+                raise Stopped(f"stopped with {len(out)} of {len(requests)} rollouts done")
             while todo and backend.free_slots() > 0:
                 backend.submit(todo.pop())
             res = backend.poll(0.05)
-            if res.lost:
-                raise RuntimeError(res.errors[0] if res.errors else f"rollout {res.lost[0]} failed")
+            for rid in res.lost:
+                if rid not in res.timeouts:
+                    mine = [e for e in res.errors if e.startswith(f"rollout {rid} ")]
+                    raise RuntimeError((mine or res.errors or [f"rollout {rid} failed"])[0])
+                if timeouts is None:
+                    raise RolloutTimeout(res.timeouts[rid])
+                timed_out[rid] = res.timeouts[rid]
             for rid, traj in res.finished:
                 out[rid] = traj
-            if res.finished and on_done is not None:
-                on_done(len(out), len(requests))
+            if (res.finished or res.lost) and on_done is not None:
+                on_done(len(out) + len(timed_out), len(requests))
     finally:
         backend.shutdown()
     return out

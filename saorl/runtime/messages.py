@@ -40,6 +40,8 @@ class RolloutFailed:
     worker: int
     rid: int
     error: str
+    timed_out: bool = False
+    """A call into user code ran past ``env.call_timeout_s`` (the error says which and where)."""
 
 
 @dataclass(frozen=True)
@@ -69,3 +71,5 @@ class PollResult:
     lost: list[int] = field(default_factory=list)
     """Rollout ids whose worker died (or whose episode raised) before finishing them."""
     errors: list[str] = field(default_factory=list)
+    timeouts: dict[int, str] = field(default_factory=dict)
+    """The lost rollouts that ran past ``env.call_timeout_s``: rollout id → the timeout's message."""

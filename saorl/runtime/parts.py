@@ -6,7 +6,6 @@ as the wiring. The config is unpacked here, at the call sites; nothing the parts
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -20,7 +19,7 @@ from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
 from saorl.engines.kinds import ClientOptions, server_kind, updated_in_place
 from saorl.engines.routes import RouteLayout
-from saorl.envs.registry import make_env_factory
+from saorl.envs.registry import EnvFactory, make_env_factory
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
@@ -40,7 +39,9 @@ class RunParts:
     tokenizer: RunTokenizer
     policy: torch.nn.Module
     critic: Critic | None
-    env_factory: Callable
+    env_factory: EnvFactory
+    """Fresh envs for the trainer's own episodes (evaluations; ``runtime.backend: inprocess``);
+    close it at the end (:meth:`~saorl.envs.registry.EnvFactory.close`)."""
     train_tasks: list[Task]
     test_tasks: list[Task]
     backend: Backend
@@ -117,7 +118,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                       max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
                       threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,
-                      record_routes=replay, route_layout=layout,
+                      record_routes=replay, route_layout=layout, env_call_timeout_s=cfg.env.call_timeout_s,
                       http_url=r.http_url, engine_urls=tuple(r.engine_urls), engine_routing=r.engine_routing,
                       engine_model=r.engine_model)
 
@@ -207,7 +208,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
-    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
+    env_factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
     train_tasks, test_tasks = build_tasks(cfg, env_factory)
     weights = build_weight_sync(cfg, run_dir, policy, tokenizer)
     try:
@@ -217,6 +218,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
             backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
     except BaseException:
         weights.close()
+        env_factory.close()
         raise
     return RunParts(preset, cfg.resolved_mode(), tokenizer, policy, critic, env_factory, train_tasks,
                     test_tasks, backend, weights)

@@ -48,12 +48,18 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from saorl.config import RayConfig
-from saorl.envs import pyast
 from saorl.runtime.backend import WorkerFailure, collect
 from saorl.runtime.lifeline import Reaper, descendants
 from saorl.runtime.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished, RolloutRequest
 from saorl.runtime.weights import WeightSync
-from saorl.runtime.worker import STATS_EVERY_S, WorkerSpec, build_worker, play_rollout, prepare_worker_process
+from saorl.runtime.worker import (
+    STATS_EVERY_S,
+    WorkerSpec,
+    build_worker,
+    play_rollout,
+    prepare_worker_process,
+    rollout_failed,
+)
 
 REFRESH_EVERY_S = 0.05
 RETRY_S = 0.5
@@ -136,7 +142,7 @@ class RolloutActor:
                                       follower=s.follower)
             return RolloutFinished(self.id, req.rid, traj)
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
-            return RolloutFailed(self.id, req.rid, f"{type(e).__name__}: {e}\n{pyast.format_exc()}")
+            return rollout_failed(self.id, req.rid, e)
         finally:
             self._playing -= 1
 

@@ -171,8 +171,10 @@ class RolloutFeed:
         for rid in res.lost:
             self._failures[rid] = self._failures.get(rid, 0) + 1
             if self._failures[rid] > 3:
-                raise RunFailure(f"rollout {rid} (task {self.task_for(rid).id}) failed 4 times; "
-                                 "see the log above for its errors")
+                last = res.timeouts.get(rid)  # a call into user code past env.call_timeout_s
+                raise RunFailure(f"rollout {rid} (task {self.task_for(rid).id}) failed 4 times"
+                                 + (f", the last time: {last}" if last else "")
+                                 + "; see the log above (and errors.log) for its errors")
             self.cursor.requeue(rid)
             self.stats.requeued += 1
         if res.finished:

@@ -76,6 +76,8 @@ class WorkerSpec:
     a server client asks for them and checks them against ``route_layout``."""
     route_layout: RouteLayout | None = None
     """The policy's MoE layers and experts, which a server's routes must fit."""
+    env_call_timeout_s: float | None = None
+    """``env.call_timeout_s``: the deadline of each call into user code (None: none)."""
 
 
 class WeightFollower:
@@ -171,7 +173,20 @@ def build_worker(spec: WorkerSpec, weights: WeightSync | None = None) -> WorkerS
     engine = build_engine(spec, tokenizer)
     follower = WeightFollower(engine, weights if weights is not None else FileWeightSync(spec.weights_dir))
     follower.refresh()
-    return WorkerStack(tokenizer, engine, follower, make_env_factory(spec.env_type, spec.env_options))
+    factory = make_env_factory(spec.env_type, spec.env_options, call_timeout_s=spec.env_call_timeout_s)
+    return WorkerStack(tokenizer, engine, follower, factory)
+
+
+def rollout_failed(worker: int, rid: int, error: Exception) -> RolloutFailed:
+    """What a worker reports for a rollout whose episode raised ``error`` (traceback included)."""
+    from saorl.agent.loop import EpisodeTimeout
+    from saorl.envs.hosted import child_traceback
+
+    text = f"{type(error).__name__}: {error}\n{pyast.format_exc()}"
+    child = child_traceback(error)
+    if child is not None:  # user code that raised in the child process that ran it
+        text += f"In the process that ran the call:\n{child}"
+    return RolloutFailed(worker, rid, text, timed_out=isinstance(error, EpisodeTimeout))
 
 
 def prepare_worker_process(worker_id: int, spec: WorkerSpec) -> None:
@@ -197,8 +212,7 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
                                       follower=follower)
             results.put(RolloutFinished(worker_id, req.rid, traj))
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
-            error = f"{type(e).__name__}: {e}\n{pyast.format_exc()}"
-            results.put(RolloutFailed(worker_id, req.rid, error))
+            results.put(rollout_failed(worker_id, req.rid, e))
 
     stopping = False
     last_stats = time.monotonic()
@@ -220,6 +234,7 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
         await asyncio.sleep(0)
     results.put(EngineStats(worker_id, engine.stats()))
     engine.close()
+    stack.env_factory.close()
 
 
 def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:

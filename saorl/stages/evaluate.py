@@ -5,6 +5,12 @@ before/after, the experiments' final evaluation): :func:`evaluate` plays one epi
 a local engine through the in-process backend, task ``i`` sampled with seed index ``i``, so every
 evaluation of one config sees the same random stream; :func:`evaluate_config` picks the tasks the
 run's config says (the first ``n`` of its test split, as the run's own evaluations do).
+
+An episode whose call into user code ran past ``env.call_timeout_s`` (a reward function that never
+returns) is a **failed** episode: it counts as unsuccessful in ``eval/accuracy`` and in
+``eval/failed``, the other means are over the episodes that finished, and ``on_error`` hears one
+report naming each (the first line: how many, and the first timeout's message). An evaluation
+never waits for a call past its deadline; any other episode error still raises (an env's bug).
 """
 
 from __future__ import annotations
@@ -25,8 +31,12 @@ from saorl.runtime.messages import RolloutRequest
 def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_tokens: int,
              max_total_tokens: int, slots: int = 16, concurrency: int = 32, temperature: float = 0.0,
              progress: Progress | None = None, seed: int = 0,
-             on_done: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
-    """Run one episode per task; return ``eval/*`` metrics and the trajectories, in task order."""
+             on_done: Callable[[int, int], None] | None = None,
+             should_stop: Callable[[], bool] | None = None,
+             on_error: Callable[[str], None] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
+    """Run one episode per task; return ``eval/*`` metrics and the trajectories of the episodes
+    that finished, in task order. ``should_stop()`` true abandons the evaluation
+    (:class:`~saorl.runtime.inprocess.Stopped`); ``on_error`` gets the report of failed episodes."""
     from saorl.engines.local import LocalEngine
     from saorl.runtime.inprocess import InProcessBackend, run_requests
 
@@ -37,23 +47,39 @@ def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_token
         backend = InProcessBackend(engine, env_factory, tokenizer, sampling=sampling,
                                    max_total_tokens=max_total_tokens, concurrency=concurrency)
         reqs = [RolloutRequest(i, t, progress or Progress()) for i, t in enumerate(tasks)]
-        done = run_requests(backend, reqs, on_done)
+        timeouts: dict[int, str] = {}
+        done = run_requests(backend, reqs, on_done, should_stop=should_stop, timeouts=timeouts)
     finally:
         engine.close()
-    trajs = [done[i] for i in range(len(tasks))]
-    return eval_metrics(trajs), trajs
+    trajs = [done[i] for i in range(len(tasks)) if i in done]
+    if timeouts and on_error is not None:
+        on_error(failure_report(timeouts, tasks))
+    return eval_metrics(trajs, failed=len(timeouts)), trajs
 
 
-def eval_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+def failure_report(timeouts: dict[int, str], tasks: list[Task]) -> str:
+    """One line saying how many episodes failed and the first one's message, then one line each."""
+    first = timeouts[min(timeouts)]
+    lines = [f"{len(timeouts)} of {len(tasks)} evaluation episodes failed (counted as unsuccessful): {first}"]
+    lines += [f"  {timeouts[i]}" for i in sorted(timeouts)]
+    return "\n".join(lines)
+
+
+def eval_metrics(trajs: list[Trajectory], failed: int = 0) -> dict[str, float]:
+    """``eval/*`` of finished episodes ``trajs`` and ``failed`` episodes that did not finish (their
+    call into user code timed out): those count in ``eval/accuracy`` (as unsuccessful),
+    ``eval/failed`` and ``eval/episodes`` only."""
     if not trajs:
-        return {}
+        none = {"eval/accuracy": 0.0, "eval/failed": float(failed), "eval/episodes": float(failed)}
+        return none if failed else {}
     return {
-        "eval/accuracy": statistics.fmean(float(t.episode.success) for t in trajs),
+        "eval/accuracy": sum(float(t.episode.success) for t in trajs) / (len(trajs) + failed),
         "eval/reward_mean": statistics.fmean(t.total_reward for t in trajs),
         "eval/turns_mean": statistics.fmean(float(t.episode.turns) for t in trajs),
         "eval/action_tokens_mean": statistics.fmean(t.num_action_tokens for t in trajs),
         "eval/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
-        "eval/episodes": float(len(trajs)),
+        "eval/failed": float(failed),
+        "eval/episodes": float(len(trajs) + failed),
     } | env_metric_means(trajs, "eval/env/")
 
 
@@ -67,7 +93,8 @@ def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int) -> list[Task]:
 
 def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test", n: int | None = None,
                     temperature: float | None = None, progress: Progress | None = None,
-                    on_done: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list]:
+                    on_done: Callable[[int, int], None] | None = None,
+                    on_error: Callable[[str], None] | None = None) -> tuple[dict[str, float], list]:
     """``eval/*`` metrics and trajectories of ``policy`` on the first ``n`` tasks of ``split``.
 
     ``n`` None: as many as a run's evaluation uses, ``min(run.eval_tasks, env.num_test_tasks)``;
@@ -75,13 +102,14 @@ def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test",
     """
     if n is not None and n < 1:
         raise ValueError(f"the number of evaluation tasks must be >= 1, got {n}")
-    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
-    tasks = eval_tasks(cfg, env_factory, split, n or min(cfg.run.eval_tasks, cfg.env.num_test_tasks))
-    r = cfg.rollout
-    temp = cfg.run.eval_temperature if temperature is None else temperature
-    return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
-                    max_total_tokens=r.max_total_tokens, slots=r.engine_slots, temperature=temp,
-                    progress=progress, seed=cfg.seed, on_done=on_done)
+    factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
+    with factory as env_factory:
+        tasks = eval_tasks(cfg, env_factory, split, n or min(cfg.run.eval_tasks, cfg.env.num_test_tasks))
+        r = cfg.rollout
+        temp = cfg.run.eval_temperature if temperature is None else temperature
+        return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
+                        max_total_tokens=r.max_total_tokens, slots=r.engine_slots, temperature=temp,
+                        progress=progress, seed=cfg.seed, on_done=on_done, on_error=on_error)
 
 
 class TestEvaluator:
@@ -91,13 +119,15 @@ class TestEvaluator:
         self.cfg, self.tokenizer, self.env_factory = cfg, tokenizer, env_factory
         self.tasks = test_tasks[: cfg.run.eval_tasks]
 
-    def __call__(self, policy, progress: Progress,
-                 on_done: Callable[[int, int], None] | None = None) -> dict[str, float]:
+    def __call__(self, policy, progress: Progress, on_done: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 on_error: Callable[[str], None] | None = None) -> dict[str, float]:
         if not self.tasks:
             return {}
         r = self.cfg.rollout
         metrics, _ = evaluate(policy, self.tokenizer, self.env_factory, self.tasks,
                               max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
                               slots=r.engine_slots, temperature=self.cfg.run.eval_temperature,
-                              progress=progress, seed=self.cfg.seed, on_done=on_done)
+                              progress=progress, seed=self.cfg.seed, on_done=on_done,
+                              should_stop=should_stop, on_error=on_error)
         return metrics

@@ -122,19 +122,20 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
     from saorl.engines.local import LocalEngine
     from saorl.runtime.inprocess import InProcessBackend, run_requests
 
-    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
+    env_factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
     tasks = load_split(env_factory(), cfg.env, "train", n, cfg.seed + _TASK_SEED_OFFSET)
     if not tasks:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
     r = cfg.rollout
     engine = LocalEngine(policy, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
-    try:
+    try:  # a call past env.call_timeout_s stops value pretraining (RolloutTimeout, exit status 3)
         backend = InProcessBackend(engine, env_factory, tokenizer,
                                    sampling=replace(sampling_params(cfg), seed=cfg.seed),
                                    max_total_tokens=r.max_total_tokens, concurrency=2 * r.engine_slots)
         done = run_requests(backend, [RolloutRequest(i, tasks[i % len(tasks)]) for i in range(n)], on_done)
     finally:
         engine.close()
+        env_factory.close()
     return [done[i] for i in range(n)]
 
 

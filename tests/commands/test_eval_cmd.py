@@ -1,6 +1,7 @@
 """``saorl eval``: policy dirs, run dirs, checkpoints and tiny kinds; the table, episodes, errors."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -124,3 +125,24 @@ def test_eval_tasks_splits():
     train = eval_tasks(cfg, factory, "train", 2)
     assert len(train) == 2 and not {t.id for t in train} & {t.id for t in test}
     assert len(eval_tasks(cfg, factory, "test", 6)) == 6  # more than env.num_test_tasks when asked
+
+
+def test_eval_counts_an_episode_whose_reward_function_hangs_as_failed(policy_dir, tmp_path, monkeypatch,
+                                                                      capsys):
+    (tmp_path / "stuck_rewards.py").write_text(
+        "import time\n\ndef stuck(prompt, completion, **row):\n"
+        "    if row['n'] % 2:\n        time.sleep(10**9)\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the children that run the reward function get it too
+    rows = [{"id": f"q{i}", "prompt": f"Say {i}: ", "n": i} for i in range(8)]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t0 = time.monotonic()
+    rc = main(["eval", str(policy_dir), "env.type=prompt_reward", "env.options.reward_fn=stuck_rewards:stuck",
+               f"env.tasks_file={tmp_path / 'tasks.jsonl'}", "env.num_test_tasks=4", "env.call_timeout_s=1",
+               "rollout.max_new_tokens=4", "rollout.max_total_tokens=32", "--tasks", "4"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and time.monotonic() - t0 < 60
+    table = {line[:20].strip(): line[20:].strip() for line in out.splitlines() if line[:20].strip()}
+    assert table["episodes"] == "4" and table["failed (timed out)"] == "2" and table["accuracy"] == "0.500"
+    assert "2 of 4 evaluation episodes failed (counted as unsuccessful)" in err
+    assert "reward function 'stuck_rewards:stuck' on task 'q5'" in err
+    assert "did not return within 1 s (env.call_timeout_s)" in err
