@@ -4,7 +4,8 @@
 1. warm start: the policy RL starts from (``model.policy``, or its cached SFT fine-tune);
 2. value pretraining: the critic RL starts from (cached), when the algorithm asks for one;
 3. the run's parts (models, env, task splits, backend, weights), then :class:`~saorl.runtime.run.Run`
-   until ``trainer.steps``, ``trainer.max_wall_s`` or Ctrl-C / SIGTERM.
+   until ``trainer.steps``, ``trainer.max_wall_s`` or Ctrl-C / SIGTERM (which stop it in bounded
+   time: :mod:`saorl.runtime.stopping`).
 
 The run directory is checked first (:func:`~saorl.runtime.rundir.check_run_dir`: a fresh run
 needs a new or empty one, a resume an existing run) and created and locked in step 3, before the
@@ -88,13 +89,14 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         if created:  # a failed start leaves no (empty or half-written) run directory behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, run.request_stop)
-    signal.signal(signal.SIGTERM, run.request_stop)
+    previous = {sig: signal.signal(sig, run.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         final = run.loop()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        run.stop.done()  # the stop, if one was asked for, is done: no forced one now
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        run.parts.env_factory.close()  # the processes of user code: idle ones, and any still stuck
         if group is not None:
             run.learner.close()
             shard_group.leave()
@@ -122,6 +124,7 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | N
             parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind
         finally:
             parts.weights.close()  # a server client's connections and thread (close is idempotent)
+            parts.env_factory.close()
         raise
 
 

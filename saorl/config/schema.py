@@ -93,6 +93,13 @@ class TrainerConfig(Section):
     """Policy updates to run."""
     max_wall_s: float | None = Field(None, gt=0.0)
     """Stop (with a final checkpoint) after this many seconds; None = no limit."""
+    stop_timeout_s: float = Field(120.0, gt=0.0)
+    """The bound on a stop by Ctrl-C or SIGTERM. The first one finishes the current step (an
+    evaluation in progress is dropped), writes a checkpoint and ``final/``, stops the workers and
+    exits with status 0; if that is not done this many seconds after the signal, the run stops at
+    once, as a second Ctrl-C or SIGTERM makes it do at any time: the step in progress is abandoned,
+    nothing more is written, the last checkpoint written before is intact (``saorl train --resume``
+    continues from it) and the exit status is 130."""
     policy_lr: float = Field(1e-4, gt=0.0)
     """AdamW learning rate of the policy."""
     critic_lr: float = Field(1e-3, gt=0.0)

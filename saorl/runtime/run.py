@@ -29,17 +29,20 @@ from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.envs.base import Progress
 from saorl.errors import RunFailure
 from saorl.runtime.checkpoint import (
+    latest_checkpoint,
     load_checkpoint,
     oldest_journal_segment,
     resume_checkpoint,
     save_checkpoint,
 )
+from saorl.runtime.inprocess import Stopped
 from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import RunParts, build_learner
 from saorl.runtime.recorder import RunRecorder, StepClock
 from saorl.runtime.rundir import remove_temporaries
 from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
+from saorl.runtime.stopping import StopControl
 from saorl.runtime.trackers import Trackers
 
 # Required metrics that an algorithm may not produce (GRPO has no critic, PPO no DIS mask).
@@ -52,9 +55,12 @@ class NonFiniteError(RunFailure):
 
 class Evaluator(Protocol):
     def __call__(self, policy: torch.nn.Module, progress: Progress,
-                 on_done: Callable[[int, int], None] | None = None) -> dict[str, float]:
+                 on_done: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 on_error: Callable[[str], None] | None = None) -> dict[str, float]:
         """``eval/*`` metrics of ``policy`` on the run's test split; ``on_done(done, total)`` as
-        episodes finish."""
+        episodes finish; raises :class:`~saorl.runtime.inprocess.Stopped` once ``should_stop()``
+        is true; ``on_error`` gets the report of episodes that failed (their user code timed out)."""
         ...
 
 
@@ -93,7 +99,13 @@ class Run:
                                 max_staleness=cfg.trainer.max_staleness, log=self.recorder.message,
                                 log_error=self.recorder.error, observer=self.observer)
         self.feed.restore_pending(pending)
-        self._stop = False
+        self._checkpointed_step = -1  # the step this process last wrote a checkpoint of
+        self.stop = StopControl(cfg.trainer.stop_timeout_s, self.recorder.message, self._kept)
+        """The handler of Ctrl-C and SIGTERM (:mod:`saorl.runtime.stopping`)."""
+
+    @property
+    def _stop(self) -> bool:
+        return self.stop.requested
 
     # ----------------------------------------------------------------- resume
     def _restore(self) -> tuple[RangeSet, list]:
@@ -140,8 +152,9 @@ class Run:
             run = self.cfg.run  # step 0: what every later evaluation is compared with
             if self.step == 0 and run.eval_tasks and run.eval_at_start:
                 start = self._evaluate()
-                self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
-                self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
+                if start:  # not when a stop dropped it
+                    self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
+                    self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
             self._wait_until_ready()
             self.clock.start()
             while self.step < self.cfg.trainer.steps and not self._stop:
@@ -240,8 +253,15 @@ class Run:
         if not self.cfg.run.eval_tasks:
             return {}
         t0 = time.monotonic()
-        with self.recorder.count(f"eval step {self.step}") as count:
-            m = self.evaluate(self.learner.full_models()[0], self._progress(), count)
+        step = self.step
+        try:
+            with self.recorder.count(f"eval step {step}") as count:
+                m = self.evaluate(self.learner.full_models()[0], self._progress(), count,
+                                  should_stop=lambda: self._stop,
+                                  on_error=lambda text: self.recorder.error(f"eval step {step}: {text}"))
+        except Stopped:
+            self.recorder.message(f"eval step {step}: dropped, the run is stopping")
+            return {}
         m["time/eval_s"] = time.monotonic() - t0
         self.recorder.log_eval(self.step, self.learner.version, m)
         return m
@@ -254,20 +274,29 @@ class Run:
         # keep the journal back to the oldest kept checkpoint, so a resume can fall back to it
         oldest = oldest_journal_segment(self.dir / "checkpoints")
         self.journal.prune_before(seg if oldest is None else oldest)
+        self._checkpointed_step = self.step
         return path
 
-    def request_stop(self, *_args) -> None:
-        if self._stop:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self._stop = True
-        self.recorder.message("stopping: finishing the current step and writing a checkpoint "
-                              "(Ctrl-C again to abort)")
+    def request_stop(self, signum: int | None = None, frame: object = None) -> None:
+        """Ctrl-C / SIGTERM: stop after this step, in bounded time (:mod:`saorl.runtime.stopping`)."""
+        self.stop(signum, frame)
+
+    def _kept(self) -> str:
+        """What a forced stop leaves behind, for its message."""
+        latest = latest_checkpoint(self.dir / "checkpoints")
+        if latest is None:
+            return "no checkpoint was written yet (a resume starts at step 0 with the journalled rollouts)"
+        return (f"the last checkpoint, {latest}, is intact: saorl train --resume {self.dir} continues "
+                "from it")
 
     def _finish(self) -> None:
         self.feed.stop()  # nothing arrives after this: the final checkpoint is consistent
         try:
-            if self.step > 0:
+            # a step checkpointed already is not written again: rewriting its directory would leave a
+            # moment without it, and what arrived since is in the journal, which a resume reads
+            if self.step > 0 and self.step != self._checkpointed_step:
                 self.checkpoint()
+            if self.step > 0:
                 self.recorder.export_final(*self.learner.full_models())
         finally:
             try:

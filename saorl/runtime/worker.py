@@ -241,9 +241,11 @@ def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     """Process entry point (spawned)."""
     import signal
 
-    # Ctrl-C in a terminal reaches the whole process group: the trainer handles it (checkpoint,
-    # then an orderly shutdown of the workers), so a worker must not die of it first.
+    # Ctrl-C in a terminal, and a SIGTERM sent to the job's process group (systemd, SLURM,
+    # `kill -- -PGID`), reach every process: the trainer handles them (checkpoint, then an orderly
+    # shutdown of the workers), so a worker must not die of them first. It dies with the trainer.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     prepare_worker_process(worker_id, spec)
     try:
         asyncio.run(_serve(worker_id, spec, requests, results))

@@ -35,15 +35,15 @@ SYNC_MISMATCH_BASE = [
 ]
 
 
-def _popen(args: list[str], log: Path) -> subprocess.Popen:
+def _popen(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``saorl train ARGS`` in its own session (so its sid is its pid: every process of the run)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "saorl.cli", "train", *args], stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def start_train(run_dir: Path, *args: str, log: Path) -> subprocess.Popen:
-    return _popen([*BASE, *args, "--run-dir", str(run_dir)], log)
+def start_train(run_dir: Path, *args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return _popen([*BASE, *args, "--run-dir", str(run_dir)], log, env)
 
 
 def resume_train(run_dir: Path, *overrides: str, log: Path) -> subprocess.Popen:
