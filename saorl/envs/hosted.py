@@ -73,6 +73,7 @@ class _Host:
         self.proc, self.conn = proc, conn
         self._code: int | None = None
         self._killed = False
+        self._lock = threading.Lock()  # a call's thread and close() may both end it
 
     def handshake(self, preload: bytes, what: str) -> None:
         self.conn.send_bytes(preload)
@@ -104,17 +105,20 @@ class _Host:
                               "process was killed")
         return pickle.loads(reply)
 
-    def kill(self) -> int | None:
+    def kill(self, close: bool = True) -> int | None:
         """Kill the child's process group and reap it, once (a reaped pid may name another process
-        later); its exit code."""
-        if not self._killed:
-            self._killed = True
-            kill_group(self.proc)
-            try:
-                self._code = self.proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL of a live process
-                pass
-            self.conn.close()
+        later); its exit code. ``close=False`` leaves our end of the socket open for a call that
+        another thread is waiting in: it reads the end of the stream and closes it."""
+        with self._lock:
+            if not self._killed:
+                self._killed = True
+                kill_group(self.proc)
+                try:
+                    self._code = self.proc.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL of a live process
+                    pass
+            if close:
+                self.conn.close()
         return self._code
 
 
@@ -165,7 +169,10 @@ class HostPool:
                 raise HostDied(f"the processes for {self.what} were closed (the run is stopping)")
             if self._idle:
                 return self._idle.pop()
-        host = self._starter.submit(self._start).result()  # started from the pool's own thread
+        try:
+            host = self._starter.submit(self._start).result()  # started from the pool's own thread
+        except RuntimeError as e:  # the starter was shut down: close() ran meanwhile
+            raise HostDied(f"the processes for {self.what} were closed (the run is stopping)") from e
         try:
             host.handshake(self._preload, self.what)
         except BaseException:
@@ -217,11 +224,11 @@ class HostPool:
         """Kill every child, busy ones too (their calls raise :class:`HostDied`); later calls fail."""
         with self._lock:
             self._closed = True
-            hosts = list(self._live)
+            hosts, idle = list(self._live), set(self._idle)
             self._live.clear()
             self._idle.clear()
         for host in hosts:
-            host.kill()
+            host.kill(close=host in idle)
         self._starter.shutdown(wait=False)
 
 
