@@ -248,6 +248,7 @@ class HostedEnv(Env):
         self.max_turns = template.max_turns
         self._state: bytes | None = None
         self._task: Task | None = None
+        self._action_ids: list[int] | None = None
         self.call_s = 0.0
         """Seconds spent in calls, round trips included (what benchmarks read)."""
 
@@ -264,9 +265,16 @@ class HostedEnv(Env):
         self._task = task
         return self._call(None, "reset", (task, progress))
 
+    def note_action_ids(self, ids: list[int]) -> None:
+        """Handed to the env in the child with the step (one more round trip, only when given)."""
+        self._action_ids = list(ids)
+
     def step(self, action: str) -> StepResult:
         if self._task is None:
             raise RuntimeError(f"{type(self.template).__name__}.step called before reset")
+        ids, self._action_ids = self._action_ids, None
+        if ids is not None and type(self.template).note_action_ids is not Env.note_action_ids:
+            self._call(self._state, "note_action_ids", (ids,))
         return self._call(self._state, "step", (action,))
 
     def _call(self, state: bytes | None, method: str, args: tuple) -> Any:

@@ -105,6 +105,7 @@ class PromptRewardEnv(Env):
             raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
         if demo_column is not None and (not isinstance(demo_column, str) or not demo_column):
             raise ValueError(f"demo_column must be a column name or null, got {demo_column!r}")
+        self._reward_options = (reward_fn, reward_weights, reward_call)  # to load them again, unpickled
         self.reward_fns = load_reward_fns(reward_fn, reward_weights, reward_call)
         self.prompt_column, self.success_threshold = prompt_column, float(success_threshold)
         self.stop_strings = tuple(stop)  # type: ignore[misc]  # per instance: an option here
@@ -114,17 +115,21 @@ class PromptRewardEnv(Env):
         self._action_ids: list[int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "fn"}  # a function pickles by name, if at all
+        # the functions are loaded again from their specs where the env is unpickled (a hosted
+        # call's child): a function pickles by name, if at all
+        return {k: v for k, v in self.__dict__.items() if k != "reward_fns"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.fn = load_reward_fn(self.reward_spec)
+        self.reward_fns = load_reward_fns(*self._reward_options)
 
     def call_site(self, method: str, task: Task) -> str:
         if method != "step":
             return super().call_site(method, task)
         row = {k: v for k, v in task.data.items() if k != self.prompt_column}
-        return f"reward function {self.reward_spec!r} on task {task.id!r} (row {_row_text(row)})"
+        specs = ", ".join(repr(f.spec) for f in self.reward_fns)
+        what = "reward function" if len(self.reward_fns) == 1 else "reward functions"
+        return f"{what} {specs} on task {task.id!r} (row {_row_text(row)})"
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         raise ValueError("prompt_reward has no task generator: give your data with env.tasks_file "

@@ -39,6 +39,9 @@ def boom(prompt, completion, **row):
 def pid(prompt, completion, **row):
     return os.getpid()
 
+def n_ids(prompts, completions, completion_ids, **columns):  # TRL's style: lists of one
+    return [float(len(ids)) if ids is not None else -1.0 for ids in completion_ids]
+
 class Counter(Env):
     """Two turns; the state (a count) must travel between the calls."""
     name = "counter"
@@ -240,3 +243,19 @@ def test_a_stuck_child_dies_with_its_parent_however_the_parent_died(user_code, t
         assert _gone(child)
     finally:
         parent.kill()
+
+
+def test_a_hosted_env_hands_the_sampled_ids_to_a_trl_style_reward_and_weights_apply(user_code):
+    """The agent loop's note_action_ids reaches the env in the child (TRL's completion_ids);
+    several functions with weights keep working across the pickling of the env's state."""
+    options = {"reward_fn": ["hosted_user_code:n_ids", "hosted_user_code:ok"], "reward_weights": [1.0, 10.0]}
+    with make_env_factory("prompt_reward", options, call_timeout_s=30.0) as factory:
+        env = factory()
+        env.reset(TASK)
+        env.note_action_ids([11, 12, 13])
+        res = env.step("5")
+        assert res.reward == 3.0 + 10.0
+        assert res.info["metrics"] == {"reward/n_ids": 3.0, "reward/ok": 1.0}
+        env = factory()
+        env.reset(TASK)
+        assert env.step("4").reward == -1.0  # played as text: no ids
