@@ -236,6 +236,12 @@ class EnvConfig(Section):
     """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
     num_test_tasks: int = Field(128, ge=1)
     """Held-out test tasks: drawn from the env's generator, or held out of ``tasks_file``."""
+    overlong_prompts: Literal["filter", "error"] = "filter"
+    """What a task whose prompt is longer than ``rollout.max_total_tokens − rollout.max_new_tokens``
+    tokens (the chat template and special tokens counted) does, decided once when the run starts:
+    ``filter`` leaves it out of its split and says how many were (verl's
+    ``filter_overlong_prompts``); ``error`` stops the start with one paragraph naming the first
+    ones. Evaluations and value pretraining's rollouts follow the same setting."""
     call_timeout_s: float | None = Field(60.0, gt=0.0)
     """Deadline, in seconds, of each call into user code: the reward function of ``prompt_reward``
     (its ``reset`` and ``step``), and ``reset`` / ``step`` of an env given as

@@ -99,6 +99,10 @@ Source = tuple[str, str | None]
 def read_tasks(path: str | os.PathLike, split: str | None = None, id_column: str | None = None) -> list[Task]:
     """The tasks of one source (see the module docstring); ``split`` names a part of a directory."""
     p = Path(path)
+    if not p.exists():
+        what = "dataset" if split is not None else "task file"
+        raise TaskFileError(f"{path}: {what} not found (saorl reads local files only; a relative path is "
+                            f"relative to the directory saorl runs in, {Path.cwd()})")
     if p.is_dir():
         if tables.is_saved_dataset(p):
             return tables.load_tasks_hf(p, split, id_column)
@@ -116,8 +120,6 @@ def read_tasks(path: str | os.PathLike, split: str | None = None, id_column: str
         raise TaskFileError(f"{path}: split {split!r} asked of a file; splits are parts of a directory")
     if p.suffix == ".parquet":
         return tables.load_tasks_parquet(p, id_column)
-    if not p.exists():
-        raise TaskFileError(f"{path}: task file not found (saorl reads local files only)")
     return load_tasks_jsonl(p, id_column)
 
 

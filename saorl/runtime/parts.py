@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from saorl.agent.prompts import fitting_tasks
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
 from saorl.data.task import Task
@@ -54,15 +55,27 @@ def sampling_params(cfg: SaorlConfig, temperature: float | None = None) -> Sampl
                           top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
 
 
-def build_tasks(cfg: SaorlConfig, env_factory) -> tuple[list[Task], list[Task]]:
-    """The run's (train, test) task splits; an id in both is an error, never a silent overlap."""
+def build_tasks(cfg: SaorlConfig, env_factory, tokenizer=None) -> tuple[list[Task], list[Task]]:
+    """The run's (train, test) task splits; an id in both is an error, never a silent overlap.
+    With the run's ``tokenizer``, a task whose prompt cannot fit the token budget is left out (or
+    stops the start) per ``env.overlong_prompts`` (:mod:`saorl.agent.prompts`)."""
     env = env_factory()
     train = load_split(env, cfg.env, "train", cfg.env.num_train_tasks, cfg.seed)
     test = load_split(env, cfg.env, "test", cfg.env.num_test_tasks, cfg.seed)
     if not train:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks")
     check_disjoint(train, test, "train split", "test split")
+    if tokenizer is not None:
+        train = fitting(cfg, train, env_factory, tokenizer, "training tasks")
+        test = fitting(cfg, test, env_factory, tokenizer, "test tasks")
     return train, test
+
+
+def fitting(cfg: SaorlConfig, tasks: list[Task], env_factory, tokenizer, what: str) -> list[Task]:
+    """``tasks`` whose prompts fit the run's token budget, per ``env.overlong_prompts``."""
+    r = cfg.rollout
+    return fitting_tasks(tasks, env_factory, tokenizer, max_total_tokens=r.max_total_tokens,
+                         max_new_tokens=r.max_new_tokens, mode=cfg.env.overlong_prompts, what=what)
 
 
 def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str | None) -> Critic | None:
@@ -209,7 +222,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
-    train_tasks, test_tasks = build_tasks(cfg, env_factory)
+    train_tasks, test_tasks = build_tasks(cfg, env_factory, tokenizer)
     weights = build_weight_sync(cfg, run_dir, policy, tokenizer)
     try:
         if cfg.runtime.backend == "ray":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from saorl.agent.prompts import fitting_tasks
 from saorl.config import SaorlConfig
 from saorl.data.task import Task
 from saorl.data.tasks import load_split
@@ -25,6 +26,7 @@ from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.engines.base import SamplingParams
 from saorl.envs.base import Progress
 from saorl.envs.registry import make_env_factory
+from saorl.models.codec import as_run_tokenizer
 from saorl.runtime.messages import RolloutRequest
 
 
@@ -83,12 +85,20 @@ def eval_metrics(trajs: list[Trajectory], failed: int = 0) -> dict[str, float]:
     } | env_metric_means(trajs, "eval/env/")
 
 
-def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int) -> list[Task]:
-    """The first ``n`` tasks of ``split``, as a run sees them (test: the run's test split)."""
+def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int, tokenizer=None) -> list[Task]:
+    """The first ``n`` tasks of ``split``, as a run sees them (test: the run's test split; with the
+    run's ``tokenizer``, those whose prompts fit its token budget, per ``env.overlong_prompts``)."""
     env = env_factory()
     if split == "train":
-        return load_split(env, cfg.env, "train", n, cfg.seed)
-    return load_split(env, cfg.env, "test", max(n, cfg.env.num_test_tasks), cfg.seed)[:n]
+        tasks = load_split(env, cfg.env, "train", n, cfg.seed)
+    else:
+        tasks = load_split(env, cfg.env, "test", max(n, cfg.env.num_test_tasks), cfg.seed)
+    if tokenizer is not None:
+        r = cfg.rollout
+        tasks = fitting_tasks(tasks, env_factory, tokenizer, max_total_tokens=r.max_total_tokens,
+                              max_new_tokens=r.max_new_tokens, mode=cfg.env.overlong_prompts,
+                              what=f"{split} tasks")
+    return tasks[:n]
 
 
 def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test", n: int | None = None,
@@ -104,7 +114,8 @@ def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test",
         raise ValueError(f"the number of evaluation tasks must be >= 1, got {n}")
     factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
     with factory as env_factory:
-        tasks = eval_tasks(cfg, env_factory, split, n or min(cfg.run.eval_tasks, cfg.env.num_test_tasks))
+        tasks = eval_tasks(cfg, env_factory, split, n or min(cfg.run.eval_tasks, cfg.env.num_test_tasks),
+                           as_run_tokenizer(tokenizer))
         r = cfg.rollout
         temp = cfg.run.eval_temperature if temperature is None else temperature
         return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,

@@ -56,7 +56,7 @@ from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
 from saorl.runtime.messages import RolloutRequest
 from saorl.runtime.optimize import Updater, no_actions, share_of, update
-from saorl.runtime.parts import sampling_params
+from saorl.runtime.parts import fitting, sampling_params
 from saorl.runtime.recorder import CountProgress
 
 FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
@@ -124,6 +124,8 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
 
     env_factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
     tasks = load_split(env_factory(), cfg.env, "train", n, cfg.seed + _TASK_SEED_OFFSET)
+    if tasks:
+        tasks = fitting(cfg, tasks, env_factory, tokenizer, "value-pretraining tasks")
     if not tasks:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
     r = cfg.rollout

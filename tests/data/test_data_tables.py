@@ -102,6 +102,8 @@ def test_bad_and_missing_files_never_go_to_the_hub(tmp_path, monkeypatch):
         read_tasks("openai/gsm8k.parquet")
     with pytest.raises(TaskFileError, match="openai/gsm8k: task file not found"):
         read_tasks("openai/gsm8k")
+    with pytest.raises(TaskFileError, match="openai/gsm8k: dataset not found"):  # env.dataset.path
+        read_tasks("openai/gsm8k", split="train")
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(TaskFileError, match=r"bad\.parquet: cannot read as parquet"):
         read_tasks(tmp_path / "bad.parquet")
