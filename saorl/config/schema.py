@@ -268,6 +268,9 @@ class SaorlConfig(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> SaorlConfig:
+        if self.run.name is None:  # what the run is: <algo>-<env>
+            env = self.env.type.rpartition(":")[2].rpartition(".")[2]
+            self.run.name = f"{self.algo.name}-{env}"
         group = self.algo.resolve().group_size
         if self.trainer.batch_size % group:
             raise FieldError(

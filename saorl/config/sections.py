@@ -56,8 +56,10 @@ def installed_trackers() -> list[str]:
 class RunConfig(Section):
     out_dir: str = "runs"
     """Directory under which the run directory ``<out_dir>/<name>`` is created."""
-    name: str = "sao-math_tool"
-    """Run name: the run directory's name (no path separators)."""
+    name: str | None = None
+    """Run name: the run directory's name (no path separators), and the run's name in the trackers;
+    null = ``<algo.name>-<env>`` (``sao-math_tool``; a ``module.path:ClassName`` env by its class
+    name), filled in when the config loads."""
     eval_every: int = Field(25, ge=1)
     """Evaluate on the test split every this many trainer steps."""
     eval_at_start: bool = True
@@ -103,8 +105,8 @@ class RunConfig(Section):
 
     @field_validator("name")
     @classmethod
-    def _plain_name(cls, v: str) -> str:
-        return plain_name(v)
+    def _plain_name(cls, v: str | None) -> str | None:
+        return plain_name(v) if v is not None else None
 
     @field_validator("report_to", mode="before")
     @classmethod

@@ -139,6 +139,14 @@ class Trajectory:
         return sum(self.action_mask)
 
     @property
+    def cut_short(self) -> bool:
+        """The episode ended by a limit (``truncated``: turns or tokens), or its last action was cut
+        at its token limit (``finish_reason`` ``"length"``: ``rollout.max_new_tokens`` or the tokens
+        left) though the env then ended the episode."""
+        reasons = self.episode.finish_reasons
+        return self.truncated or bool(reasons and reasons[-1] == "length")
+
+    @property
     def total_reward(self) -> float:
         return float(sum(self.rewards))
 

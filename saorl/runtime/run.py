@@ -224,11 +224,13 @@ class Run:
         m = {
             "step": self.step,
             "reward/mean": statistics.fmean(t.total_reward for t in trajs),
+            "reward/std": statistics.pstdev(t.total_reward for t in trajs),
             "reward/success_frac": statistics.fmean(float(t.episode.success) for t in trajs),
             "rollout/staleness_mean": statistics.fmean(stale), "rollout/staleness_max": max(stale),
             "rollout/versions_in_batch": len(versions),
             "rollout/action_tokens_mean": statistics.fmean(t.num_action_tokens for t in trajs),
-            "rollout/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
+            "rollout/action_tokens_p90": _p90([t.num_action_tokens for t in trajs]),
+            "rollout/truncated_frac": statistics.fmean(float(t.cut_short) for t in trajs),
             "rollout/dropped_stale": s.dropped_stale, "rollout/requeued": s.requeued,
             "rollout/finished": s.finished, "rollout/trained": len(trajs),
             "rollout/worker_restarts": self.parts.backend.restarts,
@@ -308,3 +310,11 @@ class Run:
                     self.journal.close()
                     self.recorder.close()
                     self.observer.run_finished()
+
+
+def _p90(values: list[int]) -> float:
+    """The 90th percentile (linear between the two nearest ranks; one value: itself)."""
+    xs = sorted(values)
+    pos = 0.9 * (len(xs) - 1)
+    lo = int(pos)
+    return float(xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo))

@@ -79,7 +79,7 @@ def eval_metrics(trajs: list[Trajectory], failed: int = 0) -> dict[str, float]:
         "eval/reward_mean": statistics.fmean(t.total_reward for t in trajs),
         "eval/turns_mean": statistics.fmean(float(t.episode.turns) for t in trajs),
         "eval/action_tokens_mean": statistics.fmean(t.num_action_tokens for t in trajs),
-        "eval/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
+        "eval/truncated_frac": statistics.fmean(float(t.cut_short) for t in trajs),
         "eval/failed": float(failed),
         "eval/episodes": float(len(trajs) + failed),
     } | env_metric_means(trajs, "eval/env/")

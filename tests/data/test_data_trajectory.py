@@ -65,3 +65,24 @@ def test_records_of_another_shape_are_rejected_with_the_reason():
         Trajectory.from_json("[1, 2]")
     with pytest.raises(TrajectoryError, match="unknown episode fields"):
         Trajectory.from_json(good[:-1] + ',"episode": {"turnz": 1}}')
+
+
+def test_cut_short_counts_an_action_cut_at_its_token_limit_as_well_as_a_truncated_episode():
+    from saorl.data.trajectory import Episode
+
+    def traj(reasons, truncated=False):
+        return Trajectory([5, 6, 7], [0, 1, 1], [0.0, -1.0, -1.0], [0.0, 0.0, 1.0], [-1, 0, 0], 1,
+                          truncated=truncated, episode=Episode(finish_reasons=reasons))
+
+    assert not traj(["stop"]).cut_short and not traj([]).cut_short
+    assert traj(["length"]).cut_short  # one turn sampled to max_new_tokens, then the env ended it
+    assert not traj(["length", "stop"]).cut_short  # an earlier turn was cut, the last one was not
+    assert traj(["stop"], truncated=True).cut_short  # ended by the turn or token limit
+
+
+def test_p90_of_the_action_lengths():
+    from saorl.runtime.run import _p90
+
+    assert _p90([7]) == 7.0
+    assert _p90(list(range(1, 11))) == pytest.approx(9.1)  # numpy's default (linear) percentile
+    assert _p90([10, 10, 10, 100]) == pytest.approx(73.0)
