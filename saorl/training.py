@@ -18,7 +18,6 @@ the same from any directory.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 from datetime import datetime
@@ -29,7 +28,7 @@ import torch
 from saorl.config import SaorlConfig, absolute_paths
 from saorl.runtime import shard_group
 from saorl.runtime.observe import Observer
-from saorl.runtime.parts import build_learner, build_parts
+from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
 from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir
 from saorl.stages.evaluate import TestEvaluator
@@ -48,15 +47,6 @@ def new_run_dir(cfg: SaorlConfig) -> Path:
         d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}-{n}"
         n += 1
     return d
-
-
-def trainer_threads(cfg: SaorlConfig) -> int:
-    """Torch threads for the trainer: what the rollout workers leave of the machine's cores (shared
-    by the trainer ranks of this machine when it is sharded)."""
-    workers = 0 if cfg.runtime.backend == "inprocess" else cfg.rollout.num_workers
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.trainer.shard == "fsdp2" else 1
-    free = (os.cpu_count() or 1) - workers * cfg.runtime.worker_threads
-    return cfg.runtime.trainer_threads or max(1, free // ranks)
 
 
 def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False,

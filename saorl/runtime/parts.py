@@ -6,6 +6,7 @@ as the wiring. The config is unpacked here, at the call sites; nothing the parts
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -53,6 +54,15 @@ def sampling_params(cfg: SaorlConfig, temperature: float | None = None) -> Sampl
     r = cfg.rollout
     return SamplingParams(temperature=r.temperature if temperature is None else temperature,
                           top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+
+
+def trainer_threads(cfg: SaorlConfig) -> int:
+    """Torch threads for the trainer: what the rollout workers leave of the machine's cores (shared
+    by the trainer ranks of this machine when it is sharded)."""
+    workers = 0 if cfg.runtime.backend == "inprocess" else cfg.rollout.num_workers
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.trainer.shard == "fsdp2" else 1
+    free = (os.cpu_count() or 1) - workers * cfg.runtime.worker_threads
+    return cfg.runtime.trainer_threads or max(1, free // ranks)
 
 
 def build_tasks(cfg: SaorlConfig, env_factory, tokenizer=None) -> tuple[list[Task], list[Task]]:

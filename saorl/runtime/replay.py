@@ -41,7 +41,7 @@ from saorl.models.codec import check_vocab, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
 from saorl.runtime.checkpoint import SHARDS, checkpoint_dirs, load_checkpoint, verify
 from saorl.runtime.journal import Journal, decode_entry
-from saorl.runtime.parts import build_critic, build_learner
+from saorl.runtime.parts import build_critic, build_learner, trainer_threads
 
 DEFAULT_KEYS = ("policy/loss", "mismatch/kl", "policy/entropy", "policy/grad_norm", "critic/value_loss",
                 "advantage/std")
@@ -124,6 +124,7 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
     todo = sorted(data.batches)[: steps if steps is not None else None]
     if not todo:
         raise ReplayError(f"{run_dir}/trained.jsonl records no step after {from_step}")
+    torch.set_num_threads(trainer_threads(cfg))  # the run's: another count rounds matmuls otherwise
     tokenizer = run_tokenizer(cfg.model)
     policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
                          seed=cfg.seed)
