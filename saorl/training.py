@@ -32,7 +32,7 @@ from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
 from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir
 from saorl.stages.evaluate import TestEvaluator
-from saorl.stages.preflight import check_run, check_servers
+from saorl.stages.preflight import check_ray, check_run, check_servers
 from saorl.stages.sft import warm_start
 from saorl.stages.value_pretrain import initial_critic
 
@@ -100,6 +100,7 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | N
     (locked: the lock is appended to ``locks``)."""
     check_run(cfg)
     check_servers(cfg)  # before minutes of warm start: a server the run cannot use is refused now
+    check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(trainer_threads(cfg))
     policy_spec = warm_start(cfg)

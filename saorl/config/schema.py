@@ -176,15 +176,19 @@ class RayConfig(Section):
 
     address: str | None = None
     """Address of a running Ray cluster (``auto``, ``ray://host:10001``, ``host:6379``); None
-    starts a private local cluster for the run and stops it at the end."""
+    starts a private local cluster for the run and stops it at the end. Checked before the first
+    stage: it must take a connection within 3 s and answer as a Ray cluster within 20 s, or the
+    run does not start (exit status 2)."""
     num_cpus: float | None = Field(None, gt=0.0)
     """Logical CPUs of the private local cluster (None: the machine's cores); ignored with
     ``address``."""
     num_gpus: int | None = Field(None, ge=0)
     """GPUs of the private local cluster (None: those Ray detects); ignored with ``address``."""
     temp_dir: str | None = None
-    """Session directory of the private local cluster; None makes a short one under /tmp (Ray's
-    Unix socket paths must stay under 107 bytes). Removed at shutdown."""
+    """Session directory of the private local cluster; None makes a short one,
+    ``/tmp/saorl-ray-*`` (Ray's Unix socket paths must stay under 107 bytes), which is removed at
+    shutdown (after ``kill -9`` of the whole process group: when the next private cluster starts).
+    A directory given here is left in place."""
     worker_cpus: float = Field(1.0, gt=0.0)
     """CPUs reserved for each rollout worker actor (fractions allowed)."""
     worker_gpus: float = Field(0.0, ge=0.0)
@@ -203,7 +207,9 @@ class RayConfig(Section):
     (every node must see it at the same path); ``object_store`` through Ray's object store (no
     shared filesystem needed; the model directory must still exist on every node)."""
     ready_timeout_s: float = Field(600.0, gt=0.0)
-    """Seconds to wait for the cluster to grant the placement group before failing."""
+    """Seconds to wait for the cluster to grant the placement group before failing (exit status
+    3). Resources the cluster does not have at all are refused before the first stage (exit status
+    2); this wait is for resources that other jobs hold."""
 
 
 class SFTConfig(Section):

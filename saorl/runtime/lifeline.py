@@ -24,12 +24,20 @@ and the agents, which otherwise linger a minute after their raylet dies) — are
 never hit) to ``SIGKILL`` and the directories to delete once the trainer is gone. It notices by
 the end-of-file of a pipe only the trainer holds, so it acts however the trainer died; a trainer
 that shuts its cluster down in order tells it to forget them first.
+
+A reaper is in the trainer's process group, so ``kill -9`` of the whole group kills it too, and
+nothing is left to delete the cluster's session directory. Such a directory carries its owner
+(:func:`mark_owner`: this boot, the trainer's pid and start time), and the next trainer that
+starts a private cluster removes every marked directory whose owner is gone, after killing any
+process still running from it (:func:`remove_orphans`).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -74,6 +82,66 @@ def descendants(root: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
+
+
+OWNER = ".saorl-owner"
+"""The marker file of a directory that :func:`remove_orphans` may delete once its owner is gone."""
+
+
+def _boot_id() -> str:
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        return "-"
+
+
+def mark_owner(directory: str) -> None:
+    """Mark ``directory`` as this process's: deleted by :func:`remove_orphans` once it is gone."""
+    with open(os.path.join(directory, OWNER), "w") as f:
+        f.write(f"{_boot_id()} {os.getpid()} {start_time(os.getpid())}\n")
+
+
+def _owner_alive(directory: str) -> bool:
+    """Whether the owner :func:`mark_owner` wrote into ``directory`` still runs (True: unmarked,
+    unreadable, or not this machine's kind of marker: left alone)."""
+    try:
+        boot, pid, start = open(os.path.join(directory, OWNER)).read().split()
+    except (OSError, ValueError):
+        return True
+    return boot == _boot_id() and start_time(int(pid)) == start
+
+
+def _users(directory: str) -> list[int]:
+    """Processes whose command line names ``directory`` (a Ray daemon's options name its session)."""
+    named = re.compile(re.escape(directory).encode() + rb"(/|\x00|$)")
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if named.search(cmd):
+                out.append(int(d))
+    return out
+
+
+def remove_orphans(pattern: str) -> list[str]:
+    """Delete the directories matching ``pattern`` that :func:`mark_owner` marked and whose owner
+    is gone (a process still running from one is killed first); return them."""
+    removed = []
+    for d in glob.glob(pattern):
+        if not os.path.isdir(d) or _owner_alive(d):
+            continue
+        if sys.platform.startswith("linux"):
+            for pid in _users(d):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
 
 
 class Reaper:

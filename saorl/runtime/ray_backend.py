@@ -4,12 +4,18 @@ The same :class:`~saorl.runtime.backend.Backend` contract as the local worker pr
 placing and restarting the workers; the run loop, feed, journal and checkpoints stay in this
 process (the Ray driver), unchanged.
 
-- **Cluster** (:class:`RayCluster`): ``ray.init(address=ray.address)``, or a private local cluster
-  (``ray.num_cpus`` logical CPUs, no dashboard, a short session directory under /tmp) that
-  :meth:`RayBackend.shutdown` stops, so no Ray process outlives the run; if the trainer dies
-  without stopping it (``kill -9``), a :class:`~saorl.runtime.lifeline.Reaper` kills its daemons
-  and deletes its session directory. A cluster someone else initialised in this process is used
-  as it is and left running.
+- **Cluster** (:class:`RayCluster`): ``ray.init(address=ray.address)`` (after a bounded TCP check
+  of the address: :func:`~saorl.runtime.ray_check.check_reachable`; the start-up checks have
+  already found it answering and big enough, :mod:`saorl.runtime.ray_check`), or a private local
+  cluster (``ray.num_cpus`` logical CPUs, a short session directory under /tmp) that
+  :meth:`RayBackend.shutdown` stops, so no Ray process outlives the run. It runs no dashboard:
+  ``include_dashboard=False`` still starts Ray's head process ``dashboard.py`` (minimal, for usage
+  statistics), which is stopped as soon as the cluster is up. If the trainer dies without stopping
+  the cluster (``kill -9``), a :class:`~saorl.runtime.lifeline.Reaper` kills its daemons and
+  deletes its session directory; if the reaper dies with it (``kill -9`` of the whole process
+  group), the next private cluster's start deletes the directory (it is marked with its owner:
+  :func:`~saorl.runtime.lifeline.mark_owner`, :func:`~saorl.runtime.lifeline.remove_orphans`). A
+  cluster someone else initialised in this process is used as it is and left running.
 - **Placement**: one placement group, a bundle per worker (``ray.worker_cpus`` / ``worker_gpus``)
   placed by ``ray.placement_strategy``, plus a trainer bundle (``ray.trainer_cpus`` /
   ``trainer_gpus``) pinned to this node so that no worker takes the trainer's share.
@@ -30,7 +36,9 @@ process (the Ray driver), unchanged.
   discarded from then on — its rollout was re-queued, and keeping both would train it twice.
   Until the restarted actor answers a ``stats`` call (calls to a restarting actor fail at once;
   the call is repeated every :data:`RETRY_S`), it gets no rollouts and holds no slots. Past
-  ``ray.max_restarts`` deaths, or when Ray gives the actor up, :class:`~saorl.runtime.backend.WorkerFailure`.
+  ``ray.max_restarts`` deaths, or when Ray gives the actor up, :class:`~saorl.runtime.backend.WorkerFailure`;
+  a placement group not granted within ``ray.ready_timeout_s`` (its resources exist, the start-up
+  checks saw to that, but other jobs hold them) is a :class:`~saorl.errors.RunFailure`.
 """
 
 from __future__ import annotations
@@ -48,9 +56,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from saorl.config import RayConfig
+from saorl.errors import RunFailure
 from saorl.runtime.backend import WorkerFailure, collect
-from saorl.runtime.lifeline import Reaper, descendants
+from saorl.runtime.lifeline import Reaper, descendants, mark_owner, remove_orphans
 from saorl.runtime.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished, RolloutRequest
+from saorl.runtime.ray_check import bundle_shapes, check_reachable
 from saorl.runtime.weights import WeightSync
 from saorl.runtime.worker import (
     STATS_EVERY_S,
@@ -61,6 +71,8 @@ from saorl.runtime.worker import (
     rollout_failed,
 )
 
+TEMP_PREFIX = "saorl-ray-"
+"""Session directories saorl makes for private clusters: ``/tmp/saorl-ray-*``."""
 REFRESH_EVERY_S = 0.05
 RETRY_S = 0.5
 """Seconds between ``stats`` calls to a restarting actor."""
@@ -76,12 +88,17 @@ class RayCluster:
             return  # initialised by the caller (e.g. a notebook): theirs to stop
         self.owned = True
         if cfg.address is not None:
+            check_reachable(cfg.address)  # Ray's own connect retries for minutes, deaf to SIGTERM
             ray.init(address=cfg.address)
             return
-        self.temp_dir = cfg.temp_dir or tempfile.mkdtemp(prefix="saorl-ray-", dir="/tmp")
+        remove_orphans(f"/tmp/{TEMP_PREFIX}*")
+        self.temp_dir = cfg.temp_dir or tempfile.mkdtemp(prefix=TEMP_PREFIX, dir="/tmp")
         self._made_temp = cfg.temp_dir is None
+        if self._made_temp:
+            mark_owner(self.temp_dir)
         ray.init(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, include_dashboard=False,
                  _temp_dir=self.temp_dir)
+        _stop_dashboard()
         if sys.platform.startswith("linux"):  # the cluster's daemons die with this process
             daemons = descendants(os.getpid())
             self._reaper = Reaper()
@@ -102,6 +119,15 @@ class RayCluster:
         if self._reaper is not None:
             self._reaper.close()
             self._reaper = None
+
+
+def _stop_dashboard() -> None:
+    """Stop the private cluster's ``dashboard.py`` (module docstring); nothing of the run uses it."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    try:
+        node.kill_dashboard(check_alive=False)
+    except Exception:  # another Ray version: it keeps running, and the reaper still covers it
+        pass
 
 
 class RolloutActor:
@@ -173,10 +199,8 @@ class RayBackend:
 
     # ---------------------------------------------------------------- workers
     def _bundles(self) -> tuple[list[dict[str, float]], int]:
-        c = self.cfg
-        worker = {"CPU": c.worker_cpus} | ({"GPU": c.worker_gpus} if c.worker_gpus else {})
-        trainer = {k: v for k, v in (("CPU", c.trainer_cpus), ("GPU", c.trainer_gpus)) if v}
-        if not trainer:
+        trainer, worker = bundle_shapes(self.cfg)
+        if trainer is None:
             return [worker] * self.num_workers, 0
         trainer[f"node:{ray.util.get_node_ip_address()}"] = 0.001  # the trainer runs here
         return [trainer] + [worker] * self.num_workers, 1
@@ -186,11 +210,13 @@ class RayBackend:
         self._pg = placement_group(bundles, strategy=self.cfg.placement_strategy)
         ready, _ = ray.wait([self._pg.ready()], timeout=self.cfg.ready_timeout_s)
         if not ready:
-            raise RuntimeError(
+            raise RunFailure(
                 f"the Ray cluster did not grant the rollout workers' placement group within "
-                f"{self.cfg.ready_timeout_s:.0f}s: it asks for {bundles} ({self.cfg.placement_strategy}) "
-                f"and the cluster has {ray.cluster_resources()}; lower rollout.num_workers, "
-                "ray.worker_cpus / worker_gpus or ray.trainer_cpus, or add nodes")
+                f"ray.ready_timeout_s={self.cfg.ready_timeout_s:g}s: it asks for {bundles} "
+                f"({self.cfg.placement_strategy}); the cluster has {ray.cluster_resources()} in all and "
+                f"{ray.available_resources()} free now, so other jobs hold what the run needs. Wait for "
+                "them or lower rollout.num_workers, ray.worker_cpus / worker_gpus or ray.trainer_cpus, "
+                "then resume the run (saorl train --resume RUN_DIR)")
         actor_cls = ray.remote(RolloutActor)
         for i in range(self.num_workers):
             actor = actor_cls.options(

@@ -27,7 +27,10 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
 :func:`check_servers` (called by :func:`saorl.training.train` after these, before the warm start:
 SFT and value pretraining do not need the servers) checks that with ``rollout.engine: vllm`` every
 server answers and none is one the run could not train on
-(:func:`saorl.engines.vllm_client.incompatibility`).
+(:func:`saorl.engines.vllm_client.incompatibility`); :func:`check_ray`, next, that with
+``runtime.backend: ray`` the cluster at ``ray.address`` answers within seconds and that the cluster
+(or, for the private one, this machine) has the CPUs and GPUs the rollout workers and the trainer
+ask for (:mod:`saorl.runtime.ray_check`).
 """
 
 from __future__ import annotations
@@ -90,6 +93,16 @@ def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
         problem = incompatibility(info, moe=moe, processed=processed, dtype=dtype)
         if problem:
             raise StartupError(f"rollout.engine=vllm: {problem}.")
+
+
+def check_ray(cfg: SaorlConfig) -> None:
+    """With ``runtime.backend: ray``: the cluster answers and can place the run's workers
+    (:func:`saorl.runtime.ray_check.check_cluster`)."""
+    if cfg.runtime.backend != "ray":
+        return
+    from saorl.runtime.ray_check import check_cluster
+
+    check_cluster(cfg.ray, cfg.rollout.num_workers)
 
 
 def describe_servers(cfg: SaorlConfig) -> list:

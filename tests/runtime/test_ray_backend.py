@@ -3,11 +3,13 @@
 Each test starts its own cluster through the run's config (``ray.num_cpus=4`` logical CPUs for
 the trainer and two workers, a short session directory under /tmp: Unix socket paths must stay
 under 107 bytes, and a pytest path is longer) with token auth off, and checks at the end that
-none of that cluster's processes is left.
+none of that cluster's processes is left. One lets saorl make the session directory
+(``/tmp/saorl-ray-*``), kills the whole process group and checks that the next run removes it.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -24,6 +26,7 @@ from runtime_helpers import BASE, read_jsonl, session_pids, start_train, wait_fo
 from saorl.config import load_config
 from saorl.runtime.checkpoint import latest_checkpoint
 from saorl.runtime.journal import RangeSet
+from saorl.runtime.lifeline import OWNER, descendants
 from saorl.runtime.observe import Observer
 from saorl.training import train
 
@@ -182,3 +185,54 @@ def test_a_trainer_killed_with_sigkill_leaves_no_ray_process(tmp_path, ray_dir):
     left = wait_until_gone(proc.pid, 10.0)
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left]
     assert cluster_processes(ray_dir) == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _mine(pattern: str = "/tmp/saorl-ray-*") -> list[Path]:
+    """saorl-made session directories whose owner marker names this process."""
+    return [d for d in map(Path, glob.glob(pattern))
+            if (d / OWNER).is_file() and (d / OWNER).read_text().split()[1:2] == [str(os.getpid())]]
+
+
+def test_a_killed_process_group_leaves_a_session_directory_the_next_run_removes(tmp_path, ray_dir):
+    """``kill -9`` of the whole process group kills the reaper with the trainer, so the session
+    directory saorl made is left (marked with its dead owner); the next private cluster's start
+    removes it. Neither cluster runs Ray's ``dashboard.py``."""
+    run_dir, log = tmp_path / "run", tmp_path / "log.txt"
+    args = [a for a in ray_args(ray_dir, "rollout.num_workers=1", "trainer.steps=1000")[len(BASE):]
+            if not a.startswith("ray.temp_dir=")]
+    proc = start_train(run_dir, *args, log=log)
+    try:
+        wait_for_steps(proc, run_dir, 2, log)
+        commands = [_cmdline(p) for p in session_pids(proc.pid)]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    session = {m.group(0) for c in commands for m in [re.search(r"/tmp/saorl-ray-[a-z0-9_]+", c)] if m}
+    assert len(session) == 1, commands
+    temp = Path(session.pop())
+    assert any("raylet" in c for c in commands) and any("dashboard/agent.py" in c for c in commands)
+    assert not [c for c in commands if "dashboard/dashboard.py" in c]  # the agent is not the dashboard
+    assert not wait_until_gone(proc.pid, 10.0)
+    assert temp.is_dir() and (temp / OWNER).is_file()  # nothing was left alive to delete it
+
+    cfg = load_config(None, [a for a in ray_args(ray_dir, "rollout.num_workers=1", "trainer.steps=1")
+                             if not a.startswith("ray.temp_dir=")])
+    seen: list[str] = []
+
+    class Look(Observer):
+        def step_done(self, step, metrics, trajectories) -> None:
+            seen.extend(_cmdline(p) for p in descendants(os.getpid()))
+
+    train(cfg, tmp_path / "again", observer=Look())
+    assert not temp.exists()  # the orphan, removed when the next private cluster started
+    assert any("raylet" in c for c in seen) and not [c for c in seen if "dashboard/dashboard.py" in c]
+    assert _mine() == []  # and this run's own, at its end
