@@ -10,7 +10,10 @@
 The run directory is checked first (:func:`~saorl.runtime.rundir.check_run_dir`: a fresh run
 needs a new or empty one, a resume an existing run) and created and locked in step 3, before the
 parts are built (:func:`~saorl.runtime.rundir.claim_run_dir`: one trainer per directory, for
-the run's lifetime); if anything before the loop fails (or is interrupted), a run directory that
+the run's lifetime); a resumed run's directory exists, so it is locked at once (a second trainer
+is refused before any slow check), and a resume that would restart from step 0 and lose the
+training on record is refused then too (:func:`~saorl.runtime.checkpoint.check_restart`,
+unless ``restart``). If anything before the loop fails (or is interrupted), a run directory that
 this call created is removed again, so a failed start leaves nothing behind. The config's paths
 are made absolute first (:func:`~saorl.config.absolute_paths`): the saved ``config.yaml`` means
 the same from any directory.
@@ -27,6 +30,7 @@ import torch
 
 from saorl.config import SaorlConfig, absolute_paths
 from saorl.runtime import shard_group
+from saorl.runtime.checkpoint import check_restart
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
@@ -49,16 +53,19 @@ def new_run_dir(cfg: SaorlConfig) -> Path:
     return d
 
 
-def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False,
+def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False, restart: bool = False,
           observer: Observer | None = None) -> tuple[Path | None, dict]:
     """Run the stages and the RL run of ``cfg`` in ``run_dir`` (a new one when None).
 
     Returns the run directory and the last step's metrics (``(None, {})`` on a sharded trainer's
     ranks other than 0, which only serve rank 0's learner). ``resume`` continues the run in
-    ``run_dir`` from its last checkpoint and journal. ``observer`` watches the run. Raises
+    ``run_dir`` from its last checkpoint and journal; ``restart`` (with ``resume``) lets it start
+    from step 0 when no checkpoint is left even though training is on record (it is discarded).
+    ``observer`` watches the run. Raises
     :class:`~saorl.runtime.rundir.RunDirError` when ``run_dir`` does not suit (a fresh run into a
     non-empty directory, a resume of a directory that holds no run, a directory in use),
-    :class:`~saorl.runtime.rundir.CorruptionError` when a resume finds damage it cannot go around,
+    :class:`~saorl.runtime.rundir.CorruptionError` when a resume finds damage it cannot go around
+    (or would silently restart from step 0),
     and :class:`~saorl.runtime.run.NonFiniteError` when updates keep being non-finite.
     """
     cfg = absolute_paths(cfg)
@@ -72,7 +79,10 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
     created = not run_dir.exists()
     locks: list[RunDirLock] = []
     try:
-        run = _start(cfg, run_dir, resume, observer, locks)
+        if resume:  # it exists: locked now, before minutes of checks; a lost history is refused now
+            locks.append(claim_run_dir(run_dir, resume=True))
+            check_restart(run_dir, restart=restart)
+        run = _start(cfg, run_dir, resume, restart, observer, locks)
     except BaseException:
         for lock in locks:
             lock.release()
@@ -94,10 +104,10 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
     return run_dir, final
 
 
-def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | None,
+def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observer: Observer | None,
            locks: list[RunDirLock]) -> Run:
     """Checks, warm start, value pretraining, parts: a :class:`Run` ready to loop in ``run_dir``
-    (locked: the lock is appended to ``locks``)."""
+    (locked: the lock is appended to ``locks`` unless it is there)."""
     check_run(cfg)
     check_servers(cfg)  # before minutes of warm start: a server the run cannot use is refused now
     check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
@@ -105,11 +115,12 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, observer: Observer | N
     torch.set_num_threads(trainer_threads(cfg))
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)
-    locks.append(claim_run_dir(run_dir, resume=resume))  # before the parts write into it
+    if not locks:
+        locks.append(claim_run_dir(run_dir, resume=resume))  # before the parts write into it
     parts = build_parts(cfg, run_dir, policy_spec, critic_spec)
     try:
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
-        return Run(cfg, run_dir, parts, evaluator, resume=resume, observer=observer)
+        return Run(cfg, run_dir, parts, evaluator, resume=resume, restart=restart, observer=observer)
     except BaseException:
         try:
             parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind

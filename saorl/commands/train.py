@@ -1,9 +1,10 @@
-"""``saorl train [CONFIG] [key=value ...] [--resume RUN_DIR] [--run-dir DIR]``.
+"""``saorl train [CONFIG] [key=value ...] [--resume RUN_DIR [--restart]] [--run-dir DIR]``.
 
 Prints the run directory first (before the start-up checks, the SFT warm start and value
 pretraining), then trains. A start-up problem is one paragraph on stderr and status 2, and leaves
 no run directory behind; a run that starts and then fails exits with status 3 (see
-:mod:`saorl.errors`).
+:mod:`saorl.errors`), and so does a resume that would restart from step 0 while training is on
+record that no checkpoint or journal can bring back, unless ``--restart`` asks for that.
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "algo.eps_high=3.0 trainer.steps=50")
     p.add_argument("--resume", metavar="RUN_DIR", type=Path,
                    help="continue a run from its last checkpoint and journal (after a crash or Ctrl-C)")
+    p.add_argument("--restart", action="store_true",
+                   help="with --resume: when no checkpoint is left, start again from step 0 even though "
+                        "trained steps are on record (trained.jsonl, metrics.jsonl, weights/); without it "
+                        "such a resume is refused (exit status 3)")
     p.add_argument("--run-dir", type=Path, help="write the run here instead of run.out_dir/NAME-TIMESTAMP")
 
 
 def run(args: argparse.Namespace) -> int:
     from saorl.training import new_run_dir, train
 
+    if args.restart and args.resume is None:
+        fail("saorl train: --restart goes with --resume RUN_DIR (it restarts that run from step 0)")
     if args.resume is not None:
         if args.args and "=" not in args.args[0]:
             fail("saorl train: --resume takes its config from the run directory; give only overrides")
@@ -40,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.resume or args.run_dir or new_run_dir(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # a sharded trainer's other ranks: rank 0 reports
         print(f"run directory: {run_dir}", flush=True)
-    run_dir, final = train(cfg, run_dir, resume=args.resume is not None)
+    run_dir, final = train(cfg, run_dir, resume=args.resume is not None, restart=args.restart)
     acc = final.get("eval/accuracy")
     if final:
         print(f"last step {final.get('step')}: reward {final.get('reward/mean', float('nan')):.3f}"

@@ -18,8 +18,14 @@ intact earlier checkpoint is used — the damaged directory is renamed ``damaged
 for inspection, never loaded or pruned), ``latest`` is pointed at the one used, and the steps
 after it are redone from the journal, which is kept back to the oldest kept checkpoint for
 exactly this — or the run stops with :class:`~saorl.runtime.rundir.CorruptionError`. With no
-intact checkpoint it always stops. A run directory with no checkpoint at all resumes from step 0
-only when its journal shows none was ever written (segment 0 is still there).
+intact checkpoint it always stops. A run directory with no checkpoint at all resumes from step 0,
+redoing the steps on record from the journal, only when the journal can
+(:func:`restart_problem`): it shows no checkpoint was ever written (segment 0 is still there) and
+it holds every rollout ``trained.jsonl`` records as trained; and when ``trained.jsonl``,
+``metrics.jsonl`` (step rows) or the published weights (``weights/``) show training but the journal
+is empty, the checkpoints and the journal were deleted. Each of these stops the resume with a
+:class:`~saorl.runtime.rundir.CorruptionError` naming what was found, unless the user asks for
+the restart from step 0 explicitly (``saorl train --resume RUN --restart``: ``restart=True``).
 
 The learner writes its own state (``learner.save_state(directory)``, read back by
 ``learner.load_state``); its counters (policy version, steps, non-finite skips, running-mean
@@ -243,21 +249,87 @@ def verify(ckpt_dir: Path, journal: Journal, newest_segment: int = 0) -> dict[st
     return manifest
 
 
-def resume_checkpoint(ckpt_root: Path, journal: Journal, *, fallback: bool,
-                      log: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint to resume from and its verified manifest, or None when the run never wrote
-    one (see the module docstring for what is checked and the fallback)."""
+def has_checkpoint(ckpt_root: Path) -> bool:
+    """Whether ``ckpt_root`` holds a checkpoint (``latest`` or a step directory), intact or not."""
+    return (ckpt_root / LATEST).is_file() or bool(checkpoint_dirs(ckpt_root))
+
+
+def _published_versions(weights_dir: Path) -> int:
+    """The newest version published in ``weights_dir`` as files (-1: none)."""
+    names = (p.name for p in weights_dir.iterdir()) if weights_dir.is_dir() else ()
+    return max((int(n[1:9]) for n in names if re.fullmatch(r"v\d{8}(\.safetensors)?", n)), default=-1)
+
+
+def restart_problem(run_dir: Path, journal: Journal | None) -> str | None:
+    """For a run directory without any checkpoint: why a resume from step 0 would discard training
+    on record (one paragraph), or None when the journal (None: there is no journal directory) can
+    redo all of it (module docstring)."""
+    from saorl.data.jsonl import read_jsonl
+    from saorl.runtime.recorder import effective_rows
+
+    again = (f"To train this directory again from step 0 anyway (the old rows stay in trained.jsonl and "
+             f"metrics.jsonl, behind a resume marker), resume with `saorl train --resume {run_dir} "
+             "--restart`; or start a new run with a new --run-dir.")
+    first = journal.segments() if journal is not None else []
+    if first and first[0].name != "seg-00000000.jsonl":
+        return (f"{run_dir / 'checkpoints'} holds no checkpoint, but the journal starts at {first[0].name}: "
+                "earlier segments were pruned when checkpoints were written, so the checkpoints were "
+                "deleted. Restore them if you have a copy; resuming without them would train from step 0 "
+                f"on a fraction of the run's rollouts. {again}")
+    rows = read_jsonl(run_dir / "trained.jsonl")
+    trained = effective_rows(rows)
+    steps = [r for r in effective_rows(read_jsonl(run_dir / "metrics.jsonl")) if r["step"] > 0]
+    base = max((int(r["resume"].get("version", 0)) for r in rows if "resume" in r), default=0)
+    published = _published_versions(run_dir / "weights")
+    journalled = {rid for rid, _ in journal.read_from(0)} if journal is not None else set()
+    rids = {rid for r in trained for rid in r["rids"]}
+    if not rids - journalled and (journalled or not (steps or published > base)):
+        return None
+    found = []
+    if trained:
+        found.append(f"trained.jsonl records {len(trained)} trained steps (the last, step "
+                     f"{trained[-1]['step']}) on {len(rids)} rollouts")
+    if steps:
+        found.append(f"metrics.jsonl has {len(steps)} step rows (the last, step {steps[-1]['step']})")
+    if published > base:
+        found.append(f"weights/ holds version {published}, published after a trained step")
+    held = "none" if not journalled & rids else f"only {len(journalled & rids)}"
+    where = run_dir / "journal" if journal is None else journal.dir
+    journal_says = f"{where} holds {held} of those rollouts" if rids else f"{where} holds no rollout"
+    return (f"{run_dir / 'checkpoints'} holds no checkpoint and {journal_says}, yet the run's record shows "
+            f"training: {'; '.join(found)}. The checkpoints and the journal were deleted (or replaced), "
+            "and a resume would restart from step 0, silently discarding that training. Restore "
+            f"checkpoints/ and journal/ from a copy if you have one. {again}")
+
+
+def check_restart(run_dir: Path, *, restart: bool = False) -> None:
+    """Before a resume's slow work: :class:`CorruptionError` when ``run_dir`` holds no checkpoint
+    and a restart from step 0 would discard training on record (:func:`restart_problem`), unless
+    ``restart``. (A damaged checkpoint is found later, when the resume verifies it.)"""
+    if restart or has_checkpoint(run_dir / "checkpoints"):
+        return
+    journal = Journal(run_dir / "journal") if (run_dir / "journal").is_dir() else None
+    try:
+        problem = restart_problem(run_dir, journal)
+    finally:
+        if journal is not None:
+            journal.close()
+    if problem is not None:
+        raise CorruptionError(f"cannot resume: {problem}")
+
+
+def resume_checkpoint(ckpt_root: Path, journal: Journal, *, fallback: bool, log: Callable[[str], None],
+                      restart: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume from and its verified manifest, or None when there is none and a
+    resume may start from step 0: the journal redoes the training on record, or ``restart``
+    (see the module docstring for what is checked and the fallback)."""
     dirs = checkpoint_dirs(ckpt_root)
     pointer = ckpt_root / LATEST
     named = pointer.read_text(errors="replace").strip() if pointer.is_file() else None
     if named is None and not dirs:
-        first = journal.segments()
-        if first and first[0].name != "seg-00000000.jsonl":
-            raise CorruptionError(
-                f"{ckpt_root} holds no checkpoint, but the journal starts at {first[0].name}: earlier "
-                "segments were pruned when checkpoints were written, so the checkpoints were deleted. "
-                "Restore them if you have a copy; resuming without them would train from step 0 on a "
-                "fraction of the run's rollouts.")
+        problem = None if restart else restart_problem(ckpt_root.parent, journal)
+        if problem is not None:
+            raise CorruptionError(f"cannot resume: {problem}")
         return None
     newest = max(_journal_segments(ckpt_root), default=0)  # a newer checkpoint's segment existed
     if named is None:

@@ -66,8 +66,9 @@ class Evaluator(Protocol):
 
 class Run:
     def __init__(self, cfg: SaorlConfig, run_dir: Path, parts: RunParts, evaluate: Evaluator, *,
-                 resume: bool = False, observer: Observer | None = None) -> None:
+                 resume: bool = False, restart: bool = False, observer: Observer | None = None) -> None:
         self.cfg, self.dir, self.parts, self.evaluate = cfg, run_dir, parts, evaluate
+        self.restart = restart  # with resume: from step 0 even if training on record is lost
         self.observer = observer or Observer()
         self.learner = build_learner(cfg, parts.policy, parts.critic, parts.tokenizer.pad_token_id)
         self.journal = Journal(run_dir / "journal")
@@ -113,7 +114,8 @@ class Run:
         it. Marks the resume in trained.jsonl and metrics.jsonl: the steps logged after the
         checkpoint are redone, so an audit must drop them (:func:`~saorl.runtime.recorder.effective_rows`)."""
         found = resume_checkpoint(self.dir / "checkpoints", self.journal,
-                                  fallback=self.cfg.run.resume_fallback, log=self.recorder.message)
+                                  fallback=self.cfg.run.resume_fallback, log=self.recorder.message,
+                                  restart=self.restart)
         finished, pending, seg, name = RangeSet(), [], 0, None
         if found is not None:
             ckpt, manifest = found
@@ -130,8 +132,10 @@ class Run:
         for torn in self.journal.torn:
             self.recorder.message(f"resume: dropped the torn last line of {torn} (a write the crash cut "
                                   "short); that rollout is sampled again")
-        if found is None:
-            self.recorder.message(f"resume: {self.dir / 'checkpoints'} holds no checkpoint yet; the run "
+        restarted = found is None and self.restart  # asked for: training on record may be lost
+        if found is None:  # (else the journal redoes every step on record)
+            why = "--restart: " if restarted else ""
+            self.recorder.message(f"resume: {why}{self.dir / 'checkpoints'} holds no checkpoint; the run "
                                   f"restarts from step 0 and first trains the {journalled} journalled "
                                   "trajectories")
         # one version number names one set of weights: past the checkpoint's version, the versions
@@ -140,7 +144,7 @@ class Run:
         if published is not None and published[0] > self.learner.version:
             self.learner.version = published[0] + 1
         self.recorder.resumed({"from_step": self.step, "checkpoint": name, "pending": len(pending),
-                               "version": self.learner.version})
+                               "version": self.learner.version} | ({"restart": True} if restarted else {}))
         return finished, pending
 
     # ------------------------------------------------------------------- loop

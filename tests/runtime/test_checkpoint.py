@@ -19,9 +19,11 @@ from saorl.data.trajectory import Trajectory
 from saorl.models.critic import Critic
 from saorl.models.tiny import build_tiny
 from saorl.runtime.checkpoint import (
+    check_restart,
     checkpoint_dirs,
     load_checkpoint,
     oldest_journal_segment,
+    restart_problem,
     resume_checkpoint,
     save_checkpoint,
 )
@@ -188,6 +190,72 @@ def test_no_checkpoint_resumes_from_zero_only_when_none_was_ever_written(tmp_pat
     (tmp_path / "journal" / "seg-00000000.jsonl").unlink()  # pruned: checkpoints existed
     with pytest.raises(CorruptionError, match="holds no checkpoint, but the journal starts at seg-00000001"):
         _resume(tmp_path)
+
+
+def _record(run_dir, steps: int, per_step: int = 2) -> None:
+    """trained.jsonl and metrics.jsonl of ``steps`` trained steps, as a run writes them."""
+    with open(run_dir / "trained.jsonl", "a") as t, open(run_dir / "metrics.jsonl", "a") as m:
+        for s in range(1, steps + 1):
+            t.write(json.dumps({"step": s, "rids": list(range((s - 1) * per_step, s * per_step))}) + "\n")
+            m.write(json.dumps({"step": s, "reward/mean": 0.5}) + "\n")
+
+
+def test_no_checkpoint_and_no_journal_but_trained_steps_on_record_is_never_a_silent_restart(tmp_path):
+    """checkpoints/ and journal/ deleted after 13 steps: the record (trained.jsonl, metrics.jsonl,
+    weights/) says so, and the resume stops naming it, unless restart is asked for."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.1}) + "\n")
+    _record(tmp_path, 13)
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "v00000013.safetensors").write_bytes(b"x")
+    with pytest.raises(CorruptionError) as e:
+        check_restart(tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("cannot resume: ")
+    for text in ("trained.jsonl records 13 trained steps (the last, step 13) on 26 rollouts",
+                 "metrics.jsonl has 13 step rows", "weights/ holds version 13",
+                 "holds none of those rollouts",
+                 f"saorl train --resume {tmp_path} --restart"):
+        assert text in msg, msg
+    check_restart(tmp_path, restart=True)  # asked for: no refusal
+    with pytest.raises(CorruptionError, match="silently discarding"):
+        resume_checkpoint(tmp_path / "checkpoints", Journal(tmp_path / "journal"), fallback=True, log=print)
+    assert resume_checkpoint(tmp_path / "checkpoints", Journal(tmp_path / "journal"), fallback=True,
+                             log=print, restart=True) is None
+
+
+@pytest.mark.parametrize("evidence", ["metrics", "weights"])
+def test_other_evidence_of_training_with_an_empty_journal_stops_the_resume(tmp_path, evidence):
+    if evidence == "metrics":  # trained.jsonl deleted too
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(4)))
+    else:
+        (tmp_path / "weights").mkdir()
+        (tmp_path / "weights" / "v00000000.safetensors").write_bytes(b"x")  # published before step 1
+        assert restart_problem(tmp_path, Journal(tmp_path / "journal")) is None
+        (tmp_path / "weights" / "v00000003").mkdir()  # a sharded publication: a directory
+    assert "no rollout" in restart_problem(tmp_path, Journal(tmp_path / "journal"))
+
+
+def test_a_crash_before_the_first_checkpoint_still_resumes_from_zero_from_the_journal(tmp_path):
+    """The journal holds every rollout trained.jsonl records: the steps are redone from it."""
+    journal = Journal(tmp_path / "journal")
+    journal.append_many([(i, _traj(str(i))) for i in range(7)])  # 3 steps trained, one rollout pending
+    _record(tmp_path, 3)
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "v00000004.safetensors").write_bytes(b"x")  # killed after publishing step 4
+    check_restart(tmp_path)
+    assert _resume(tmp_path) == (None, [])
+    # a resume from step 0 marks the version it published at: later publications are not evidence
+    with open(tmp_path / "trained.jsonl", "a") as f:
+        f.write(json.dumps({"resume": {"from_step": 0, "checkpoint": None, "version": 5}}) + "\n")
+    journal.close()
+    for seg in (tmp_path / "journal").iterdir():
+        seg.unlink()
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "weights" / "v00000005.safetensors").write_bytes(b"x")
+    check_restart(tmp_path)  # nothing trained since that resume: nothing to lose
+    _record(tmp_path, 1)  # one step after it, whose rollouts the journal no longer has
+    with pytest.raises(CorruptionError, match="records 1 trained steps"):
+        check_restart(tmp_path)
 
 
 def test_the_manifest_lists_a_hash_for_every_file(run):

@@ -174,6 +174,63 @@ def test_damage_with_no_way_around_stops_with_one_paragraph(finished_run, tmp_pa
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # nothing appended
 
 
+def _files(run_dir) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != ".lock"}  # (.lock holds the pid of its last holder)
+
+
+def test_checkpoints_and_journal_deleted_stop_the_resume_unless_restart_asks(finished_run, tmp_path, capsys,
+                                                                          monkeypatch):
+    """The adversarial user's case: checkpoints/ and journal/ deleted after the run trained. The
+    resume stops at once (before the start-up checks), exit 3, naming the record; `--restart` trains
+    from step 0 again, behind a resume marker that says so."""
+    import saorl.training
+
+    run_dir, ckpts = _copy(finished_run, tmp_path)
+    shutil.rmtree(ckpts)
+    shutil.rmtree(run_dir / "journal")
+    before = _files(run_dir)
+    checks = []
+    monkeypatch.setattr(saorl.training, "check_run", lambda cfg: checks.append(cfg))
+    t0 = time.monotonic()
+    assert main(["train", "--resume", str(run_dir), "trainer.steps=6"]) == 3
+    took = time.monotonic() - t0
+    msg = capsys.readouterr().err.strip()
+    assert "\n" not in msg and msg.startswith("saorl train: the run failed: cannot resume: ")
+    assert "trained.jsonl records 4 trained steps (the last, step 4)" in msg
+    assert "metrics.jsonl has 4 step rows" in msg and "weights/ holds version 4" in msg
+    assert f"saorl train --resume {run_dir} --restart" in msg
+    assert checks == [] and took < 10, took  # refused before the start-up checks
+    assert _files(run_dir) == before and not (run_dir / "journal").exists()  # nothing written
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run_dir), "--restart", "trainer.steps=2"]) == 0
+    assert "--restart: " in capsys.readouterr().err
+    rows = read_jsonl(run_dir / "trained.jsonl")
+    marker = [r["resume"] for r in rows if "resume" in r]
+    assert len(marker) == 1 and marker[0]["from_step"] == 0 and marker[0]["restart"] is True
+    assert marker[0]["version"] > 4  # the versions go on above the published ones
+    assert [r["step"] for r in effective_rows(rows)] == [1, 2]
+    assert main(["train", "--restart", "trainer.steps=2"]) == 2  # --restart belongs to --resume
+    assert "--restart goes with --resume" in capsys.readouterr().err
+
+
+def test_a_second_trainer_is_refused_at_once(finished_run, tmp_path, capsys, monkeypatch):
+    import saorl.training
+    from saorl.runtime.rundir import claim_run_dir
+
+    run_dir, _ = _copy(finished_run, tmp_path)
+    lock = claim_run_dir(run_dir, resume=True)  # the first trainer (flock: another open file description)
+    try:
+        monkeypatch.setattr(saorl.training, "check_run", lambda cfg: pytest.fail("a slow check ran"))
+        t0 = time.monotonic()
+        assert main(["train", "--resume", str(run_dir), "trainer.steps=6"]) == 2
+        assert time.monotonic() - t0 < 10
+    finally:
+        lock.release()
+    err = capsys.readouterr().err
+    assert "is in use by another saorl process" in err and err.count("\n") == 1
+
+
 def test_a_fresh_run_into_an_old_run_directory_is_refused(finished_run, tmp_path, capsys):
     run_dir, _ = _copy(finished_run, tmp_path)
     before = sorted(str(p) for p in run_dir.rglob("*"))
