@@ -106,11 +106,12 @@ class LocalBackend:
     def _check_alive(self, out: PollResult) -> None:
         for i, p in enumerate(self._procs):
             if p is not None and not p.is_alive():
-                self.restarts += 1
-                if self.restarts > self.max_restarts:
-                    raise WorkerFailure(f"rollout worker {i} died (exit code {p.exitcode}); "
-                                        f"{self.restarts} restarts so far, giving up; see the log above "
+                if self.restarts >= self.max_restarts:  # restarts counts those done, not this death
+                    raise WorkerFailure(f"rollout worker {i} died (exit code {p.exitcode}); the workers "
+                                        f"were restarted {self.restarts} times already (at most "
+                                        f"{self.max_restarts} per run), giving up; see the log above "
                                         "for why it died, then continue with saorl train --resume RUN_DIR")
+                self.restarts += 1
                 out.errors.append(f"rollout worker {i} died (exit code {p.exitcode}); restarted, "
                                   f"{len(self._assigned[i])} rollouts re-queued")
                 out.lost.extend(sorted(self._assigned[i]))

@@ -8,7 +8,9 @@ import signal
 import pytest
 from runtime_helpers import read_jsonl, rollout_worker_pids, start_train, wait_for_steps, wait_until_gone
 
+from saorl.runtime.backend import LocalBackend, WorkerFailure
 from saorl.runtime.checkpoint import latest_checkpoint
+from saorl.runtime.messages import PollResult
 
 pytestmark = pytest.mark.slow
 
@@ -49,3 +51,23 @@ def test_ctrl_c_checkpoints_and_exits_cleanly(tmp_path):
     assert (run_dir / "final" / "policy" / "config.json").exists()
     assert "stopping" in log.read_text()
     assert not wait_until_gone(proc.pid, 10.0)
+
+
+def test_the_restart_limit_message_counts_the_restarts_done():
+    """Five restarts allowed: the sixth death stops the run, saying five were done (not six)."""
+    class Dead:
+        exitcode = -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    backend = LocalBackend(spec=None, num_workers=1, concurrency=1, max_restarts=5)
+    spawned = []
+    backend._spawn = lambda i: (spawned.append(i), backend._procs.__setitem__(i, Dead()))
+    backend._procs[0] = Dead()
+    for n in range(1, 6):
+        backend._check_alive(PollResult())
+        assert backend.restarts == n == len(spawned)
+    with pytest.raises(WorkerFailure) as e:
+        backend._check_alive(PollResult())
+    assert "restarted 5 times already (at most 5 per run)" in str(e.value) and backend.restarts == 5
