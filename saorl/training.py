@@ -21,6 +21,7 @@ the same from any directory.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 from datetime import datetime
@@ -82,6 +83,16 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         if resume:  # it exists: locked now, before minutes of checks; a lost history is refused now
             locks.append(claim_run_dir(run_dir, resume=True))
             check_restart(run_dir, restart=restart)
+            done = finished_at(run_dir, cfg.trainer.steps)
+            if done is not None:  # a finished run: nothing to redo, nothing rewritten
+                print(f"{run_dir}: already trained to step {done} (trainer.steps={cfg.trainer.steps}) and "
+                      f"exported to final/; nothing to do. To train on: saorl train --resume {run_dir} "
+                      f"trainer.steps={max(2 * done, done + 1)}")
+                locks.pop().release()
+                if group is not None:
+                    group.command("close")  # the other ranks wait for the stages or the learner
+                    shard_group.leave()
+                return run_dir, {}
         run = _start(cfg, run_dir, resume, restart, observer, locks)
     except BaseException:
         for lock in locks:
@@ -102,6 +113,21 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
             shard_group.leave()
         locks[0].release()
     return run_dir, final
+
+
+def finished_at(run_dir: Path, steps: int) -> int | None:
+    """The step a finished run reached — its newest checkpoint is at ``steps`` or past it and
+    ``final/`` holds the exported policy — or None (a run to continue)."""
+    from saorl.runtime.checkpoint import MANIFEST, latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None or not (run_dir / "final" / "policy" / "config.json").is_file():
+        return None
+    try:
+        step = int(json.loads((ckpt / MANIFEST).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged manifest: the resume's own checks say what is wrong
+    return step if step >= steps else None
 
 
 def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observer: Observer | None,

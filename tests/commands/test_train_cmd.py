@@ -250,3 +250,20 @@ def test_run_dir_first_no_library_bars_absolute_paths_and_resume_from_elsewhere(
     assert [r["step"] for r in rows if r.get("step", 0) > 0] == [1, 2, 3]  # (row 0: the step-0 evaluation)
     assert [r["resume"]["from_step"] for r in rows if "resume" in r] == [2]  # the resume's marker row
     assert not (elsewhere / "runs").exists()
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
+    from saorl.cli import main
+
+    run_dir = tmp_path / "run"
+    args = ["sft.enabled=false", "value_pretrain.enabled=false", "runtime.backend=inprocess",
+            "trainer.steps=2", "run.eval_tasks=2", "env.num_test_tasks=4", "run.progress=false",
+            "rollout.max_new_tokens=8", "rollout.max_total_tokens=64"]
+    assert main(["train", *args, "--run-dir", str(run_dir)]) == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "already trained to step 2 (trainer.steps=2)" in out and "trainer.steps=4" in out
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before  # nothing written, the lock released
