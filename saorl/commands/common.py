@@ -65,3 +65,15 @@ def load_file_or_exit(path: str | None, overrides: list[str]) -> SaorlConfig:
         return load_config(path, overrides)
     except ConfigError as e:
         fail(str(e))
+
+
+def check_env_or_exit(prog: str, cfg: SaorlConfig) -> None:
+    """The env's type resolves and takes the options given, or exit 2 with the reason (no tensor
+    library imported: :mod:`saorl.stages.env_check`)."""
+    from saorl.errors import StartupError
+    from saorl.stages.env_check import check_env
+
+    try:
+        check_env(cfg)
+    except StartupError as e:
+        fail(f"{prog}: {e}")

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from saorl.commands.common import load_file_or_exit
+from saorl.commands.common import check_env_or_exit, load_file_or_exit
 from saorl.config import config_to_yaml, resolved_algo_dict
 
 
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if path is not None and "=" in path and not Path(path).exists():
         path, overrides = None, [path, *overrides]
     cfg = load_file_or_exit(path, overrides)
+    check_env_or_exit("saorl config", cfg)  # the env's type and options, as saorl train checks them
     algo = resolved_algo_dict(cfg) if args.algo else None
     sys.stdout.write(config_to_yaml(cfg))
     if algo is not None:

@@ -13,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-from saorl.commands.common import config_or_exit, fail, load_file_or_exit
+from saorl.commands.common import check_env_or_exit, config_or_exit, fail, load_file_or_exit
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saorl.training import new_run_dir, train
-
     if args.restart and args.resume is None:
         fail("saorl train: --restart goes with --resume RUN_DIR (it restarts that run from step 0)")
     if args.resume is not None:
@@ -44,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_file_or_exit(str(resolved), list(args.args))
     else:
         cfg = config_or_exit("saorl train", list(args.args))
+    check_env_or_exit("saorl train", cfg)  # before torch is imported: a typo costs well under a second
+    from saorl.training import new_run_dir, train
+
     run_dir = args.resume or args.run_dir or new_run_dir(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # a sharded trainer's other ranks: rank 0 reports
         print(f"run directory: {run_dir}", flush=True)

@@ -36,7 +36,6 @@ ask for (:mod:`saorl.runtime.ray_check`).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 import time
 from collections.abc import Callable
@@ -46,10 +45,10 @@ from saorl.config import ModelConfig, SaorlConfig
 from saorl.data.task import Task
 from saorl.data.tasks import TaskFileError, env_sources, load_split, source_name
 from saorl.envs.base import Env, Progress, Prompt
-from saorl.envs.registry import EnvResolveError, make_env_factory, resolve_env
 from saorl.errors import StartupError
 from saorl.models.codec import run_tokenizer
 from saorl.runtime.trackers import TrackerUnavailable, check_trackers
+from saorl.stages.env_check import check_env
 
 TASK_CHECK_BUDGET_S = 10.0
 """Seconds the task check may spend resetting the env on file tasks (the first of each split is
@@ -132,31 +131,6 @@ def describe_servers(cfg: SaorlConfig) -> list:
         if isinstance(e, BaseException):
             raise e
     return infos
-
-
-# ------------------------------------------------------------------------------------------- env
-def check_env(cfg: SaorlConfig) -> Callable[[], Env]:
-    """The env factory of ``cfg``, or :class:`StartupError` (module or class missing, bad options)."""
-    env = cfg.env
-    try:
-        cls = resolve_env(env.type)
-    except EnvResolveError as e:
-        raise StartupError(f"env.type: {e}. A custom env is 'module.path:ClassName' with the "
-                           "module importable from here (installed, or on PYTHONPATH); built-ins are listed "
-                           "by saorl envs list") from None
-    try:
-        return make_env_factory(env.type, env.options)
-    except (ValueError, TypeError) as e:
-        raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
-
-
-def _accepted_options(cls: type) -> str:
-    params = [p for p in inspect.signature(cls.__init__).parameters.values()
-              if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if not params:
-        return f"{cls.__name__} takes no options: remove env.options"
-    names = ", ".join(p.name if p.default is p.empty else f"{p.name} (default {p.default!r})" for p in params)
-    return f"{cls.__name__} accepts: {names}; set them as env.options.NAME=VALUE"
 
 
 # ---------------------------------------------------------------------------------------- models

@@ -267,3 +267,21 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     assert "already trained to step 2 (trainer.steps=2)" in out and "trainer.steps=4" in out
     after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert after == before  # nothing written, the lock released
+
+
+@pytest.mark.parametrize("command", ["config", "train"])
+def test_an_env_option_typo_is_refused_before_torch_is_imported(command, tmp_path):
+    """saorl config and saorl train run the same env check, before any tensor library loads."""
+    import json
+    import subprocess
+    import sys
+
+    argv = ["saorl", command, "env.options.difficulty_level=2"]
+    argv += ["--run-dir", str(tmp_path / "run")] if command == "train" else []
+    probe = (f"import sys, runpy; sys.argv = {json.dumps(argv)}\ncode = 0\ntry:\n"
+             "    runpy.run_module('saorl.cli', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    code = e.code\nprint('TORCH', 'torch' in sys.modules); sys.exit(code)")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "difficulty_level" in res.stderr and "MathToolEnv accepts: family" in res.stderr
+    assert "TORCH False" in res.stdout and not (tmp_path / "run").exists()
