@@ -2,18 +2,24 @@
 on one long row, never a prompt re-tokenised on every attempt.
 
 A trajectory holds at most ``rollout.max_total_tokens`` tokens, prompt included, and a turn may
-sample ``rollout.max_new_tokens``; so a prompt longer than their difference cannot be played as
-the run is set up. :func:`screen_prompts` renders every task's prompt (the env's ``reset``, then the
-run's tokenizer: chat template, special tokens) and counts the tokens; ``env.overlong_prompts``
-says what happens to a task over the budget: ``filter`` (the default, verl's
-``filter_overlong_prompts``) leaves it out with a one-line count, ``error`` stops with one
-paragraph naming the first ones. A prompt so large that even the longest token of the vocabulary
-could not fit it in the budget is known to be over it from its size in bytes, without
-tokenising it (a 20 MB row costs nothing).
+sample ``rollout.max_new_tokens``; a prompt longer than their difference leaves its first turn
+less than a full one (the agent loop caps a turn at the tokens left; only a prompt of
+``max_total_tokens`` or more cannot be played at all), so the budget is their difference, as
+verl's ``max_prompt_length`` and TRL's are. :func:`screen_prompts` renders every task's prompt
+(the env's ``reset``, then the run's tokenizer: chat template, special tokens) and counts the
+tokens; ``env.overlong_prompts`` says what happens to a task over the budget: ``filter`` (the
+default, verl's ``filter_overlong_prompts``) leaves it out with a one-line count, ``error`` stops
+with one paragraph naming the first ones. A prompt so large that even the longest token of the
+vocabulary could not fit it in the budget is known to be over it from its size in bytes, without
+tokenising it (a 20 MB row costs nothing) — where that bound holds: a tokenizer with no
+normalizer that spells every byte (byte-level BPE, or byte fallback), as the shipped one, Llama's
+and Mistral's do; one that normalises text or folds unknown characters into one token is
+tokenised whatever the size.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +43,20 @@ def max_token_bytes(tokenizer) -> int:
     return max((len(t.encode("utf-8")) for t in vocab), default=1)
 
 
+def bytes_bound_holds(tokenizer) -> bool:
+    """Whether a prompt's UTF-8 size over :func:`max_token_bytes` is a lower bound of its tokens
+    (module docstring): no normalizer, and every byte spelt (byte-level or byte fallback)."""
+    hf = getattr(tokenizer, "hf", tokenizer)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    spec = json.loads(backend.to_str())
+    if spec.get("normalizer") is not None:
+        return False
+    return bool((spec.get("model") or {}).get("byte_fallback")) or '"ByteLevel"' in json.dumps(
+        spec.get("pre_tokenizer"))
+
+
 def _prompt_bytes(prompt) -> int:
     if isinstance(prompt, str):
         return len(prompt.encode("utf-8"))
@@ -46,13 +66,19 @@ def _prompt_bytes(prompt) -> int:
 def screen_prompts(tasks: Sequence[Task], env_factory: Callable[[], Env], tokenizer, budget: int) -> Screened:
     """``tasks`` split into those whose prompt fits ``budget`` tokens and those over it (module
     docstring); ``tokenizer`` is the run's (:class:`~saorl.models.codec.RunTokenizer`)."""
-    per_token = max_token_bytes(tokenizer)
+    from saorl.errors import StartupError
+
+    per_token = max_token_bytes(tokenizer) if bytes_bound_holds(tokenizer) else None
     env = env_factory()
     kept: list[Task] = []
     overlong: list[tuple[Task, int | None]] = []
     for task in tasks:
-        prompt = env.reset(task, Progress())
-        if _prompt_bytes(prompt) > budget * per_token:
+        try:
+            prompt = env.reset(task, Progress())
+        except Exception as e:
+            raise StartupError(f"task {task.id!r}: the env's reset, which renders its prompt, failed: "
+                               f"{type(e).__name__}: {e}") from None
+        if per_token is not None and _prompt_bytes(prompt) > budget * per_token:
             overlong.append((task, None))
             continue
         n = len(tokenizer.prompt_ids(prompt))

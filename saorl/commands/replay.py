@@ -10,6 +10,7 @@ logged losses and KL. How to use it on a collapse: docs/debugging.md.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -44,8 +45,9 @@ def _cell(row: dict, key: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from saorl.atomic import write_text
     from saorl.config import ConfigError, config_to_yaml, load_config
-    from saorl.runtime.replay import DEFAULT_KEYS, checkpoint_steps, replay, write_rows
+    from saorl.runtime.replay import DEFAULT_KEYS, checkpoint_steps, replay
 
     run_dir = args.run_dir
     if not (run_dir / "config.yaml").is_file():
@@ -70,15 +72,21 @@ def run(args: argparse.Namespace) -> int:
           + (f" with {' '.join(args.overrides)}" if args.overrides else " with its own settings"))
     print("  ".join(head))
 
-    def show(row: dict) -> None:
-        cells = [str(row["step"])]
-        for k in keys:
-            cells += [_cell(row["original"], k), _cell(row["replay"], k)]
-        cells += [f"{p:.4g}" for p in row["probes"]]
-        print("  ".join(cells), flush=True)
-
-    rows = replay(cfg, run_dir, start, steps=args.steps, probes=[tuple(p) for p in args.probe], on_step=show)
     out = args.out or run_dir / "replays" / time.strftime("%Y%m%d-%H%M%S")
-    write_rows(out, rows, config_to_yaml(cfg))
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "config.yaml", config_to_yaml(cfg))
+    with open(out / "replay.jsonl", "w", encoding="utf-8") as f:  # row by row: a stop keeps the rows
+
+        def show(row: dict) -> None:
+            cells = [str(row["step"])]
+            for k in keys:
+                cells += [_cell(row["original"], k), _cell(row["replay"], k)]
+            cells += [f"{p:.4g}" for p in row["probes"]]
+            print("  ".join(cells), flush=True)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+        rows = replay(cfg, run_dir, start, steps=args.steps, probes=[tuple(p) for p in args.probe],
+                      on_step=show)
     print(f"{len(rows)} steps replayed; rows in {out / 'replay.jsonl'}", file=sys.stderr)
     return 0

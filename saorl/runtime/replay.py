@@ -24,7 +24,6 @@ tipping, step by step.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 
 import torch
 
-from saorl.config import SaorlConfig
+from saorl.config import SaorlConfig, load_config
 from saorl.data.jsonl import read_jsonl
 from saorl.data.trajectory import Trajectory
 from saorl.errors import StartupError
@@ -42,6 +41,7 @@ from saorl.models.loading import load_policy, train_dtype
 from saorl.runtime.checkpoint import SHARDS, checkpoint_dirs, load_checkpoint, verify
 from saorl.runtime.journal import Journal, decode_entry
 from saorl.runtime.parts import build_critic, build_learner, trainer_threads
+from saorl.runtime.recorder import effective_rows
 
 DEFAULT_KEYS = ("policy/loss", "mismatch/kl", "policy/entropy", "policy/grad_norm", "critic/value_loss",
                 "advantage/std")
@@ -60,6 +60,8 @@ class Recorded:
     batches: dict[int, list[int]]
     metrics: dict[int, dict[str, Any]]
     trajectories: dict[int, Trajectory] = field(repr=False)
+    resume_versions: dict[int, int] = field(default_factory=dict)
+    """Step a resume continued from → the policy version it continued with."""
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
@@ -67,27 +69,33 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return [int(d.name.split("-")[1]) for d in checkpoint_dirs(run_dir / "checkpoints")]
 
 
-def _last_per_step(rows: list[dict]) -> dict[int, dict]:
-    """Rows keyed by step; a resumed run redoes steps, and the later row is the one whose update
-    the run kept."""
-    out: dict[int, dict] = {}
+def _resume_versions(rows: list[dict]) -> dict[int, int]:
+    """Per resume that stands, the step it resumed from → the policy version it continued with
+    (above the checkpoint's when versions were published after it: ``Run`` continues above them)."""
+    out: dict[int, int] = {}
     for row in rows:
-        if isinstance(row, dict) and "step" in row:
-            out[int(row["step"])] = row
+        if isinstance(row, dict) and "resume" in row:
+            k = int(row["resume"]["from_step"])
+            out = {s: v for s, v in out.items() if s < k}
+            if "version" in row["resume"]:
+                out[k] = int(row["resume"]["version"])
     return out
 
 
 def recorded(run_dir: Path, ckpt: Path, manifest: dict) -> Recorded:
-    """The batches, metrics and trajectories of the steps after checkpoint ``ckpt``."""
+    """The batches, metrics and trajectories of the steps after checkpoint ``ckpt``, as the run
+    stands (a resume's marker drops the rows of the steps it redid)."""
     step0 = int(manifest["step"])
-    batches = {s: [int(r) for r in row["rids"]] for s, row in _last_per_step(
-        read_jsonl(run_dir / "trained.jsonl")).items() if s > step0 and "rids" in row}
-    logged = _last_per_step(read_jsonl(run_dir / "metrics.jsonl"))
-    metrics = {s: row for s, row in logged.items() if s > step0}
+    trained = read_jsonl(run_dir / "trained.jsonl")
+    batches = {int(r["step"]): [int(x) for x in r["rids"]] for r in effective_rows(trained)
+               if int(r["step"]) > step0 and "rids" in r}
+    metrics = {int(r["step"]): r for r in effective_rows(read_jsonl(run_dir / "metrics.jsonl"))
+               if int(r["step"]) > step0}
     pending = (ckpt / "pending.jsonl").read_text(encoding="utf-8").splitlines()
     trajs = dict(decode_entry(line) for line in pending)
     trajs.update(Journal(run_dir / "journal").read_from(int(manifest["journal_segment"])))
-    return Recorded(batches, metrics, trajs)
+    versions = {s: v for s, v in _resume_versions(trained).items() if s >= step0}
+    return Recorded(batches, metrics, trajs, versions)
 
 
 def _probe(policy: torch.nn.Module, tokenizer, context: str, continuation: str) -> float:
@@ -121,6 +129,14 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
     journal = Journal(run_dir / "journal")
     manifest = verify(ckpt, journal)
     data = recorded(run_dir, ckpt, manifest)
+    own = load_config(run_dir / "config.yaml").algo.resolve().group_size
+    group = cfg.algo.resolve().group_size
+    if group != own:
+        raise ReplayError(f"the run sampled groups of {own} rollouts per prompt and its batches are "
+                          f"those groups; a replay cannot regroup them into {group} (algo.group_size / "
+                          "algo.name with another group size)")
+    cfg = cfg.model_copy(deep=True)
+    cfg.trainer.shard = "none"  # one process: a sharded run's full checkpoint loads here as well
     todo = sorted(data.batches)[: steps if steps is not None else None]
     if not todo:
         raise ReplayError(f"{run_dir}/trained.jsonl records no step after {from_step}")
@@ -136,13 +152,15 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
     except RuntimeError as e:  # another architecture's state dict
         first = str(e).splitlines()[0]
         raise ReplayError(f"checkpoint {ckpt} does not fit the models of this config ({first})") from None
-    group = cfg.algo.resolve().group_size
     rows = []
     for step in todo:
         missing = [r for r in data.batches[step] if r not in data.trajectories]
         if missing:
             raise ReplayError(f"step {step} trained on rollouts {missing[:5]} that neither the journal nor "
-                              f"the checkpoint's pending trajectories hold (replayed {len(rows)} steps)")
+                              f"the checkpoint's pending trajectories hold (replayed {len(rows)} steps, "
+                              "whose rows are written)")
+        if step - 1 in data.resume_versions:  # the run resumed here and continued at this version
+            learner.version = data.resume_versions[step - 1]
         batch = [data.trajectories[r] for r in data.batches[step]]
         result = learner.step(batch, [r // group for r in data.batches[step]])
         row = {"step": step, "original": data.metrics.get(step, {}), "replay": dict(result),
@@ -151,13 +169,3 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
         if on_step is not None:
             on_step(row)
     return rows
-
-
-def write_rows(out_dir: Path, rows: list[dict], cfg_yaml: str) -> Path:
-    """The replay's rows (``replay.jsonl``) and settings (``config.yaml``) into ``out_dir``."""
-    from saorl.atomic import write_text
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(out_dir / "config.yaml", cfg_yaml)
-    write_text(out_dir / "replay.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    return out_dir

@@ -126,6 +126,11 @@ def joined() -> bool:
     return _JOINED
 
 
+def active() -> bool:
+    """Whether this process is a rank of a sharded trainer now (``train`` joined, not yet left)."""
+    return _GROUP is not None
+
+
 def current() -> ShardGroup:
     """The group :func:`join` made in this process."""
     if _GROUP is None:

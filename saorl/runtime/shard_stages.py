@@ -22,9 +22,17 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from saorl.config import SaorlConfig
 from saorl.models.critic import Critic
 from saorl.runtime import shard_group as sg
 from saorl.runtime.shard_update import ShardedUpdater
+
+
+def sharded_here(cfg: SaorlConfig) -> bool:
+    """Whether this process's stages train on every rank of a sharded trainer: ``trainer.shard``
+    is ``fsdp2`` and this is its rank 0 under ``torchrun`` (``saorl sft`` and ``saorl
+    value-pretrain`` alone, or an experiment's arms, train in this process)."""
+    return cfg.trainer.shard == "fsdp2" and sg.active()
 
 
 def _sharded(group: sg.ShardGroup, policy, critic: Critic | None, pad_id: int | None,

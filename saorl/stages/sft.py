@@ -40,6 +40,7 @@ from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import export_policy
 from saorl.runtime.optimize import Updater, no_actions, share_of, update
 from saorl.runtime.recorder import CountProgress
+from saorl.runtime.shard_stages import sharded_here
 
 WARMUP_STEPS = 20
 """Linear learning-rate warm-up of SFT, then cosine decay to 0."""
@@ -150,8 +151,9 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
     """Fine-tune ``cfg.model.policy`` on demonstrations of training tasks and export it to ``out_dir``."""
     tokenizer = run_tokenizer(cfg.model)
     seed = sft_seed(cfg)
-    policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
-                         seed=seed)
+    # sharded: the whole model stays on the CPU; each rank's shards go to its device
+    device = "cpu" if sharded_here(cfg) else cfg.model.device
+    policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=device, seed=seed)
     check_vocab(tokenizer, policy)
     env_factory = make_env_factory(cfg.env.type, cfg.env.options)
     tasks = load_split(env_factory(), cfg.env, "train", cfg.sft.num_demos, seed + 7919)
@@ -169,7 +171,7 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
     kwargs = dict(steps=s.steps, batch_size=s.batch_size, lr=s.lr, seed=seed, packing=cfg.trainer.packing,
                   max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
     with CountProgress("sft", enabled=cfg.run.progress, every_s=math.inf) as bar:
-        if cfg.trainer.shard == "fsdp2":  # on every rank, sharded as the learner is
+        if sharded_here(cfg):  # on every rank, sharded as the learner is
             from saorl.runtime.shard_stages import run_sharded
 
             pad = tokenizer.pad_token_id

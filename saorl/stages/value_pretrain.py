@@ -58,6 +58,7 @@ from saorl.runtime.messages import RolloutRequest
 from saorl.runtime.optimize import Updater, no_actions, share_of, update
 from saorl.runtime.parts import fitting, sampling_params
 from saorl.runtime.recorder import CountProgress
+from saorl.runtime.shard_stages import sharded_here
 
 FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
 """Fractions of the training rollouts fitted on, one row of the scaling curve each."""
@@ -211,7 +212,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
             gen.shuffle(order)
         idx, order = order[:size], order[size:]
         mine = updater.share([trajs[i] for i in idx], [len(trajs[i]) for i in idx])
-        b = collate(mine or [no_actions(pad_id)], pad_id).to(device)
+        b = collate(mine or [no_actions(pad_id)], pad_id).to(next(critic.parameters()).device)
         returns, mask = chain_targets(b, preset)
         micro = microbatches(b, max_tokens_per_microbatch, packing) if mine else []
         whole = updater.token_total(mask)
@@ -221,8 +222,8 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
             values = critic(mb.input_ids, **mb.model_args())
             return value_loss(values, mb.gather(returns), m)[0] * share_of(m, whole)
 
-        total, norm = update(updater, params, opt, updater.passes(micro, pad_id, device, packing), loss_of,
-                             grad_clip)
+        passes = updater.passes(micro, pad_id, b.input_ids.device, packing)
+        total, norm = update(updater, params, opt, passes, loss_of, grad_clip)
         skips += norm is None
         metrics = {"critic/value_loss": updater.sum([float(total)])[0] / updater.world,
                    "critic/nonfinite_skips": skips}
@@ -277,7 +278,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
                   max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch, **kw)
     for n in sizes:
         critic = fresh()
-        if cfg.trainer.shard == "fsdp2":  # on every rank, sharded as the learner is
+        if sharded_here(cfg):  # on every rank, sharded as the learner is
             from saorl.runtime.shard_stages import run_sharded
 
             critic, fit = run_sharded(fit_critic, critic, train[:n], preset, which="critic", **fit_kw)

@@ -56,3 +56,22 @@ def test_no_prompt_fitting_is_one_paragraph_and_eval_filters_alike(tmp_path):
     cfg = _cfg(tmp_path)
     tasks = eval_tasks(cfg, factory, "test", 4, run_tokenizer(cfg.model))
     assert "huge" not in {t.id for t in tasks}
+
+
+def test_the_bytes_bound_is_used_only_where_it_holds():
+    """A tokenizer that normalises text, or folds unknown characters into one token, may make a
+    large text few tokens: its prompts are always tokenised."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from saorl.agent.prompts import bytes_bound_holds
+
+    shipped = run_tokenizer(load_config(None, []).model)
+    assert bytes_bound_holds(shipped)
+    folding = Tokenizer(models.BPE(vocab={"a": 0, "<unk>": 1}, merges=[], unk_token="<unk>", fuse_unk=True))
+    assert not bytes_bound_holds(PreTrainedTokenizerFast(tokenizer_object=folding))
+    assert len(PreTrainedTokenizerFast(tokenizer_object=folding).encode("中" * 1000)) == 1
+    normalising = Tokenizer(models.BPE(vocab={"a": 0}, merges=[], byte_fallback=True))
+    normalising.normalizer = normalizers.NFKC()
+    normalising.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert not bytes_bound_holds(PreTrainedTokenizerFast(tokenizer_object=normalising))

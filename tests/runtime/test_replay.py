@@ -59,3 +59,19 @@ def test_a_replay_from_a_checkpoint_that_is_not_kept_is_one_paragraph(run_dir, t
     assert "no checkpoint of step 3" in err and "2, 4, 6" in err and "Traceback" not in err
     assert main(["replay", str(tmp_path), "--out", str(tmp_path / "y")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_a_replay_cannot_regroup_the_batches(run_dir, tmp_path, capsys):
+    argv = ["replay", str(run_dir), "algo.name=grpo", "algo.group_size=4", "--out", str(tmp_path / "g")]
+    assert main(argv) == 2
+    assert "cannot regroup them into 4" in capsys.readouterr().err
+
+
+def test_resume_markers_give_the_versions_a_resumed_run_continued_with():
+    from saorl.runtime.replay import _resume_versions
+
+    rows = [{"step": 1}, {"step": 2}, {"resume": {"from_step": 2, "version": 5}}, {"step": 3},
+            {"step": 4}, {"resume": {"from_step": 3, "version": 9}}, {"step": 4}]
+    assert _resume_versions(rows) == {2: 5, 3: 9}
+    rows.append({"resume": {"from_step": 2, "version": 11}})  # back before both: they no longer stand
+    assert _resume_versions(rows) == {2: 11}
