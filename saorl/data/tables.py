@@ -95,8 +95,11 @@ def parquet_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     pq = _require("pyarrow.parquet", str(path))
     if not Path(path).is_file():
         raise TaskFileError(f"{path}: task file not found")
-    try:
-        return pq.read_table(path).to_pylist()
+    try:  # batch by batch: never the whole table and its Python rows at once
+        rows: list[dict[str, Any]] = []
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            rows += batch.to_pylist()
+        return rows
     except Exception as e:  # pyarrow raises its own ArrowInvalid etc. for a file that is not parquet
         raise TaskFileError(f"{path}: cannot read as parquet: {type(e).__name__}: {e}") from None
 

@@ -56,24 +56,24 @@ def record_row(record: Any, where: str) -> dict[str, Any]:
 
 def load_tasks_jsonl(path: str | os.PathLike, id_column: str | None = None) -> list[Task]:
     """Read tasks from a JSONL file (format in the module docstring), in file order."""
+    names, rows, lineno = [], [], 0
     try:
         with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
+            for lineno, line in enumerate(f, 1):  # line by line: never the whole file at once
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TaskFileError(f"{where}: malformed JSON: {e.msg} at column {e.colno}") from None
+                names.append(where)
+                rows.append(record_row(record, where))
     except FileNotFoundError:
         raise TaskFileError(f"{path}: task file not found") from None
     except UnicodeDecodeError as e:
-        raise TaskFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    names, rows = [], []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TaskFileError(f"{where}: malformed JSON: {e.msg} at column {e.colno}") from None
-        names.append(where)
-        rows.append(record_row(record, where))
+        raise TaskFileError(f"{path}: not UTF-8 text ({e.reason}, at line {lineno + 1} or just "
+                            "after)") from None
     if not rows:
         raise TaskFileError(f"{path}: no tasks in the file")
     return tables.tasks_from_rows(rows, str(path), id_column, names=names)
