@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from saorl.runtime.rundir import check_not_in_use, check_run_dir
+
+    rank0 = int(os.environ.get("RANK", "0")) == 0  # a sharded trainer's other ranks: rank 0 reports
     if args.restart and args.resume is None:
         fail("saorl train: --restart goes with --resume RUN_DIR (it restarts that run from step 0)")
     if args.resume is not None:
@@ -39,14 +42,19 @@ def run(args: argparse.Namespace) -> int:
         resolved = args.resume / "config.yaml"
         if not resolved.exists():
             fail(f"saorl train: {resolved} not found; is {args.resume} a saorl run directory?")
+    given = args.resume or args.run_dir
+    if given is not None and rank0:  # one in use, or an old run for a fresh one: refused before
+        check_not_in_use(given)      # the seconds of importing the trainer (train() checks again)
+        check_run_dir(given, resume=args.resume is not None)
+    if args.resume is not None:
         cfg = load_file_or_exit(str(resolved), list(args.args))
     else:
         cfg = config_or_exit("saorl train", list(args.args))
     check_env_or_exit("saorl train", cfg)  # before torch is imported: a typo costs well under a second
     from saorl.training import new_run_dir, train
 
-    run_dir = args.resume or args.run_dir or new_run_dir(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:  # a sharded trainer's other ranks: rank 0 reports
+    run_dir = given or new_run_dir(cfg)
+    if rank0:
         print(f"run directory: {run_dir}", flush=True)
     run_dir, final = train(cfg, run_dir, resume=args.resume is not None, restart=args.restart)
     acc = final.get("eval/accuracy")

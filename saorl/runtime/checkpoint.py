@@ -295,7 +295,8 @@ def restart_problem(run_dir: Path, journal: Journal | None) -> str | None:
         found.append(f"weights/ holds version {published}, published after a trained step")
     held = "none" if not journalled & rids else f"only {len(journalled & rids)}"
     where = run_dir / "journal" if journal is None else journal.dir
-    journal_says = f"{where} holds {held} of those rollouts" if rids else f"{where} holds no rollout"
+    journal_says = (f"{where} holds {held} of the {len(rids)} rollouts trained.jsonl records as trained"
+                    if rids else f"{where} holds no rollout")
     return (f"{run_dir / 'checkpoints'} holds no checkpoint and {journal_says}, yet the run's record shows "
             f"training: {'; '.join(found)}. The checkpoints and the journal were deleted (or replaced), "
             "and a resume would restart from step 0, silently discarding that training. Restore "

@@ -10,8 +10,9 @@ and the warm start), :func:`claim_run_dir` checks again and creates and locks th
 - a **resumed** run needs the directory to hold a run (its ``config.yaml``);
 - either way the directory is locked (``fcntl.flock`` on ``RUN/.lock``) for as long as the run
   lives, so a second trainer in the same directory (a resume while the run still runs) is
-  refused instead of interleaving with the first. The kernel releases the lock when the process
-  dies, ``kill -9`` included, so a crash never leaves a stale lock;
+  refused instead of interleaving with the first; ``saorl train`` asks first
+  (:func:`check_not_in_use`), before the seconds of importing the trainer. The kernel releases
+  the lock when the process dies, ``kill -9`` included, so a crash never leaves a stale lock;
 - then the run deletes the temporaries a crash left behind (:func:`remove_temporaries`:
   ``checkpoints/.tmp-step-*``, the hidden ``.NAME.tmp-*`` and ``.NAME.old-*`` of atomic writes,
   ``*.tmp``): nothing ever reads them, since every file is renamed into place only once complete.
@@ -70,11 +71,7 @@ class RunDirLock:
         except OSError:
             os.close(self._fd)
             self._fd = None
-            raise RunDirError(
-                f"{run_dir} is in use by another saorl process (it holds {self.path}): two trainers "
-                "in one run directory would overwrite each other's journal, checkpoints and weights. "
-                "Wait for that run to end (or stop it), then resume with `saorl train --resume "
-                f"{run_dir}`; to start a new run, give another --run-dir.") from None
+            raise _in_use(run_dir) from None
         os.ftruncate(self._fd, 0)
         os.write(self._fd, f"{os.getpid()}\n".encode())
 
@@ -82,6 +79,32 @@ class RunDirLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
+
+
+def _in_use(run_dir: Path) -> RunDirError:
+    return RunDirError(
+        f"{run_dir} is in use by another saorl process (it holds {run_dir / LOCK}): two trainers "
+        "in one run directory would overwrite each other's journal, checkpoints and weights. "
+        "Wait for that run to end (or stop it), then resume with `saorl train --resume "
+        f"{run_dir}`; to start a new run, give another --run-dir.")
+
+
+def check_not_in_use(run_dir: Path) -> None:
+    """:class:`RunDirError` now if another process holds ``run_dir``'s lock: ``saorl train
+    --resume`` asks this before it imports the trainer (seconds), and takes the lock later
+    (:func:`claim_run_dir`). Writes nothing."""
+    import fcntl
+
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return  # no lock file: never claimed, or not a run directory (claim_run_dir says so)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with the holder's exclusive lock
+    except OSError:
+        raise _in_use(run_dir) from None
+    finally:
+        os.close(fd)
 
 
 def remove_temporaries(run_dir: Path) -> list[str]:

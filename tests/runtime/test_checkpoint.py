@@ -213,7 +213,7 @@ def test_no_checkpoint_and_no_journal_but_trained_steps_on_record_is_never_a_sil
     assert "\n" not in msg and msg.startswith("cannot resume: ")
     for text in ("trained.jsonl records 13 trained steps (the last, step 13) on 26 rollouts",
                  "metrics.jsonl has 13 step rows", "weights/ holds version 13",
-                 "holds none of those rollouts",
+                 "journal holds none of the 26 rollouts trained.jsonl records as trained",
                  f"saorl train --resume {tmp_path} --restart"):
         assert text in msg, msg
     check_restart(tmp_path, restart=True)  # asked for: no refusal

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from saorl.runtime.recorder import effective_rows
-from saorl.runtime.rundir import RunDirError, claim_run_dir, remove_temporaries
+from saorl.runtime.rundir import RunDirError, check_not_in_use, claim_run_dir, remove_temporaries
 
 
 def test_a_fresh_run_takes_only_a_new_or_empty_directory(tmp_path):
@@ -40,6 +40,31 @@ def test_a_second_trainer_in_the_same_directory_is_refused(tmp_path):
     lock.release()  # and once the first lets go (or dies), the directory can be claimed
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out == ""
+
+
+def test_a_resume_of_a_directory_in_use_is_refused_before_the_trainer_is_imported(tmp_path):
+    """The holder is another process; ``saorl train --resume`` refuses before it imports torch
+    (seconds on a busy machine), and the probe writes nothing."""
+    (tmp_path / "config.yaml").write_text("{}\n")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
+                               "from saorl.runtime.rundir import claim_run_dir; "
+                               f"lock = claim_run_dir(Path({str(tmp_path)!r}), resume=True); "
+                               "print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        content = (tmp_path / ".lock").read_text()
+        with pytest.raises(RunDirError, match="in use by another saorl process"):
+            check_not_in_use(tmp_path)
+        code = ("import sys; from saorl.cli import main; rc = main(['train', '--resume', sys.argv[1]]); "
+                "print('torch' in sys.modules); sys.exit(rc)")
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stdout == "False\n", (r.stdout, r.stderr)
+        assert "in use by another saorl process" in r.stderr and r.stderr.count("\n") == 1
+        assert (tmp_path / ".lock").read_text() == content
+    finally:
+        holder.communicate("")
+    check_not_in_use(tmp_path)  # the holder is gone: the lock with it
 
 
 def test_temporaries_of_a_crash_are_removed_and_nothing_else(tmp_path):
