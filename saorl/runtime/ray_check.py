@@ -10,8 +10,8 @@ one paragraph, no run directory made):
   :data:`PROBE_TIMEOUT_S`. It is a child because Ray's own connection retries (about 40 s for an
   address nothing answers, then more) run in C++ code that does not return to Python, so
   neither a timeout nor SIGTERM reaches the trainer meanwhile; the child is killed instead, and
-  dies with the trainer (``PR_SET_PDEATHSIG``). ``auto`` (and ``ray://`` client addresses) go
-  straight to the child;
+  dies with the trainer (``PR_SET_PDEATHSIG``). ``auto`` (no host and port to try) goes straight
+  to the child; a ``ray://host:port`` client address is tried at its host and port too;
 - **the resources exist**: the run's placement group (:func:`bundle_shapes`: a trainer bundle pinned
   to this machine's node, one bundle per rollout worker) fits the cluster's *total* resources
   under ``ray.placement_strategy`` (:func:`placement_problem`). A private cluster is this machine:
