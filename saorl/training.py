@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -35,23 +34,11 @@ from saorl.runtime.checkpoint import check_restart
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
-from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir
+from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_run_dir
 from saorl.stages.evaluate import TestEvaluator
 from saorl.stages.preflight import check_ray, check_run, check_servers
 from saorl.stages.sft import warm_start
 from saorl.stages.value_pretrain import initial_critic
-
-
-def new_run_dir(cfg: SaorlConfig) -> Path:
-    """A fresh ``run.out_dir/<run.name>-<timestamp>`` path (a suffix when that exists already), not
-    created yet: :func:`train` creates it once the run's parts are built."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}"
-    n = 1
-    while d.exists():
-        d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}-{n}"
-        n += 1
-    return d
 
 
 def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False, restart: bool = False,

@@ -68,12 +68,10 @@ def load_file_or_exit(path: str | None, overrides: list[str]) -> SaorlConfig:
 
 
 def check_env_or_exit(prog: str, cfg: SaorlConfig) -> None:
-    """The env's type resolves and takes the options given, or exit 2 with the reason (no tensor
-    library imported: :mod:`saorl.stages.env_check`)."""
-    from saorl.errors import StartupError
+    """The env's type resolves and takes the options given, checked with no tensor library
+    imported (:mod:`saorl.stages.env_check`); else its :class:`~saorl.errors.StartupError`, which
+    the command line reports as one paragraph, exit 2 (with ``--debug``, its traceback too)."""
     from saorl.stages.env_check import check_env
 
-    try:
-        check_env(cfg)
-    except StartupError as e:
-        fail(f"{prog}: {e}")
+    del prog  # the command line names the command
+    check_env(cfg)

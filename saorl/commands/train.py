@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saorl.runtime.rundir import check_not_in_use, check_run_dir
+    from saorl.runtime.rundir import check_not_in_use, check_run_dir, new_run_dir
 
     rank0 = int(os.environ.get("RANK", "0")) == 0  # a sharded trainer's other ranks: rank 0 reports
     if args.restart and args.resume is None:
@@ -50,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_file_or_exit(str(resolved), list(args.args))
     else:
         cfg = config_or_exit("saorl train", list(args.args))
-    check_env_or_exit("saorl train", cfg)  # before torch is imported: a typo costs well under a second
-    from saorl.training import new_run_dir, train
-
     run_dir = given or new_run_dir(cfg)
     if rank0:
         print(f"run directory: {run_dir}", flush=True)
+    check_env_or_exit("saorl train", cfg)  # before torch is imported: a typo costs well under a second
+    from saorl.training import train
+
     run_dir, final = train(cfg, run_dir, resume=args.resume is not None, restart=args.restart)
     acc = final.get("eval/accuracy")
     if final:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 from saorl.errors import RunFailure, StartupError
@@ -154,3 +155,15 @@ def claim_run_dir(run_dir: Path, *, resume: bool) -> RunDirLock:
     check_run_dir(run_dir, resume=resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     return RunDirLock(run_dir)
+
+
+def new_run_dir(cfg) -> Path:
+    """A fresh ``run.out_dir/<run.name>-<timestamp>`` path (a suffix when that exists already), not
+    created yet: :func:`saorl.training.train` creates it once the run's parts are built."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}"
+    n = 1
+    while d.exists():
+        d = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}-{n}"
+        n += 1
+    return d
