@@ -327,8 +327,8 @@ class RolloutConfig(Section):
     """How a worker picks a server per request: the one with the fewest of its requests in flight,
     or in turn."""
     engine_model: str | None = None
-    """The served model name sent as ``model`` to vLLM (its ``--served-model-name``); None sends
-    none (the server's only model)."""
+    """The served model name sent as ``model`` to vLLM or ``saorl serve`` (their
+    ``--served-model-name``); None sends none (the server's only model)."""
     sglang_pause_mode: Literal["abort", "retract", "in_place"] = "abort"
     """How SGLang pauses for a weight update: ``abort`` returns requests in flight at once and the
     client continues them with the new weights (exact per-token versions, KV recomputed);

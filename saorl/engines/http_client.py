@@ -42,7 +42,7 @@ class HttpEngine:
     """Client for one or more ``saorl serve`` servers (see the module docstring)."""
 
     def __init__(self, base_url: str | Sequence[str], *, timeout_s: float = 60.0, retries: int = 2,
-                 model: str = "saorl", backoff_s: float = 0.2, max_connections: int = 256,
+                 model: str | None = None, backoff_s: float = 0.2, max_connections: int = 256,
                  routing: Routing = "least_loaded", return_routes: bool = False,
                  route_layout: RouteLayout | None = None) -> None:
         self.return_routes, self.route_layout = return_routes, route_layout

@@ -47,8 +47,9 @@ class EngineKind:
 def _http(urls: list[str], o: ClientOptions) -> InferenceEngine:
     from saorl.engines.http_client import HttpEngine
 
-    # rollout.engine_model is vLLM's served name: saorl serve is always asked as "saorl"
-    return HttpEngine(urls, routing=o.routing, return_routes=o.return_routes, route_layout=o.route_layout)
+    # rollout.engine_model: one of the server's --served-model-name; none: whatever it serves
+    return HttpEngine(urls, model=o.model, routing=o.routing, return_routes=o.return_routes,
+                      route_layout=o.route_layout)
 
 
 def _vllm(urls: list[str], o: ClientOptions) -> InferenceEngine:

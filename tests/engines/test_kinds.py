@@ -25,8 +25,8 @@ def test_each_row_builds_its_client_and_admin(name, client, admin, server):
         assert engine.transport.urls == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
         assert engine.transport.routing == "round_robin"
         assert engine.return_routes and engine.route_layout == layout
-        # rollout.engine_model is vLLM's served name; saorl serve is always asked as "saorl"
-        assert engine.model == {"vllm": "policy", "http": "saorl"}.get(name, engine.model)
+        # rollout.engine_model is the served name of vLLM and of saorl serve (--served-model-name)
+        assert engine.model == {"vllm": "policy", "http": "policy"}.get(name, engine.model)
     finally:
         engine.close()
     assert updated_in_place(name) == (admin is not None)
