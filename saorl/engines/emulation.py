@@ -50,6 +50,7 @@ from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from saorl.engines import openai_api as oa
+from saorl.engines import openai_out as out
 from saorl.engines.base import GenerationResult, SamplingParams
 from saorl.engines.generation import read_json
 from saorl.engines.routes import encode_flat
@@ -264,9 +265,9 @@ def _sglang_routes(app: FastAPI, state) -> None:
         finally:
             state.release(1)
         spans = labels.spans(res.versions)
-        text = oa.response_text(state.tokenizer, res, sp.no_stop_trim)
+        text = out.response_text(state.tokenizer, res, sp.no_stop_trim, sp.skip_special_tokens)
         meta: dict[str, Any] = dict(
-            id=req.rid or oa.new_id("sgl"),
+            id=req.rid or out.new_id("sgl"),
             finish_reason={"type": res.finish_reason, "matched": res.stop_reason},
             prompt_tokens=len(req.input_ids), completion_tokens=len(res.token_ids),
             weight_version=spans[-1]["version"] if spans else labels.current, weight_versions=spans)

@@ -1,8 +1,15 @@
 """One generation request's work, shared by the routes of ``saorl serve`` (:mod:`saorl.engines.server`),
 its streaming responses (:mod:`saorl.engines.streaming`) and the emulated vLLM / SGLang routes
-(:mod:`saorl.engines.emulation`): the request body read as JSON, every choice of every prompt
-generated on the server's engine, and the engine's own validation turned into a 400. Kept below
-those three modules, so none of them imports another to reach these.
+(:mod:`saorl.engines.emulation`): the request body read as JSON, each prompt's token budget, every
+choice of every prompt generated on the server's engine, and the engine's own validation turned into
+a 400. Kept below those three modules, so none of them imports another to reach these.
+
+The budget, as vLLM 0.32 sets it (``get_max_tokens`` in ``vllm/entrypoints/serve/utils/api_utils.py``):
+a prompt longer than the context (``max_model_len``) is a 400 naming ``input_tokens``; the completion
+gets ``min(max_tokens, max_model_len - prompt tokens)``, where an unset ``max_tokens`` is 16 for
+completions and, for chat, the model's ``generation_config.json`` ``max_new_tokens`` or else all the
+context leaves; a budget below 1 (a prompt that fills the context) is a 400 naming ``max_tokens``.
+Greedy sampling (temperature 0) with ``n`` > 1 is a 400, as in vLLM: the choices would be copies.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any
 from fastapi import Request
 
 from saorl.engines import openai_api as oa
-from saorl.engines.base import GenerationResult
+from saorl.engines.base import GenerationResult, SamplingParams
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -46,16 +53,58 @@ def engine_bad_request(e: ValueError) -> oa.BadRequest:
     return oa.BadRequest(msg, param)
 
 
-async def generate_all(state, prompts: list[list[int]], req: oa._Request, top: int,
+def budgets(state, req: oa._Request, prompts: list[list[int]]) -> list[int]:
+    """Each prompt's ``max_tokens`` (module docstring); 400s for a prompt the context cannot take."""
+    served = state.served
+    limit = served.max_model_len
+    if isinstance(req, oa.ChatRequest):
+        asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        asked = asked if asked is not None else served.defaults.get("max_tokens")
+    else:
+        asked = req.max_tokens if req.max_tokens is not None else 16
+    out = []
+    for p in prompts:
+        if limit is not None and len(p) > limit:
+            raise oa.BadRequest(f"input_tokens: the prompt has {len(p)} tokens, more than the model's "
+                                f"context of {limit} tokens (--max-model-len)", "input_tokens")
+        left = None if limit is None else limit - len(p)
+        n = min(x for x in (asked, left) if x is not None) if (asked, left) != (None, None) else 16
+        if n < 1:
+            raise oa.BadRequest(f"max_tokens: the prompt's {len(p)} tokens fill the model's context of "
+                                f"{limit} tokens, which leaves none to generate (max_tokens would be 0)",
+                                "max_tokens")
+        out.append(n)
+    return out
+
+
+def sampling_for(state, req: oa._Request, max_tokens: int, top: int, seed: int | None) -> SamplingParams:
+    sp = req.sampling(max_tokens, top, seed, state.served.defaults, state.served.extra_eos)
+    if sp.temperature == 0 and req.n > 1:
+        raise oa.BadRequest(f"n: greedy sampling (temperature 0) gives {req.n} copies of one choice; "
+                            "send n: 1 or a temperature above 0", "n")
+    return sp
+
+
+Work = list[tuple[list[int], SamplingParams]]
+
+
+def plan(state, req: oa._Request, prompts: list[list[int]], top: int) -> Work:
+    """Every choice of every prompt with its sampling, in order ``[p0c0, p0c1, ..., p1c0, ...]``;
+    the 400s of the module docstring before anything is generated (or a stream started)."""
+    out = []
+    for prompt, budget in zip(prompts, budgets(state, req, prompts)):
+        out += [(prompt, sampling_for(state, req, budget, top, seed)) for seed in req.seeds()]
+    return out
+
+
+async def generate_all(state, work: Work,
                        on_token: Callable[[int], Any] | None = None) -> list[GenerationResult]:
-    """Every choice of every prompt, in order ``[p0c0, p0c1, ..., p1c0, ...]``, on ``state``'s
-    engine (a :class:`~saorl.engines.server.ServerState`: ``engine``, ``streams``, ``running``)."""
+    """The choices of ``work`` (:func:`plan`), on ``state``'s engine (a
+    :class:`~saorl.engines.server.ServerState`: ``engine``, ``streams``, ``running``)."""
     calls = []
-    for prompt in prompts:
-        for seed in req.seeds():
-            sp = req.sampling(max_tokens(req), top, seed)
-            kw = {"on_token": on_token(len(calls))} if on_token is not None and state.streams else {}
-            calls.append(state.engine.agenerate(prompt, sp, **kw))
+    for prompt, sp in work:
+        kw = {"on_token": on_token(len(calls))} if on_token is not None and state.streams else {}
+        calls.append(state.engine.agenerate(prompt, sp, **kw))
     state.running += len(calls)
     try:
         return list(await asyncio.gather(*calls))
@@ -63,9 +112,3 @@ async def generate_all(state, prompts: list[list[int]], req: oa._Request, top: i
         raise engine_bad_request(e) from None
     finally:
         state.running -= len(calls)
-
-
-def max_tokens(req: oa._Request) -> int:
-    if isinstance(req, oa.ChatRequest) and req.max_completion_tokens is not None:
-        return req.max_completion_tokens
-    return req.max_tokens if req.max_tokens is not None else 16

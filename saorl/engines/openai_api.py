@@ -1,43 +1,48 @@
-"""The OpenAI-compatible request schemas and responses of ``saorl serve``.
+"""The OpenAI-compatible request schemas of ``saorl serve`` (the responses: :mod:`saorl.engines.openai_out`).
 
 Requests are validated field by field (pydantic, strict types, no extra fields, finite numbers
 only): a malformed request gets HTTP 400 whose ``error.param`` and message name the field, never a
 silent default. ``1e400`` (which JSON parsers read as infinity), ``NaN``, a string where a number
-belongs, a number where a list of strings belongs — each is a 400.
+belongs, a number where a list of strings belongs — each is a 400. A field vLLM 0.32 does not know
+either is a 400 ("unsupported field"; vLLM ignores it), so a misspelt field is never silently
+dropped.
 
 ``POST /v1/completions`` (vLLM's ``CompletionRequest`` names): ``prompt`` (token ids, a list of
 token-id lists, a string or a list of strings; strings need the server's tokenizer), ``max_tokens``
-(16), ``temperature`` (1), ``top_p``, ``top_k`` (-1 or 0 = off), ``n``, ``stream`` (SSE),
-``stream_options.include_usage``, ``logprobs`` (k: the sampled token's log-prob plus the k most
-likely alternatives per token), ``stop``, ``stop_token_ids``, ``seed``, ``return_token_ids``,
-``return_tokens_as_token_ids``, ``include_stop_str_in_output``, ``cache_salt`` (accepted: the local
-engine has no prefix cache), ``model``, ``user``; saorl's extension ``return_routed_experts``
-(non-streaming, on a server started with ``--enable-return-routed-experts``): each choice's
-``routed_experts``, the MoE routes of every position fed (:mod:`saorl.engines.routes`).
+(16; at most what the context leaves), ``temperature``, ``top_p``, ``top_k`` (-1 or 0 = off; unset:
+the model's ``generation_config.json`` default, else 1 / 1 / off), ``n``, ``stream`` (SSE),
+``stream_options`` (``include_usage``, ``continuous_usage_stats``), ``logprobs`` (k: the sampled
+token's log-prob plus the k most likely alternatives per token), ``stop``, ``stop_token_ids``,
+``seed``, ``return_token_ids``, ``return_tokens_as_token_ids``, ``include_stop_str_in_output``,
+``skip_special_tokens``, ``add_special_tokens``, ``request_id`` (the response's id is
+``cmpl-<request_id>``), ``cache_salt`` (accepted: the local engine keeps no prefix cache across
+requests), ``model``, ``user``; the fields of :mod:`saorl.engines.openai_fields` at their neutral
+values; saorl's extension ``return_routed_experts`` (non-streaming, on a server started with
+``--enable-return-routed-experts``): each choice's ``routed_experts``, the MoE routes of every
+position fed (:mod:`saorl.engines.routes`).
 
-``POST /v1/chat/completions``: ``messages`` go through the tokenizer's chat template (a server
-without one refuses chat with a 400 saying so); ``max_tokens`` / ``max_completion_tokens``,
+``POST /v1/chat/completions``: ``messages`` (content a string or a list of text parts) go through
+the tokenizer's chat template (:mod:`saorl.engines.chat_prompt`) with ``add_generation_prompt``,
+``continue_final_message`` and ``chat_template_kwargs``; ``max_completion_tokens`` / ``max_tokens``
+(unset: the model's ``generation_config.json`` ``max_new_tokens``, else what the context leaves),
 ``logprobs: true`` with ``top_logprobs: k``; the other sampling fields as above.
 
-Stop strings. The engine keeps every sampled token (``token_ids`` and the log-probs report exactly
-what was sampled, the last token may run past the stop string); the returned *text* ends before
-the stop string, as OpenAI and vLLM do (``include_stop_str_in_output: true`` keeps it). A stream
-holds back text that could still turn out to be the start of a stop string.
+``POST /tokenize`` (``prompt`` or ``messages``) and ``POST /detokenize`` (``tokens``): vLLM's
+tokenizer routes.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from saorl.engines.base import GenerationResult, SamplingParams
+from saorl.engines.base import SamplingParams
+from saorl.engines.openai_fields import STRICT, UnhonouredChatFields, UnhonouredFields
 
-Int = Annotated[int, Field(strict=True)]
 TokenId = Annotated[int, Field(strict=True, ge=0)]
 StopStr = Annotated[str, Field(min_length=1, max_length=256)]
+Seed = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 
 
 class BadRequest(ValueError):
@@ -48,31 +53,59 @@ class BadRequest(ValueError):
         self.param = param
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+class ModelNotFound(LookupError):
+    """A request naming a model the server does not serve: HTTP 404 with ``param: "model"``."""
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class _Request(UnhonouredFields):
+    model_config = STRICT
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=-1, le=1_000_000)] = -1
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=1_000_000)] | None = None
     n: Annotated[int, Field(ge=1, le=64)] = 1
-    stream: bool = False
-    stream_options: dict[Literal["include_usage"], bool] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
     stop: StopStr | Annotated[list[StopStr], Field(max_length=16)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    seed: Seed | None = None
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    request_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     user: str | None = None
 
-    def sampling(self, max_tokens: int, top_logprobs: int, seed: int | None) -> SamplingParams:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
-                              max_new_tokens=max_tokens, stop=stop,
-                              stop_token_ids=tuple(self.stop_token_ids or ()), seed=seed,
-                              top_logprobs=top_logprobs)
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _Request:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream: true")
+        return self
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def sampling(self, max_tokens: int, top_logprobs: int, seed: int | None, defaults: dict[str, Any],
+                 extra_stop_ids: tuple[int, ...] = ()) -> SamplingParams:
+        """The engine's parameters: each unset field from ``defaults`` (the model's
+        ``generation_config.json``, :class:`~saorl.engines.served.ServedModel`), else neutral."""
+        def pick(name: str, neutral: Any) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else defaults.get(name, neutral)
+
+        stop_ids = tuple(dict.fromkeys([*(self.stop_token_ids or ()), *extra_stop_ids]))
+        return SamplingParams(temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0),
+                              top_k=max(pick("top_k", 0), 0), max_new_tokens=max_tokens, stop=self.stops(),
+                              stop_token_ids=stop_ids, seed=seed, top_logprobs=top_logprobs)
 
     def seeds(self) -> list[int | None]:
         """One seed per choice: ``seed + i`` (distinct samples, reproducible), or all None."""
@@ -84,22 +117,39 @@ class CompletionRequest(_Request):
         list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=64)]
              | Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=64)])
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: Literal[False] = False
-    return_tokens_as_token_ids: bool | None = None
+    add_special_tokens: bool = True
     suffix: None = None
     return_routed_experts: bool = False
     """saorl's extension: each choice carries ``routed_experts`` (see :mod:`saorl.engines.routes`)."""
 
 
+class TextPart(BaseModel):
+    """A content part of a chat message; only ``{"type": "text", "text": ...}`` can be served (a
+    part of another type is a 400 naming it: the models are text only)."""
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Annotated[str, Field(max_length=64)]
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: str | Annotated[list[TextPart], Field(max_length=256)] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
 
 
-class ChatRequest(_Request):
+class ChatFields(BaseModel):
+    """What a chat request (and a chat ``/tokenize``) says of its prompt."""
+    model_config = STRICT
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=64)] | None = None
+
+
+class ChatRequest(_Request, ChatFields, UnhonouredChatFields):
     max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -107,23 +157,45 @@ class ChatRequest(_Request):
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatRequest:
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise ValueError("top_logprobs: needs logprobs: true")
         return self
+
+
+class TokenizeCompletion(BaseModel):
+    model_config = STRICT
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChat(ChatFields):
+    model_config = STRICT
+    model: str | None = None
+    return_token_strs: bool | None = False
+
+
+class Detokenize(BaseModel):
+    model_config = STRICT
+    model: str | None = None
+    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=2**63)]], Field(max_length=1_000_000)]
 
 
 class WeightUpdate(BaseModel):
     """``POST /update_weights``, saorl's own route: load the weights file or directory ``path`` (under
     the server's ``--weights-dir``) as ``version``."""
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
     path: str
     version: Annotated[int, Field(ge=0, lt=2**63)]
 
 
-def request_body(model: type[BaseModel]) -> dict:
-    """The OpenAPI ``requestBody`` of a route that reads ``model`` itself (FastAPI's ``openapi_extra``),
-    self-contained: pydantic's ``$defs`` inlined, as they would point nowhere in the document."""
-    schema = model.model_json_schema()
-    defs = schema.pop("$defs", {})
+def request_body(model: type[BaseModel] | tuple[type[BaseModel], ...]) -> dict:
+    """The OpenAPI ``requestBody`` of a route that reads ``model`` (or one of several) itself
+    (FastAPI's ``openapi_extra``), self-contained: pydantic's ``$defs`` inlined, as they would point
+    nowhere in the document."""
+    models = model if isinstance(model, tuple) else (model,)
+    schemas = [m.model_json_schema() for m in models]
+    defs = {k: v for s in schemas for k, v in s.pop("$defs", {}).items()}
 
     def inline(x: Any) -> Any:
         if isinstance(x, dict):
@@ -131,8 +203,8 @@ def request_body(model: type[BaseModel]) -> dict:
                 k: inline(v) for k, v in x.items()}
         return [inline(v) for v in x] if isinstance(x, list) else x
 
-    content = {"application/json": {"schema": inline(schema)}}
-    return {"requestBody": {"required": True, "content": content}}
+    schema = inline(schemas[0]) if len(schemas) == 1 else {"anyOf": [inline(s) for s in schemas]}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
@@ -140,87 +212,25 @@ def parse(model: type[BaseModel], body: Any) -> Any:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     try:
-        return model.model_validate(body)
+        out = model.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else "body"
         detail = "unsupported field" if err["type"] == "extra_forbidden" else err["msg"]
+        if not err["loc"] and ": " in err["msg"]:  # a model validator's "<field>: <why>"
+            field, detail = err["msg"].removeprefix("Value error, ").split(": ", 1)
+            raise BadRequest(f"{field}: {detail}", field) from None
         value = err.get("input")
         shown = repr(value)[:80] if not isinstance(value, dict) else "an object"
         raise BadRequest(f"{field}: {detail} (got {shown})", field) from None
-
-
-# ------------------------------------------------------------------------------------- text
-def response_text(tokenizer, res: GenerationResult, include_stop: bool) -> str:
-    """The completion's text: decoded without special tokens, ending before the stop string
-    that finished it (or right after it with ``include_stop``)."""
-    if tokenizer is None:
-        return ""
-    text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
-    if res.finish_reason == "stop" and isinstance(res.stop_reason, str):
-        at = text.find(res.stop_reason)
-        if at >= 0:
-            text = text[: at + (len(res.stop_reason) if include_stop else 0)]
-    return text
-
-
-def streamable_text(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> str:
-    """The part of the decoded ``tokens`` that can be sent before the request ends: without a
-    trailing incomplete UTF-8 character, and holding back what could be a stop string's start."""
-    text = tokenizer.decode(tokens, skip_special_tokens=True).rstrip("\ufffd")
-    hits = [text.find(s) for s in stops if s in text]
-    if hits:
-        return text[: min(hits)]
-    hold = max((len(s) - 1 for s in stops), default=0)
-    return text[: len(text) - hold] if hold else text
-
-
-def token_str(tokenizer, token: int, as_ids: bool) -> str:
-    return f"token_id:{token}" if as_ids or tokenizer is None else tokenizer.decode([token])
-
-
-# ------------------------------------------------------------------------------------- logprobs
-def completion_logprobs(tokenizer, res: GenerationResult, as_ids: bool, start: int = 0) -> dict:
-    """OpenAI completions ``logprobs`` for ``res``'s tokens from ``start`` on."""
-    ids = res.token_ids[start:]
-    tokens = [token_str(tokenizer, t, as_ids) for t in ids]
-    top = None
-    if res.top_logprobs is not None:
-        top = [{token_str(tokenizer, a, as_ids): lp for a, lp in alts} for alts in res.top_logprobs[start:]]
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    return dict(tokens=tokens, token_logprobs=res.logprobs[start:], top_logprobs=top, text_offset=offsets)
-
-
-def chat_logprobs(tokenizer, res: GenerationResult, as_ids: bool, start: int = 0) -> dict:
-    """OpenAI chat ``logprobs.content`` for ``res``'s tokens from ``start`` on."""
-    def entry(t: int, lp: float) -> dict:
-        s = token_str(tokenizer, t, as_ids)
-        return dict(token=s, logprob=lp, bytes=list(s.encode()))
-
-    content = []
-    for i in range(start, len(res.token_ids)):
-        e = entry(res.token_ids[i], res.logprobs[i])
-        alts = res.top_logprobs[i] if res.top_logprobs is not None else []
-        e["top_logprobs"] = [entry(a, lp) for a, lp in alts]
-        content.append(e)
-    return dict(content=content)
-
-
-# ------------------------------------------------------------------------------------- envelopes
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def envelope(kind: str, rid: str, model: str, choices: list[dict], usage: dict | None = None) -> dict:
-    out = dict(id=rid, object=kind, created=int(time.time()), model=model, choices=choices)
-    if usage is not None:
-        out["usage"] = usage
     return out
 
 
-def usage(prompt_lens: list[int], results: list[GenerationResult]) -> dict:
-    p, c = sum(prompt_lens), sum(len(r.token_ids) for r in results)
-    return dict(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+def refuse_unhonoured(req: UnhonouredFields) -> None:
+    """:class:`BadRequest` naming the first field set to a value the engine cannot honour
+    (:mod:`saorl.engines.openai_fields`); checked after the model name, as vLLM would answer 404 first."""
+    bad = req.unhonoured()
+    if bad is not None:
+        name, value, neutral = bad
+        raise BadRequest(f"{name}: saorl serve's engine samples with temperature, top-k and top-p only and "
+                         f"cannot apply {name}={str(value)[:80]}; leave it out or send {neutral}", name)

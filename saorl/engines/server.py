@@ -1,15 +1,19 @@
-"""``saorl serve``'s HTTP server: an :class:`InferenceEngine` behind an OpenAI-compatible API.
+"""``saorl serve``'s HTTP server: an :class:`InferenceEngine` behind vLLM 0.32's OpenAI-compatible API.
 
 FastAPI on uvicorn. Each request is a coroutine that awaits ``engine.agenerate``, so concurrent
 requests meet in the engine's continuous batch. Routes: ``POST /v1/completions`` and
-``POST /v1/chat/completions`` (:mod:`saorl.engines.openai_api`: SSE streaming, ``n``, top-k
-log-probs, stop strings cut from the text, token ids in and out), ``GET /health``,
-``GET /v1/models``, ``POST /update_weights``; with ``emulate="vllm"`` or ``"sglang"`` the routes of
-those servers that saorl's clients use (:mod:`saorl.engines.emulation`).
+``POST /v1/chat/completions`` (requests: :mod:`saorl.engines.openai_api`, :mod:`~saorl.engines.chat_prompt`;
+responses, key for key as vLLM's: :mod:`saorl.engines.openai_out`; SSE: :mod:`saorl.engines.streaming`),
+``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, ``GET /metrics``
+(Prometheus), ``GET /health`` (:mod:`saorl.engines.server_info`), and saorl's ``POST /update_weights``;
+with ``emulate="vllm"`` or ``"sglang"`` the routes of those servers that saorl's clients use
+(:mod:`saorl.engines.emulation`). What is served is a :class:`~saorl.engines.served.ServedModel`:
+its names (a request naming another model is a 404, as in vLLM), context length and
+``generation_config.json`` defaults.
 
-saorl's extension: each completion choice carries ``versions`` (the weight version that sampled
-each token) and the response ``saorl: {"versions": <choice 0's>, "engine_version": v}``; emulated
-servers leave them out, as the real ones do. With an engine that records MoE routes (``saorl serve
+saorl's extension: each choice carries ``versions`` (the weight version that sampled each token) and
+the response ``saorl: {"versions": <choice 0's>, "engine_version": v}``; emulated servers leave them
+out, as the real ones do. With an engine that records MoE routes (``saorl serve
 --enable-return-routed-experts``), a completion request with ``return_routed_experts: true`` gets
 each choice's ``routed_experts`` (base64 ``.npy``, :mod:`saorl.engines.routes`); an emulated vLLM
 server sends them with every choice, as vLLM does.
@@ -27,7 +31,8 @@ Weight updates (``POST /update_weights {"path", "version"}``) are off unless the
 path outside it is refused without looking at it, so the endpoint reveals nothing about other
 paths. A path that is not one (a NUL byte), a file that is not weights (garbage, text, another
 model's) and a load that fails are 400s saying why; the old weights stay. Errors are
-``{"error": {"message", "type", "param", "code"}}``; engine failures are 503.
+``{"error": {"message", "type", "param", "code"}}`` (``type`` as vLLM names it); engine failures
+are 503.
 
 ``create_app(...).openapi()`` is the OpenAPI document, request bodies included (the routes read their
 bodies themselves, to answer 400s in this shape); it is not served (no docs routes), and the tests
@@ -54,9 +59,14 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from saorl.engines import openai_api as oa
-from saorl.engines.base import EngineError, GenerationResult, InferenceEngine
-from saorl.engines.generation import generate_all, read_json
+from saorl.engines import openai_out as out
+from saorl.engines.base import EngineError, InferenceEngine
+from saorl.engines.chat_prompt import chat_prompt, response_role
+from saorl.engines.generation import generate_all, plan, read_json
+from saorl.engines.served import ServedModel
+from saorl.engines.server_info import add_info_routes
 from saorl.engines.server_limits import BodyLimit, HeaderDeadline, Overloaded, ServerLimits, error_response
+from saorl.engines.server_metrics import ServerMetrics
 
 Emulate = Literal["vllm", "sglang"] | None
 
@@ -65,7 +75,7 @@ Emulate = Literal["vllm", "sglang"] | None
 class ServerState:
     engine: InferenceEngine
     tokenizer: Any
-    model_name: str
+    served: ServedModel
     limits: ServerLimits
     weights_dir: Path | None
     emulate: Emulate
@@ -74,6 +84,7 @@ class ServerState:
     """Requests the engine is working on now (admitted ones waiting for a resume are not)."""
     resumed: asyncio.Event | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.engine.agenerate).parameters
@@ -126,40 +137,9 @@ def _prompts(state: ServerState, req: oa.CompletionRequest) -> list[list[int]]:
     if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], str)):
         if state.tokenizer is None:
             raise oa.BadRequest("prompt: this server takes token ids (no tokenizer loaded)", "prompt")
-        return [list(state.tokenizer.encode(s)) for s in ([p] if isinstance(p, str) else p)]
+        return [list(state.tokenizer.encode(s, add_special_tokens=req.add_special_tokens))
+                for s in ([p] if isinstance(p, str) else p)]
     return [p] if isinstance(p[0], int) else [list(x) for x in p]
-
-
-def _chat_prompt(state: ServerState, req: oa.ChatRequest) -> list[int]:
-    tok = state.tokenizer
-    if tok is None or not getattr(tok, "chat_template", None):
-        raise oa.BadRequest("messages: this model's tokenizer has no chat template, so the server cannot "
-                            "turn messages into a prompt; use /v1/completions, or start the server "
-                            "with --chat-template FILE", "messages")
-    msgs = [m.model_dump(exclude_none=True) for m in req.messages]
-    out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
-def completion_choice(state: ServerState, req: oa.CompletionRequest, i: int, res: GenerationResult,
-                      prompt: list[int]) -> dict:
-    as_ids = bool(req.return_tokens_as_token_ids)
-    lps = None if req.logprobs is None else oa.completion_logprobs(state.tokenizer, res, as_ids)
-    choice = dict(index=i, text=oa.response_text(state.tokenizer, res, req.include_stop_str_in_output),
-                  logprobs=lps,
-                  finish_reason=res.finish_reason, stop_reason=res.stop_reason)
-    if req.return_token_ids or state.emulate is None:
-        choice["token_ids"] = res.token_ids
-    if req.return_token_ids:
-        choice["prompt_token_ids"] = prompt
-    if state.emulate is None:
-        choice["versions"] = res.versions
-    if state.route_layout is not None and (req.return_routed_experts or state.emulate == "vllm"):
-        from saorl.engines.routes import encode_npy
-
-        layout = state.route_layout
-        choice["routed_experts"] = encode_npy(res.routes, layout.layers, layout.experts)
-    return choice
 
 
 def _check_routes_request(state: ServerState, req: oa.CompletionRequest) -> None:
@@ -177,49 +157,44 @@ def _check_routes_request(state: ServerState, req: oa.CompletionRequest) -> None
                             "return_routed_experts")
 
 
-def chat_choice(state: ServerState, req: oa.ChatRequest, i: int, res: GenerationResult) -> dict:
-    text = oa.response_text(state.tokenizer, res, req.include_stop_str_in_output)
-    choice = dict(index=i, message=dict(role="assistant", content=text),
-                  logprobs=oa.chat_logprobs(state.tokenizer, res, False) if req.logprobs else None,
-                  finish_reason=res.finish_reason, stop_reason=res.stop_reason)
-    if req.return_token_ids or state.emulate is None:
-        choice["token_ids"] = res.token_ids
-    if state.emulate is None:
-        choice["versions"] = res.versions
-    return choice
-
-
 async def handle_generation(state: ServerState, request: Request, chat: bool) -> Any:
-    body = await read_json(request)
-    req = oa.parse(oa.ChatRequest if chat else oa.CompletionRequest, body)
+    started = time.monotonic()
+    req = oa.parse(oa.ChatRequest if chat else oa.CompletionRequest, await read_json(request))
+    state.served.check(req.model)
+    oa.refuse_unhonoured(req)
     if not chat:
         _check_routes_request(state, req)
-    prompts = [_chat_prompt(state, req)] if chat else _prompts(state, req)
+    prompts = [chat_prompt(state.tokenizer, req)] if chat else _prompts(state, req)
     top = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
-    need = len(prompts) * req.n
+    work = plan(state, req, prompts, top)
+    rid = out.new_id("chatcmpl" if chat else "cmpl", request.headers.get("X-Request-Id") or req.request_id)
+    need = len(work)
     state.admit(need)
     try:
         await state.wait_resumed()
         if req.stream:
             from saorl.engines.streaming import stream_events
 
-            events = stream_events(state, req, prompts, top, chat)
+            events = stream_events(state, req, prompts, work, chat, rid, started)
             return StreamingResponse(_released(events, state, need), media_type="text/event-stream")
-        results = await generate_all(state, prompts, req, top)
+        results = await generate_all(state, work)
         results = await state.extras.get("postprocess", _same)(state, prompts, req, results)
     except BaseException:
         state.release(need)
         raise
     state.release(need)
-    use = oa.usage([len(p) for p in prompts for _ in range(req.n)], results)
-    model = req.model or state.model_name
+    plen = sum(len(p) for p in prompts)
+    state.metrics.record(plen, results, time.monotonic() - started)
+    use = out.usage(plen, sum(len(r.token_ids) for r in results))
     if chat:
-        choices = [chat_choice(state, req, i, r) for i, r in enumerate(results)]
-        out = oa.envelope("chat.completion", oa.new_id("chatcmpl"), model, choices, use)
+        role = response_role(req)
+        choices = [out.chat_choice(state, req, i, r, role) for i, r in enumerate(results)]
+        body = out.response(state, True, rid, choices, use, prompts[0] if req.return_token_ids else None)
     else:
-        choices = [completion_choice(state, req, i, r, prompts[i // req.n]) for i, r in enumerate(results)]
-        out = oa.envelope("text_completion", oa.new_id("cmpl"), model, choices, use)
-    return envelope_with_extension(state, out, results)
+        choices = [out.completion_choice(state, req, i, r, prompts[i // req.n])
+                   for i, r in enumerate(results)]
+        body = out.response(state, False, rid, choices, use)
+    return out.with_extension(state, body, results)
 
 
 async def _same(state, prompts, req, results):
@@ -234,63 +209,21 @@ async def _released(events: AsyncIterator[str], state: ServerState, need: int) -
         state.release(need)
 
 
-def envelope_with_extension(state: ServerState, out: dict, results: list[GenerationResult]) -> dict:
-    if state.emulate is None:
-        out["saorl"] = dict(versions=results[0].versions, engine_version=state.engine.version)
-    return out
-
-
 # ------------------------------------------------------------------------------------- the app
 def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "saorl",
-               limits: ServerLimits | None = None, weights_dir: str | Path | None = None,
-               emulate: Emulate = None, **emulation_options: Any) -> FastAPI:
-    """The ASGI app serving ``engine`` (see the module docstring)."""
+               served: ServedModel | None = None, limits: ServerLimits | None = None,
+               weights_dir: str | Path | None = None, emulate: Emulate = None,
+               **emulation_options: Any) -> FastAPI:
+    """The ASGI app serving ``engine`` (see the module docstring). ``served`` says what is served;
+    without it, ``model_name`` with the engine's context length and the tokenizer's EOS."""
     limits = limits or ServerLimits()
+    served = served or ServedModel((model_name,), model_name, getattr(engine, "max_seq_len", None),
+                                   eos_token_id=getattr(tokenizer, "eos_token_id", None))
     wdir = Path(os.path.realpath(weights_dir)) if weights_dir is not None else None
-    state = ServerState(engine, tokenizer, model_name, limits, wdir, emulate)
+    state = ServerState(engine, tokenizer, served, limits, wdir, emulate)
     app = FastAPI(title="saorl serve", docs_url=None, redoc_url=None, openapi_url=None)  # see .openapi()
     app.state.saorl = state
-
-    @app.exception_handler(oa.BadRequest)
-    async def _bad(_r, e: oa.BadRequest):
-        return error_response(400, str(e), "invalid_request_error", e.param)
-
-    @app.exception_handler(Overloaded)
-    async def _busy(_r, e: Overloaded):
-        return error_response(503, f"server busy: {e}; retry after {limits.retry_after_s}s", "server_busy",
-                      headers={"Retry-After": str(limits.retry_after_s)})
-
-    @app.exception_handler(EngineError)
-    async def _engine(_r, e: EngineError):
-        return error_response(503, str(e), "engine_error")
-
-    @app.exception_handler(PermissionError)
-    async def _forbidden(_r, e: PermissionError):
-        return error_response(403, str(e), "forbidden")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_r, e: StarletteHTTPException):
-        kind = "not_found" if e.status_code == 404 else "http_error"
-        return error_response(e.status_code, str(e.detail), kind)
-
-    @app.exception_handler(RequestValidationError)  # FastAPI's own: the query of an emulated route
-    async def _query(_r, e: RequestValidationError):
-        err = e.errors()[0]
-        name = str(err["loc"][-1]) if err["loc"] else "request"
-        return error_response(400, f"{name}: {err['msg']}", "invalid_request_error", name)
-
-    @app.exception_handler(Exception)  # a bug: still an error body (the log has the traceback)
-    async def _internal(_r, e: Exception):
-        return error_response(500, f"internal server error ({type(e).__name__})", "internal_error")
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "version": engine.version}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "saorl",
-                                            "created": 0, "version": engine.version}]}
+    _add_handlers(app, state)
 
     @app.post("/v1/completions", openapi_extra=oa.request_body(oa.CompletionRequest))
     async def completions(request: Request):
@@ -310,12 +243,53 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
             raise oa.BadRequest(f"path: cannot load weights: {e}", "path") from None
         return {"status": "ok", "version": engine.version}
 
+    add_info_routes(app, state)
     if emulate is not None:
         from saorl.engines.emulation import add_emulated_routes
 
         add_emulated_routes(app, state, emulate, **emulation_options)
     app.add_middleware(BodyLimit, limits=limits)
     return app
+
+
+def _add_handlers(app: FastAPI, state: ServerState) -> None:
+    limits = state.limits
+
+    @app.exception_handler(oa.BadRequest)
+    async def _bad(_r, e: oa.BadRequest):
+        return error_response(400, str(e), e.param)
+
+    @app.exception_handler(oa.ModelNotFound)
+    async def _no_model(_r, e: oa.ModelNotFound):
+        return error_response(404, str(e), "model")
+
+    @app.exception_handler(Overloaded)
+    async def _busy(_r, e: Overloaded):
+        state.metrics.refused_busy += 1
+        return error_response(503, f"server busy: {e}; retry after {limits.retry_after_s}s",
+                              headers={"Retry-After": str(limits.retry_after_s)})
+
+    @app.exception_handler(EngineError)
+    async def _engine(_r, e: EngineError):
+        return error_response(503, str(e))
+
+    @app.exception_handler(PermissionError)
+    async def _forbidden(_r, e: PermissionError):
+        return error_response(403, str(e))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_r, e: StarletteHTTPException):
+        return error_response(e.status_code, str(e.detail))
+
+    @app.exception_handler(RequestValidationError)  # FastAPI's own: the query of an emulated route
+    async def _query(_r, e: RequestValidationError):
+        err = e.errors()[0]
+        name = str(err["loc"][-1]) if err["loc"] else "request"
+        return error_response(400, f"{name}: {err['msg']}", name)
+
+    @app.exception_handler(Exception)  # a bug: still an error body (the log has the traceback)
+    async def _internal(_r, e: Exception):
+        return error_response(500, f"internal server error ({type(e).__name__})")
 
 
 # ------------------------------------------------------------------------------------- serving

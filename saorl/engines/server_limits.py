@@ -2,7 +2,9 @@
 
 Every limit is a :class:`ServerLimits` field and a ``saorl serve`` option; every refusal is an
 OpenAI-style JSON error ``{"error": {"message", "type", "param", "code"}}`` whose message names the
-limit. Two layers enforce them:
+limit, and whose ``type`` is vLLM 0.32's name for the status (``BadRequestError``, ``NotFoundError``,
+``ServiceUnavailableError``, ``InternalServerError``; the HTTP phrase for the others, ``Request
+Timeout``, ``Request Entity Too Large``, ...). Two layers enforce them:
 
 - :class:`HeaderDeadline`, the HTTP protocol (uvicorn's h11 one, with a deadline): the request
   line and headers must arrive within ``header_timeout_s`` of the connection being accepted, or of
@@ -28,6 +30,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import h11
 import numpy as np
@@ -64,13 +67,20 @@ class Overloaded(Exception):
     """More generations than ``max_pending`` in flight: answered 503 with ``Retry-After``."""
 
 
-def error_body(code: int, message: str, kind: str, param: str | None = None) -> dict:
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+               501: "NotImplementedError", 503: "ServiceUnavailableError"}
+"""An error's ``type`` by status, as vLLM 0.32 names them; any other status: its HTTP phrase (as
+vLLM's handler of HTTP exceptions writes it)."""
+
+
+def error_body(code: int, message: str, param: str | None = None) -> dict:
+    kind = ERROR_TYPES.get(code) or HTTPStatus(code).phrase
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(code: int, message: str, kind: str, param: str | None = None,
+def error_response(code: int, message: str, param: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(code, message, kind, param), status_code=code, headers=headers)
+    return JSONResponse(error_body(code, message, param), status_code=code, headers=headers)
 
 
 # ------------------------------------------------------------------------------------- JSON depth
@@ -139,8 +149,7 @@ class BodyLimit:
     @staticmethod
     async def _refuse(scope, receive, send, code: int, message: str, close: bool = True) -> None:
         """The refusal; ``close`` for a body left unread, which would be taken for the next request."""
-        response = error_response(code, message, "invalid_request_error",
-                                  headers={"Connection": "close"} if close else None)
+        response = error_response(code, message, headers={"Connection": "close"} if close else None)
         await response(scope, receive, send)
 
 
@@ -191,7 +200,7 @@ class HeaderDeadline(H11Protocol):
 
     def _answer(self, code: int, message: str) -> None:
         """A JSON error written straight to the socket (no request was parsed), then close."""
-        body = json.dumps(error_body(code, message, "invalid_request_error")).encode()
+        body = json.dumps(error_body(code, message)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                    (b"connection", b"close")]
         try:

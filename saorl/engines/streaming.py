@@ -1,28 +1,43 @@
-"""Server-sent events for ``stream: true`` completions and chat completions.
+"""Server-sent events for ``stream: true`` completions and chat completions, event for event as
+vLLM 0.32 sends them.
 
-One event per sampled token and choice, as the engine samples it (the engine's ``on_token`` hook),
-then one closing event per choice with its ``finish_reason``, an optional usage event
-(``stream_options.include_usage``) and ``data: [DONE]``. Text deltas never contain an incomplete
-UTF-8 character or text that may turn out to start a stop string (held back until it is clear);
-the closing event carries whatever text is left, cut before the stop string. Token ids and
-log-probs are sent as sampled. An engine without the hook streams each choice in one piece when
-it finishes. An engine failure mid-stream ends it with an ``error`` event.
+A chat stream opens with one event per choice carrying ``delta: {"role", "content": ""}`` (and the
+response's ``prompt_token_ids``, ``prompt_text``). Then one event per sampled token and choice,
+in the order the engine samples them (its ``on_token`` hook); the last token's event carries the
+choice's ``finish_reason`` and ``stop_reason`` (so a choice of k tokens is k events, as in vLLM: each
+token event is held back until the next token, or the end, says whether it is the last), and, when
+no usage event follows, the ``system_fingerprint``. With ``stream_options.include_usage`` a last
+event with ``choices: []`` and the usage (prompts counted once); ``continuous_usage_stats`` adds
+each choice's running usage to every event. Then ``data: [DONE]``.
+
+Completions events carry ``text``, ``logprobs``, ``finish_reason``, ``stop_reason`` (null until the
+end), ``prompt_token_ids`` (the first event of each choice, with ``return_token_ids``) and
+``token_ids`` (the event's tokens, with ``return_token_ids``); chat events ``delta.content``,
+``logprobs``, ``finish_reason``, ``token_ids`` and, at the end, ``stop_reason``. Text deltas never
+contain an incomplete UTF-8 character or text that may turn out to start a stop string (held back
+until it is clear); the last event carries whatever text is left, cut before the stop string.
+Token ids and log-probs are sent as sampled. An engine without the hook streams each choice in one
+event when it finishes. An engine failure mid-stream ends it with an ``error`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from saorl.engines import openai_api as oa
+from saorl.engines import openai_out as out
 from saorl.engines.base import EngineError, GenerationResult
+from saorl.engines.chat_prompt import response_role
 from saorl.engines.generation import generate_all
+from saorl.engines.server_limits import error_body
 
 
 def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 class _Choice:
@@ -39,82 +54,133 @@ class _Choice:
                                 self.alts if self.alts else None)
 
 
-def _delta(state, req, chat: bool, i: int, c: _Choice, text: str, res: GenerationResult,
-           finish: str | None, stop: Any) -> dict:
-    start = c.sent_tokens
-    new_ids = res.token_ids[start:]
-    if chat:
-        lp = oa.chat_logprobs(state.tokenizer, res, False, start) if req.logprobs and new_ids else None
-        delta = {"content": text}
-        if not c.sent_tokens and not c.sent_chars:
-            delta["role"] = "assistant"
-        out = dict(index=i, delta=delta, logprobs=lp, finish_reason=finish)
-    else:
-        as_ids = bool(req.return_tokens_as_token_ids)
-        lp = (oa.completion_logprobs(state.tokenizer, res, as_ids, start)
-              if req.logprobs is not None and new_ids else None)
-        out = dict(index=i, text=text, logprobs=lp, finish_reason=finish)
-    out["stop_reason"] = stop
-    if req.return_token_ids or state.emulate is None:
-        out["token_ids"] = new_ids
-    if state.emulate is None:
-        out["versions"] = res.versions[start:]
-    c.sent_tokens = len(res.token_ids)
-    c.sent_chars += len(text)
-    return out
+class _Stream:
+    """One streamed request: builds its events (module docstring)."""
+
+    def __init__(self, state, req, prompts, work, chat: bool, rid: str) -> None:
+        self.state, self.req, self.prompts, self.work = state, req, prompts, work
+        self.chat, self.rid = chat, rid
+        self.created = int(time.time())
+        self.choices = [_Choice() for _ in work]
+        so = req.stream_options
+        self.usage = bool(so and so.include_usage)
+        self.continuous = self.usage and bool(so.continuous_usage_stats)
+
+    def event(self, choices: list[dict], **extra: Any) -> str:
+        return _sse(out.chunk(self.state, self.chat, self.rid, self.created, choices, **extra))
+
+    def opening(self) -> list[str]:
+        """A chat stream's role events, one per choice."""
+        if not self.chat:
+            return []
+        role, req = response_role(self.req), self.req
+        events = []
+        for i, (prompt, _) in enumerate(self.work):
+            extra = dict(prompt_token_ids=self.prompts[0] if req.return_token_ids else None, prompt_text=None)
+            if self.continuous:
+                extra["usage"] = out.usage(len(prompt), 0, details=False)
+            choice = dict(index=i, delta=dict(role=role, content=""), logprobs=None, finish_reason=None)
+            events.append(self.event([choice], **extra))
+        return events
+
+    def piece(self, i: int, res: GenerationResult, upto: int, text: str, final: bool) -> str:
+        """The event of choice ``i`` for its tokens ``[sent, upto)`` and ``text``."""
+        state, req, c = self.state, self.req, self.choices[i]
+        start, tok = c.sent_tokens, state.tokenizer
+        new_ids = res.token_ids[start:upto]
+        finish = res.finish_reason if final else None
+        if self.chat:
+            lp = out.chat_logprobs(tok, res, bool(req.return_tokens_as_token_ids), start, upto) \
+                if req.logprobs and new_ids else None
+            choice = dict(index=i, delta={"content": text}, logprobs=lp, finish_reason=finish)
+            if final:
+                choice["stop_reason"] = out.stop_reason(state, res)
+        else:
+            lp = out.completion_logprobs(tok, res, bool(req.return_tokens_as_token_ids), start, upto) \
+                if req.logprobs is not None and new_ids else None
+            first = start == 0 and not c.sent_chars
+            choice = dict(index=i, text=text, logprobs=lp, finish_reason=finish,
+                          stop_reason=out.stop_reason(state, res) if final else None,
+                          prompt_token_ids=self.work[i][0] if first and req.return_token_ids else None)
+        choice["token_ids"] = list(new_ids) if req.return_token_ids else None
+        if state.emulate is None:
+            choice["versions"] = res.versions[start:upto]
+        c.sent_tokens = upto
+        c.sent_chars += len(text)
+        extra: dict[str, Any] = {}
+        if self.continuous:
+            extra["usage"] = out.usage(len(self.work[i][0]), upto, details=False)
+        if final and not self.usage:
+            extra["system_fingerprint"] = state.served.fingerprint
+        return self.event([choice], **extra)
+
+    def on_token(self, i: int, t: int, lp: float, v: int, alts) -> str | None:
+        """Record choice ``i``'s new token; the event of its previous ones, if any were held."""
+        c = self.choices[i]
+        held = len(c.tokens)
+        c.tokens.append(t)
+        c.logprobs.append(lp)
+        c.versions.append(v)
+        if alts is not None:
+            c.alts.append(alts)
+        if held <= c.sent_tokens:
+            return None
+        text = ""
+        if self.state.tokenizer is not None:
+            shown = out.streamable_text(self.state.tokenizer, c.tokens[:held], self.req.stops(),
+                                        self.req.skip_special_tokens)
+            text = shown[c.sent_chars:]
+        return self.piece(i, c.partial(), held, text, final=False)
+
+    def closing(self, results: list[GenerationResult]) -> list[str]:
+        req, events = self.req, []
+        for i, (c, res) in enumerate(zip(self.choices, results)):
+            final = out.response_text(self.state.tokenizer, res, req.include_stop_str_in_output,
+                                      req.skip_special_tokens)
+            events.append(self.piece(i, res, len(res.token_ids), final[c.sent_chars:], final=True))
+        if self.usage:
+            plen = sum(len(p) for p in self.prompts)
+            use = out.usage(plen, sum(len(r.token_ids) for r in results), details=False)
+            events.append(self.event([], usage=use, system_fingerprint=self.state.served.fingerprint))
+        return events
 
 
-async def stream_events(state, req, prompts: list[list[int]], top: int, chat: bool) -> AsyncIterator[str]:
+async def stream_events(state, req, prompts: list[list[int]], work, chat: bool, rid: str,
+                        started: float) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    n = len(prompts) * req.n
-    choices = [_Choice() for _ in range(n)]
-    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    rid, model = oa.new_id("chatcmpl" if chat else "cmpl"), req.model or state.model_name
+    stream = _Stream(state, req, prompts, work, chat, rid)
 
     def hook(i: int):
         return lambda t, lp, v, alts: loop.call_soon_threadsafe(queue.put_nowait, ("tok", i, t, lp, v, alts))
 
     async def run() -> None:
         try:
-            queue.put_nowait(("done", await generate_all(state, prompts, req, top, hook)))
+            queue.put_nowait(("done", await generate_all(state, work, hook)))
         except Exception as e:  # reported in the stream: the status line is already sent
             queue.put_nowait(("error", e))
 
+    for e in stream.opening():
+        yield e
     task = asyncio.create_task(run())
     try:
         while True:
             item = await queue.get()
             if item[0] == "tok":
-                _, i, t, lp, v, alts = item
-                c = choices[i]
-                c.tokens.append(t)
-                c.logprobs.append(lp)
-                c.versions.append(v)
-                if alts is not None:
-                    c.alts.append(alts)
-                text = oa.streamable_text(state.tokenizer, c.tokens, stops) if state.tokenizer else ""
-                choice = _delta(state, req, chat, i, c, text[c.sent_chars:], c.partial(), None, None)
-                yield _sse(oa.envelope(kind, rid, model, [choice]))
+                event = stream.on_token(*item[1:])
+                if event is not None:
+                    yield event
             elif item[0] == "done":
                 results = item[1]
-                for i, (c, res) in enumerate(zip(choices, results)):
-                    final = oa.response_text(state.tokenizer, res, req.include_stop_str_in_output)
-                    choice = _delta(state, req, chat, i, c, final[c.sent_chars:], res, res.finish_reason,
-                                    res.stop_reason)
-                    yield _sse(oa.envelope(kind, rid, model, [choice]))
-                if req.stream_options and req.stream_options.get("include_usage"):
-                    plens = [len(p) for p in prompts for _ in range(req.n)]
-                    yield _sse(oa.envelope(kind, rid, model, [], oa.usage(plens, results)))
+                state.metrics.record(sum(len(p) for p in prompts), results, time.monotonic() - started)
+                for e in stream.closing(results):
+                    yield e
                 break
             else:
                 e = item[1]
-                code = 400 if isinstance(e, oa.BadRequest) else 503
-                kind_ = "invalid_request_error" if code == 400 else "engine_error"
-                if not isinstance(e, (oa.BadRequest, EngineError)):
-                    kind_ = "internal_error"
-                yield _sse({"error": {"message": str(e), "type": kind_, "code": code}})
+                code = 400 if isinstance(e, oa.BadRequest) else 503 if isinstance(e, EngineError) else 500
+                says = str(e) if code != 500 else f"internal server error ({type(e).__name__})"
+                yield _sse(error_body(code, says, getattr(e, "param", None)))
                 break
         yield "data: [DONE]\n\n"
     finally:
