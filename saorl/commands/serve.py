@@ -1,10 +1,17 @@
 """``saorl serve``: the local engine behind the OpenAI-compatible HTTP server.
 
-``saorl serve --model tiny-moe --port 8000`` builds (or loads, for a directory path) a causal LM,
-wraps it in :class:`~saorl.engines.local.LocalEngine` and serves it with
-:mod:`saorl.engines.server` (FastAPI on uvicorn) until interrupted. It binds 127.0.0.1 unless
-``--host`` says otherwise. ``--port 0`` picks a free port; the first line printed on stdout is
-``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
+``saorl serve --model tiny-moe --port 8000`` builds (or loads, for a directory path or a Hub id) a
+causal LM, wraps it in :class:`~saorl.engines.local.LocalEngine` and serves it with
+:mod:`saorl.engines.server` (FastAPI on uvicorn; vLLM 0.32's OpenAI API) until interrupted. It binds
+127.0.0.1 unless ``--host`` says otherwise. ``--port 0`` picks a free port; the first line printed on
+stdout is ``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
+
+``--model RUN_DIR`` (a directory holding a run's ``config.yaml``) serves the run's final policy,
+``RUN_DIR/final/policy``; a run without one (not finished yet) is refused with what is there instead.
+As in vLLM: ``--served-model-name NAME [NAME ...]`` (default: ``--model`` as given) are the names
+requests may use, ``--max-model-len`` the context (default: the model's
+``max_position_embeddings``), ``--generation-config auto|vllm|DIR`` where the sampling defaults come
+from (:mod:`saorl.engines.served`; a default the engine cannot apply is refused at start-up).
 
 ``--enable-return-routed-experts`` records every request's MoE routes, for routing replay (saorl's
 ``return_routed_experts`` field, and the SGLang / vLLM emulations' ``routed_experts``);
@@ -32,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "tiny kinds)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template for /v1/chat/completions when the tokenizer has none")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model names requests may use (responses carry the first); none: --model")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context length, prompt + completion; none: the model's max_position_embeddings")
+    parser.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                        help="sampling defaults: the model's generation_config.json (auto), none (vllm), or "
+                        "DIR/generation_config.json")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
@@ -75,16 +89,39 @@ def load_model(name: str, seed: int = 0, device: str = "cpu"):
     return load_policy(name, seed=seed, device=device)
 
 
-def _load_tokenizer(args: argparse.Namespace):
+def _load_tokenizer(args: argparse.Namespace, source: str):
     from saorl.models.codec import tokenizer_source
     from saorl.models.tokenizer import load_tokenizer
 
     # as runs choose it: --tokenizer, else the model's own (the shipped one for tiny kinds)
-    tok = load_tokenizer(tokenizer_source(args.model, args.tokenizer),
+    tok = load_tokenizer(tokenizer_source(source, args.tokenizer),
                          "--tokenizer" if args.tokenizer else "--model")
     if args.chat_template:
         tok.chat_template = Path(args.chat_template).read_text(encoding="utf-8")
     return tok
+
+
+def resolve_model(spec: str) -> str:
+    """What ``--model`` serves: a run directory's final policy, else ``spec`` itself; ValueError
+    saying what is missing for a run directory without one."""
+    path = Path(spec).expanduser()
+    if (path / "manifest.json").is_file() and not (path / "config.json").is_file():
+        raise ValueError(f"--model {spec!r} is a checkpoint directory (manifest.json): it holds training "
+                         "state, not a model directory; serve its run directory once the run has finished "
+                         "(RUN/final/policy), or evaluate the checkpoint with saorl eval")
+    if not (path / "config.yaml").is_file() or (path / "config.json").is_file():
+        return spec
+    final = path / "final" / "policy"
+    if (final / "config.json").is_file():
+        return str(final)
+    from saorl.runtime.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(path / "checkpoints") if (path / "checkpoints").is_dir() else None
+    there = (f"its latest checkpoint is {ckpt}, which saorl eval {spec} evaluates" if ckpt is not None
+             else "it has no checkpoint either")
+    raise ValueError(f"--model {spec!r} is a run directory without a final policy ({final}/config.json is "
+                     f"missing: the run has not finished); {there}. saorl serve serves a finished run's "
+                     "final/policy, or any Hugging Face model directory")
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -102,7 +139,36 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--weights-dir {args.weights_dir!r} is not a directory"
     if args.chat_template and not Path(args.chat_template).is_file():
         return f"--chat-template {args.chat_template!r} is not a file"
+    if args.max_model_len is not None and args.max_model_len < 2:
+        return f"--max-model-len must be >= 2, got {args.max_model_len}"
+    if args.generation_config not in ("auto", "vllm") and not Path(args.generation_config).is_dir():
+        return f"--generation-config {args.generation_config!r} is neither auto, vllm nor a directory"
+    if args.served_model_name is not None and not all(args.served_model_name):
+        return "--served-model-name: every name must be non-empty"
     return None
+
+
+def _served(args: argparse.Namespace, source: str, model, tokenizer):
+    """The :class:`~saorl.engines.served.ServedModel` of the options; ValueError for a context past
+    the model's or defaults the engine cannot apply."""
+    from saorl.engines.served import ServedModel, generation_defaults, unhonoured_default
+    from saorl.models.hub import resolve_source
+    from saorl.models.tiny import TINY_KINDS
+
+    most = int(model.config.max_position_embeddings)
+    if args.max_model_len is not None and args.max_model_len > most:
+        raise ValueError(f"--max-model-len {args.max_model_len} is past the model's max_position_embeddings "
+                         f"({most})")
+    local = None if source in TINY_KINDS else resolve_source(source, "--model")
+    defaults, eos_ids = generation_defaults(local, args.generation_config)
+    problem = unhonoured_default(defaults)
+    if problem:
+        raise ValueError(problem)
+    eos = None if args.no_stop_on_eos else tokenizer.eos_token_id
+    vocab = int(model.config.vocab_size)
+    extra = () if args.no_stop_on_eos else tuple(e for e in eos_ids if e != eos and 0 <= e < vocab)
+    names = tuple(args.served_model_name or (args.model,))
+    return ServedModel(names, source, args.max_model_len or most, defaults, eos, extra)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,26 +180,32 @@ def run(args: argparse.Namespace) -> int:
     from saorl.engines.server import ServerLimits, bind, create_app, make_server
     from saorl.models.codec import check_vocab
 
-    tokenizer = _load_tokenizer(args)
-    model = load_model(args.model, args.seed, args.device)
+    try:
+        source = resolve_model(args.model)
+    except ValueError as e:
+        print(f"saorl serve: {e}", file=sys.stderr)
+        return 2
+    tokenizer = _load_tokenizer(args, source)
+    model = load_model(source, args.seed, args.device)
     check_vocab(tokenizer, model, "--model")
     try:
+        served = _served(args, source, model, tokenizer)
         if args.moe_top_k is not None or args.router_noise:
             from saorl.models.routing import perturb_routing
 
             perturb_routing(model, top_k=args.moe_top_k, noise_std=args.router_noise, seed=args.seed)
-        engine = LocalEngine(model, tokenizer,
+        engine = LocalEngine(model, tokenizer, max_seq_len=served.max_model_len,
                              max_batch_size=args.max_batch_size, device=args.device,
                              stop_on_eos=not args.no_stop_on_eos,
                              record_routes=args.enable_return_routed_experts)
-    except ValueError as e:  # a dense model with routing options, or a top-k past its experts
+    except ValueError as e:  # routing options on a dense model or past its experts; a context, a default
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2
     limits = ServerLimits(max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
                           body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
                           max_json_depth=args.max_json_depth, backlog=args.backlog)
     extra = {"logprobs_mode": args.logprobs_mode} if args.emulate == "vllm" else {}
-    app = create_app(engine, tokenizer=tokenizer, model_name=args.model, limits=limits,
+    app = create_app(engine, tokenizer=tokenizer, served=served, limits=limits,
                      weights_dir=args.weights_dir, emulate=args.emulate, **extra)
     try:
         sock = bind(args.host, args.port, args.backlog)

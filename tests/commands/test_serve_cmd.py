@@ -23,10 +23,46 @@ REPO = Path(__file__).resolve().parents[2]
     (["--moe-top-k", "9"], "top_k=9 is more than the model's 8 experts"),
     (["--model", "tiny-dense", "--enable-return-routed-experts"], "record_routes needs an MoE model"),
     (["--model", "tiny-dense", "--router-noise", "0.5"], "has no top-k MoE routers"),
+    (["--max-model-len", "1"], "--max-model-len must be >= 2"),
+    (["--max-model-len", "99999"], "--max-model-len 99999 is past the model's max_position_embeddings"),
+    (["--generation-config", "/nonexistent"], "'/nonexistent' is neither auto, vllm nor a directory"),
+    (["--served-model-name", ""], "--served-model-name: every name must be non-empty"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, message):
     assert main(["serve", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_run_directory_serves_its_final_policy_or_says_what_is_missing(tmp_path, capsys):
+    from saorl.commands.serve import resolve_model
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\n")
+    assert main(["serve", "--model", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "is a run directory without a final policy" in err and "final/policy/config.json is missing" in err
+    assert "it has no checkpoint either" in err
+    (run / "final" / "policy").mkdir(parents=True)
+    (run / "final" / "policy" / "config.json").write_text("{}")
+    assert resolve_model(str(run)) == str(run / "final" / "policy")
+    assert resolve_model("tiny-moe") == "tiny-moe"
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "manifest.json").write_text("{}")
+    with pytest.raises(ValueError, match="is a checkpoint directory"):
+        resolve_model(str(tmp_path / "ckpt"))
+
+
+def test_a_generation_config_default_the_engine_cannot_apply_is_refused(tmp_path, capsys):
+    from saorl.models.serialize import export_policy
+    from saorl.models.tiny import build_tiny
+    from saorl.models.tokenizer import load_tokenizer
+
+    model = export_policy(build_tiny("tiny-dense", seed=0), load_tokenizer(), tmp_path / "m")
+    (model / "generation_config.json").write_text('{"repetition_penalty": 1.1, "temperature": 0.7}')
+    assert main(["serve", "--model", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert "generation_config.json sets repetition_penalty=1.1" in err and "--generation-config vllm" in err
 
 
 def test_help_shows_defaults(capsys, monkeypatch):
