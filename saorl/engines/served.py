@@ -105,7 +105,15 @@ def _read(where: Path | None) -> dict[str, Any]:
 
 
 def unhonoured_default(defaults: dict[str, Any]) -> str | None:
-    """Why the server cannot start with ``defaults`` (a default the engine cannot apply), or None."""
+    """Why the server cannot start with ``defaults`` (a default the engine cannot apply, or one no
+    request could sample with), or None."""
+    from saorl.engines.base import SamplingParams
+
+    try:
+        SamplingParams(temperature=defaults.get("temperature", 1.0), top_p=defaults.get("top_p", 1.0),
+                       top_k=max(defaults.get("top_k", 0), 0), max_new_tokens=defaults.get("max_tokens", 1))
+    except (TypeError, ValueError) as e:
+        return f"the model's generation_config.json holds a default no request can sample with: {e}"
     for name, value in defaults.items():
         if name in UNHONOURED and not UNHONOURED[name][0](value):
             return (f"the model's generation_config.json sets {name}={value}, which saorl serve's engine "

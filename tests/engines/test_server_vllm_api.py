@@ -99,6 +99,7 @@ def test_generation_config_defaults_as_vllm_reads_them(tmp_path, tok_chat):
     assert unhonoured_default(defaults) is None
     assert "repetition_penalty=1.1" in unhonoured_default({"repetition_penalty": 1.1})
     assert unhonoured_default({"repetition_penalty": 1.0, "min_p": 0.0}) is None
+    assert "top_p must be in (0, 1]" in unhonoured_default({"top_p": 0.0})
     # temperature 0 by default: greedy, so every unseeded request gives the same tokens; EOS id 9 stops
     eng, srv, u = _serve(tok_chat, defaults=defaults, extra_eos=(9,))
     try:
