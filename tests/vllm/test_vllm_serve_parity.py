@@ -50,6 +50,8 @@ INTENTIONAL = {
     "unknown routes": "a JSON error in saorl's one shape (vLLM: FastAPI's {\"detail\": ...})",
     "chat top_logprobs": "the k most likely tokens (OpenAI's definition); vLLM 0.32 lists the sampled "
                          "token first and then the k-1 most likely (same shape)",
+    "size bounds": "saorl's own bounds, a 400 past them: n <= 64, <= 64 prompts, <= 16 stop strings (vLLM "
+                   "4), <= 64 stop token ids, <= 1024 messages; vLLM's bounds differ",
     "identity values": "id suffixes, system_fingerprint (saorl-<version>-...), owned_by (saorl), "
                        "/version (saorl's version), /health's body, the metrics saorl has not",
 }
