@@ -146,13 +146,19 @@ class RolloutTimeout(RunFailure):
     """A rollout's call into user code ran past ``env.call_timeout_s`` where nothing retries it."""
 
 
+class EpisodeFailed(RunFailure):
+    """A rollout that failed where nothing retries it (an evaluation, value pretraining): the env
+    or a reward function raised. A run fails with it as it does when a training rollout fails too
+    often (exit status 3): a failing env or reward function is not a bug in saorl."""
+
+
 def run_requests(backend: InProcessBackend, requests: list[RolloutRequest],
                  on_done: Callable[[int, int], None] | None = None, *,
                  should_stop: Callable[[], bool] | None = None,
                  timeouts: dict[int, str] | None = None) -> dict[int, Any]:
     """Play every request on ``backend`` (started and shut down here); trajectories by rollout id.
 
-    The first failed rollout raises ``RuntimeError`` with its error (nothing is retried: a
+    The first failed rollout raises :class:`EpisodeFailed` with its error (nothing is retried: a
     fixed set of episodes, as evaluation wants), except one whose call into user code ran past its
     deadline: with ``timeouts`` given it is recorded there (rollout id → the timeout's message) and
     counts as done — evaluation counts it as a failed episode — else it raises
@@ -172,7 +178,7 @@ def run_requests(backend: InProcessBackend, requests: list[RolloutRequest],
             for rid in res.lost:
                 if rid not in res.timeouts:
                     mine = [e for e in res.errors if e.startswith(f"rollout {rid} ")]
-                    raise RuntimeError((mine or res.errors or [f"rollout {rid} failed"])[0])
+                    raise EpisodeFailed((mine or res.errors or [f"rollout {rid} failed"])[0])
                 if timeouts is None:
                     raise RolloutTimeout(res.timeouts[rid])
                 timed_out[rid] = res.timeouts[rid]

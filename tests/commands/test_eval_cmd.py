@@ -146,3 +146,26 @@ def test_eval_counts_an_episode_whose_reward_function_hangs_as_failed(policy_dir
     assert "2 of 4 evaluation episodes failed (counted as unsuccessful)" in err
     assert "reward function 'stuck_rewards:stuck' on task 'q5'" in err
     assert "did not return within 1 s (env.call_timeout_s)" in err
+
+
+def test_a_reward_function_that_raises_is_a_run_failure_in_eval_and_train(tmp_path, capsys, monkeypatch):
+    """A user's reward function failing is not a bug in saorl: exit status 3 in `saorl eval` and in
+    a run's step-0 evaluation, as when it fails a training rollout too often."""
+    import json
+
+    (tmp_path / "bad_rewards.py").write_text("def broken(prompt, completion, **row):\n"
+                                           "    raise KeyError('no column named solution')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text("".join(json.dumps({"prompt": f"What is {i}+1?", "answer": i + 1}) + "\n"
+                             for i in range(12)))
+    common = ["env.type=prompt_reward", f"env.tasks_file={tasks}", "env.options.reward_fn=bad_rewards:broken",
+              "env.num_test_tasks=4", "env.call_timeout_s=null", "sft.enabled=false",
+              "value_pretrain.enabled=false", "run.progress=false", "rollout.max_new_tokens=8",
+              "rollout.max_total_tokens=64"]
+    assert main(["eval", "tiny-dense", *common, "--tasks", "2"]) == 3
+    err = capsys.readouterr().err
+    assert "bad_rewards:broken" in err and "KeyError" in err and "bug in saorl" not in err
+    assert main(["train", *common, "run.eval_tasks=2", "--run-dir", str(tmp_path / "run")]) == 3
+    err = capsys.readouterr().err
+    assert "bad_rewards:broken" in err and "bug in saorl" not in err
