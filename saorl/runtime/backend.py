@@ -14,10 +14,12 @@ Ray actor per worker, on a cluster).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import sys
 import threading
 import time
 from typing import Protocol
@@ -68,6 +70,28 @@ class WorkerFailure(RunFailure):
     """A worker keeps crashing; restarting it again would only hide the bug."""
 
 
+@contextlib.contextmanager
+def _main_script_hidden():
+    """Start a spawned worker without it running the user's ``__main__`` script again.
+
+    ``multiprocessing``'s spawn re-imports the parent's main script in every child, so a script
+    that calls :func:`saorl.training.train` at its top level, without an ``if __name__ ==
+    "__main__":`` guard, would start the training again in each worker, which fails at once and
+    is restarted until the run gives up. A worker needs nothing from that script (its env, reward
+    functions and models come by name from the worker spec), so while the process starts, the
+    main module's file and spec are hidden from spawn's preparation, which then imports nothing.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if main is not None and hasattr(main, k)}
+    try:
+        for k in saved:
+            setattr(main, k, None) if k == "__spec__" else delattr(main, k)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
 class LocalBackend:
     """Rollout workers as spawned processes on this machine."""
 
@@ -90,7 +114,8 @@ class LocalBackend:
         main = threading.current_thread() is threading.main_thread()
         args = (os.getpid(), main, i, pickle.dumps(self.spec), q, self._results)
         p = self._ctx.Process(target=run_worker, args=args, name=f"saorl-rollout-{i}", daemon=True)
-        p.start()
+        with _main_script_hidden():
+            p.start()
         self._procs[i], self._queues[i] = p, q
 
     def start(self) -> None:
