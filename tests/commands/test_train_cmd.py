@@ -181,11 +181,14 @@ def test_a_rollout_that_keeps_failing_is_a_run_failure_exit_3(tmp_path, capsys, 
     assert "Traceback (most recent call last)" in log and "ZeroDivisionError: the env divided by zero" in log
 
 
-def test_an_env_bug_in_evaluation_is_exit_1_without_the_workers_traceback(tmp_path, capsys, env_module):
+def test_an_env_bug_in_evaluation_is_a_run_failure_without_the_traceback(tmp_path, capsys, env_module):
+    """An env that raises in the step-0 evaluation (nothing retries it) fails the run as a training
+    rollout that keeps failing does: exit 3, never "a bug in saorl" (issue #25: the same exit code
+    wherever a user's code trips)."""
     rc, _, err = _run(capsys, tmp_path, "sft.enabled=false", f"env.type={env_module}:Broken")
-    assert rc == 1 and "Traceback" not in err, err
+    assert rc == 3 and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]  # before it: one line per failed training rollout
-    assert last.startswith("saorl train: unexpected error: ")
+    assert last.startswith("saorl train: the run failed: ")
     assert "ZeroDivisionError: the env divided by zero" in last
 
 
