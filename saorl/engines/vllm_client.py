@@ -18,6 +18,10 @@ the server's label (``GET /weight_info``, set by the publisher through
 token was sampled by that version (the publisher labels while generation is paused). Different
 labels: the request spanned an update and all its tokens are tagged with the older version — an
 approximation that can only over-state staleness, counted in ``stats()["approximate_versions"]``.
+The log-probs stay exact: vLLM 0.32's ``/pause?mode=keep`` preempts the running requests (it
+clears the prefix cache) and recomputes their KV with the new weights after ``/resume``, so the
+tokens after the update are the new version's (``tests/vllm/test_vllm_train.py`` checks it token
+by token).
 
 Routing replay (``return_routes=True``): a server started with ``--enable-return-routed-experts``
 (vLLM 0.32 needs Model Runner V2 and prefix caching for it; there is no per-request switch) answers

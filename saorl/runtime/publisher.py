@@ -119,10 +119,14 @@ class ServerCheck:
 
     def measure(self, model: torch.nn.Module, url: str) -> tuple[float, float, int, int]:
         """``(largest gap, largest gap to the raw distribution, tokens, tokens outside the
-        trainer's top-k / top-p set)`` of one request to ``url``. A sampled token the trainer's
-        truncation drops (a near-tie at the top-k / top-p edge, as bfloat16 round-off makes on a
-        flat distribution) has no finite gap: it is counted, not measured."""
+        trainer's top-k / top-p set or at its edge)`` of one request to ``url``. A sampled token
+        the trainer's truncation drops (a near-tie at the top-k / top-p edge, as bfloat16 round-off
+        makes on a flat distribution) has no finite gap, and a position whose kept set float
+        round-off decides (:func:`~saorl.models.truncation.edge_rows`: the server may keep one token
+        more or less there, shifting every log-probability of it by that token's share) has no
+        exact one: they are counted, not measured."""
         from saorl.models.logprobs import LOGPROB_FLOOR, token_logprobs
+        from saorl.models.truncation import edge_rows
 
         engine = self.make_engine(url)
         try:
@@ -150,8 +154,9 @@ class ServerCheck:
             mine = token_logprobs(model, ids, torch.ones_like(ids), temperature=s.temperature or 1.0,
                                   top_k=s.top_k, top_p=s.top_p)[0, n:].float().cpu()
             raw = token_logprobs(model, ids, torch.ones_like(ids))[0, n:].float().cpu()
+            logits = model(input_ids=ids).logits[0, n - 1:-1].float() / (s.temperature or 1.0)
         served = torch.tensor(res.logprobs, dtype=torch.float32)
-        kept = mine > LOGPROB_FLOOR / 2
+        kept = (mine > LOGPROB_FLOOR / 2) & ~edge_rows(logits, s.top_k, s.top_p).cpu()
         gap = float((served - mine)[kept].abs().max()) if kept.any() else float("inf")
         return gap, float((served - raw).abs().max()), len(res.token_ids), int((~kept).sum())
 
@@ -175,7 +180,8 @@ class ServerCheck:
     def explain(self, url: str, when: str, gap: float, raw_gap: float, tokens: int, outside: int) -> str:
         """The paragraph of a failed check of ``url`` (``when``: e.g. "after version 7 was put on it")."""
         s = self.sampling
-        off = (f" ({outside} of them outside the trainer's top-k / top-p set)" if outside else "")
+        off = (f" ({outside} of them outside the trainer's top-k / top-p set or at its edge)"
+               if outside else "")
         where = (f"the {self.server_name} server at {url}, checked {when}, "
                  f"returns log-probs up to {gap:.3g} nats per token away from the trainer's for the "
                  f"same {tokens} tokens{off} (tolerance {self.tolerance:g}; temperature={s.temperature}, "

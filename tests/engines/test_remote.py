@@ -384,3 +384,51 @@ def test_check_fails_a_server_only_on_two_bad_requests_in_a_row_and_names_anothe
     other = _FakeServer(model, [0.0], ids=[vocab + 3])
     with pytest.raises(WeightPublishError, match=rf"token id {vocab + 3} .* vocabulary of {vocab}: it runs"):
         ServerCheck(other, PROMPT, sp, 1e-3, "vLLM").check(model, ["http://s:1"], 0)
+
+
+class _EdgeServer:
+    """A server exact but for its top-p sums: at the position where the trainer's nucleus ends
+    exactly on a token (its mass before = ``top_p``), it keeps that token, as vLLM's ascending sum
+    can."""
+
+    def __init__(self, model, ids, top_p):
+        self.model, self.ids, self.top_p = model, ids, top_p
+
+    def __call__(self, url):
+        return self
+
+    def generate(self, prompts, sp):
+        from saorl.engines.base import GenerationResult
+
+        x = torch.tensor([prompts[0] + self.ids])
+        with torch.no_grad():
+            served = token_logprobs(self.model, x, torch.ones_like(x), temperature=sp.temperature,
+                                    top_p=self.top_p)[0, len(prompts[0]):]
+        return [GenerationResult(self.ids, served.tolist(), "length", [0] * len(self.ids))]
+
+    def close(self):
+        pass
+
+
+def test_check_leaves_out_a_position_whose_top_p_edge_round_off_decides():
+    """Measured on a real vLLM (7 positions in 78,923): the kept set of a flat distribution can
+    end exactly on ``top_p``, where vLLM keeps one token more than the trainer; every log-prob of
+    that position is then off by that token's share (~7e-4), which is no wrong weight."""
+    model, ids = build_tiny("tiny-dense", seed=0), list(range(9, 25))  # 16 tokens: 2 may be left out
+    x = torch.tensor([PROMPT + ids])
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=x).logits[0, len(PROMPT) - 1].float(), -1)
+    ordered = probs.sort(descending=True)
+    before = torch.cumsum(ordered.values, 0) - ordered.values
+    assert int((ordered.indices == ids[0]).nonzero()) < len(probs) - 8
+    top_p = float(before[-8])  # the trainer drops the 8th-last token there, the server keeps it
+    server = _EdgeServer(model, ids, top_p + 1e-7)
+    sp = SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=16, seed=0)
+    check = ServerCheck(server, PROMPT, sp, 1e-5, "vLLM")
+    gap, _, tokens, outside = check.measure(model, "http://s:1")
+    assert (tokens, outside) == (16, 1) and gap < 1e-6
+    served = server.generate([PROMPT], sp)[0].logprobs[0]
+    with torch.no_grad():
+        mine = token_logprobs(model, x, torch.ones_like(x), top_p=top_p)[0, len(PROMPT)]
+    assert abs(served - float(mine)) > 1e-5  # what the check would have called a wrong model
+    assert check.check(model, ["http://s:1"], 2)["http://s:1"] < 1e-6

@@ -48,3 +48,17 @@ def test_greedy_rows_mixed_with_sampled_rows():
     for r in (0, 2):
         assert tok[r] == logits[r].argmax() and math.isclose(float(lp[r]), float(ls[r].max()), rel_tol=1e-6)
     assert math.isclose(float(lp[1]), float(ls[1, tok[1]]), rel_tol=1e-5)
+
+
+def test_edge_rows_hand_computed():
+    from saorl.models.truncation import edge_rows
+
+    # probs 0.5, 0.45, 0.05: at top_p 0.95 the third token's mass before is exactly 0.95 (an edge);
+    # at top_p 0.9 no token's is within 1e-6 of it
+    logits = torch.log(torch.tensor([[0.5, 0.45, 0.05], [0.5, 0.3, 0.2]], dtype=torch.float64)).float()
+    assert edge_rows(logits, 0, 0.95).tolist() == [True, False]
+    assert edge_rows(logits, 0, 0.9).tolist() == [False, False]
+    assert edge_rows(logits, 0, 1.0).tolist() == [False, False]
+    tied = torch.tensor([[2.0, 1.0, 1.0, 0.0], [2.0, 1.0, 0.5, 0.0]])  # the 2nd and 3rd tie at k=2
+    assert edge_rows(tied, 2, 1.0).tolist() == [True, False]
+    assert edge_rows(tied, 3, 1.0).tolist() == [False, False]

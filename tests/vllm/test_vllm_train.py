@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from saorl.config import load_config
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
+from saorl.models.truncation import edge_rows
 from saorl.runtime.weights import FileWeightSync
 from saorl.training import train
 
@@ -80,9 +81,11 @@ def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dens
     assert len(rows) == 6 and last["policy/version"] == 6
     _assert_exact(rows)
     assert max(r["rollout/staleness_max"] for r in rows) >= 1  # it was asynchronous
-    models = {}
+    models, scored = {}, {}
 
     def logprobs(version, ids):
+        if (version, tuple(ids)) in scored:
+            return scored[version, tuple(ids)]
         if version not in models:
             model = build_tiny("tiny-dense", seed=0)
             state = load_file(str(run_dir / "weights" / f"v{version:08d}.safetensors"))
@@ -90,16 +93,38 @@ def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dens
             models[version] = model.eval()
         x = torch.tensor([ids])
         with torch.no_grad():
-            return token_logprobs(models[version], x, torch.ones_like(x), temperature=0.9, top_p=0.95)[0]
+            out = token_logprobs(models[version], x, torch.ones_like(x), temperature=0.9, top_p=0.95)[0]
+            logits = models[version](input_ids=x).logits[0, :-1] / 0.9
+        # where float round-off decides the top-p set, vLLM may keep one token more (publisher.measure)
+        edge = torch.cat([torch.zeros(1, dtype=torch.bool), edge_rows(logits, 0, 0.95)])
+        scored[version, tuple(ids)] = out, edge
+        return out, edge
 
-    exact = spanning = 0
+    # A request the publisher paused is tagged with the version it started under, all its tokens
+    # (vllm_client's docstring). vLLM 0.32 drops the KV of the requests running at the pause and
+    # recomputes it with the new weights at the resume, so each token must be exact under its tag
+    # or, from the update on, under a later version: walk each turn, moving to a later version only
+    # where the current one stops matching, and count what no version explains.
+    newest = last["policy/version"]
+    exact = spanning = unexplained = edges = 0
     for traj in keep.trajectories:
         for v, pos in turns(traj):
-            gap = (torch.tensor(traj.rollout_logprobs)[pos] - logprobs(v, traj.token_ids)[pos]).abs().max()
-            exact, spanning = (exact + 1, spanning) if gap < GAP_MAX else (exact, spanning + 1)
+            recorded, current, moved = torch.tensor(traj.rollout_logprobs), v, False
+            for t in pos:
+                later = (u for u in range(current, newest + 1)
+                         if abs(float(recorded[t] - logprobs(u, traj.token_ids)[0][t])) < GAP_MAX)
+                found = next(later, None)
+                if found is None:
+                    edge = any(bool(logprobs(u, traj.token_ids)[1][t]) for u in range(current, newest + 1))
+                    edges, unexplained = edges + edge, unexplained + (not edge)
+                    continue
+                moved, current = moved or found != current, found
+            exact, spanning = (exact + 1, spanning) if not moved else (exact, spanning + 1)
     print(f"\nRESULT async vllm: staleness_max {[r['rollout/staleness_max'] for r in rows]}, "
-          f"{exact} turns exact under their version, {spanning} spanned an update (tagged older)")
-    assert exact > 24 and exact >= 0.8 * (exact + spanning)
+          f"{exact} turns exact under their version, {spanning} spanned an update (exact under the "
+          f"later version from the update on), {unexplained} tokens no version explains "
+          f"({edges} at a top-p edge)")
+    assert unexplained == 0 and exact > 16  # spanning: as many as the timing makes (1-10 seen)
 
 
 def test_trainer_killed_and_resumed_with_the_server_up(dense, tmp_path):
