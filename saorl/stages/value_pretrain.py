@@ -4,7 +4,9 @@ The paper's "scaled value pretraining": a critic initialised from the policy kno
 returns, so the first RL updates would use near-random advantages. Instead, before RL:
 
 1. sample ``value_pretrain.rollouts`` trajectories of the *fixed* initial policy (one per training
-   task, at the rollout temperature) with the local engine;
+   task, at the rollout temperature) with the local engine, set up as the run's local rollout
+   engine is (:func:`sampling_model`: ``rollout.dtype``, ``rollout.moe_top_k``,
+   ``rollout.router_noise``), so the critic fits the returns of the sampler RL will train on;
 2. hold out 20% of them; compute Monte-Carlo returns along the preset's chain
    (``R_k = Σ_{j≥k} γ^{j−k} r_{a_j}``, GAE with λ = 1, independent of V);
 3. fit a critic initialised from the policy (frozen attention when the preset says so) with
@@ -20,6 +22,9 @@ Departures and choices:
 - Rollouts use training tasks drawn with a seed of their own (``seed + 15485863``), independent of
   the SFT demonstrations and of the RL task order; a task file shorter than ``rollouts`` is cycled
   (a repeated task gets a different sample).
+- With ``rollout.engine`` a server (vLLM, SGLang, ``http``), the rollouts are still sampled by the
+  local engine, from the same weights in ``model.dtype`` (the server's own numerics are not
+  reproduced).
 - Each fit uses a constant learning rate (no warm-up or decay): the fits are short and
   their comparison across data sizes is the point.
 
@@ -82,6 +87,9 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
         **prompt_format_key(cfg.model), **env_version_key(cfg.env.type),
     }
+    engine = {"dtype": r.dtype, "moe_top_k": r.moe_top_k, "router_noise": r.router_noise}
+    if any(engine.values()):  # (absent when unset: the keys of caches made before stay valid)
+        ident["sampler"] = engine
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -116,6 +124,23 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
 
 
 # ---------------------------------------------------------------------------------------- data
+def sampling_model(cfg: SaorlConfig, policy_spec: str, policy: torch.nn.Module) -> torch.nn.Module:
+    """The model value pretraining samples with: ``policy`` itself, or — where the run's local
+    rollout engine differs from the trainer (``rollout.dtype``, ``rollout.moe_top_k``,
+    ``rollout.router_noise``, as :func:`saorl.runtime.worker.build_engine` sets it up) — a copy
+    of ``policy_spec`` set up the same way; ``policy`` is never changed."""
+    r = cfg.rollout
+    if r.engine != "local" or not (r.dtype not in (None, cfg.model.dtype) or r.moe_top_k or r.router_noise):
+        return policy
+    model = load_policy(policy_spec, dtype=r.dtype or cfg.model.dtype, device=cfg.model.device,
+                        seed=cfg.seed)
+    if r.moe_top_k is not None or r.router_noise:
+        from saorl.models.routing import perturb_routing
+
+        perturb_routing(model, top_k=r.moe_top_k, noise_std=r.router_noise, seed=cfg.seed)
+    return model
+
+
 def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
                     on_done: Callable[[int, int], None] | None = None) -> list[Trajectory]:
     """``n`` trajectories of ``policy`` on training tasks, at the rollout sampling settings;
@@ -256,7 +281,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     check_vocab(tokenizer, policy)
     log(f"value pretraining: sampling {vp.rollouts} rollouts of {policy_spec} on {cfg.env.type}")
     with CountProgress("value pretraining rollouts", enabled=cfg.run.progress, log=log) as count:
-        trajs = sample_rollouts(cfg, policy, tokenizer, vp.rollouts, count)
+        trajs = sample_rollouts(cfg, sampling_model(cfg, policy_spec, policy), tokenizer, vp.rollouts, count)
     rollout_s = time.monotonic() - t0
     train, val = split_rollouts(trajs, cfg.seed)
     log(f"value pretraining: {len(trajs)} rollouts in {rollout_s:.0f}s "

@@ -234,3 +234,50 @@ def test_fit_critic_micro_batches_accumulate_to_the_one_pass_step_and_roll_back_
                         pad_id=1, seed=0)
     assert fit["critic/nonfinite_skips"] == 2
     assert all(torch.equal(v, before[k]) for k, v in critic.state_dict().items())
+
+
+def test_rollouts_are_sampled_as_the_runs_local_engine_samples(tmp_path):
+    """``rollout.moe_top_k`` (and ``rollout.dtype`` / ``router_noise``) change the RL sampler, so
+    value pretraining samples with it too: the recorded log-probs are the top-1-routed model's,
+    the trainer's policy is untouched, and the cache key tells the two apart."""
+    from saorl.models.codec import run_tokenizer
+    from saorl.models.logprobs import token_logprobs
+    from saorl.models.routing import perturb_routing
+
+    base = ["model.policy=tiny-moe"]
+    cfg = _cfg(tmp_path, *base, "rollout.moe_top_k=1")
+    policy = load_policy("tiny-moe", seed=cfg.seed)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    sampler = vp.sampling_model(cfg, "tiny-moe", policy)
+    assert sampler is not policy and vp.sampling_model(_cfg(tmp_path, *base), "tiny-moe", policy) is policy
+    trajs = vp.sample_rollouts(cfg, sampler, run_tokenizer(cfg.model), 4)
+    routed = load_policy("tiny-moe", seed=cfg.seed)
+    perturb_routing(routed, top_k=1)
+    for name, model, close in (("top-1", routed, True), ("trainer's", policy, False)):
+        gaps = []
+        for t in trajs:
+            x = torch.tensor([t.token_ids])
+            with torch.no_grad():
+                mine = token_logprobs(model, x, torch.ones_like(x), temperature=cfg.rollout.temperature)[0]
+            acts = torch.tensor(t.action_mask, dtype=torch.bool)
+            gaps.append(float((torch.tensor(t.rollout_logprobs)[acts] - mine[acts]).abs().max()))
+        assert (max(gaps) < 1e-4) is close, (name, gaps)
+    assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())
+    keys = {vp.value_pretrain_key(_cfg(tmp_path, *base, *more), "tiny-moe")
+            for more in ([], ["rollout.moe_top_k=1"], ["rollout.router_noise=0.5"],
+                         ["rollout.dtype=bfloat16"])}
+    assert len(keys) == 4
+
+
+def test_value_pretraining_hands_the_run_sampler_to_the_rollouts(tmp_path, monkeypatch):
+    seen = []
+
+    def stop(cfg, model, tokenizer, n, on_done=None):
+        seen.append(getattr(model, "_saorl_routing", None))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vp, "sample_rollouts", stop)
+    with pytest.raises(KeyboardInterrupt):
+        vp.run_value_pretrain(_cfg(tmp_path, "model.policy=tiny-moe", "rollout.moe_top_k=1"), "tiny-moe",
+                              tmp_path / "critic", log=lambda _: None)
+    assert seen[0] is not None and seen[0].top_k == 1
