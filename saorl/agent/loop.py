@@ -10,24 +10,37 @@ One episode::
         out  = env.step(text of r.token_ids minus a final eos, after ids)
         rewards[last action token of this turn] += out.reward
         if out.done or a limit is hit: stop
-        ids += continuation_ids(ids, out.observation)        # action_mask 0, logprob 0, version -1
+        ids += observation_ids(ids, out.observation)         # action_mask 0, logprob 0, version -1
 
 Token exactness: earlier text is NEVER re-tokenized. ``traj.token_ids`` is exactly the prompt ids,
-then each turn's sampled ids as the engine returned them, then each observation's ids. The text
+then each turn's sampled ids as the engine returned them, then each observation's ids. An
+observation is appended per the env's ``observation_format`` (the run's ``env.observation_format``
+when set): ``text``, its text right after the action, inside the assistant's message
+(``continuation_ids``); ``chat``, the closing of the assistant's turn, the observation as a
+message of role ``observation_role`` and the next assistant header, as the chat template renders
+the conversation (:class:`saorl.models.chat_turns.ChatTurns`; a template that cannot be split so
+is an :class:`EpisodeError`, which the start-up checks raise before a run). The text
 side goes through :class:`saorl.models.codec.RunTokenizer` (a plain HF tokenizer is wrapped with
 the default prompt format): a text prompt through the chat template when the tokenizer has one
 (else after its BOS), a prompt of chat messages through the chat template always, each action's
 text decoded in its context and each observation encoded so that it appends exactly its text,
 for byte-level BPE and SentencePiece tokenizers alike. So
-``decode(traj.token_ids)`` equals the decoded prompt + actions + observations as text, with no
-space inserted or lost at a boundary, even where the sampled ids are not the canonical
-tokenization of the action text.
+``decode(traj.token_ids)`` equals the decoded prompt + actions + observations as text (with
+``chat``, the template's rendering of the conversation after the prompt), with no space inserted
+or lost at a boundary, even where the sampled ids are not the canonical tokenization of the action
+text.
 
 Decisions that the trainer and the env authors rely on:
 
 - **eos stays in the trajectory.** A turn that ends on the eos token keeps it (it was sampled,
   has a logprob, and learning *when* to stop is part of the policy); only the text handed to
-  ``env.step`` drops it. The eos id is added to the request's ``stop_token_ids``.
+  ``env.step`` drops it. The eos id is added to the request's ``stop_token_ids``. With ``chat``
+  observations a sampled eos that the template's closing of the assistant's turn contains
+  (``<|im_end|>``) is that closing's: only what follows it is added, never a second one.
+- **Masks.** Everything the loop appends that the model did not sample is context
+  (``action_mask`` 0): the observation, and with ``chat`` the closing of the assistant's turn, the
+  observation's message with its role header and the next assistant header; the model's own
+  tokens, eos included, are the action tokens.
 - **Rewards** go on the last action token of the turn that earned them (docs/method.md credits a
   reward on a non-action position to the last action position before it; this places it there
   directly). Turns whose action was cut by a length limit are still stepped: the env decides
@@ -81,8 +94,9 @@ from typing import Any
 from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
-from saorl.envs.base import Env, Progress, StepResult
+from saorl.envs.base import Env, Progress, Prompt, StepResult
 from saorl.envs.hosted import CallTimeout
+from saorl.models.chat_turns import ChatTurns, TemplateSplitError
 from saorl.models.codec import RunTokenizer, as_run_tokenizer
 
 ProgressSource = Progress | Callable[[], Progress] | None
@@ -199,6 +213,27 @@ async def _generate(engine: InferenceEngine, ids: list[int], params: SamplingPar
     return res
 
 
+class _Observations:
+    """The ids of an episode's observations, per its env's ``observation_format``."""
+
+    def __init__(self, codec: RunTokenizer, env: Env, task: Task, prompt: Prompt) -> None:
+        self.codec, self.where = codec, f"env {env.name!r} task {task.id!r}"
+        self.turns = None
+        if env.observation_format == "chat":
+            try:
+                self.turns = ChatTurns(codec, prompt, env.observation_role)
+            except TemplateSplitError as e:
+                raise EpisodeError(f"{self.where}: {e}") from None
+
+    def ids(self, ids: list[int], action: str, observation: str) -> list[int]:
+        if self.turns is None:
+            return self.codec.continuation_ids(ids, observation)
+        try:
+            return self.turns.observation_ids(ids, action, observation)
+        except TemplateSplitError as e:
+            raise EpisodeError(f"{self.where}: {e}") from None
+
+
 def _action_text(codec: RunTokenizer, ids: list[int], start: int) -> str:
     """The text of ``ids[start:]`` (this turn's action) in its context, minus a final eos."""
     end = len(ids)
@@ -228,6 +263,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     env_s, gen_s = time.perf_counter() - t0, 0.0
     b = _Builder()
     b.add_context(codec.prompt_ids(prompt))
+    observations = _Observations(codec, env, task, prompt)
     prompt_len = len(b.token_ids)
     if prompt_len == 0:
         raise EpisodeError(f"env {env.name!r} returned an empty prompt for task {task.id!r}")
@@ -255,7 +291,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         if len(b.turn_spans) >= max_turns:
             truncation = "turns"
             break
-        obs_ids = codec.continuation_ids(b.token_ids, out.observation)
+        obs_ids = observations.ids(b.token_ids, action, out.observation)
         if len(b.token_ids) + len(obs_ids) + 1 > max_total_tokens:
             truncation = "tokens"
             break

@@ -49,7 +49,7 @@ def profile_rows(t: Timings, total_s: float, order: list[str], steps: int = 1) -
 # --------------------------------------------------------------------------- engine
 def _engine_parts(cfg: SaorlConfig):
     from saorl.engines.local import LocalEngine
-    from saorl.envs.registry import make_env_factory
+    from saorl.envs.registry import env_factory_for
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy
 
@@ -58,7 +58,7 @@ def _engine_parts(cfg: SaorlConfig):
     engine = LocalEngine(model, tok, max_batch_size=cfg.rollout.engine_slots,
                          prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
                          prefix_after_update=cfg.rollout.prefix_after_update)
-    return engine, tok, make_env_factory(cfg.env.type, cfg.env.options)
+    return engine, tok, env_factory_for(cfg.env, deadline=False)
 
 
 async def _stream_for(engine, tok, env_factory, tasks, cfg: SaorlConfig, warmup_s: float,

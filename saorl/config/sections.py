@@ -244,6 +244,20 @@ class EnvConfig(Section):
     ``filter`` leaves it out of its split and says how many were (verl's
     ``filter_overlong_prompts``); ``error`` stops the start with one paragraph naming the first
     ones. Evaluations and value pretraining's rollouts follow the same setting."""
+    observation_format: Literal["text", "chat"] | None = None
+    """How an observation (the env's tool output) joins the trajectory: ``text`` appends its text
+    right after the model's action, inside the assistant's message; ``chat`` ends the assistant's
+    turn and adds the observation as a message of its own (role ``env.observation_role``) through
+    the policy's chat template, then the header of the next assistant turn, as chat models trained
+    on tool use with TRL or verl expect it (needs a tokenizer with a chat template; a template
+    that cannot be split into such turns stops the start with one paragraph; docs/envs.md). Either
+    way the observation's tokens are context (``action_mask`` 0). null: the env's default (its
+    ``observation_format`` attribute; ``text`` for the built-in envs)."""
+    observation_role: Literal["tool", "user"] | None = None
+    """The role of an observation's message under ``observation_format: chat``: ``tool`` (the
+    templates of tool-calling models: Qwen's wraps it in ``<tool_response>`` inside a user turn) or
+    ``user`` (for templates without a tool role). null: the env's default (its ``observation_role``
+    attribute; ``tool`` for the built-in envs)."""
     call_timeout_s: float | None = Field(60.0, gt=0.0)
     """Deadline, in seconds, of each call into user code: the reward function of ``prompt_reward``
     (its ``reset`` and ``step``), and ``reset`` / ``step`` of an env given as

@@ -41,7 +41,13 @@ Split = Literal["train", "test"]
 Prompt = str | list[dict[str, Any]]
 """What ``reset`` returns: the prompt text, or a conversation (``{"role", "content"}`` messages)."""
 
-__all__ = ["Env", "Progress", "Prompt", "Split", "StepResult", "Task", "prompt_text"]
+OBSERVATION_FORMATS = ("text", "chat")
+"""How an observation joins the trajectory (:attr:`Env.observation_format`)."""
+OBSERVATION_ROLES = ("tool", "user")
+"""The roles of an observation's message under ``chat`` (:attr:`Env.observation_role`)."""
+
+__all__ = ["OBSERVATION_FORMATS", "OBSERVATION_ROLES", "Env", "Progress", "Prompt", "Split", "StepResult",
+           "Task", "prompt_text"]
 
 
 def prompt_text(prompt: Prompt) -> str:
@@ -76,6 +82,14 @@ class Env(ABC):
     """Bump when the env's prompts, observations, rewards or demonstrations change: the cached SFT
     warm starts and pretrained critics are keyed on it, so they are rebuilt, not reused stale."""
     max_turns: int = 4
+    observation_format: str = "text"
+    """How the agent loop adds an observation to the trajectory: ``text`` appends its text right
+    after the action, inside the assistant's message; ``chat`` ends the assistant's turn and adds it
+    as a message of role :attr:`observation_role` through the chat template, then the next assistant
+    header (:mod:`saorl.models.chat_turns`). The run's ``env.observation_format`` overrides it."""
+    observation_role: str = "tool"
+    """The role of an observation's message under ``chat``: ``tool`` or ``user`` (the run's
+    ``env.observation_role`` overrides it)."""
     calls_user_code: ClassVar[bool] = False
     """True for a built-in env whose ``reset`` / ``step`` call code given by the user (a reward
     function): they run under ``env.call_timeout_s`` like those of an env class from outside saorl."""

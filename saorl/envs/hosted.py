@@ -236,7 +236,8 @@ class HostedEnv(Env):
     """An env whose ``reset`` and ``step`` run in a :class:`HostPool`'s child, under ``timeout_s``.
 
     ``template`` is an instance of the env, built in this process: it gives the attributes the
-    agent loop reads (``name``, ``stop_strings``, ``max_turns``), :meth:`call_site` for messages,
+    agent loop reads (``name``, ``stop_strings``, ``max_turns``, ``observation_format``,
+    ``observation_role``), :meth:`call_site` for messages,
     and runs ``generate_tasks`` and ``demonstration`` (which take everything they need as
     arguments). Each episode's env is built in a child by ``reset``.
     """
@@ -246,6 +247,8 @@ class HostedEnv(Env):
         self.name = template.name  # type: ignore[misc]  # the template's, per instance
         self.stop_strings = template.stop_strings  # type: ignore[misc]
         self.max_turns = template.max_turns
+        self.observation_format = template.observation_format
+        self.observation_role = template.observation_role
         self._state: bytes | None = None
         self._task: Task | None = None
         self._action_ids: list[int] | None = None

@@ -4,7 +4,10 @@
 env only fails when it is asked for. ``make_env_factory`` builds one instance up front so that a
 bad option fails at config time, with the option's name, not inside a rollout worker; given a
 deadline, the envs it makes for an env that runs user code (:func:`runs_user_code`) are
-:class:`~saorl.envs.hosted.HostedEnv` s, whose calls run in child processes under it.
+:class:`~saorl.envs.hosted.HostedEnv` s, whose calls run in child processes under it. The run's
+``env.observation_format`` / ``env.observation_role``, when set, override the env class's own on
+every env it makes (the agent loop reads them off the env). :func:`env_factory_for` builds the
+factory of a run's ``env`` config section.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from saorl.envs.base import Env
+from saorl.envs.base import OBSERVATION_FORMATS, OBSERVATION_ROLES, Env
 from saorl.envs.hosted import HostedEnv, HostPool
 
 BUILTIN_ENVS: dict[str, str] = {
@@ -81,15 +84,28 @@ class EnvFactory:
     the hosted envs of this factory share (also as a context manager)."""
 
     def __init__(self, cls: type[Env], options: dict[str, Any], template: Env,
-                 call_timeout_s: float | None) -> None:
+                 call_timeout_s: float | None, observation: dict[str, str] | None = None) -> None:
         self.cls, self.options, self.call_timeout_s = cls, options, call_timeout_s
+        self.overrides = dict(observation or {})
+        """The overrides of the env's ``observation_format`` / ``observation_role``."""
+        self.template = self._stamp(template)
         self.pool: HostPool | None = None
         if call_timeout_s is not None and runs_user_code(cls):
-            self.pool, self.template = HostPool(cls, options), template
+            self.pool = HostPool(cls, options)
+
+    def _stamp(self, env: Env) -> Env:
+        for name, value in self.overrides.items():
+            setattr(env, name, value)
+        return env
+
+    @property
+    def observation(self) -> tuple[str, str]:
+        """``(format, role)`` of the observations of the envs this factory makes."""
+        return self.template.observation_format, self.template.observation_role
 
     def __call__(self) -> Env:
         if self.pool is None:
-            return self.cls(**self.options)
+            return self._stamp(self.cls(**self.options))
         return HostedEnv(self.template, self.pool, self.call_timeout_s)
 
     def close(self) -> None:
@@ -104,7 +120,8 @@ class EnvFactory:
 
 
 def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
-                     call_timeout_s: float | None = None) -> EnvFactory:
+                     call_timeout_s: float | None = None, observation_format: str | None = None,
+                     observation_role: str | None = None) -> EnvFactory:
     """A zero-argument callable that builds a fresh env with ``options``.
 
     One instance is built here to validate the options: an unknown option or a bad value raises
@@ -112,8 +129,18 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
     ``env.call_timeout_s``) an env that runs user code has its ``reset`` and ``step`` run in warm
     child processes that are killed past that many seconds (:mod:`saorl.envs.hosted`); close the
     factory when done with it. Without, every env runs in the caller's process.
+    ``observation_format`` / ``observation_role`` (None: the env class's own) are set on every env
+    it makes; values the agent loop does not know (an env class's own) are an :class:`EnvResolveError`.
     """
     cls = resolve_env(type_str)
+    observation = {k: v for k, v in (("observation_format", observation_format),
+                                     ("observation_role", observation_role)) if v is not None}
+    for name, allowed in (("observation_format", OBSERVATION_FORMATS),
+                          ("observation_role", OBSERVATION_ROLES)):
+        value = observation.get(name, getattr(cls, name))
+        if value not in allowed:
+            raise EnvResolveError(f"env {type_str!r}: {name} must be one of {list(allowed)}, got {value!r} "
+                                  f"(env.{name}, or the class attribute {cls.__qualname__}.{name})")
     opts = dict(options or {})
     try:
         template = cls(**opts)
@@ -121,4 +148,12 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
         raise ValueError(f"env {type_str!r}: bad options {opts}: {e}") from e
     except ValueError as e:
         raise ValueError(f"env {type_str!r}: {e}") from e
-    return EnvFactory(cls, opts, template, call_timeout_s)
+    return EnvFactory(cls, opts, template, call_timeout_s, observation)
+
+
+def env_factory_for(env: Any, *, deadline: bool = True) -> EnvFactory:
+    """The factory of a run's ``env`` config section: its type, options, observation format and
+    (with ``deadline``) ``call_timeout_s``."""
+    return make_env_factory(env.type, env.options, call_timeout_s=env.call_timeout_s if deadline else None,
+                            observation_format=env.observation_format,
+                            observation_role=env.observation_role)

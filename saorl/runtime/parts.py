@@ -21,7 +21,7 @@ from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
 from saorl.engines.kinds import ClientOptions, server_kind, updated_in_place
 from saorl.engines.routes import RouteLayout
-from saorl.envs.registry import EnvFactory, make_env_factory
+from saorl.envs.registry import EnvFactory, env_factory_for
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
@@ -142,6 +142,8 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                       threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,
                       record_routes=replay, route_layout=layout, env_call_timeout_s=cfg.env.call_timeout_s,
+                      env_observation_format=cfg.env.observation_format,
+                      env_observation_role=cfg.env.observation_role,
                       http_url=r.http_url, engine_urls=tuple(r.engine_urls), engine_routing=r.engine_routing,
                       engine_model=r.engine_model)
 
@@ -231,7 +233,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
-    env_factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
+    env_factory = env_factory_for(cfg.env)
     train_tasks, test_tasks = build_tasks(cfg, env_factory, tokenizer)
     weights = build_weight_sync(cfg, run_dir, policy, tokenizer)
     try:

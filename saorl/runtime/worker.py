@@ -78,6 +78,10 @@ class WorkerSpec:
     """The policy's MoE layers and experts, which a server's routes must fit."""
     env_call_timeout_s: float | None = None
     """``env.call_timeout_s``: the deadline of each call into user code (None: none)."""
+    env_observation_format: str | None = None
+    """``env.observation_format`` (None: the env's own)."""
+    env_observation_role: str | None = None
+    """``env.observation_role`` (None: the env's own)."""
 
 
 class WeightFollower:
@@ -173,7 +177,9 @@ def build_worker(spec: WorkerSpec, weights: WeightSync | None = None) -> WorkerS
     engine = build_engine(spec, tokenizer)
     follower = WeightFollower(engine, weights if weights is not None else FileWeightSync(spec.weights_dir))
     follower.refresh()
-    factory = make_env_factory(spec.env_type, spec.env_options, call_timeout_s=spec.env_call_timeout_s)
+    factory = make_env_factory(spec.env_type, spec.env_options, call_timeout_s=spec.env_call_timeout_s,
+                               observation_format=spec.env_observation_format,
+                               observation_role=spec.env_observation_role)
     return WorkerStack(tokenizer, engine, follower, factory)
 
 

@@ -25,7 +25,7 @@ from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.engines.base import SamplingParams
 from saorl.envs.base import Progress
-from saorl.envs.registry import make_env_factory
+from saorl.envs.registry import env_factory_for
 from saorl.models.codec import as_run_tokenizer
 from saorl.runtime.messages import RolloutRequest
 
@@ -112,7 +112,7 @@ def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test",
     """
     if n is not None and n < 1:
         raise ValueError(f"the number of evaluation tasks must be >= 1, got {n}")
-    factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
+    factory = env_factory_for(cfg.env)
     with factory as env_factory:
         tasks = eval_tasks(cfg, env_factory, split, n or min(cfg.run.eval_tasks, cfg.env.num_test_tasks),
                            as_run_tokenizer(tokenizer))

@@ -32,7 +32,7 @@ from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.task import Task
 from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
-from saorl.envs.registry import env_version_key, make_env_factory
+from saorl.envs.registry import env_factory_for, env_version_key
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
 from saorl.models.logprobs import token_logprobs
@@ -155,7 +155,7 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
     device = "cpu" if sharded_here(cfg) else cfg.model.device
     policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=device, seed=seed)
     check_vocab(tokenizer, policy)
-    env_factory = make_env_factory(cfg.env.type, cfg.env.options)
+    env_factory = env_factory_for(cfg.env, deadline=False)
     tasks = load_split(env_factory(), cfg.env, "train", cfg.sft.num_demos, seed + 7919)
     log(f"sft: generating {len(tasks)} demonstrations of {cfg.env.type}")
     demos = demonstrations(env_factory, tasks, tokenizer, seed)

@@ -53,7 +53,7 @@ from saorl.data.batch import Batch, collate
 from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.tasks import env_sources, load_split
 from saorl.data.trajectory import Trajectory
-from saorl.envs.registry import env_version_key, make_env_factory
+from saorl.envs.registry import env_factory_for, env_version_key
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy, train_dtype
@@ -148,7 +148,7 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
     from saorl.engines.local import LocalEngine
     from saorl.runtime.inprocess import InProcessBackend, run_requests
 
-    env_factory = make_env_factory(cfg.env.type, cfg.env.options, call_timeout_s=cfg.env.call_timeout_s)
+    env_factory = env_factory_for(cfg.env)
     tasks = load_split(env_factory(), cfg.env, "train", n, cfg.seed + _TASK_SEED_OFFSET)
     if tasks:
         tasks = fitting(cfg, tasks, env_factory, tokenizer, "value-pretraining tasks")

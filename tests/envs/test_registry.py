@@ -74,3 +74,16 @@ def test_load_tasks_from_jsonl(tmp_path):
     assert [t.id for t in got] == [t.id for t in tasks[:3]]
     assert got[0].data == tasks[0].data
     assert len(load_tasks(MathToolEnv(), "test", None, 0, tasks_file=str(path))) == 4
+
+
+def test_factory_sets_the_runs_observation_format_on_every_env():
+    plain = make_env_factory("math_tool")
+    assert plain.observation == ("text", "tool") and plain().observation_format == "text"
+    chat = make_env_factory("math_tool", observation_format="chat", observation_role="user")
+    env = chat()
+    assert chat.observation == ("chat", "user")
+    assert (env.observation_format, env.observation_role) == ("chat", "user")
+    assert MathToolEnv.observation_format == "text"  # the class is untouched
+    with pytest.raises(EnvResolveError, match=r"observation_role must be one of \['tool', 'user'\], "
+                                              r"got 'bot'"):
+        make_env_factory("math_tool", observation_role="bot")

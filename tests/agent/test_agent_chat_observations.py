@@ -1,0 +1,202 @@
+"""Observations as chat turns (env.observation_format=chat): exact ids and text, masks, the eos
+that closes a turn, both tokenizer families, and the template that cannot be split."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+from agent_fakes import FakeEngine, ToyEnv
+
+from saorl.agent import EpisodeError, run_episode
+from saorl.engines.base import SamplingParams
+from saorl.envs.base import Task
+from saorl.models.chat_turns import TemplateSplitError, check_chat_turns
+from saorl.models.codec import RunTokenizer, without_prefix_space
+from saorl.models.tokenizer import load_tokenizer
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
+from model_families import sp_tokenizer
+
+TASK = Task("t-7", {"q": 7})
+SP = SamplingParams(max_new_tokens=64)
+QWEN_TOOLS = (  # Qwen's layout: a tool message is a <tool_response> inside a user turn
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}"
+    "\n</tool_response>{{ eos_token }}\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}{{ eos_token }}\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SP_TOOLS = (  # Llama-2-like: BOS, bracketed turns, the assistant's message closed by eos
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}{{ eos_token }}"
+    "{% else %}[{{ m.role | upper }}] {{ m.content }} [/{{ m.role | upper }}]{% endif %}{% endfor %}")
+LAST_ASSISTANT_THINKS = (  # renders the last assistant message differently: cannot be split
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and loop.last %}"
+    "<think>\n\n</think>\n\n{% endif %}{{ m.content }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def shipped_with(template: str) -> RunTokenizer:
+    hf = load_tokenizer()
+    hf.chat_template = template
+    return RunTokenizer(hf)
+
+
+def enc(tok, s):
+    return tok.hf.encode(s, add_special_tokens=False)
+
+
+def chat_env(role: str = "tool", **kw) -> ToyEnv:
+    env = ToyEnv(**kw)
+    env.observation_format, env.observation_role = "chat", role
+    return env
+
+
+def play(engine, env, tok):
+    return asyncio.run(run_episode(engine, env, TASK, tok, sampling=SP, max_total_tokens=1024))
+
+
+def render(tok, messages, generation_prompt):
+    return tok.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def test_three_turns_with_tool_messages_through_the_shipped_tokenizer():
+    tok = shipped_with(QWEN_TOOLS)
+    eos = tok.eos_token_id
+    a1 = [i for ch in "hello world</a>" for i in enc(tok, ch)]  # one id per character: not canonical
+    assert a1 != enc(tok, "hello world</a>")
+    a2 = [*enc(tok, "think more"), eos]  # ends on eos, which closes the turn
+    a3 = [*enc(tok, "answer 42"), eos]
+    engine = FakeEngine([a1, a2, a3])
+    env = chat_env(done_after=3)
+    traj = play(engine, env, tok)
+    traj.validate()
+
+    prompt = enc(tok, "<|im_start|>user\nQ7:<|endoftext|>\n<|im_start|>assistant\n")
+    obs1 = enc(tok, "<|endoftext|>\n<|im_start|>user\n<tool_response>\n<obs 1>\n\n</tool_response>"
+                    "<|endoftext|>\n<|im_start|>assistant\n")  # closing added: a1 ended on a stop string
+    obs2 = enc(tok, "\n<|im_start|>user\n<tool_response>\n<obs 2>\n\n</tool_response><|endoftext|>\n"
+                    "<|im_start|>assistant\n")  # the sampled eos closed the turn: no second one
+    assert traj.token_ids == prompt + a1 + obs1 + a2 + obs2 + a3
+    assert env.actions == ["hello world</a>", "think more", "answer 42"]
+    assert [c.prompt for c in engine.calls] == [prompt, prompt + a1 + obs1, prompt + a1 + obs1 + a2 + obs2]
+
+    conversation = [{"role": "user", "content": "Q7:"}, {"role": "assistant", "content": "hello world</a>"},
+                    {"role": "tool", "content": "<obs 1>\n"}, {"role": "assistant", "content": "think more"},
+                    {"role": "tool", "content": "<obs 2>\n"}]
+    text = tok.text(traj.token_ids)
+    assert text == render(tok, conversation, True) + "answer 42<|endoftext|>"
+    assert render(tok, [*conversation, {"role": "assistant", "content": "answer 42"}], False) == text + "\n"
+
+    # the mask: the model's own ids (eos included) are actions; the template's turns are not
+    n0, n1, n2 = len(prompt), len(prompt) + len(a1) + len(obs1), len(traj) - len(a3)
+    actions = [*range(n0, n0 + len(a1)), *range(n1, n1 + len(a2)), *range(n2, len(traj))]
+    assert [t for t, m in enumerate(traj.action_mask) if m] == actions
+    context = [t for t, m in enumerate(traj.action_mask) if not m and t >= len(prompt)]
+    assert [traj.token_ids[t] for t in context] == obs1 + obs2
+    assert all(traj.rollout_logprobs[t] == 0.0 and traj.versions[t] == -1 for t in context)
+    assert traj.episode.final_observation == "<obs 3>\n"  # the last one is not tokenized
+
+
+def test_a_user_role_and_a_conversation_prompt():
+    tok = shipped_with(QWEN_TOOLS)
+    eos = tok.eos_token_id
+
+    class SystemToy(ToyEnv):
+        def reset(self, task, progress=None):
+            return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q7:"}]
+
+    env = SystemToy(done_after=2)
+    env.observation_format, env.observation_role = "chat", "user"
+    traj = play(FakeEngine([[*enc(tok, "go</a>"), eos], enc(tok, "done")]), env, tok)
+    assert tok.text(traj.token_ids) == (
+        "<|im_start|>system\nBe brief.<|endoftext|>\n<|im_start|>user\nQ7:<|endoftext|>\n"
+        "<|im_start|>assistant\ngo</a><|endoftext|>\n<|im_start|>user\n<obs 1>\n<|endoftext|>\n"
+        "<|im_start|>assistant\ndone")
+
+
+@pytest.mark.parametrize("metaspace", [False, True], ids=["sp-prepend", "sp-metaspace"])
+def test_sentencepiece_turns_are_exact(metaspace):
+    hf = sp_tokenizer(metaspace=metaspace)
+    hf.chat_template = SP_TOOLS
+    tok = RunTokenizer(hf)
+    eos = tok.eos_token_id
+    a1 = [*enc(tok, "hello world</a>"), eos]  # "▁hello...": the action's text is " hello world</a>"
+    a2 = enc(tok, "then 42</a>")
+    traj = play(FakeEngine([a1, a2]), chat_env(done_after=2), tok)
+    prompt_len = traj.prompt_len
+    obs = traj.token_ids[prompt_len + len(a1):len(traj) - len(a2)]
+    delta = "[TOOL] <obs 1>\n [/TOOL]"  # after the sampled </s>, which closed the turn
+    ctx = traj.token_ids[:prompt_len + len(a1)]
+    assert tok.text(ctx + obs) == tok.text(ctx) + delta
+    # the plain encoding would put the dummy prefix's space before "[TOOL]"; the exact one does not
+    assert tok.text(ctx + enc(tok, delta)) == tok.text(ctx) + " " + delta
+    assert obs == without_prefix_space(hf.backend_tokenizer).encode(delta, add_special_tokens=False).ids
+    conversation = [{"role": "user", "content": "Q7:"}, {"role": "assistant", "content": " hello world</a>"},
+                    {"role": "tool", "content": "<obs 1>\n"}]
+    rendered = render(tok, conversation, True) + " then 42</a>"
+    prompt_text = tok.text(traj.token_ids[:prompt_len])
+    # after the prompt the decoded trajectory is the template's rendering exactly; the prompt is the
+    # tokenizer's own encoding of it (with the Prepend normalizer: a space after <s>, as HF encodes it)
+    assert tok.span_text(traj.token_ids, prompt_len, len(traj)) == \
+        rendered[len(render(tok, conversation[:1], True)):]
+    if metaspace:
+        assert tok.text(traj.token_ids) == rendered
+    else:
+        assert prompt_text == "<s> [USER] Q7: [/USER]"
+    assert [m for m in traj.action_mask[prompt_len:]] == [1] * len(a1) + [0] * len(obs) + [1] * len(a2)
+
+
+def test_a_template_that_cannot_be_split_is_named_at_the_probe_and_in_the_loop():
+    tok = shipped_with(LAST_ASSISTANT_THINKS)
+    with pytest.raises(TemplateSplitError, match=r"cannot add an observation as a turn: rendered with an "
+                                                 r"assistant's message, the conversation does not start with"
+                                                 r".*they part at character \d+: .*<think>"
+                                                 r".* set env\.observation_format=text"):
+        check_chat_turns(tok, "tool")
+    with pytest.raises(EpisodeError, match=r"env 'toy' task 't-7': env\.observation_format=chat: the chat "
+                                           r"template cannot add an observation"):
+        play(FakeEngine([enc(tok, "a</a>"), enc(tok, "b")]), chat_env(done_after=2), tok)
+    # an assistant's turn closed differently when a tool message follows: longer ≠ shorter + more
+    call = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.role == 'assistant' and "
+            "not loop.last and messages[loop.index0 + 1].role == 'tool' %}<|call|>{% else %}{{ eos_token }}"
+            "{% endif %}\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(TemplateSplitError, match=r"rendered with a 'tool' message and the generation prompt, "
+                                                 r"the conversation does not start with its rendering up to "
+                                                 r"the assistant's message \(they part .*<\|call\|>"):
+        check_chat_turns(shipped_with(call), "tool")
+    check_chat_turns(shipped_with(call), "user")  # a user message follows as any other turn
+
+
+def test_a_template_that_trims_messages_keeps_the_models_own_text():
+    trims = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}{{ eos_token }}\n"
+             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = shipped_with(trims)
+    check_chat_turns(tok, "tool")
+    a1 = enc(tok, "go</a>\n")  # a trailing newline the template would trim
+    traj = play(FakeEngine([a1, enc(tok, "done")]), chat_env(done_after=2), tok)
+    assert tok.text(traj.token_ids) == (
+        "<|im_start|>user\nQ7:<|endoftext|>\n<|im_start|>assistant\ngo</a>\n<|endoftext|>\n<|im_start|>tool\n"
+        "<obs 1><|endoftext|>\n<|im_start|>assistant\ndone")  # the observation as the template renders it
+
+
+def test_a_template_that_raises_on_the_role():
+    no_tool = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role') }}"
+               "{% endif %}{{ m.content }}{% endfor %}")
+    with pytest.raises(TemplateSplitError, match=r"failed on a conversation of roles \['user', 'assistant', "
+                                                 r"'tool'\]: .*no tool role.* env\.observation_role=user"):
+        check_chat_turns(shipped_with(no_tool), "tool")
+    check_chat_turns(shipped_with(no_tool), "user")  # that template takes the user role
+
+
+def test_chat_needs_a_chat_template():
+    with pytest.raises(TemplateSplitError, match=r"the run's tokenizer \(the shipped one\) has none"):
+        check_chat_turns(RunTokenizer(load_tokenizer()), "tool")
+    with pytest.raises(EpisodeError, match=r"has none"):
+        play(FakeEngine([[1]]), chat_env(), RunTokenizer(load_tokenizer()))
+
+
+def test_text_observations_are_unchanged_by_default():
+    tok = shipped_with(QWEN_TOOLS)
+    a1 = enc(tok, "go</a>")
+    traj = play(FakeEngine([a1, enc(tok, "done")]), ToyEnv(done_after=2), tok)
+    assert tok.text(traj.token_ids).endswith("<|im_start|>assistant\ngo</a><obs 1>\ndone")
