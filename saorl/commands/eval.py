@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.models.codec import check_vocab, run_tokenizer
     from saorl.runtime.recorder import CountProgress
     from saorl.stages.evaluate import evaluate_config
-    from saorl.stages.preflight import check_device, check_env
+    from saorl.stages.preflight import check_device, check_env, check_observations
 
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
@@ -175,13 +175,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         target = resolve_target(args.target, args.overrides)
-        check_env(target.cfg)
+        factory = check_env(target.cfg)
         check_device(target.cfg.model.device)
         try:
             policy, tokenizer = target.load(), run_tokenizer(target.cfg.model)
             check_vocab(tokenizer, policy)
         except ValueError as e:  # a tokenizer that is not the policy's
             raise TargetError(str(e)) from e
+        check_observations(target.cfg, factory, tokenizer)
         if args.temperature is None:
             args.temperature = target.cfg.run.eval_temperature
         with CountProgress(f"eval {args.split}", enabled=target.cfg.run.progress) as count:

@@ -5,15 +5,13 @@ it, so a typo in ``env.options`` costs a fraction of a second in either)."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 
 from saorl.config import SaorlConfig
-from saorl.envs.base import Env
-from saorl.envs.registry import EnvResolveError, make_env_factory, resolve_env
+from saorl.envs.registry import EnvFactory, EnvResolveError, env_factory_for, resolve_env
 from saorl.errors import StartupError
 
 
-def check_env(cfg: SaorlConfig) -> Callable[[], Env]:
+def check_env(cfg: SaorlConfig) -> EnvFactory:
     """The env factory of ``cfg``, or :class:`StartupError` (module or class missing, bad options)."""
     env = cfg.env
     try:
@@ -23,7 +21,10 @@ def check_env(cfg: SaorlConfig) -> Callable[[], Env]:
                            "module importable from here (installed, or on PYTHONPATH); built-ins are listed "
                            "by saorl envs list") from None
     try:
-        return make_env_factory(env.type, env.options)
+        return env_factory_for(env, deadline=False)
+    except EnvResolveError as e:  # the class's observation format
+        raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
+                           "attribute") from None
     except (ValueError, TypeError) as e:
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
 

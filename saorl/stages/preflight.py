@@ -11,7 +11,10 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
    ``*.safetensors``) or a Hub id (found in the local cache, or downloaded now when the Hub can be
    reached: :mod:`saorl.models.hub`), ``model.tokenizer`` and ``model.critic`` (when the algorithm
    trains a critic) are directories of the right kind;
-3. the device: ``model.device`` exists on this machine;
+3. the device: ``model.device`` exists on this machine; with ``chat`` observations
+   (``env.observation_format``, or the env's own), the run's tokenizer has a chat template that a
+   probe episode of two observations splits into turns (:func:`saorl.models.chat_turns.check_chat_turns`),
+   so a template that cannot be split stops the start, not the first multi-turn rollout;
 4. the tasks: the task files or ``env.dataset`` parse (a bad line is named by file and line), and
    the env accepts their tasks: **every task read from a file** (train and test split) is passed
    to a fresh env's ``reset`` once, in file order, and the first one the env rejects is named by
@@ -45,8 +48,9 @@ from saorl.config import ModelConfig, SaorlConfig
 from saorl.data.task import Task
 from saorl.data.tasks import TaskFileError, env_sources, load_split, source_name
 from saorl.envs.base import Env, Progress, Prompt
+from saorl.envs.registry import EnvFactory
 from saorl.errors import StartupError
-from saorl.models.codec import run_tokenizer
+from saorl.models.codec import RunTokenizer, run_tokenizer
 from saorl.runtime.trackers import TrackerUnavailable, check_trackers
 from saorl.stages.env_check import check_env
 
@@ -67,6 +71,7 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
     factory = check_env(cfg)
     check_models(cfg.model, use_critic=cfg.algo.resolve().use_critic, log=log)
     check_device(cfg.model.device)
+    check_observations(cfg, factory)
     check_tasks(cfg, factory)
     if cfg.sft.enabled if demonstrations is None else demonstrations:
         check_demonstrations(cfg, factory)
@@ -194,6 +199,20 @@ def check_device(device: str) -> None:
     elif kind == "mps" and not torch.backends.mps.is_available():
         raise StartupError(f"model.device={device}: the Apple MPS backend is not available here; "
                            "set model.device=cpu")
+
+
+def check_observations(cfg: SaorlConfig, factory: EnvFactory, tokenizer: RunTokenizer | None = None) -> None:
+    """With ``chat`` observations, the chat template of the run's tokenizer (``tokenizer``, else
+    loaded from ``cfg.model``) splits into turns on a probe episode (see the module docstring)."""
+    fmt, role = factory.observation
+    if fmt != "chat":
+        return
+    from saorl.models.chat_turns import TemplateSplitError, check_chat_turns
+
+    try:
+        check_chat_turns(tokenizer or run_tokenizer(cfg.model), role)
+    except TemplateSplitError as e:
+        raise StartupError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------------------- tasks

@@ -280,3 +280,53 @@ def test_a_vllm_server_in_another_dtype_is_refused_unless_a_tolerance_is_given()
     assert "--dtype float32" in incompatibility(info, moe=False, processed=True, dtype="float32")
     assert incompatibility(info, moe=False, processed=True, dtype="bfloat16") is None
     assert incompatibility(info, moe=False, processed=True, dtype=None) is None  # rollout.verify_tol set
+
+
+CHATML_TOOLS = ("{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
+                "{{ m.content }}\n</tool_response>{{ eos_token }}\n{% else %}<|im_start|>{{ m.role }}\n"
+                "{{ m.content }}{{ eos_token }}\n{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _tokenizer_dir(path, template):
+    hf = load_tokenizer()
+    hf.chat_template = template
+    hf.save_pretrained(str(path))
+    return path
+
+
+def test_chat_observations_need_a_template_that_splits_into_turns(tmp_path, env_module):
+    """env.observation_format=chat is checked at start-up (a probe episode), in one paragraph: no
+    chat template, a template that cannot be split, and an env class whose own format is unknown."""
+    chat = ["env.observation_format=chat", "sft.enabled=false"]
+    with pytest.raises(StartupError) as info:
+        check_run(load_config(None, chat))  # the tiny kinds' shipped tokenizer has no template
+    msg = _one_paragraph(info)
+    assert msg.startswith("env.observation_format=chat renders observations through the chat template, and "
+                          "the run's tokenizer (the shipped one) has none.")
+    assert "env.observation_format=text" in msg
+    good = _tokenizer_dir(tmp_path / "good", CHATML_TOOLS)
+    check_run(load_config(None, [*chat, f"model.tokenizer={good}"]))
+    thinks = _tokenizer_dir(tmp_path / "thinks", CHATML_TOOLS.replace(
+        "{% else %}<|im_start|>{{ m.role }}\n", "{% else %}<|im_start|>{{ m.role }}\n{% if loop.last and "
+        "m.role == 'assistant' %}<think>\n\n</think>\n\n{% endif %}"))
+    with pytest.raises(StartupError) as info:
+        check_run(load_config(None, [*chat, f"model.tokenizer={thinks}"]))
+    msg = _one_paragraph(info)
+    assert "the chat template cannot add an observation as a turn" in msg and "<think>" in msg
+    assert "set env.observation_format=text" in msg
+    check_run(load_config(None, [f"model.tokenizer={thinks}", "sft.enabled=false"]))  # text: no template use
+    env_module.Counting.observation_format = "xml"
+    try:
+        with pytest.raises(StartupError) as info:
+            check_run(load_config(None, ["env.type=preflight_envs:Counting", "sft.enabled=false"]))
+        msg = _one_paragraph(info)
+        assert "observation_format must be one of ['text', 'chat'], got 'xml'" in msg
+        assert "Counting.observation_format" in msg
+        env_module.Counting.observation_format = "chat"  # an env whose own default is chat
+        with pytest.raises(StartupError, match="has none"):
+            check_run(load_config(None, ["env.type=preflight_envs:Counting", "sft.enabled=false"]))
+        check_run(load_config(None, ["env.type=preflight_envs:Counting", "sft.enabled=false",
+                                     "env.observation_format=text"]))  # the run's setting wins
+    finally:
+        del env_module.Counting.observation_format
