@@ -59,30 +59,39 @@ def _header(traj: Trajectory, turns: int) -> str:
     return " | ".join(bits)
 
 
-def render_trajectory(traj: Trajectory, tokenizer: Any, *, color: bool) -> str:
-    """One episode as text: a header line, the prompt, then per turn action, reward, observation."""
-
+def trajectory_parts(traj: Trajectory, tokenizer: Any) -> list[tuple[str, str, str]]:
+    """The episode's parts in order, as ``(kind, label, text)``: kind ``prompt``, ``act``, ``obs``
+    (each observation as the trajectory holds it: with ``chat`` observations, the closing of the
+    assistant's turn, the message and the next assistant header) or ``reward`` (text empty)."""
     codec = as_run_tokenizer(tokenizer)
 
     def dec(a: int, b: int) -> str:
         return codec.span_text(traj.token_ids, a, b)
 
     spans = _action_spans(traj)
-    head = _header(traj, len(spans))
-    parts = [f"{_ANSI['header']}{head}{_RESET}" if color else f"== {head} =="]
-    parts.append(_part("prompt", "prompt", dec(0, traj.prompt_len), color))
+    parts = [("prompt", "prompt", dec(0, traj.prompt_len))]
     pos = traj.prompt_len
     for k, (a, b) in enumerate(spans, 1):
         if a > pos:  # context between turns: the previous turn's observation
-            parts.append(_part("obs", f"obs {k - 1}", dec(pos, a), color))
-        parts.append(_part("act", f"act {k}", dec(a, b), color))
-        reward = sum(traj.rewards[a:b])
-        label = f"reward {k}: {reward:g}"
-        parts.append(f"{_ANSI['reward']}[{label}]{_RESET}" if color else f"[{label}]")
+            parts.append(("obs", f"obs {k - 1}", dec(pos, a)))
+        parts.append(("act", f"act {k}", dec(a, b)))
+        parts.append(("reward", f"reward {k}: {sum(traj.rewards[a:b]):g}", ""))
         pos = b
     if pos < len(traj.token_ids):
-        parts.append(_part("obs", f"obs {len(spans)}", dec(pos, len(traj.token_ids)), color))
+        parts.append(("obs", f"obs {len(spans)}", dec(pos, len(traj.token_ids))))
     final = traj.episode.final_observation
     if final:
-        parts.append(_part("obs", f"obs {len(spans)} (final, not in tokens)", final, color))
-    return "\n".join(parts) + "\n"
+        parts.append(("obs", f"obs {len(spans)} (final, not in tokens)", final))
+    return parts
+
+
+def render_trajectory(traj: Trajectory, tokenizer: Any, *, color: bool) -> str:
+    """One episode as text: a header line, the prompt, then per turn action, reward, observation."""
+    head = _header(traj, len(_action_spans(traj)))
+    out = [f"{_ANSI['header']}{head}{_RESET}" if color else f"== {head} =="]
+    for kind, label, text in trajectory_parts(traj, tokenizer):
+        if kind == "reward":
+            out.append(f"{_ANSI['reward']}[{label}]{_RESET}" if color else f"[{label}]")
+        else:
+            out.append(_part(kind, label, text, color))
+    return "\n".join(out) + "\n"

@@ -2,10 +2,16 @@
 
     saorl envs list
     saorl envs sample math_tool --n 3 --split test --seed 0 --option family=countdown
+    saorl envs sample math_tool --n 1 --observation-format chat --tokenizer DIR
 
 ``sample`` prints each task's prompt and a demonstration episode played through the env (the
-env computes the observations and the reward), with token counts from the shipped tokenizer.
-Actions and observations are coloured on a terminal and marked ``ACT |`` / ``OBS |`` otherwise.
+env computes the observations and the reward), with token counts from the shipped tokenizer (or
+``--tokenizer``). With ``chat`` observations (``--observation-format chat``, or the env's own
+default) the demonstration is played through the agent loop with that tokenizer's chat template
+instead, and each part is printed as the model sees it: the prompt as the template renders it,
+and each observation as the closing of the assistant's turn, the observation's message and the
+next assistant header. Actions and observations are coloured on a terminal and marked
+``ACT |`` / ``OBS |`` otherwise.
 """
 
 from __future__ import annotations
@@ -39,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks-file", default=None, help="read tasks from a JSONL file instead")
     p.add_argument("--progress-step", type=int, default=0,
                    help="trainer step passed to reset (matters for style_shift)")
+    p.add_argument("--observation-format", choices=("text", "chat"), default=None,
+                   help="how observations join the trajectory (env.observation_format; default: the env's)")
+    p.add_argument("--observation-role", choices=("tool", "user"), default=None,
+                   help="the role of an observation's message with chat (default: the env's, tool)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="tokenizer directory or Hub id for the token counts and the chat template "
+                        "(default: the shipped tokenizer, which has no chat template)")
     p.add_argument("--no-color", action="store_true", help="plain markers even on a terminal")
 
 
@@ -103,17 +116,27 @@ def _run_list() -> int:
 
 
 def _run_sample(args: argparse.Namespace) -> int:
-    from saorl.models.tokenizer import load_tokenizer
+    from saorl.models.codec import TokenizerSpec
 
-    factory = make_env_factory(args.env, parse_options(args.option))
+    factory = make_env_factory(args.env, parse_options(args.option),
+                               observation_format=args.observation_format,
+                               observation_role=args.observation_role)
     tasks = load_tasks(factory(), args.split, args.n, args.seed, args.tasks_file)
-    tokenizer = load_tokenizer()
+    tokenizer = TokenizerSpec(args.tokenizer).load()
     out = _Printer(color=sys.stdout.isatty() and not args.no_color)
     rng = random.Random(args.seed)
     progress = Progress(trainer_step=args.progress_step, episode=args.progress_step)
+    fmt, role = factory.observation
+    if fmt == "chat":
+        from saorl.models.chat_turns import check_chat_turns
+
+        check_chat_turns(tokenizer, role)
     for task in tasks:
         env = factory()
         out.plain(f"=== {task.id} ({args.split}) ===")
+        if fmt == "chat":
+            _sample_chat(env, task, tokenizer, rng, out)
+            continue
         try:
             ep = play_demonstration(env, task, rng, progress)
         except NotImplementedError as e:
@@ -136,6 +159,30 @@ def _run_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample_chat(env, task, tokenizer, rng: random.Random, out: _Printer) -> None:
+    """A demonstration through the agent loop, each part printed as the model sees it."""
+    import asyncio
+
+    from saorl.agent.loop import EpisodeError
+    from saorl.agent.render import trajectory_parts
+    from saorl.agent.scripted import demonstration_trajectory
+
+    try:
+        traj = asyncio.run(demonstration_trajectory(env, task, tokenizer, rng))
+    except NotImplementedError as e:
+        out.line("INFO", f"no demonstration: {e}")
+        return
+    except EpisodeError as e:
+        raise ValueError(str(e)) from None
+    kinds = {"prompt": "PROMPT", "act": "ACT", "obs": "OBS", "reward": "INFO"}
+    for kind, label, text in trajectory_parts(traj, tokenizer):
+        out.line(kinds[kind], label if kind == "reward" else text)
+    n_act = sum(traj.action_mask)
+    out.line("INFO", f"success {traj.episode.success}  tokens: prompt {traj.prompt_len}, actions {n_act}, "
+                     f"observations {len(traj) - traj.prompt_len - n_act}, total {len(traj)} "
+                     "(observations as chat turns)")
+
+
 def run(args: argparse.Namespace) -> int:
     command = getattr(args, "envs_command", None)
     if command == "list":
@@ -143,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     if command == "sample":
         try:
             return _run_sample(args)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OSError) as e:
             print(f"saorl envs sample: {e}", file=sys.stderr)
             return 2
     print("usage: saorl envs {list,sample} ...  (see saorl envs --help)", file=sys.stderr)

@@ -45,3 +45,22 @@ def test_sample_shows_a_conversation_and_the_rewards_of_a_jsonl_without_ids(tmp_
     out = capsys.readouterr().out
     assert "PROMPT| system: Answer with a number.\n" in out and "user: 2+3?" in out
     assert "reward 1  success True" in out
+
+
+def test_sample_shows_observations_as_chat_turns(tmp_path, capsys):
+    from saorl.models.tokenizer import load_tokenizer
+
+    hf = load_tokenizer()
+    hf.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{{ eos_token }}\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    hf.save_pretrained(str(tmp_path))
+    args = ["envs", "sample", "math_tool", "--n", "1", "--no-color", "--observation-format", "chat",
+            "--observation-role", "user", "--tokenizer", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "PROMPT| <|im_start|>user\n" in out and "OBS   | <|endoftext|>\nOBS   | <|im_start|>user\n" in out
+    assert "OBS   | <|im_start|>assistant\nACT   | <answer>" in out and "(observations as chat turns)" in out
+    assert main(args[:-2]) == 2  # the shipped tokenizer has no chat template
+    err = capsys.readouterr().err
+    assert err.startswith("saorl envs sample: env.observation_format=chat renders observations through the "
+                          "chat template, and the run's tokenizer (the shipped one) has none.")
