@@ -200,3 +200,21 @@ def test_text_observations_are_unchanged_by_default():
     a1 = enc(tok, "go</a>")
     traj = play(FakeEngine([a1, enc(tok, "done")]), ToyEnv(done_after=2), tok)
     assert tok.text(traj.token_ids).endswith("<|im_start|>assistant\ngo</a><obs 1>\ndone")
+
+
+def test_the_runs_setting_reaches_the_rollout_workers(tmp_path):
+    from saorl.config import load_config
+    from saorl.models.codec import run_tokenizer
+    from saorl.runtime.parts import worker_spec
+    from saorl.runtime.worker import build_worker
+
+    for over, want in (([], ("text", "tool")), (["env.observation_format=chat", "env.observation_role=user"],
+                                                ("chat", "user"))):
+        cfg = load_config(None, over)
+        stack = build_worker(worker_spec(cfg, tmp_path, cfg.model.policy, run_tokenizer(cfg.model)))
+        try:
+            env = stack.env_factory()
+            assert (env.observation_format, env.observation_role) == want
+        finally:
+            stack.engine.close()
+            stack.env_factory.close()
