@@ -134,6 +134,18 @@ def test_envs_md_samples_match_the_command(env, capsys):
     assert capsys.readouterr().out.strip() == block[len(command):].strip()
 
 
+def test_envs_md_chat_turns_sample_matches_the_command(tmp_path, capsys):
+    """The worked chat-turns example: its tokenizer snippet, run, then the command it quotes."""
+    text = (DOCS / "envs.md").read_text(encoding="utf-8")
+    snippet = next(b for b in _blocks(text, "python") if b.startswith("# a tokenizer with a tool-role"))
+    exec(compile(snippet.replace('"DIR"', repr(str(tmp_path))), "docs/envs.md", "exec"), {})
+    command = "$ saorl envs sample math_tool --n 1 --observation-format chat --tokenizer DIR --no-color\n"
+    block = next(b for b in _blocks(text, "text") if b.startswith(command))
+    args = command[2:].split()[1:]
+    assert main([a if a != "DIR" else str(tmp_path) for a in args]) == 0
+    assert capsys.readouterr().out.strip() == block[len(command):].strip()
+
+
 def test_readme_lists_exactly_the_cli_commands_and_links_resolve():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]

@@ -26,7 +26,9 @@ and for SentencePiece-style ones (Llama 2, Mistral: a ``▁`` dummy prefix, spac
 
 So ``decode(traj.token_ids)`` is the decoded prompt followed by every action's text and every
 observation, exactly. Observations continue the assistant's message as plain text (tool output
-inline, the format of the built-in multi-turn envs); they are not wrapped as chat turns.
+inline, the format of the built-in multi-turn envs) unless the env's observation format is
+``chat``: then :mod:`saorl.models.chat_turns` wraps each as a chat turn of its own, through the
+template, with the same continuation encoding.
 
 :class:`RunTokenizer` is the HF tokenizer plus the run's prompt format: every other attribute is
 the HF tokenizer's (``decode``, ``eos_token_id``, ``save_pretrained``, ...), so engines, the

@@ -259,3 +259,12 @@ def test_a_hosted_env_hands_the_sampled_ids_to_a_trl_style_reward_and_weights_ap
         env = factory()
         env.reset(TASK)
         assert env.step("4").reward == -1.0  # played as text: no ids
+
+
+def test_a_hosted_env_carries_the_runs_observation_format():
+    factory = make_env_factory("prompt_reward", {"reward_fn": "saorl.envs.rewards:number_answer"},
+                               call_timeout_s=30.0, observation_format="chat", observation_role="user")
+    with factory:
+        env = factory()  # built without starting a child: only reset and step go there
+        assert isinstance(env, HostedEnv)
+        assert (env.observation_format, env.observation_role) == ("chat", "user")
