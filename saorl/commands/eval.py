@@ -178,11 +178,15 @@ def run(args: argparse.Namespace) -> int:
         factory = check_env(target.cfg)
         check_device(target.cfg.model.device)
         try:
-            policy, tokenizer = target.load(), run_tokenizer(target.cfg.model)
-            check_vocab(tokenizer, policy)
+            tokenizer = run_tokenizer(target.cfg.model)
         except ValueError as e:  # a tokenizer that is not the policy's
             raise TargetError(str(e)) from e
-        check_observations(target.cfg, factory, tokenizer)
+        check_observations(target.cfg, factory, tokenizer)  # before the policy loads
+        try:
+            policy = target.load()
+            check_vocab(tokenizer, policy)
+        except ValueError as e:
+            raise TargetError(str(e)) from e
         if args.temperature is None:
             args.temperature = target.cfg.run.eval_temperature
         with CountProgress(f"eval {args.split}", enabled=target.cfg.run.progress) as count:

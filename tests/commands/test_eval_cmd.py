@@ -169,3 +169,11 @@ def test_a_reward_function_that_raises_is_a_run_failure_in_eval_and_train(tmp_pa
     assert main(["train", *common, "run.eval_tasks=2", "--run-dir", str(tmp_path / "run")]) == 3
     err = capsys.readouterr().err
     assert "bad_rewards:broken" in err and "bug in saorl" not in err
+
+
+def test_eval_checks_chat_observations_before_it_plays(policy_dir, capsys):
+    """The policy directory's tokenizer (the shipped one) has no chat template: one paragraph, exit 2."""
+    assert main(["eval", str(policy_dir), *FAST, "--tasks", "2", "env.observation_format=chat"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("saorl eval: env.observation_format=chat renders observations through the chat "
+                          "template, and the run's tokenizer") and "has none" in err
