@@ -67,6 +67,11 @@ def test_sft_seed_decouples_the_warm_start_from_the_run_seed():
     assert sft_key(fixed0) == sft_key(fixed1) == sft_key(run0)  # sft.seed=0 is the seed-0 warm start
     assert sft_key(load_config(None, ["seed=1", "sft.seed=1"])) == sft_key(run1)
     assert sft_key(load_config(None, ["seed=0", "sft.seed=0", "sft.steps=7"])) != sft_key(fixed0)
+    # demonstrations played with observations as chat turns are other trajectories: another key
+    chat = sft_key(load_config(None, ["seed=0", "env.observation_format=chat"]))
+    assert chat != sft_key(run0)
+    user = load_config(None, ["seed=0", "env.observation_format=chat", "env.observation_role=user"])
+    assert sft_key(user) != chat
 
 
 def test_an_env_version_bump_rebuilds_the_cached_warm_start(monkeypatch):

@@ -112,8 +112,9 @@ def test_initial_critic_is_cached_by_key(tmp_path, monkeypatch):
     assert other != first and len(calls) == 2
     keys = {vp.value_pretrain_key(cfg, "tiny-dense"), vp.value_pretrain_key(cfg, "tiny-moe"),
             vp.value_pretrain_key(_cfg(tmp_path, "algo.gamma=0.9"), "tiny-dense"),
-            vp.value_pretrain_key(_cfg(tmp_path, "rollout.temperature=0.5"), "tiny-dense")}
-    assert len(keys) == 4
+            vp.value_pretrain_key(_cfg(tmp_path, "rollout.temperature=0.5"), "tiny-dense"),
+            vp.value_pretrain_key(_cfg(tmp_path, "env.observation_format=chat"), "tiny-dense")}
+    assert len(keys) == 5
     # settings that do not change the critic share the cache
     assert vp.value_pretrain_key(_cfg(tmp_path, "env.num_test_tasks=7", "value_pretrain.enabled=true"),
                                  "tiny-dense") == vp.value_pretrain_key(cfg, "tiny-dense")
