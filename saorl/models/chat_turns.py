@@ -20,7 +20,9 @@ and appends the ids of the template's closing of the assistant's turn followed b
 (``<|im_end|>\\n``) is what the template writes after an assistant's message: told apart once per
 episode by rendering the prompt with a probe message (:data:`PROBE_ACTION`), so that the model's
 own text is never held against the template (a template that trims a message's spaces still
-works; the trajectory keeps the spaces the model sampled). Earlier ids are never re-tokenized: the
+works; the trajectory keeps the spaces the model sampled). Spaces a template puts between the
+generation prompt and the message (Mistral's ``[/INST] ``) are the model's to sample; an action
+that starts with them enters the history without them. Earlier ids are never re-tokenized: the
 new text is encoded as a continuation of the context
 (:meth:`~saorl.models.codec.RunTokenizer.continuation_ids`), exact for byte-level BPE and for
 SentencePiece tokenizers, whose dummy prefix would otherwise put a space before it.
@@ -92,14 +94,20 @@ class ChatTurns:
         """The template's text of the conversation so far, as the model was last prompted with it."""
         probe = self._render([*self.messages, {"role": "assistant", "content": PROBE_ACTION}],
                              generation_prompt=False)
-        if not probe.startswith(self.prompt_rendered + PROBE_ACTION):
+        at = probe.find(PROBE_ACTION, len(self.prompt_rendered))
+        lead = probe[len(self.prompt_rendered):at] if at >= 0 else None
+        if not probe.startswith(self.prompt_rendered) or lead is None or lead.strip():
             raise TemplateSplitError(
                 "env.observation_format=chat: the chat template cannot add an observation as a turn: "
                 "rendered with an assistant's message, the conversation does not start with its rendering "
-                "with the generation prompt followed by that message "
+                "with the generation prompt followed by that message (spaces between them aside) "
                 f"({_parting(self.prompt_rendered + PROBE_ACTION, probe)}), so the closing of the "
                 f"assistant's turn cannot be told apart. {_FIX}")
-        self.closing = probe[len(self.prompt_rendered) + len(PROBE_ACTION):]
+        self.lead = lead
+        """Spaces the template puts between the generation prompt and an assistant's message (``" "``
+        after Mistral's ``[/INST]``): the model samples them itself (SentencePiece's ``▁``), so an
+        action that starts with them is its message without them."""
+        self.closing = probe[at + len(PROBE_ACTION):]
         """What the template writes after an assistant's message (``<|im_end|>\\n``)."""
         self.exact = True
         """False once an action ended on an eos that the template's closing does not contain: that
@@ -122,7 +130,8 @@ class ChatTurns:
         """The ids to append after ``ids`` (the trajectory so far, ending with the action whose
         text, minus a sampled eos, is ``action``): the closing of the assistant's turn, the
         observation's message and the next assistant header (see the module docstring)."""
-        history = [*self.messages, {"role": "assistant", "content": action}]
+        content = action[len(self.lead):] if action.startswith(self.lead) else action
+        history = [*self.messages, {"role": "assistant", "content": content}]
         longer_messages = [*history, {"role": self.role, "content": observation}]
         shorter = self._render(history, generation_prompt=False)
         longer = self._render(longer_messages, generation_prompt=True)
@@ -157,6 +166,7 @@ def check_chat_turns(codec: RunTokenizer, role: str) -> None:
     start = len(ids)
     eos = codec.eos_token_id
     for k, (action, observation) in enumerate(PROBE_TURNS):
+        action = turns.lead + action  # as a model trained on the template samples it
         ids += codec.continuation_ids(ids, action)
         if k == 0 and eos is not None:
             ids.append(eos)

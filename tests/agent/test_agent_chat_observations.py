@@ -146,6 +146,26 @@ def test_sentencepiece_turns_are_exact(metaspace):
     assert [m for m in traj.action_mask[prompt_len:]] == [1] * len(a1) + [0] * len(obs) + [1] * len(a2)
 
 
+def test_the_space_a_template_puts_before_the_assistants_message_is_the_models_own():
+    """Mistral-style: ``[/INST]`` then a space then the message; a SentencePiece model samples that
+    space itself (``▁hello``), so the history holds the message without it."""
+    hf = sp_tokenizer(metaspace=True)
+    hf.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}{{ ' ' + m.content }}"
+        "{{ eos_token }}{% else %}[INST] {{ m.content }}[/INST]{% endif %}{% endfor %}")
+    tok = RunTokenizer(hf)
+    check_chat_turns(tok, "user")
+    a1 = [*enc(tok, "hello world</a>"), tok.eos_token_id]
+    a2 = enc(tok, "then 42")
+    env = chat_env("user", done_after=2)
+    traj = play(FakeEngine([a1, a2]), env, tok)
+    assert env.actions == [" hello world</a>", " then 42"]
+    conversation = [{"role": "user", "content": "Q7:"}, {"role": "assistant", "content": "hello world</a>"},
+                    {"role": "user", "content": "<obs 1>\n"}]
+    assert tok.text(traj.token_ids) == render(tok, conversation, True) + " then 42" == \
+        "<s>[INST] Q7:[/INST] hello world</a></s>[INST] <obs 1>\n[/INST] then 42"
+
+
 def test_a_template_that_cannot_be_split_is_named_at_the_probe_and_in_the_loop():
     tok = shipped_with(LAST_ASSISTANT_THINKS)
     with pytest.raises(TemplateSplitError, match=r"cannot add an observation as a turn: rendered with an "
