@@ -97,6 +97,15 @@ def test_three_turns_with_tool_messages_through_the_shipped_tokenizer():
     assert traj.episode.final_observation == "<obs 3>\n"  # the last one is not tokenized
 
 
+def test_an_eos_that_the_closing_does_not_contain_stays_and_the_whole_closing_follows():
+    tok = shipped_with(QWEN_TOOLS.replace("{{ eos_token }}", "<|im_end|>"))  # eos is <|endoftext|>
+    a1 = [*enc(tok, "go</a>"), tok.eos_token_id]
+    traj = play(FakeEngine([a1, enc(tok, "done")]), chat_env(done_after=2), tok)
+    assert tok.text(traj.token_ids).endswith(
+        "assistant\ngo</a><|endoftext|><|im_end|>\n<|im_start|>user\n<tool_response>\n<obs 1>\n\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\ndone")
+
+
 def test_a_user_role_and_a_conversation_prompt():
     tok = shipped_with(QWEN_TOOLS)
     eos = tok.eos_token_id
