@@ -97,3 +97,48 @@ def test_episodes_with_local_engine_are_token_exact(tok):
         torch.testing.assert_close(teacher, recorded, atol=2e-3, rtol=0)
         head = render_trajectory(traj, tok, color=False).splitlines()[0]
         assert head.startswith(f"== task {traj.task_id} | env echo_count")
+
+
+class ChatEchoCountEnv(EchoCountEnv):
+    """EchoCountEnv whose own default is observations as chat turns."""
+
+    observation_format = "chat"
+
+
+@pytest.mark.slow  # ~3 s on a shared 2-core machine
+@pytest.mark.timeout(120)
+def test_chat_observations_with_local_engine_are_token_exact():
+    from saorl.models.codec import RunTokenizer
+    from saorl.models.tokenizer import load_tokenizer
+
+    hf = load_tokenizer()
+    hf.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{{ eos_token }}\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = RunTokenizer(hf)
+    model = build_tiny("tiny-dense", seed=0)
+    engine = local.LocalEngine(model, tok, max_batch_size=4, version=3)
+    try:
+        tasks = ChatEchoCountEnv().generate_tasks("test", 4, 0)
+        sp = SamplingParams(temperature=1.0, max_new_tokens=8, seed=1)
+        trajs = asyncio.run(run_episodes(engine, ChatEchoCountEnv, tasks, tok, concurrency=4, sampling=sp,
+                                         max_total_tokens=160))
+    finally:
+        engine.close()
+    assert any(t.episode.turns == 2 for t in trajs)
+    for traj in trajs:
+        traj.validate()
+        (a1, b1), *rest = traj.episode.turn_spans
+        if rest:  # the context between the turns: closing, the tool message, the next header
+            eos = traj.token_ids[b1 - 1] == tok.eos_token_id
+            action = tok.span_text(traj.token_ids, a1, b1 - eos)
+            closing = "\n" if eos else "<|endoftext|>\n"  # a sampled eos is the closing's own
+            assert tok.span_text(traj.token_ids, b1, rest[0][0]) == (
+                f"{closing}<|im_start|>tool\n\n[{len(action)} chars]\n<|endoftext|>\n<|im_start|>assistant\n")
+            assert set(traj.action_mask[b1:rest[0][0]]) == {0}
+        with torch.no_grad():
+            logits = model(torch.tensor([traj.token_ids])).logits[0].float()
+        lp = torch.log_softmax(logits, -1)
+        at = [t for t, m in enumerate(traj.action_mask) if m]
+        teacher = lp[[t - 1 for t in at], [traj.token_ids[t] for t in at]]
+        torch.testing.assert_close(teacher, torch.tensor([traj.rollout_logprobs[t] for t in at]),
+                                   atol=2e-3, rtol=0)
