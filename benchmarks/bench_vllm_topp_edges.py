@@ -51,7 +51,9 @@ def main() -> None:
             prompt = list(tok.encode("The weight check compares the server with the trainer:"))
             engine = VllmEngine([server.url], model="policy")
             params = SamplingParams(max_new_tokens=32, temperature=t, top_p=p)
-            results = engine.generate([prompt] * args.requests, params)
+            results = []
+            for start in range(0, args.requests, 250):  # 250 in flight at a time
+                results += engine.generate([prompt] * min(250, args.requests - start), params)
             engine.close()
         finally:
             server.stop()

@@ -36,6 +36,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from saorl.experiments.stats import Interval, mean_interval, paired_interval
+from saorl.runtime.run_signals import COLLAPSE_MIN_STEPS, collapse_step  # noqa: F401 (re-exported)
 
 OUTCOMES = (("final acc", "final_acc"), ("best acc", "best_acc"), ("final reward", "final_reward"))
 
@@ -118,26 +119,6 @@ def zero_frac(metrics: list[dict], key: str = "policy/grad_norm") -> float | Non
     """The share of steps whose ``key`` is exactly 0 (no gradient: every advantage was 0)."""
     vals = _finite(metrics, key)
     return sum(v == 0 for v in vals) / len(vals) if vals else None
-
-
-COLLAPSE_MIN_STEPS = 20
-"""The shortest zero-reward tail counted as a collapse (a healthy run at 40% success has a 4-rollout
-batch with no success at about 1 step in 8: twenty in a row is not chance)."""
-
-
-def collapse_step(metrics: list[dict], key: str = "reward/mean") -> int | None:
-    """The first step of the run's final stretch of steps whose ``key`` is exactly 0, if that
-    stretch is at least :data:`COLLAPSE_MIN_STEPS` steps long, reaches the last step and follows
-    a rewarded step: the run ended collapsed (no rollout rewarded any more, so a group or critic
-    baseline has nothing to learn from: an absorbing state). None for a run that did not end so,
-    and for one never rewarded at all (a start that cannot solve the task did not collapse)."""
-    rows = [r for r in metrics if r.get("step", 0) > 0 and r.get(key) is not None]
-    start, n = None, 0
-    for r in reversed(rows):
-        if float(r[key]) != 0.0:
-            break
-        start, n = int(r["step"]), n + 1
-    return start if COLLAPSE_MIN_STEPS <= n < len(rows) else None
 
 
 def _collapsed(metrics: list[dict]) -> float | None:

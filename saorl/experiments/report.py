@@ -372,7 +372,30 @@ def comparison_sections(arms: Sequence[ArmData], reference: str | None, start_ar
             "run's largest policy gradient norm over the median of its non-zero ones; zero-grad steps: the "
             "share of steps with no gradient (all advantages 0); collapsed: the share of seeds whose run "
             "ended with its training reward 0 on every step of a final stretch of at least "
-            f"{COLLAPSE_MIN_STEPS} steps after a rewarded one; collapse step: where those began.", ""]
+            f"{COLLAPSE_MIN_STEPS} steps after a rewarded one; collapse step: where those began.", "",
+            *stability_section(trained, ref)]
+
+
+def stability_section(trained: Sequence[ArmData], ref: str) -> list[str]:
+    """The report's "Stability" section: :mod:`saorl.experiments.stability`'s signals of every run
+    over the first S steps, S = the fewest any run took (arms at equal trainer steps)."""
+    from saorl.experiments.stability import DRIFT_KL, WINDOW, stability_table, stability_values
+
+    steps = min((int(r.metrics[-1]["step"]) for a in trained for r in a.runs if r.metrics), default=0)
+    if steps <= 0:
+        return []
+    per_arm = {a.name: {r.seed: stability_values(r.metrics, r.evals, steps=steps, at=(steps,))
+                        for r in a.runs} for a in trained}
+    return [f"## Stability at equal trainer steps (the first {steps}, the fewest any run took)", "",
+            stability_table(per_arm, ref), "",
+            f"drift bursts: the share of steps with KL(rollout ‖ trainer) on the trained tokens "
+            f"(`mismatch/kl`) above {DRIFT_KL:g}; max {WINDOW}-step KL: its largest mean over {WINDOW} "
+            "consecutive steps; reward AUC: the mean training reward over the steps (the area under the "
+            f"curve per step); update rel: the mean ‖Δθ‖/‖θ‖ of the policy per step; acc@{steps}: test "
+            "accuracy at the last evaluation at or before that step. Each: mean over seeds [95% t-interval] "
+            f"and the paired difference from `{ref}` (`*`: the interval excludes 0). collapsed: runs that "
+            "ended collapsed, with the exact (Clopper–Pearson) 95% interval of the rate, and Fisher's exact "
+            f"test against `{ref}`: with a handful of seeds a count is no verdict.", ""]
 
 
 def write_report(out: Path, title: str, description: str, arms: Sequence[ArmData], wanted: Sequence[str], *,

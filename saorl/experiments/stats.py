@@ -69,7 +69,7 @@ def _betacf(a: float, b: float, x: float) -> float:
     return h
 
 
-def _betainc(a: float, b: float, x: float) -> float:
+def betainc(a: float, b: float, x: float) -> float:
     """The regularised incomplete beta function I_x(a, b)."""
     if x <= 0.0:
         return 0.0
@@ -84,7 +84,7 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 def t_cdf(t: float, df: float) -> float:
     """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
     return 1.0 - tail if t > 0 else tail
 
 

@@ -351,6 +351,7 @@ class Learner:
             metrics["advantage/baseline"] = float(self.baseline.value)
         if norm is not None:
             metrics["policy/grad_norm"] = norm
+            metrics["policy/update_rel"] = self.updater.moved  # ‖Δθ‖ / ‖θ‖ of this step
         metrics["policy/version"] = self.version
         metrics["train/nonfinite_skips"] = self.nonfinite_skips
         return StepResult(metrics, skipped=self.nonfinite_skips > skips, version=self.version)

@@ -68,6 +68,18 @@ def params_finite(params) -> bool:
     return bool(torch.stack([_local(p.detach()).sum() for p in params]).isfinite().all())
 
 
+def movement(params, saved: Snapshot) -> list[float]:
+    """``[Σ ‖θ − θ_saved‖², Σ ‖θ_saved‖²]`` over the (local) ``params``: the step's parameter
+    movement, summed over the ranks by the caller (``policy/update_rel`` is the root of their
+    ratio). One tensor at a time: no second copy of the model."""
+    moved = total = 0.0
+    with torch.no_grad():
+        for p, before in zip(params, saved.buffers):
+            moved += float(torch.linalg.vector_norm((_local(p.detach()) - before).float()) ** 2)
+            total += float(torch.linalg.vector_norm(before.float()) ** 2)
+    return [moved, total]
+
+
 def roll_back(params, optimizer: torch.optim.Optimizer, saved: Snapshot) -> None:
     """Undo the ``optimizer.step()`` taken after ``saved``: the state it created is dropped, the
     rest is copied back."""

@@ -21,6 +21,7 @@ sharded when it is given the sharded one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ import torch
 
 from saorl.data.packing import MicroBatch
 from saorl.data.trajectory import Trajectory
-from saorl.runtime.nonfinite import params_finite, roll_back, snapshot
+from saorl.runtime.nonfinite import movement, params_finite, roll_back, snapshot
 
 Tensor = torch.Tensor
 T = TypeVar("T")
@@ -40,6 +41,9 @@ class Updater:
 
     world = 1
     """Processes that share each minibatch."""
+    moved: float | None = None
+    """The last step's relative parameter movement ``‖θ_after − θ_before‖ / ‖θ_before‖`` (None
+    before a step was taken)."""
 
     def share(self, items: Sequence[T], lengths: Sequence[int] | None = None) -> list[T]:
         """This process's part of a minibatch every process holds (``lengths``: its items' tokens,
@@ -85,9 +89,17 @@ class Updater:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if params_finite(params):
+            self.moved = relative(self.sum(movement(params, saved)))
             return float(norm)
         roll_back(params, optimizer, saved)
         return None
+
+
+def relative(sums: list[float]) -> float:
+    """``sqrt(moved² / total²)`` from :func:`~saorl.runtime.nonfinite.movement`'s sums (0 for all-zero
+    parameters, as LoRA's B matrices start)."""
+    moved, total = sums
+    return math.sqrt(moved / total) if total > 0 else (0.0 if moved == 0 else math.inf)
 
 
 def no_actions(pad_id: int) -> Trajectory:

@@ -312,8 +312,19 @@ class Run:
                     self.parts.weights.close()
                 finally:
                     self.journal.close()
+                    self._stability()
                     self.recorder.close()
                     self.observer.run_finished()
+
+    def _stability(self) -> None:
+        """The run's stability signals into ``stability.json``, one line on the console
+        (:mod:`saorl.runtime.run_signals`); a failure here never fails the run."""
+        from saorl.runtime.run_signals import summary_line, write_run_stability
+
+        try:
+            self.recorder.message(summary_line(write_run_stability(self.dir)))
+        except Exception as e:  # a summary of files on disk: the run itself is done
+            self.recorder.message(f"stability.json not written: {type(e).__name__}: {e}")
 
 
 def _p90(values: list[int]) -> float:

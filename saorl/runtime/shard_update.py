@@ -27,8 +27,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from saorl.data.packing import MicroBatch, idle_microbatch
-from saorl.runtime.nonfinite import params_finite, roll_back, snapshot
-from saorl.runtime.optimize import Updater
+from saorl.runtime.nonfinite import movement, params_finite, roll_back, snapshot
+from saorl.runtime.optimize import Updater, relative
 from saorl.runtime.shard_group import ShardGroup
 
 T = TypeVar("T")
@@ -102,6 +102,7 @@ class ShardedUpdater(Updater):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if not self.group.all_sum([0.0 if params_finite(params) else 1.0])[0]:
+            self.moved = relative(self.sum(movement(params, saved)))  # the whole model's, on every rank
             return norm
         roll_back(params, optimizer, saved)  # on every rank, even where its own shards are finite
         return None

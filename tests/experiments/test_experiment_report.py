@@ -139,6 +139,13 @@ def test_write_report_makes_table_and_pngs(tmp_path):
     # recovery: sao seed 0 falls at 11..13 and is back by step 16/17; reinforce_rm is flat (0 steps)
     row = next(line for line in text.splitlines() if line.startswith("| reinforce_rm"))
     assert row.rstrip(" |").endswith("0")
+    # stability at equal steps (all ran 20): reward AUC, collapses as a count with its exact interval
+    stab = text.split("## Stability at equal trainer steps (the first 20,")[1].split("\n\n")[1].splitlines()
+    assert "reward AUC − sao" in stab[0] and "Fisher p vs sao" in stab[0]
+    sao, rm = (next(line for line in stab if line.startswith(f"| {a} |")) for a in ("sao", "reinforce_rm"))
+    assert "| 0.800 [" in sao and "0/2 [0.00, 0.84]" in sao  # (17/20 + 15/20) / 2; never collapsed
+    assert "| 0.550 [" in sao  # acc@20: the evaluations of step 10 (0.5 and 0.6)
+    assert "| 0.500 (n=1) |" in rm and "0/1 [0.00, 0.97]" in rm and rm.endswith("| 1.00 |")
 
 
 def test_finished_only_leaves_out_runs_cut_short(tmp_path):

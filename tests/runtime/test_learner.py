@@ -248,3 +248,14 @@ def test_warmup_scales_the_learning_rate():
                   pad_id=PAD)
     lrs = [lrn.step(_trajs())["policy/lr"] for _ in range(5)]
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+
+
+def test_update_rel_is_the_policys_relative_parameter_movement_of_the_step():
+    learner = _learner("sao", kind="tiny-dense")
+    trajs = _matched_trajs(learner.policy, _trajs())
+    before = _snapshot(learner.policy)
+    m = learner.step(trajs)
+    moved = sum(float(((p.detach() - before[n]) ** 2).sum()) for n, p in learner.policy.named_parameters())
+    total = sum(float((b ** 2).sum()) for b in before.values())
+    assert m["policy/update_rel"] > 0
+    assert math.isclose(m["policy/update_rel"], math.sqrt(moved / total), rel_tol=1e-4)

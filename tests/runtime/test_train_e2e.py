@@ -1,5 +1,6 @@
 """SAO end to end: rollout workers in their own processes feed the trainer asynchronously."""
 
+import json
 import math
 
 import pytest
@@ -53,6 +54,11 @@ def test_async_sao_trains_with_stale_multi_version_batches(tmp_path):
     assert [e["step"] for e in evals] == [0, 6, 12] and all("eval/accuracy" in e for e in evals)
     assert (run_dir / "samples" / "step-00000006.txt").read_text().count("[act 1]") >= 1
     assert (run_dir / "config.yaml").exists() and (run_dir / "algo_resolved.yaml").exists()
+    stab = json.loads((run_dir / "stability.json").read_text())  # the run's continuous signals
+    kl = [r["mismatch/kl"] for r in rows]
+    assert stab["steps"] == 12 and stab["drift bursts"] == sum(v > stab["drift_kl"] for v in kl) / 12
+    assert math.isclose(stab["reward AUC"], sum(r["reward/mean"] for r in rows) / 12)
+    assert stab["update rel"] > 0 and stab["acc@12"] == evals[-1]["eval/accuracy"]
 
 
 def test_sync_grpo_has_a_barrier_and_whole_groups(tmp_path):
