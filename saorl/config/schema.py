@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from typing import Any, Literal
 
 from pydantic import (
@@ -293,10 +294,30 @@ class SaorlConfig(Section):
             raise FieldError("ray.weights", f"object_store hands the weights to saorl's own engines; the "
                                             f"{self.rollout.engine} servers load each version from "
                                             "RUN/weights/hf and are checked there: set ray.weights=shared_fs")
+        if self.model.lora.enabled:
+            self._lora_checks()
         # routing_replay: every engine returns routes (local: recorded; http / sglang / vllm: asked
         # of the servers, which must run with --enable-return-routed-experts) and both trainers,
         # sharded or not, replay them
         return self
+
+    def _lora_checks(self) -> None:
+        """What LoRA (``model.lora.rank``) does not reach yet, refused before anything runs."""
+        if self.trainer.shard == "fsdp2":
+            raise FieldError("model.lora.rank", "LoRA trains in one trainer process only: the sharded "
+                             "trainer (trainer.shard=fsdp2) does not shard or publish adapters yet; set "
+                             "trainer.shard=none, or model.lora.rank=null to train the whole policy sharded")
+        if self.rollout.engine != "local":
+            raise FieldError("model.lora.rank", f"LoRA adapters are published to saorl's local engine only; "
+                             f"rollout.engine={self.rollout.engine} servers do not load adapters yet: set "
+                             "rollout.engine=local, or model.lora.rank=null to publish full weights")
+        if self.runtime.backend == "ray" and self.ray.weights == "object_store":
+            raise FieldError("model.lora.rank", "LoRA adapters are published as files in RUN/weights; "
+                             "ray.weights=object_store carries full weights only: set ray.weights=shared_fs, "
+                             "or model.lora.rank=null")
+        if importlib.util.find_spec("peft") is None:
+            raise FieldError("model.lora.rank", "LoRA needs the peft package: pip install 'saorl[lora]' "
+                             "(or pip install 'peft==0.21.*'); or set model.lora.rank=null")
 
     def resolved_mode(self) -> Literal["async", "sync"]:
         """``runtime.mode``, with ``auto`` replaced by the algorithm preset's mode."""

@@ -139,6 +139,48 @@ class RunConfig(Section):
         return self
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""``model.lora.target_modules``' default: attention and MLP projections (Qwen3, Qwen3-MoE, Llama)."""
+
+
+class LoraConfig(Section):
+    """LoRA on the policy (off unless ``rank`` is set): the policy's base weights stay frozen and
+    only a low-rank adapter trains, through ``peft`` (``pip install 'saorl[lora]'``). The critic
+    keeps its own design (frozen attention, trainable MLP / expert projections and head)."""
+
+    rank: int | None = Field(None, ge=1)
+    """Rank r of each adapter (``B·A`` with ``A`` r × in, ``B`` out × r); null = no LoRA: the whole
+    policy trains, as without this section. ``model.lora.rank=8`` turns LoRA on."""
+    alpha: float = Field(16.0, gt=0.0)
+    """Scale of the adapter's update: the layer computes ``W·x + (alpha / rank)·B·A·x``."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input while training. Keep 0 for RL: with dropout the trainer's
+    log-probs (the DIS ratio's numerator) are noisy versions of the ones the engine sampled with."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
+    """Names (last component) of the ``nn.Linear`` modules that get an adapter. The default fits
+    Qwen3, Qwen3-MoE and Llama: the attention projections (``q_proj``, ``k_proj``, ``v_proj``,
+    ``o_proj``) and the MLP projections (``gate_proj``, ``up_proj``, ``down_proj``). In a
+    Qwen3-MoE model the routed experts are fused 3-D tensors, not ``nn.Linear`` modules, so
+    there the MLP names match only dense MLP layers and shared experts, if the model has any:
+    the experts and the router stay frozen (docs/models.md, "LoRA"). A name of this default list
+    that the policy lacks is skipped; any other name that no linear module of the policy has is an
+    error when the policy loads, naming the ones it has."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("must name at least one module, e.g. [q_proj, v_proj]")
+        bad = [t for t in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", t)]
+        if bad:
+            raise ValueError(f"each entry is a module's name (its last component, like q_proj), got {bad}")
+        return list(dict.fromkeys(v))
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank is not None
+
+
 class ModelConfig(Section):
     policy: str = "tiny-moe"
     """Policy: a tiny built-in kind (``tiny-moe``, ``tiny-dense``), a local Hugging Face model
@@ -161,6 +203,8 @@ class ModelConfig(Section):
     trains in float32, since AdamW on float16 parameters turns them NaN (docs/models.md)."""
     device: str = "cpu"
     """Torch device for the trainer and the local engine: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """LoRA on the policy (off by default; ``model.lora.rank=8`` turns it on)."""
 
     @field_validator("policy")
     @classmethod

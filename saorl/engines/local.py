@@ -50,6 +50,7 @@ from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token
 from saorl.engines.request import Deliver, OnToken, Request, fed_routes, finish_reason, validate_request
 from saorl.engines.sampling import sample_rows, top_alternatives
 from saorl.models import routing
+from saorl.models.adapter import AdapterMerger, is_adapter_dir
 
 
 class LocalEngine:
@@ -90,6 +91,7 @@ class LocalEngine:
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
         kv.check_supported(DynamicCache(config=model.config))
         self._version = version
+        self._adapter = AdapterMerger()
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._updates: deque[tuple[dict[str, torch.Tensor], int, threading.Event]] = deque()
@@ -186,9 +188,12 @@ class LocalEngine:
 
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
         """Load weights between decode steps; blocks until applied. ``weights``: a state dict in the
-        model's own names, a safetensors file of one, or a Hugging Face directory (checkpoint names,
-        converted by transformers; what the sharded trainer publishes)."""
-        if isinstance(weights, str):
+        model's own names, a safetensors file of one, a Hugging Face directory (checkpoint names,
+        converted by transformers; what the sharded trainer publishes) or a LoRA adapter directory,
+        merged into the base: the weights held when the first adapter came (:mod:`saorl.models.adapter`)."""
+        if isinstance(weights, str) and is_adapter_dir(weights):
+            weights = self._adapter.merged(self.model, weights)
+        elif isinstance(weights, str):
             from saorl.models.hf_format import read_weights
 
             weights = read_weights(weights, like=self.model)

@@ -70,6 +70,7 @@ from saorl.data.batch import Batch, collate
 from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.trajectory import Trajectory
 from saorl.models.logprobs import token_logprobs
+from saorl.models.lora import adapter_config, adapter_state, is_lora, load_adapter_state
 from saorl.models.packed import use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
 from saorl.runtime.checkpoint import load_learner_files, save_learner_files
@@ -118,6 +119,8 @@ class Learner:
                              "routes no tokens")
         if packing:
             use_varlen_attention(policy)
+        self.lora = is_lora(policy)
+        """A LoRA policy (:mod:`saorl.models.lora`): only its adapter trains, is published and saved."""
         self.policy_params = [p for p in policy.parameters() if p.requires_grad]
         self.policy_opt = torch.optim.AdamW(self.policy_params, lr=optim.policy_lr,
                                             weight_decay=optim.weight_decay)
@@ -358,11 +361,17 @@ class Learner:
 
     # ------------------------------------------------- weights out, checkpoints
     def policy_state(self) -> dict[str, torch.Tensor]:
+        """What the policy trains: its whole state dict, or a LoRA policy's adapter alone."""
+        if self.lora:
+            return adapter_state(self.policy)
         return {k: v.detach() for k, v in self.policy.state_dict().items()}
 
     def publish(self, sync: WeightSync) -> None:
-        """Publish the policy's current weights as version :attr:`version`."""
-        sync.publish(self.policy_state(), self.version)
+        """Publish the policy's current weights (a LoRA policy: its adapter) as version :attr:`version`."""
+        if self.lora:
+            sync.publish_adapter(self.policy_state(), adapter_config(self.policy), self.version)
+        else:
+            sync.publish(self.policy_state(), self.version)
 
     def full_models(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """Plain (unsharded) policy and critic holding the current weights, for evaluation and export."""
@@ -371,14 +380,24 @@ class Learner:
     def save_state(self, directory: Path) -> dict:
         """Write weights and optimizer states into ``directory``; the checkpoint manifest's entries."""
         critic = self.critic is not None
-        return save_learner_files(directory, self.policy_state(), self.policy_opt.state_dict(),
-                                  self.critic.state_dict() if critic else None,
-                                  self.critic_opt.state_dict() if critic else None)
+        entries = save_learner_files(directory, self.policy_state(), self.policy_opt.state_dict(),
+                                     self.critic.state_dict() if critic else None,
+                                     self.critic_opt.state_dict() if critic else None)
+        return entries | {"policy_weights": "lora_adapter" if self.lora else "full"}
 
     def load_state(self, directory: Path, manifest: dict) -> None:
         """Restore what :meth:`save_state` wrote, and the counters from the checkpoint's manifest."""
         policy, policy_optim, critic, critic_optim = load_learner_files(directory, manifest)
-        self.policy.load_state_dict(policy)
+        saved = manifest.get("policy_weights", "full")
+        if saved != ("lora_adapter" if self.lora else "full"):
+            raise ValueError(f"checkpoint {str(directory)!r} holds the policy's "
+                             f"{'LoRA adapter' if saved == 'lora_adapter' else 'full weights'}, but this "
+                             f"learner trains {'a LoRA adapter' if self.lora else 'the full policy'}: "
+                             "resume with the model.lora settings the run was started with")
+        if self.lora:
+            load_adapter_state(self.policy, policy)
+        else:
+            self.policy.load_state_dict(policy)
         self.policy_opt.load_state_dict(policy_optim)
         if self.critic is not None and critic is not None:
             self.critic.load_state_dict(critic)

@@ -16,6 +16,7 @@ import torch
 from saorl.agent.prompts import fitting_tasks
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
+from saorl.config.sections import LORA_TARGETS
 from saorl.data.task import Task
 from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
@@ -97,6 +98,20 @@ def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str 
 
         return load_critic(critic_spec, device=next(policy.parameters()).device)
     return Critic.from_policy(policy, seed=cfg.seed)
+
+
+def lora_policy(cfg: SaorlConfig, policy, spec: str):
+    """``policy`` as ``model.lora`` asks: itself, or wrapped in a LoRA adapter whose base is the
+    policy ``spec`` loaded (:mod:`saorl.models.lora`). Called after the critic was copied from the
+    plain policy: the critic never gets an adapter."""
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return policy
+    from saorl.models.lora import attach_lora
+
+    return attach_lora(policy, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                       targets=lora.target_modules, optional=LORA_TARGETS,
+                       base={"policy": spec, "seed": cfg.seed})
 
 
 def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int | None) -> Learner:
@@ -233,6 +248,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
+    policy = lora_policy(cfg, policy, policy_spec)
     env_factory = env_factory_for(cfg.env)
     train_tasks, test_tasks = build_tasks(cfg, env_factory, tokenizer)
     weights = build_weight_sync(cfg, run_dir, policy, tokenizer)

@@ -225,6 +225,10 @@ class ServerWeightSync:
             self.files.publish(state_dict, version)
             self._prune()
 
+    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+        raise NotImplementedError("vLLM / SGLang servers are given full weights only; a LoRA run "
+                                  "samples with rollout.engine=local")
+
     def publish_checkpoint(self, buckets, version: int, config) -> None:
         """The sharded trainer's publication (buckets already in checkpoint names): the directory
         is written once, bucket by bucket, then put on the servers, checked (with a CPU copy of the

@@ -71,6 +71,10 @@ class RayWeightSync:
         refs = [ray.put(_cpu(bucket)) for bucket in buckets]
         ray.get(self.registry.set.remote(version, refs, config))
 
+    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+        raise NotImplementedError("ray.weights=object_store carries full weights only; a LoRA run "
+                                  "publishes its adapters as files (ray.weights=shared_fs)")
+
     # -------------------------------------------------------------- worker side
     def _fetch(self, version: int | None) -> tuple[int, dict[str, torch.Tensor], Any] | None:
         if version is None:

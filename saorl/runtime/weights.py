@@ -5,7 +5,10 @@ Two forms of a version: :meth:`FileWeightSync.publish` writes one state dict in 
 engine hold the same model class); :meth:`FileWeightSync.publish_checkpoint` writes a Hugging
 Face directory ``v{version:08d}/`` — ``config.json``, shard files in checkpoint names and
 ``model.safetensors.index.json`` — from buckets of full tensors, one bucket in memory at a time
-(the sharded trainer: what inference servers load, :mod:`saorl.models.hf_format`). Either is
+(the sharded trainer: what inference servers load, :mod:`saorl.models.hf_format`);
+:meth:`FileWeightSync.publish_adapter` writes a LoRA policy's adapter alone as the directory
+``v{version:08d}-adapter/`` in peft's layout (:mod:`saorl.models.adapter`: kilobytes to megabytes
+where full weights are gigabytes), which the local engine merges into the base it loaded. Each is
 written atomically (temp file or directory + fsync + rename), then ``latest.json`` (``{"version":
 N, "file": "v0000000N..."}``) is replaced atomically. A worker only ever opens what
 ``latest.json`` names, so it never sees half-written weights.
@@ -38,6 +41,7 @@ import torch
 from safetensors.torch import load_file
 
 from saorl.atomic import atomic_dir, write_json
+from saorl.models.adapter import is_adapter_dir, read_adapter, write_adapter_dir
 from saorl.models.hf_format import INDEX, write_index
 from saorl.models.serialize import save_safetensors_atomic
 
@@ -51,6 +55,12 @@ class WeightSync(Protocol):
                            config: Any) -> None:
         """Make a version in Hugging Face checkpoint names the newest, from ``buckets`` of full
         tensors (each consumed before the next is drawn) and the model's ``PretrainedConfig``."""
+        ...
+
+    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+        """Make a LoRA adapter the newest weights, tagged ``version``: ``tensors`` in peft's names and
+        its ``adapter_config.json`` content (:mod:`saorl.models.adapter`); an engine serves the
+        base it loaded plus this adapter."""
         ...
 
     def latest(self) -> tuple[int, Any] | None:
@@ -71,8 +81,10 @@ class WeightSync(Protocol):
         ...
 
 
-_VERSION = re.compile(r"v\d{8}(\.safetensors)?")
-"""A published version: a file of a state dict or a checkpoint-named directory."""
+ADAPTER_SUFFIX = "-adapter"
+"""A published LoRA adapter: the directory ``v{version:08d}-adapter`` (peft's layout)."""
+_VERSION = re.compile(r"v\d{8}(\.safetensors|-adapter)?")
+"""A published version: a file of a state dict, a checkpoint-named directory or an adapter."""
 
 
 def write_checkpoint_dir(buckets: Iterable[dict[str, torch.Tensor]], config: Any, out_dir: Path) -> Path:
@@ -114,6 +126,11 @@ class FileWeightSync:
                            config: Any) -> None:
         name = f"v{version:08d}"
         write_checkpoint_dir(buckets, config, self.dir / name)
+        self.announce(version, name)
+
+    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+        name = f"v{version:08d}{ADAPTER_SUFFIX}"
+        write_adapter_dir(tensors, config, self.dir / name)
         self.announce(version, name)
 
     def announce(self, version: int, name: str) -> None:
@@ -165,9 +182,12 @@ class FileWeightSync:
         else:
             version, name = int(p["version"]), p["file"]
         path = self.dir / name
-        if not path.exists() and version is not None:
-            path = self.dir / f"v{version:08d}"
+        for other in ("", ADAPTER_SUFFIX):
+            if not path.exists() and version is not None:
+                path = self.dir / f"v{version:08d}{other}"
         try:
+            if is_adapter_dir(path):  # a LoRA adapter: its tensors, in peft's names
+                return int(version), read_adapter(path)[1]
             if path.is_dir():  # a checkpoint-named directory: its shards, merged
                 index = json.loads((path / INDEX).read_text())
                 out = {}

@@ -1,0 +1,118 @@
+"""LoRA policies on the tiny models: targets, the peft-free merge the engine uses, and the exports
+(a merged model plain transformers loads, and an adapter directory on its named base)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+pytest.importorskip("peft")
+
+from saorl.config.sections import LORA_TARGETS
+from saorl.models.adapter import AdapterMerger, adapter_deltas, read_adapter, write_adapter_dir
+from saorl.models.logprobs import token_logprobs
+from saorl.models.lora import (
+    adapter_config,
+    adapter_state,
+    attach_lora,
+    linear_names,
+    load_adapter_policy,
+    merged_copy,
+    resolve_targets,
+    save_adapter,
+)
+from saorl.models.serialize import export_policy
+from saorl.models.tiny import build_tiny
+from saorl.models.tokenizer import load_tokenizer
+
+IDS = torch.tensor([[5, 17, 230, 41, 99, 3, 64, 812, 7, 15, 400, 22]])
+
+
+def _lora(kind="tiny-dense", seed=0, b_std=0.05, targets=LORA_TARGETS):
+    model = attach_lora(build_tiny(kind, seed=seed), rank=4, alpha=8.0, dropout=0.0, targets=list(targets),
+                        optional=LORA_TARGETS, base={"policy": kind, "seed": seed})
+    with torch.no_grad():  # a trained-looking adapter: B is zero at init
+        gen = torch.Generator().manual_seed(seed + 1)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=gen) * b_std)
+    return model.eval()
+
+
+def _logprobs(model) -> torch.Tensor:
+    with torch.no_grad():
+        return token_logprobs(model, IDS, torch.ones_like(IDS))
+
+
+def test_a_fresh_adapter_is_exactly_the_base_and_the_defaults_fit_dense_and_moe():
+    for kind, targeted in (("tiny-dense", set(LORA_TARGETS)), ("tiny-moe", {"q_proj", "k_proj", "v_proj",
+                                                                             "o_proj"})):
+        fresh = _lora(kind, b_std=0.0)
+        assert torch.equal(_logprobs(fresh), _logprobs(build_tiny(kind)))
+        adapted = {n.split(".lora_A.")[0].rpartition(".")[2] for n, _ in fresh.named_parameters()
+                   if ".lora_A." in n}
+        assert adapted == targeted
+
+
+def test_an_unknown_target_is_one_paragraph_naming_the_models_linear_modules():
+    moe = build_tiny("tiny-moe")
+    assert linear_names(moe) == ["k_proj", "lm_head", "o_proj", "q_proj", "v_proj"]
+    with pytest.raises(ValueError) as e:
+        resolve_targets(moe, ["q_proj", "qkv_proj"], LORA_TARGETS)
+    assert str(e.value) == ("model.lora.target_modules: qkv_proj names no nn.Linear module of the policy "
+                            "(Qwen3MoeForCausalLM), whose linear modules are named k_proj, lm_head, o_proj, "
+                            "q_proj, v_proj; list some of those")
+    with pytest.raises(ValueError, match="none of gate_proj, up_proj is a linear module"):
+        resolve_targets(moe, ["gate_proj", "up_proj"], LORA_TARGETS)
+
+
+@pytest.mark.parametrize("kind", ["tiny-dense", "tiny-moe"])
+def test_the_engines_merge_equals_peft_and_follows_each_adapter_from_the_base(kind, tmp_path):
+    plain = build_tiny(kind)
+    merger = AdapterMerger()
+    for seed, targets in ((0, LORA_TARGETS), (1, ("q_proj", "v_proj"))):
+        lora = _lora(kind, seed=0, targets=targets) if seed == 0 else _lora(kind, seed=0, targets=targets,
+                                                                              b_std=0.2)
+        path = write_adapter_dir(adapter_state(lora), adapter_config(lora), tmp_path / f"a{seed}")
+        new = merger.merged(plain, path)
+        with torch.no_grad():
+            for name, t in new.items():
+                plain.state_dict()[name].copy_(t)
+        # the second adapter targets fewer modules: the others went back to the base
+        assert (_logprobs(plain) - _logprobs(lora)).abs().max() < 1e-5
+        assert (_logprobs(plain) - _logprobs(merged_copy(lora))).abs().max() < 1e-5
+    base = build_tiny(kind).state_dict()
+    assert torch.equal(plain.state_dict()["model.layers.0.self_attn.o_proj.weight"],
+                       base["model.layers.0.self_attn.o_proj.weight"])
+
+
+def test_an_adapter_that_is_not_plain_lora_is_refused(tmp_path):
+    lora = _lora()
+    config, tensors = adapter_config(lora), adapter_state(lora)
+    with pytest.raises(ValueError, match="use_dora=True; only plain LoRA adapters can be merged"):
+        adapter_deltas({**config, "use_dora": True}, tensors)
+    path = write_adapter_dir(tensors, config, tmp_path / "a")
+    assert read_adapter(path)[0]["r"] == 4
+    with pytest.raises(ValueError, match="targets weights the model does not have"):
+        AdapterMerger().merged(torch.nn.Linear(2, 2), path)
+
+
+def test_the_merged_export_loads_in_plain_transformers_and_the_adapter_on_its_base(tmp_path):
+    lora = _lora("tiny-moe", seed=3)
+    expected = _logprobs(lora)
+    export_policy(merged_copy(lora), load_tokenizer(), tmp_path / "policy")
+    plain = AutoModelForCausalLM.from_pretrained(str(tmp_path / "policy"), local_files_only=True).eval()
+    assert type(plain).__name__ == "Qwen3MoeForCausalLM"
+    assert (_logprobs(plain) - expected).abs().max() < 1e-5
+    save_adapter(lora, tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "saorl_base.json").read_text()) == {"policy": "tiny-moe",
+                                                                                 "seed": 3}
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    rebuilt = load_adapter_policy(tmp_path / "adapter")
+    assert not hasattr(rebuilt, "peft_config")
+    assert (_logprobs(rebuilt) - expected).abs().max() < 1e-5
+    # the LoRA model itself is untouched by the merged copies
+    assert torch.equal(_logprobs(lora), expected)
