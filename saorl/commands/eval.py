@@ -8,11 +8,14 @@ and prints accuracy, mean reward, mean turns and mean action tokens as a small t
 - a run directory (holds ``config.yaml``): env and rollout settings come from the run's config
   (overrides apply on top); the policy is ``RUN/final/policy`` when the run finished, else the
   latest checkpoint's ``policy.safetensors`` loaded into the run's initial policy architecture
-  (its cached SFT warm start when present, else ``model.policy``; SFT is never run here);
+  (its cached SFT warm start when present, else ``model.policy``; SFT is never run here; a LoRA
+  run's checkpoint holds the adapter, merged into that initial policy);
 - a checkpoint directory ``RUN/checkpoints/step-N`` (holds ``manifest.json``): that checkpoint,
   with its run's config;
 - an HF policy directory (``config.json`` + safetensors, e.g. ``RUN/final/policy`` or the output
   of ``saorl sft``): settings from the defaults plus overrides (default env: math_tool);
+- a LoRA adapter directory (``adapter_config.json``, e.g. ``RUN/final/adapter``): the adapter
+  merged into the base its ``saorl_base.json`` names; settings as for an HF directory;
 - a tiny kind (``tiny-moe``, ``tiny-dense``): a freshly initialised model (from ``seed``).
 
 The evaluation is the trainer's (:func:`saorl.stages.evaluate.evaluate_config`); the test tasks
@@ -78,18 +81,25 @@ def _policy_loader(spec: str, cfg: SaorlConfig, state_file: Path | None = None) 
         from saorl.models.serialize import load_safetensors
 
         model = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-        if state_file is not None:
+        if state_file is not None and cfg.model.lora.enabled:  # a LoRA run's checkpoint: its adapter
+            from saorl.models.lora import load_adapter_state, merged_copy
+            from saorl.runtime.parts import lora_policy
+
+            model = lora_policy(cfg, model, spec)
+            load_adapter_state(model, load_safetensors(state_file, device=cfg.model.device))
+            model = merged_copy(model)
+        elif state_file is not None:
             model.load_state_dict(load_safetensors(state_file, device=cfg.model.device))
         return model.eval()
     return load
 
 
-def _initial_spec(cfg: SaorlConfig) -> str:
-    """The run's initial policy (architecture): its cached SFT warm start if present, else model.policy."""
-    from saorl.stages.sft import cached_sft_dir
+def _adapter_loader(path: Path, cfg: SaorlConfig) -> Callable:
+    def load() -> torch.nn.Module:
+        from saorl.models.lora import load_adapter_policy
 
-    cached = cached_sft_dir(cfg)
-    return str(cached) if cfg.sft.enabled and (cached / "config.json").is_file() else cfg.model.policy
+        return load_adapter_policy(path, dtype=cfg.model.dtype, device=cfg.model.device)
+    return load
 
 
 def _run_target(run_dir: Path, overrides: list[str], ckpt: Path | None = None) -> Target:
@@ -102,7 +112,9 @@ def _run_target(run_dir: Path, overrides: list[str], ckpt: Path | None = None) -
     ckpt = ckpt or latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise TargetError(f"run directory {run_dir} has no final policy (final/policy) and no checkpoint yet")
-    spec = _initial_spec(cfg)
+    from saorl.stages.sft import initial_policy_spec
+
+    spec = initial_policy_spec(cfg)
     return Target(cfg, f"{ckpt} (checkpoint, architecture of {spec})",
                   _policy_loader(spec, cfg, ckpt / "policy.safetensors"))
 
@@ -129,6 +141,9 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
             raise TargetError(f"checkpoint {path} is not inside a run directory "
                               f"({run_dir} has no config.yaml)")
         return _run_target(run_dir, overrides, ckpt=path)
+    if (path / "adapter_config.json").is_file():  # a LoRA adapter (final/adapter): on the base it names
+        cfg = load_config(None, overrides)
+        return Target(cfg, f"{path} (LoRA adapter, merged into its base)", _adapter_loader(path, cfg))
     if (path / "config.json").is_file():
         from saorl.models.loading import check_model_dir
 

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.atomic import write_text
     from saorl.config import ConfigError, config_to_yaml, load_config
     from saorl.runtime.replay import DEFAULT_KEYS, checkpoint_steps, replay
+    from saorl.stages.sft import initial_policy_spec
 
     run_dir = args.run_dir
     if not (run_dir / "config.yaml").is_file():
@@ -87,6 +88,6 @@ def run(args: argparse.Namespace) -> int:
             f.flush()
 
         rows = replay(cfg, run_dir, start, steps=args.steps, probes=[tuple(p) for p in args.probe],
-                      on_step=show)
+                      on_step=show, base_policy=initial_policy_spec(cfg) if cfg.model.lora.enabled else None)
     print(f"{len(rows)} steps replayed; rows in {out / 'replay.jsonl'}", file=sys.stderr)
     return 0

@@ -118,10 +118,16 @@ def moe_layout(spec: str) -> tuple[int, int]:
     ``(0, 0)`` for a dense model."""
     from saorl.models import routing
 
+    model = meta_policy(spec)
+    return routing.num_moe_layers(model), routing.num_experts(model)
+
+
+def meta_policy(spec: str) -> PreTrainedModel:
+    """The policy ``spec`` (a tiny kind or a local model directory) built on the meta device from
+    its config alone: its modules and shapes, no weights read or allocated."""
     if spec in TINY_KINDS:
         config = tiny_config(spec)
     else:
         config = AutoConfig.from_pretrained(spec, local_files_only=True)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return routing.num_moe_layers(model), routing.num_experts(model)
+        return AutoModelForCausalLM.from_config(config)

@@ -166,9 +166,15 @@ class RunRecorder:
                 f.write(json.dumps({"step": step, **t.to_dict()}) + "\n")
 
     def export_final(self, policy, critic) -> None:
-        """``final/policy`` (an HF directory with the tokenizer) and ``final/critic``."""
+        """``final/policy`` (an HF directory with the tokenizer) and ``final/critic``; for a LoRA
+        policy ``final/policy`` is base + adapter merged, and ``final/adapter`` the adapter alone
+        (peft's layout; :mod:`saorl.models.lora`)."""
+        from saorl.models.lora import is_lora, merged_copy, save_adapter
         from saorl.models.serialize import export_policy, save_critic
 
+        if is_lora(policy):
+            save_adapter(policy, self.dir / "final" / "adapter")
+            policy = merged_copy(policy)
         export_policy(policy, self.tokenizer, self.dir / "final" / "policy")
         if critic is not None:
             save_critic(critic, self.dir / "final" / "critic")

@@ -40,7 +40,7 @@ from saorl.models.codec import check_vocab, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
 from saorl.runtime.checkpoint import SHARDS, checkpoint_dirs, load_checkpoint, verify
 from saorl.runtime.journal import Journal, decode_entry
-from saorl.runtime.parts import build_critic, build_learner, trainer_threads
+from saorl.runtime.parts import build_critic, build_learner, lora_policy, trainer_threads
 from saorl.runtime.recorder import effective_rows
 
 DEFAULT_KEYS = ("policy/loss", "mismatch/kl", "policy/entropy", "policy/grad_norm", "critic/value_loss",
@@ -112,9 +112,12 @@ def _probe(policy: torch.nn.Module, tokenizer, context: str, continuation: str) 
 
 
 def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None = None,
-           probes: list[tuple[str, str]] = (), on_step: Callable[[dict], None] | None = None) -> list[dict]:
+           probes: list[tuple[str, str]] = (), on_step: Callable[[dict], None] | None = None,
+           base_policy: str | None = None) -> list[dict]:
     """Replay the steps after checkpoint ``from_step`` of ``run_dir`` under ``cfg`` (module
-    docstring); ``steps``: at most this many (None: every recorded one). Returns one row per
+    docstring); ``steps``: at most this many (None: every recorded one). ``base_policy``: the
+    run's starting policy (its SFT warm start), which a LoRA run's adapter checkpoints sit on
+    (None: ``model.policy``). Returns one row per
     step, ``{"step", "original": {...}, "replay": {...}, "probes": [...]}`` (the metrics' full
     dicts; ``original`` empty where the run logged no row), each passed to ``on_step`` too."""
     ckpt = run_dir / "checkpoints" / f"step-{from_step:08d}"
@@ -142,10 +145,11 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
         raise ReplayError(f"{run_dir}/trained.jsonl records no step after {from_step}")
     torch.set_num_threads(trainer_threads(cfg))  # the run's: another count rounds matmuls otherwise
     tokenizer = run_tokenizer(cfg.model)
-    policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
-                         seed=cfg.seed)
+    spec = base_policy or cfg.model.policy
+    policy = load_policy(spec, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, cfg.algo.resolve(), None)
+    policy = lora_policy(cfg, policy, spec)
     learner = build_learner(cfg, policy, critic, tokenizer.pad_token_id)
     try:
         load_checkpoint(ckpt, learner, manifest)

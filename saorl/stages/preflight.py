@@ -162,6 +162,8 @@ def check_models(m: ModelConfig, *, use_critic: bool, log: Callable[[str], None]
                 f"model.policy: {e}. It must be a tiny kind ({', '.join(TINY_KINDS)}), a directory written "
                 "by save_pretrained (config.json + *.safetensors), e.g. a run's final/policy or the output "
                 "of saorl sft --out DIR, or a Hub model id") from None
+    if m.lora.enabled:
+        check_lora_targets(m)
     if m.tokenizer is not None:
         try:
             path = resolve_source(m.tokenizer, "model.tokenizer")
@@ -178,6 +180,18 @@ def check_models(m: ModelConfig, *, use_critic: bool, log: Callable[[str], None]
             raise StartupError(f"model.critic={m.critic}: {why}. Point it at a critic that saorl wrote (the "
                                "--out DIR of saorl value-pretrain, or a run's final/critic), or set "
                                "model.critic=null to initialise the critic from the policy")
+
+
+def check_lora_targets(m: ModelConfig) -> None:
+    """``model.lora.target_modules`` name linear modules of the policy (built on the meta device)."""
+    from saorl.config.sections import LORA_TARGETS
+    from saorl.models.loading import meta_policy, policy_source
+    from saorl.models.lora import resolve_targets
+
+    try:
+        resolve_targets(meta_policy(policy_source(m.policy)), m.lora.target_modules, LORA_TARGETS)
+    except ValueError as e:
+        raise StartupError(str(e)) from None
 
 
 def check_device(device: str) -> None:

@@ -200,3 +200,10 @@ def warm_start(cfg: SaorlConfig, log: Callable[[str], None] = print) -> str:
 def cached_sft_dir(cfg: SaorlConfig) -> Path:
     """Where the SFT warm start of ``cfg`` is (or would be) cached."""
     return Path(cfg.run.out_dir) / ".cache" / f"sft-{sft_key(cfg)}"
+
+
+def initial_policy_spec(cfg: SaorlConfig) -> str:
+    """The policy a run of ``cfg`` started from: its cached SFT warm start if present, else
+    ``model.policy`` (SFT is never run here)."""
+    cached = cached_sft_dir(cfg)
+    return str(cached) if cfg.sft.enabled and (cached / "config.json").is_file() else cfg.model.policy
