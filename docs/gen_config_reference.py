@@ -124,6 +124,8 @@ def _bounds(info: FieldInfo) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "required"
+    if _is_section(info):
+        return "(below)"
     value = info.default_factory() if info.default_factory is not None else info.default
     if value is None:
         return "`null`"
@@ -159,8 +161,9 @@ def _subsection(info: FieldInfo) -> type[BaseModel] | None:
 
 
 def render_sections() -> list[str]:
-    """One Markdown table per section of :class:`SaorlConfig`, top-level scalars first; an
-    optional subsection (``env.dataset``) gets a table of its own after its section's."""
+    """One Markdown table per section of :class:`SaorlConfig`, top-level scalars first; a
+    subsection (``model.lora``; optional: ``env.dataset``) gets a table of its own after its
+    section's."""
     fields = SaorlConfig.model_fields
     lines = ["## Top level", "", *_table([_field_row(n, f) for n, f in fields.items() if not _is_section(f)])]
     for name, info in fields.items():
@@ -170,10 +173,11 @@ def render_sections() -> list[str]:
         lines += ["", f"## `{name}`", "", _md(info.description or "").replace("\\|", "|"), ""]
         lines += _table([_field_row(n, f) for n, f in model.model_fields.items()])
         for sub_name, sub_info in model.model_fields.items():
-            sub = _subsection(sub_info)
+            sub = sub_info.annotation if _is_section(sub_info) else _subsection(sub_info)
             if sub is not None:
                 about = _md(sub_info.description or "").replace("\\|", "|")
-                lines += ["", f"### `{name}.{sub_name}`", "", about + " Null by default; its fields:", ""]
+                about += " Its fields:" if _is_section(sub_info) else " Null by default; its fields:"
+                lines += ["", f"### `{name}.{sub_name}`", "", about, ""]
                 lines += _table([_field_row(n, f) for n, f in sub.model_fields.items()])
     return lines
 

@@ -164,7 +164,7 @@ class LoraConfig(Section):
     there the MLP names match only dense MLP layers and shared experts, if the model has any:
     the experts and the router stay frozen (docs/models.md, "LoRA"). A name of this default list
     that the policy lacks is skipped; any other name that no linear module of the policy has is an
-    error when the policy loads, naming the ones it has."""
+    error before anything runs, naming the ones it has."""
 
     @field_validator("target_modules")
     @classmethod

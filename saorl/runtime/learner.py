@@ -47,6 +47,12 @@ only when the policy weights change.
 the experts the engine recorded for it (``Trajectory.routes``; ``saorl.models.routing``), so an
 engine that routed differently (other numerics, a perturbation) is scored as it sampled.
 
+**LoRA** (``model.lora``; :mod:`saorl.models.lora`): a peft-wrapped policy trains its adapter
+alone: only the adapter's parameters have ``requires_grad``, so the optimizer, the clipping and
+the non-finite rollback hold them and nothing else; :meth:`Learner.publish` publishes the adapter
+alone (``WeightSync.publish_adapter``) and a checkpoint holds the adapter and its optimizer
+state, never the base.
+
 Log-probabilities are scored under the sampler's own distribution: the rollout temperature and,
 when the engine truncates (``top_k`` / ``top_p``), the same truncation, so the DIS ratio compares
 like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's time goes is in

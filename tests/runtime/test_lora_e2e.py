@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 pytest.importorskip("peft")
 
+from saorl.cli import main
 from saorl.commands.eval import resolve_target
 from saorl.config import load_config
 from saorl.data.jsonl import read_jsonl
@@ -61,6 +62,13 @@ def test_an_inprocess_lora_run_samples_from_base_plus_adapter_and_exports_both(t
         assert (_logprobs(model) - expected).abs().max() < 1e-5, target
     base = resolve_target("tiny-moe", []).load()  # the adapter is not a no-op
     assert (_logprobs(base) - expected).abs().max() > 1e-3
+    # `saorl replay` from the step-1 checkpoint (its adapter on the base) reproduces step 2
+    out = tmp_path / "replay"
+    assert main(["replay", str(run_dir), "--from-step", "1", "--out", str(out)]) == 0
+    (row,) = [json.loads(line) for line in (out / "replay.jsonl").read_text().splitlines()]
+    assert row["step"] == 2
+    for k in ("policy/loss", "mismatch/kl", "policy/grad_norm", "critic/value_loss"):
+        assert row["replay"][k] == pytest.approx(row["original"][k], rel=1e-6, abs=1e-9), k
 
 
 @pytest.mark.slow
