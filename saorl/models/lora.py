@@ -62,17 +62,19 @@ def resolve_targets(model: nn.Module, targets: list[str], optional: tuple[str, .
 
 
 def attach_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: list[str],
-                optional: tuple[str, ...] = (), base: dict | None = None) -> nn.Module:
+                optional: tuple[str, ...] = (), base: dict | None = None, seed: int = 0) -> nn.Module:
     """``model`` wrapped in a peft LoRA model (in place: the base modules are shared, frozen) on
-    :func:`resolve_targets`' modules. ``base``: what :func:`save_adapter` records as the base
-    (``{"policy": spec, "seed": n}``)."""
+    :func:`resolve_targets`' modules, its ``A`` matrices drawn from ``seed`` (the global RNG is
+    left as it was). ``base``: what :func:`save_adapter` records as the base (``{"policy": spec,
+    "seed": n}``)."""
     from peft import LoraConfig, get_peft_model
 
     kept = resolve_targets(model, targets, optional)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=kept,
                         task_type="CAUSAL_LM", bias="none")
     training = model.training
-    with _quiet_peft():
+    with _quiet_peft(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         wrapped = get_peft_model(model, config)
     if base is not None:  # peft takes the model's own name_or_path, empty for a tiny kind
         wrapped.peft_config["default"].base_model_name_or_path = str(base.get("policy"))

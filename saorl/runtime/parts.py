@@ -111,7 +111,7 @@ def lora_policy(cfg: SaorlConfig, policy, spec: str):
 
     return attach_lora(policy, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
                        targets=lora.target_modules, optional=LORA_TARGETS,
-                       base={"policy": spec, "seed": cfg.seed})
+                       base={"policy": spec, "seed": cfg.seed}, seed=cfg.seed)
 
 
 def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int | None) -> Learner:

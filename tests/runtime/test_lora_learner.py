@@ -31,7 +31,7 @@ def _lora_learner(kind="tiny-dense", seed=0, lr=1e-2, **over) -> Learner:
     policy = build_tiny(kind, seed=seed)
     critic = Critic.from_policy(policy)  # from the plain policy, as the run builds it
     policy = attach_lora(policy, rank=8, alpha=16.0, dropout=0.0, targets=list(LORA_TARGETS),
-                         optional=LORA_TARGETS, base={"policy": kind, "seed": seed})
+                         optional=LORA_TARGETS, base={"policy": kind, "seed": seed}, seed=seed)
     preset = get_preset("sao").with_overrides(**over) if over else get_preset("sao")
     return Learner(policy, critic, preset, OptimConfig(policy_lr=lr, critic_lr=1e-3), pad_id=PAD)
 
@@ -137,3 +137,26 @@ def test_a_full_checkpoint_is_refused_by_a_lora_learner_in_one_paragraph(tmp_pat
     entries = full.save_state(tmp_path)
     with pytest.raises(ValueError, match="holds the policy's full weights, but this learner trains a LoRA"):
         _lora_learner().load_state(tmp_path, {**entries, **full.counters.state()})
+
+
+def test_packed_lora_updates_equal_padded_ones_and_the_adapter_init_follows_the_seed():
+    packed, padded = _lora_learner("tiny-dense"), _lora_learner("tiny-dense")
+    assert all(torch.equal(a, b) for a, b in zip(_named(packed.policy, True).values(),
+                                                 _named(padded.policy, True).values()))
+    other = _named(_lora_learner("tiny-dense", seed=1).policy, True)
+    assert not any(torch.equal(a, other[n]) for n, a in _named(packed.policy, True).items() if "lora_A" in n)
+    padded.packing = False
+    for model in (padded.policy, padded.critic.trunk):
+        model.set_attn_implementation("sdpa")
+    assert packed.policy.config._attn_implementation == "sdpa_varlen"
+    packed.max_tokens = padded.max_tokens = 40
+    for seed in range(2):
+        trajs = _trajs(seed=seed)
+        a = packed.step(_matched_trajs(packed.policy, trajs))
+        b = padded.step(_matched_trajs(padded.policy, trajs))
+        assert a["throughput/microbatches"] == b["throughput/microbatches"] == 2
+        for k in ("policy/loss", "policy/grad_norm", "critic/value_loss"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5), k
+    # equal up to rounding, which Adam's g / sqrt(v) lifts for near-zero gradients (steps of 1e-2)
+    for n, p in _named(packed.policy, True).items():
+        assert torch.allclose(p, _named(padded.policy, True)[n], atol=5e-4), n

@@ -74,3 +74,23 @@ def test_files_of_an_earlier_process_go_first_and_the_pointer_file_never(tmp_pat
     assert sorted(p.name for p in tmp_path.glob("v*.safetensors")) == ["v00000005.safetensors",
                                                                        "v00000006.safetensors"]
     assert new.load()[0] == 6
+
+
+def test_adapters_are_versioned_directories_pruned_like_full_weights(tmp_path):
+    sync = FileWeightSync(tmp_path, keep=2)
+    config = {"r": 1, "lora_alpha": 2.0, "peft_type": "LORA"}
+    for v in (1, 2, 3):
+        a = {"base_model.model.layer.lora_A.weight": torch.full((1, 2), float(v)),
+             "base_model.model.layer.lora_B.weight": torch.zeros(2, 1)}
+        sync.publish_adapter(a, config, v)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "v00000002-adapter",
+                                                          "v00000003-adapter"]
+    assert json.loads((tmp_path / "latest.json").read_text()) == {"version": 3, "file": "v00000003-adapter"}
+    version, source = sync.latest()
+    assert (version, source) == (3, str(tmp_path / "v00000003-adapter"))
+    saved = json.loads((tmp_path / "v00000003-adapter" / "adapter_config.json").read_text())
+    assert saved == config
+    v, tensors = sync.load()
+    assert v == 3 and torch.equal(tensors["base_model.model.layer.lora_A.weight"], torch.full((1, 2), 3.0))
+    assert torch.equal(sync.load(2)[1]["base_model.model.layer.lora_A.weight"], torch.full((1, 2), 2.0))
+    assert not list(tmp_path.glob("*.tmp*"))  # written atomically: no temporary left behind
