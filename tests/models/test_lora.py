@@ -116,3 +116,28 @@ def test_the_merged_export_loads_in_plain_transformers_and_the_adapter_on_its_ba
     assert (_logprobs(rebuilt) - expected).abs().max() < 1e-5
     # the LoRA model itself is untouched by the merged copies
     assert torch.equal(_logprobs(lora), expected)
+
+
+def test_on_a_llama_model_the_defaults_take_attention_and_mlp_and_the_merge_matches(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         tie_word_embeddings=False)).eval()
+    plain = LlamaForCausalLM(llama.config).eval()
+    plain.load_state_dict(llama.state_dict())
+    lora = attach_lora(llama, rank=4, alpha=8.0, dropout=0.0, targets=list(LORA_TARGETS),
+                       optional=LORA_TARGETS)
+    adapted = {n.split(".lora_A.")[0].rpartition(".")[2] for n, _ in lora.named_parameters()
+               if ".lora_A." in n}
+    assert adapted == set(LORA_TARGETS)  # lm_head is a linear module too, but not a default target
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.05)
+    path = write_adapter_dir(adapter_state(lora), adapter_config(lora), tmp_path / "a")
+    with torch.no_grad():
+        for name, t in AdapterMerger().merged(plain, path).items():
+            plain.state_dict()[name].copy_(t)
+    assert (_logprobs(plain) - _logprobs(lora)).abs().max() < 1e-5
