@@ -60,7 +60,8 @@ class Target:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="a run directory, a checkpoint directory, an HF policy directory or a tiny kind")
+                   help="a run directory, a checkpoint directory, an HF policy directory, a LoRA adapter "
+                        "directory or a tiny kind")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides, e.g. env.type=code_repair rollout.max_new_tokens=64")
     p.add_argument("--tasks", type=int, metavar="N",
@@ -152,7 +153,8 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
         cfg.model.policy = str(path)
         return Target(cfg, str(path), _policy_loader(str(path), cfg))
     raise TargetError(f"{target!r} is not a run directory (no config.yaml), a checkpoint (no manifest.json "
-                      "+ policy.safetensors) or an HF policy directory (no config.json)")
+                      "+ policy.safetensors), an HF policy directory (no config.json) or a LoRA adapter "
+                      "(no adapter_config.json)")
 
 
 # ------------------------------------------------------------------------------- output

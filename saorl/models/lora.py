@@ -152,7 +152,11 @@ def load_adapter_policy(path: str | Path, *, dtype: str | torch.dtype = "float32
         raise ValueError(f"adapter directory {str(path)!r} names no base model ({BASE_FILE} or "
                          "base_model_name_or_path in adapter_config.json)")
     seed = base.get("seed", 0) if seed is None else seed
-    model = load_policy(str(spec), dtype=dtype, device=device, seed=seed)
+    try:
+        model = load_policy(str(spec), dtype=dtype, device=device, seed=seed)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise FileNotFoundError(f"the LoRA adapter {str(path)!r} sits on the base {spec!r} (named in its "
+                                f"{BASE_FILE}), which cannot be loaded: {e}") from None
     with _quiet_peft():
         return PeftModel.from_pretrained(model, str(path)).merge_and_unload().eval()
 

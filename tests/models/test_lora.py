@@ -116,6 +116,9 @@ def test_the_merged_export_loads_in_plain_transformers_and_the_adapter_on_its_ba
     assert (_logprobs(rebuilt) - expected).abs().max() < 1e-5
     # the LoRA model itself is untouched by the merged copies
     assert torch.equal(_logprobs(lora), expected)
+    (tmp_path / "adapter" / "saorl_base.json").write_text(json.dumps({"policy": str(tmp_path / "gone")}))
+    with pytest.raises(FileNotFoundError, match=r"sits on the base '.*gone' \(named in its saorl_base"):
+        load_adapter_policy(tmp_path / "adapter")
 
 
 def test_on_a_llama_model_the_defaults_take_attention_and_mlp_and_the_merge_matches(tmp_path):
