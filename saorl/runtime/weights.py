@@ -7,8 +7,8 @@ Face directory ``v{version:08d}/`` — ``config.json``, shard files in checkpoin
 ``model.safetensors.index.json`` — from buckets of full tensors, one bucket in memory at a time
 (the sharded trainer: what inference servers load, :mod:`saorl.models.hf_format`);
 :meth:`FileWeightSync.publish_adapter` writes a LoRA policy's adapter alone as the directory
-``v{version:08d}-adapter/`` in peft's layout (:mod:`saorl.models.adapter`: kilobytes to megabytes
-where full weights are gigabytes), which the local engine merges into the base it loaded. Each is
+``v{version:08d}-adapter/`` in peft's layout (:mod:`saorl.models.adapter`; a fraction of the full
+weights' size, measured in docs/models.md), which the local engine merges into the base it loaded. Each is
 written atomically (temp file or directory + fsync + rename), then ``latest.json`` (``{"version":
 N, "file": "v0000000N..."}``) is replaced atomically. A worker only ever opens what
 ``latest.json`` names, so it never sees half-written weights.
