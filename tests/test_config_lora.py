@@ -10,7 +10,7 @@ import pytest
 from saorl.config import ConfigError, load_config
 from saorl.config.sections import LORA_TARGETS
 
-pytest.importorskip("peft")
+needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="model.lora needs peft")
 
 
 def _error(overrides: list[str]) -> str:
@@ -21,6 +21,7 @@ def _error(overrides: list[str]) -> str:
     return msg
 
 
+@needs_peft
 def test_lora_is_off_by_default_and_rank_turns_it_on():
     off = load_config(None, [])
     assert off.model.lora.rank is None and not off.model.lora.enabled
@@ -30,6 +31,7 @@ def test_lora_is_off_by_default_and_rank_turns_it_on():
     assert load_config(None, ["model.lora.rank=4"]).model.lora.target_modules == list(LORA_TARGETS)
 
 
+@needs_peft
 @pytest.mark.parametrize(("override", "expected"), [
     ("model.lora.rank=0", "model.lora.rank: Input should be greater than or equal to 1"),
     ("model.lora.alpha=0", "model.lora.alpha: Input should be greater than 0"),
@@ -42,6 +44,7 @@ def test_bad_lora_values_fail_at_load(override, expected):
     assert expected in _error([override])
 
 
+@needs_peft
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["trainer.shard=fsdp2"], "the sharded trainer (trainer.shard=fsdp2) does not shard or publish adapters"),
     (["rollout.engine=vllm", "rollout.engine_urls=[http://127.0.0.1:8000]"],
@@ -56,6 +59,7 @@ def test_what_lora_does_not_reach_yet_is_refused_naming_the_fix(overrides, expec
     load_config(None, overrides)  # without LoRA the same settings load
 
 
+@needs_peft
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="runtime.backend=ray needs ray")
 def test_ray_object_store_weights_are_refused_with_lora():
     msg = _error(["model.lora.rank=8", "runtime.backend=ray", "ray.weights=object_store"])
@@ -70,6 +74,7 @@ def test_without_peft_installed_the_config_says_how_to_install_it(monkeypatch):
     assert "LoRA needs the peft package: pip install 'saorl[lora]'" in msg
 
 
+@needs_peft
 def test_an_unknown_target_stops_the_start_naming_the_modules_the_policy_has():
     from saorl.errors import StartupError
     from saorl.stages.preflight import check_models
