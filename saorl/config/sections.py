@@ -162,7 +162,7 @@ class LoraConfig(Section):
     ``o_proj``) and the MLP projections (``gate_proj``, ``up_proj``, ``down_proj``). In a
     Qwen3-MoE model the routed experts are fused 3-D tensors, not ``nn.Linear`` modules, so
     there the MLP names match only dense MLP layers and shared experts, if the model has any:
-    the experts and the router stay frozen (docs/models.md, "LoRA"). A name of this default list
+    the experts and the router stay frozen (docs/models.md, "LoRA policies"). A name of this default list
     that the policy lacks is skipped; any other name that no linear module of the policy has is an
     error before anything runs, naming the ones it has."""
 
