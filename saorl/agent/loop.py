@@ -53,7 +53,9 @@ Decisions that the trainer and the env authors rely on:
   there (the observation is never cut: a garbled tool output would teach the wrong thing).
   Ending by a limit rather than by ``done`` sets ``truncated=True`` and
   ``episode.truncation`` to ``"turns"`` or ``"tokens"``. A prompt that leaves no room for a
-  single action token raises :class:`PromptTooLongError`.
+  single action token raises :class:`PromptTooLongError`. A task with a ``prompt_limit``
+  (``env.overlong_prompts: truncate``) has a prompt over it cut to fit, keeping its end
+  (:mod:`saorl.agent.prompt_cut`), before anything else.
 - **Action text.** ``env.step`` gets the text all sampled ids of the turn add after the context
   (minus a final eos; a SentencePiece action sampled as ``"▁foo"`` reads ``" foo"``). Engines
   keep the token that completes a stop string whole, so the text may run a few characters past
@@ -91,6 +93,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from saorl.agent.prompt_cut import fitted_prompt
 from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
@@ -262,7 +265,8 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     prompt = await _call_env(env.reset, task, progress, what="reset", expect=(str, list), **kw)
     env_s, gen_s = time.perf_counter() - t0, 0.0
     b = _Builder()
-    b.add_context(codec.prompt_ids(prompt))
+    prompt, ids = _fitted(codec, prompt, task, env)  # cut to task.prompt_limit if it is over
+    b.add_context(ids)
     observations = _Observations(codec, env, task, prompt)
     prompt_len = len(b.token_ids)
     if prompt_len == 0:
@@ -304,6 +308,19 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     return Trajectory(token_ids=b.token_ids, action_mask=b.action_mask, rollout_logprobs=b.logprobs,
                       rewards=b.rewards, versions=b.versions, prompt_len=prompt_len, task_id=task.id,
                       truncated=truncation is not None, episode=episode, routes=_routes(b))
+
+
+def _fitted(codec: RunTokenizer, prompt: str | list, task: Task, env: Env) -> tuple[str | list, list[int]]:
+    """The prompt and its ids; with ``task.prompt_limit``, the prompt cut to it if it is over (the
+    chat observations then render the conversation from the cut prompt: what the model saw)."""
+    if task.prompt_limit is None:
+        return prompt, codec.prompt_ids(prompt)
+    fitted = fitted_prompt(codec, prompt, task.prompt_limit)
+    if fitted is None:
+        raise PromptTooLongError(f"env {env.name!r} task {task.id!r}: the prompt cannot be cut to "
+                                 f"{task.prompt_limit} tokens (env.overlong_prompts=truncate): the chat "
+                                 "template and system messages alone are over")
+    return fitted
 
 
 def _env_metrics(info: dict[str, Any], env: Env, task: Task) -> dict[str, float]:

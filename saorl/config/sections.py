@@ -282,12 +282,16 @@ class EnvConfig(Section):
     """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
     num_test_tasks: int = Field(128, ge=1)
     """Held-out test tasks: drawn from the env's generator, or held out of ``tasks_file``."""
-    overlong_prompts: Literal["filter", "error"] = "filter"
+    overlong_prompts: Literal["filter", "error", "truncate"] = "filter"
     """What a task whose prompt is longer than ``rollout.max_total_tokens − rollout.max_new_tokens``
     tokens (the chat template and special tokens counted) does, decided once when the run starts:
     ``filter`` leaves it out of its split and says how many were (verl's
     ``filter_overlong_prompts``); ``error`` stops the start with one paragraph naming the first
-    ones. Evaluations and value pretraining's rollouts follow the same setting."""
+    ones; ``truncate`` keeps it, cut to fit and says how many were: the prompt's content is cut at
+    its start, keeping its end (the question, the latest turns), and rendered again, so the chat
+    template's own tokens stay whole (system messages are kept; a prompt whose template and system
+    messages alone are over is left out). Evaluations and value pretraining's rollouts follow the
+    same setting."""
     observation_format: Literal["text", "chat"] | None = None
     """How an observation (the env's tool output) joins the trajectory: ``text`` appends its text
     right after the model's action, inside the assistant's message; ``chat`` ends the assistant's

@@ -12,6 +12,10 @@ class Task:
     """Unique across splits; the data cursor and resume logic key on it."""
     data: dict[str, Any]
     """JSON-serialisable task payload, interpreted by the env."""
+    prompt_limit: int | None = None
+    """The most tokens its prompt may have: over it, the agent loop cuts the prompt to fit,
+    keeping its end (``env.overlong_prompts: truncate``, :mod:`saorl.agent.prompt_cut`); None:
+    the prompt is played as it is."""
 
 
 class TaskFileError(ValueError):
