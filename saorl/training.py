@@ -14,7 +14,10 @@ the run's lifetime); a resumed run's directory exists, so it is locked at once (
 is refused before any slow check), and a resume that would restart from step 0 and lose the
 training on record is refused then too (:func:`~saorl.runtime.checkpoint.check_restart`,
 unless ``restart``). If anything before the loop fails (or is interrupted), a run directory that
-this call created is removed again, so a failed start leaves nothing behind. The config's paths
+this call created is removed again, so a failed start leaves nothing behind — unless a tracker
+wrote into it: the trackers start last (:mod:`saorl.runtime.trackers`), and when one of them fails
+after another started, the directory is kept with what that one wrote (W&B's offline run, say),
+and the error says so. The config's paths
 are made absolute first (:func:`~saorl.config.absolute_paths`): the saved ``config.yaml`` means
 the same from any directory.
 """
@@ -35,6 +38,7 @@ from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
 from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_run_dir
+from saorl.runtime.trackers import TrackerFailed
 from saorl.stages.evaluate import TestEvaluator
 from saorl.stages.preflight import check_ray, check_run, check_servers
 from saorl.stages.sft import warm_start
@@ -81,10 +85,11 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
                     shard_group.leave()
                 return run_dir, {}
         run = _start(cfg, run_dir, resume, restart, observer, locks)
-    except BaseException:
+    except BaseException as e:
         for lock in locks:
             lock.release()
-        if created:  # a failed start leaves no (empty or half-written) run directory behind
+        # a failed start leaves no (empty or half-written) run directory behind, nor removes a tracker's files
+        if created and not (isinstance(e, TrackerFailed) and e.started):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     previous = {sig: signal.signal(sig, run.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}

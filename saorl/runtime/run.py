@@ -72,10 +72,8 @@ class Run:
         self.observer = observer or Observer()
         self.learner = build_learner(cfg, parts.policy, parts.critic, parts.tokenizer.pad_token_id)
         self.journal = Journal(run_dir / "journal")
-        trackers = Trackers(cfg.run.report_to, run_dir, project=cfg.run.tracker_project,
-                            options=cfg.run.tracker_options, config=config_to_dict(cfg))
         self.recorder = RunRecorder(run_dir, parts.tokenizer, progress=cfg.run.progress,
-                                    total_steps=cfg.trainer.steps, trackers=trackers)
+                                    total_steps=cfg.trainer.steps)
         self.step = 0
         self._skipped_in_a_row = 0
         finished, pending = RangeSet(), []
@@ -103,6 +101,14 @@ class Run:
         self._checkpointed_step = -1  # the step this process last wrote a checkpoint of
         self.stop = StopControl(cfg.trainer.stop_timeout_s, self.recorder.message, self._kept)
         """The handler of Ctrl-C and SIGTERM (:mod:`saorl.runtime.stopping`)."""
+        try:  # last: a start that fails before this has no tracker files for its clean-up to remove
+            self.recorder.trackers = Trackers(cfg.run.report_to, run_dir, project=cfg.run.tracker_project,
+                                              options=cfg.run.tracker_options, config=config_to_dict(cfg))
+        except BaseException:
+            parts.weights.close()
+            self.journal.close()
+            self.recorder.close()
+            raise
 
     @property
     def _stop(self) -> bool:

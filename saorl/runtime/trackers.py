@@ -16,6 +16,11 @@ evenly spaced (0 is a ratio of 1); the other trackers have no pre-binned histogr
 stay in ``metrics.jsonl``.
 
 A tracker named but not installed is :class:`TrackerUnavailable`, raised before any stage runs.
+A tracker that fails to start (its init raises) is :class:`TrackerFailed`, one paragraph naming
+it; the trackers are the last thing a run's start makes, so a start that fails otherwise has
+written no tracker files, and a run directory that holds what an earlier tracker wrote is kept
+(``TrackerFailed.started``: :func:`saorl.training.train` removes a failed start's directory
+only when nothing a tracker wrote is in it).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 
 from saorl.algo.losses import ratio_histogram_edges
+from saorl.errors import StartupError
 
 HISTOGRAMS: dict[str, torch.Tensor] = {"policy/ratio_hist": ratio_histogram_edges()}
 """Metric keys that hold histogram counts → their bin edges (``len(counts) + 1``)."""
@@ -43,6 +49,15 @@ PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "s
 
 class TrackerUnavailable(RuntimeError):
     """A tracker named in ``run.report_to`` whose package is not installed."""
+
+
+class TrackerFailed(StartupError):
+    """A tracker of ``run.report_to`` that raised as it started; ``started`` names the ones that
+    had started before it (their files are in the run directory)."""
+
+    def __init__(self, message: str, started: list[str]) -> None:
+        super().__init__(message)
+        self.started = started
 
 
 def check_trackers(names: list[str]) -> None:
@@ -78,6 +93,7 @@ class Trackers:
                  config: dict[str, Any] | None = None) -> None:
         check_trackers(names)
         self.trackers: list[Any] = []
+        name = ""
         try:
             for name in names:
                 tracker = _build(name, Path(run_dir), project, dict((options or {}).get(name, {})))
@@ -86,8 +102,17 @@ class Trackers:
                 self.trackers.append(tracker)
                 if config:
                     tracker.store_init_configuration(flat_config(config))
+        except Exception as e:
+            started = self.names  # the failing one too, if it raised after it started
+            self._close_quietly()
+            kept = (f" The run directory {run_dir} is kept: it holds what {', '.join(started)} wrote."
+                    if started else "")
+            raise TrackerFailed(
+                f"run.report_to: the {name!r} tracker failed to start: {type(e).__name__}: {e}. Check "
+                f"run.tracker_options.{name} (and the tracker's environment variables), or remove {name!r} "
+                f"from run.report_to (metrics.jsonl is always written).{kept}", started) from e
         except BaseException:
-            self.close()
+            self._close_quietly()
             raise
 
     @property
@@ -108,6 +133,15 @@ class Trackers:
     def close(self) -> None:
         for t in self.trackers:
             t.finish()
+        self.trackers = []
+
+    def _close_quietly(self) -> None:
+        """Close what started, after another tracker failed: that failure is the one to report."""
+        for t in self.trackers:
+            try:
+                t.finish()
+            except Exception:
+                pass
         self.trackers = []
 
 

@@ -14,7 +14,14 @@ from saorl.algo.losses import ratio_histogram_edges
 from saorl.config import TRACKERS, ConfigError, load_config
 from saorl.runtime import trackers as trackers_module
 from saorl.runtime.recorder import RunRecorder
-from saorl.runtime.trackers import PACKAGES, Trackers, TrackerUnavailable, check_trackers, flat_config
+from saorl.runtime.trackers import (
+    PACKAGES,
+    TrackerFailed,
+    Trackers,
+    TrackerUnavailable,
+    check_trackers,
+    flat_config,
+)
 
 COUNTS = [0] * 24
 COUNTS[3], COUNTS[11], COUNTS[12] = 1, 5, 7  # ratios around 1 (bins 11, 12), one far below
@@ -155,6 +162,38 @@ def test_a_tracker_that_fails_to_start_closes_the_others(tmp_path, monkeypatch):
         return tracker
 
     monkeypatch.setattr(trackers_module, "_build", build)
-    with pytest.raises(Boom):
+    with pytest.raises(TrackerFailed, match=r"^run\.report_to: the 'wandb' tracker failed to start: Boom: "
+                                            r"no\. Check run\.tracker_options\.wandb .* kept: it holds what "
+                                            r"tensorboard wrote\.$") as info:
         Trackers(["tensorboard", "wandb"], tmp_path)
-    assert closed == ["tensorboard"]
+    assert closed == ["tensorboard"] and info.value.started == ["tensorboard"]
+    assert isinstance(info.value.__cause__, Boom)
+
+
+def test_a_failed_start_keeps_the_files_a_tracker_wrote(tmp_path, monkeypatch):
+    """The trackers start last; when one fails after another wrote, the run directory stays with
+    those files (a W&B offline run, TensorBoard's events) instead of being removed with the start."""
+    from saorl.training import train
+
+    real_build = trackers_module._build
+
+    def build(name, run_dir, project, options):
+        if name == "wandb":
+            raise RuntimeError("wandb.init: the service cannot start")
+        return real_build(name, run_dir, project, options)
+
+    monkeypatch.setattr(trackers_module, "_build", build)
+    cfg = load_config(None, ["sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-moe",
+                             "runtime.backend=inprocess", "env.num_train_tasks=20", "env.num_test_tasks=4",
+                             "run.progress=false", "run.report_to=[tensorboard, wandb]"])
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrackerFailed, match=r"'wandb' tracker failed to start: RuntimeError: wandb\.init"):
+        train(cfg, run_dir)
+    assert (run_dir / "tb").is_dir() and list((run_dir / "tb").glob("events.out.tfevents.*"))
+    (hparams,) = (run_dir / "tb").glob("*/hparams.yml")  # the config TensorBoard stored
+    assert "trainer.steps: 200" in hparams.read_text()
+    # a start that fails before the trackers start (here: no tracker can be built) leaves nothing
+    monkeypatch.setattr(trackers_module, "_build", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
+    with pytest.raises(TrackerFailed) as info:
+        train(cfg, tmp_path / "other")
+    assert info.value.started == [] and not (tmp_path / "other").exists()
