@@ -101,7 +101,9 @@ class RunConfig(Section):
     """Project (W&B) or experiment (MLflow) name the trackers file the run under; the tracker's
     run name is the run directory's name."""
     tracker_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Keyword arguments per tracker for its init call, e.g. ``{wandb: {entity: me, mode: offline}}``."""
+    """Keyword arguments per tracker for its init call, e.g. ``{wandb: {entity: me, mode: offline}}``;
+    MLflow's also take ``tracking_uri`` (its store: else ``MLFLOW_TRACKING_URI``, else SQLite in
+    ``RUN/mlflow/mlflow.db``)."""
 
     @field_validator("name")
     @classmethod

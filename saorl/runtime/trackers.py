@@ -5,7 +5,8 @@ classes (``accelerate.tracking``), beside ``metrics.jsonl``, which the recorder 
 Comet, SwanLab, Trackio, Aim, ClearML) or experiment (MLflow), the run directory's name as the run
 name where the tracker takes one (W&B, MLflow), and ``run.tracker_options[name]`` as keyword
 arguments of its init call (for W&B, those of ``wandb.init``: ``mode: offline``, ``entity``,
-``tags``). TensorBoard writes to ``RUN/tb``, W&B under ``RUN/wandb`` unless told otherwise. Each
+``tags``). TensorBoard writes to ``RUN/tb``, W&B under ``RUN/wandb``, MLflow to a SQLite store
+in ``RUN/mlflow`` (:func:`_mlflow_store`), unless told otherwise. Each
 gets the resolved config once (flattened to dotted keys), then every logged row: the step-0
 evaluation and each trainer step, finite scalars only.
 
@@ -29,6 +30,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -154,10 +156,29 @@ def _build(name: str, run_dir: Path, project: str, options: dict[str, Any]) -> A
     if name == "wandb":
         return cls(project, **{"name": run_dir.name, "dir": str(run_dir), **options})
     if name == "mlflow":
-        return cls(**{"experiment_name": project, "run_name": run_dir.name, **options})
+        return cls(**{"experiment_name": project, "run_name": run_dir.name,
+                      **_mlflow_store(run_dir, options), **options})
     if cls.requires_logging_directory:
         return cls(project, **{"logging_dir": str(run_dir), **options})
     return cls(project, **options)
+
+
+def _mlflow_store(run_dir: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """Where MLflow keeps the run: ``options["tracking_uri"]`` (taken out of the init's keyword
+    arguments), else ``MLFLOW_TRACKING_URI``, else a SQLite store in ``RUN/mlflow/mlflow.db`` with
+    its artifacts beside it, in ``RUN/mlflow/artifacts`` (MLflow 3 refuses a ``./mlruns`` file
+    store, and its own default, ``sqlite:///mlflow.db``, lands in whatever directory the run was
+    started from). The keyword arguments for accelerate's tracker: the artifact location."""
+    import mlflow
+
+    uri = options.pop("tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        mlflow.set_tracking_uri(uri)
+        return {}
+    store = run_dir / "mlflow"
+    store.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(f"sqlite:///{store.resolve() / 'mlflow.db'}")
+    return {"logging_dir": (store / "artifacts").resolve().as_uri()}
 
 
 def _log_histogram(tracker: Any, key: str, counts: list[int], edges: torch.Tensor, step: int) -> None:
