@@ -16,6 +16,7 @@ never waits for a call past its deadline; any other episode error still raises (
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable
 
 from saorl.agent.prompts import fitting_tasks
@@ -87,7 +88,8 @@ def eval_metrics(trajs: list[Trajectory], failed: int = 0) -> dict[str, float]:
 
 def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int, tokenizer=None) -> list[Task]:
     """The first ``n`` tasks of ``split``, as a run sees them (test: the run's test split; with the
-    run's ``tokenizer``, those whose prompts fit its token budget, per ``env.overlong_prompts``)."""
+    run's ``tokenizer``, those whose prompts fit its token budget, per ``env.overlong_prompts``,
+    whose line goes to stderr: ``saorl eval --json`` keeps stdout for its JSON)."""
     env = env_factory()
     if split == "train":
         tasks = load_split(env, cfg.env, "train", n, cfg.seed)
@@ -97,7 +99,7 @@ def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int, tokenizer=None
         r = cfg.rollout
         tasks = fitting_tasks(tasks, env_factory, tokenizer, max_total_tokens=r.max_total_tokens,
                               max_new_tokens=r.max_new_tokens, mode=cfg.env.overlong_prompts,
-                              what=f"{split} tasks")
+                              what=f"{split} tasks", log=lambda line: print(line, file=sys.stderr))
     return tasks[:n]
 
 

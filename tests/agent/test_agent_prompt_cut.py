@@ -147,4 +147,22 @@ def test_eval_cuts_alike(tmp_path, capsys):
     tasks = eval_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options), "test", 2,
                        run_tokenizer(cfg.model))
     assert len(tasks) == 2 and all(t.prompt_limit == 96 for t in tasks)
-    assert "cut to fit, keeping their end (env.overlong_prompts=truncate)" in capsys.readouterr().out
+    assert "cut to fit, keeping their end (env.overlong_prompts=truncate)" in capsys.readouterr().err
+
+
+def test_saorl_eval_cuts_and_says_so(tmp_path, capsys):
+    """The command line, end to end: ``saorl eval`` with truncate plays the long prompt, cut."""
+    from saorl.cli import main
+
+    rows = [{"id": f"r{i}", "prompt": LONG if i == 7 else f"What is {i}+1?", "answer": 5} for i in range(8)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["eval", "tiny-moe", "env.type=prompt_reward", f"env.tasks_file={path}", "env.num_test_tasks=2",
+            "env.options.reward_fn=saorl.envs.rewards:number_answer", "env.call_timeout_s=null",
+            "env.overlong_prompts=truncate", "rollout.max_total_tokens=128", "rollout.max_new_tokens=32",
+            "--tasks", "2", "--json"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "prompts: 1 of 2 test tasks have prompts over 96 tokens" in err
+    assert "1 cut to fit, keeping their end (env.overlong_prompts=truncate)" in err
+    assert json.loads(out)["eval/episodes"] == 2  # stdout stays JSON
