@@ -66,11 +66,30 @@ def cut_prompt(tokenizer, prompt: Prompt, limit: int) -> tuple[Prompt, list[int]
     return _cut_messages(tokenizer, prompt, limit)
 
 
+def can_cut(tokenizer, prompt: Prompt, limit: int) -> bool:
+    """Whether :func:`cut_prompt` finds a cut of ``prompt`` within ``limit`` tokens, from one
+    rendering of its uncuttable part (the template with no text; the system messages and the last
+    round, emptied)."""
+    if isinstance(prompt, str):
+        return len(tokenizer.prompt_ids("")) <= limit
+    system, rest = _split_system(prompt)
+    if not rest:
+        return False
+    opener = rest[0].get("role")
+    last = max(i for i, m in enumerate(rest) if m.get("role") == opener or i == 0)
+    return len(tokenizer.prompt_ids(system + [{**m, "content": ""} for m in rest[last:]])) <= limit
+
+
+def _split_system(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The leading system messages, and the rest."""
+    n = 0
+    while n < len(messages) and messages[n].get("role") == "system":
+        n += 1
+    return list(messages[:n]), list(messages[n:])
+
+
 def _cut_messages(tokenizer, messages: list[dict[str, Any]], limit: int):
-    n_system = 0
-    while n_system < len(messages) and messages[n_system].get("role") == "system":
-        n_system += 1
-    system, rest = list(messages[:n_system]), list(messages[n_system:])
+    system, rest = _split_system(messages)
     if not rest:
         return None
 

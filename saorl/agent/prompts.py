@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from saorl.agent.prompt_cut import cut_prompt
+from saorl.agent.prompt_cut import can_cut
 from saorl.agent.prompt_size import bytes_bound_holds, bytes_per_token, prompt_bytes
 from saorl.data.task import Task
 from saorl.envs.base import Env, Progress
@@ -68,7 +68,7 @@ def screen_prompts(tasks: Sequence[Task], env_factory: Callable[[], Env], tokeni
                 out.kept.append(task)
                 continue
         out.overlong.append((task, n))
-        if cut and cut_prompt(tokenizer, prompt, budget) is not None:
+        if cut and can_cut(tokenizer, prompt, budget):
             out.kept.append(task)
         elif cut:
             out.uncuttable.append(task)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from saorl.agent.loop import PromptTooLongError, run_episode
-from saorl.agent.prompt_cut import cut_prompt, fitted_prompt_ids
+from saorl.agent.prompt_cut import can_cut, cut_prompt, fitted_prompt_ids
 from saorl.agent.scripted import ScriptedEngine
 from saorl.config import load_config
 from saorl.data.task import Task
@@ -79,6 +79,10 @@ def test_messages_lose_their_earliest_non_system_content_first(chat):
     assert 0 < len(kept[1]["content"]) < len(msgs[1]["content"]) and len(ids) <= whole - 20
     # the system message alone is over: None
     assert cut_prompt(chat, [{"role": "system", "content": "S " * 200}, msgs[3]], 60) is None
+    # can_cut, from the uncuttable part alone, agrees with cut_prompt at every limit
+    for limit in range(20, whole + 2, 3):
+        for prompt in (msgs, msgs[1:], [msgs[0], msgs[3]], LONG):
+            assert can_cut(chat, prompt, limit) == (cut_prompt(chat, prompt, limit) is not None), limit
 
 
 def test_a_huge_prompt_is_cut_without_tokenising_it_whole(plain):
