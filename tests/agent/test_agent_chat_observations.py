@@ -247,3 +247,27 @@ def test_the_runs_setting_reaches_the_rollout_workers(tmp_path):
         finally:
             stack.engine.close()
             stack.env_factory.close()
+
+
+def test_a_prompt_cut_to_its_budget_is_the_conversation_the_turns_continue():
+    """env.overlong_prompts=truncate cuts the prompt's start (Task.prompt_limit) and the chat turns
+    continue the cut conversation (they are rendered from the cut prompt, the one the model saw)."""
+    from dataclasses import replace
+
+    tok = shipped_with(QWEN_TOOLS)
+
+    class LongToy(ToyEnv):
+        def reset(self, task, progress=None):
+            return [{"role": "user", "content": "background " * 60 + "Q7:"}]
+
+    env = LongToy(done_after=2)
+    env.observation_format = "chat"
+    task = replace(TASK, prompt_limit=40)
+    traj = asyncio.run(run_episode(FakeEngine([[*enc(tok, "go</a>"), tok.eos_token_id], enc(tok, "done")]),
+                                   env, task, tok, sampling=SP, max_total_tokens=1024))
+    assert traj.prompt_len <= 40
+    text = tok.text(traj.token_ids)
+    cut = text[:text.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")]
+    assert cut.startswith("<|im_start|>user\n") and cut.count("background") < 60 and "Q7:" in cut
+    assert text == cut + ("go</a><|endoftext|>\n<|im_start|>user\n<tool_response>\n<obs 1>\n\n"
+                          "</tool_response><|endoftext|>\n<|im_start|>assistant\ndone")
