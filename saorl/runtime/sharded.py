@@ -174,7 +174,7 @@ class ShardedLearner(Learner):
         gids = list(group_ids if group_ids is not None else range(len(trajectories)))
         shares = split_groups(gids, [len(t) for t in trajectories], self.group.world)
         parts = [([trajectories[i] for i in s], [gids[i] for i in s]) for s in shares]
-        return self._run("step", parts)
+        return self._run("step", parts, self.version)
 
     def publish(self, sync: WeightSync) -> None:
         if self.group.rank == 0:
@@ -191,7 +191,10 @@ class ShardedLearner(Learner):
         self._run("load_state", Path(directory), manifest)
 
     # ------------------------------------------------------------- every rank
-    def _all_step(self, parts: list[tuple[list[Trajectory], list[int]]]) -> StepResult | None:
+    def _all_step(self, parts: list[tuple[list[Trajectory], list[int]]], version: int) -> StepResult | None:
+        # rank 0's version, which a resume may have moved past the checkpoint's (above the versions
+        # published before a crash): every rank measures its share's staleness against it
+        self.version = version
         return self._step_share(*parts[self.group.rank])
 
     # --------------------------------------------------------- weights, state

@@ -139,11 +139,15 @@ def _drive(group, out: Path, cases: list[tuple]) -> None:
                     meta | {"version": learner.version, "learner_steps": learner.steps_done,
                             "nonfinite_skips": 0, "baseline": learner.baseline.state_dict()}))
             # an update that overflows rank 0's shards only (its own learning rate): every rank rolls back
-            learner.optim = replace(learner.optim, policy_lr=math.inf)
+            optim, learner.optim = learner.optim, replace(learner.optim, policy_lr=math.inf)
             m = learner.step(trajs, gids)
             (out / "rollback.json").write_text(json.dumps({k: m[k] for k in ("train/nonfinite_skips",
                                                                                "policy/version")}))
             _save(out / "rollback_policy.safetensors", learner.full_models()[0])
+            # a resume moves rank 0's version past the published ones: every rank's share is that stale
+            learner.optim, learner.version = optim, learner.version + 5
+            m = learner.step(trajs, gids)
+            (out / "bumped.json").write_text(json.dumps({k: v for k, v in m.items() if "tokens_s" in k}))
         learner.close()
         if name == "moe_sao":
             for fmt in ("sharded", "full"):  # a fresh learner (other weights) resumes each

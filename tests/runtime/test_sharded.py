@@ -308,3 +308,11 @@ def test_a_sharded_checkpoint_refuses_a_single_process_resume_in_one_paragraph(t
     with pytest.raises(ValueError, match=r"trainer\.shard=fsdp2 under torchrun") as info:
         load_learner_files(tmp_path, {})
     assert "\n" not in str(info.value)
+
+
+def test_every_rank_takes_rank_0s_version_as_a_resume_moved_it(sharded):
+    """The trajectories were sampled at version 0; rank 0's version moved to 7 (a resume past the
+    versions published before a crash): the whole batch is 7 versions stale, on both ranks' shares."""
+    bumped = json.loads((sharded / "bumped.json").read_text())
+    assert bumped.get("mismatch/tokens_s4_7", 0) > 0, bumped
+    assert not any(v for k, v in bumped.items() if k != "mismatch/tokens_s4_7"), bumped
