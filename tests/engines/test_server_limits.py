@@ -142,7 +142,7 @@ def test_json_depth_counts_nesting_not_brackets_in_strings(value):
 def test_json_depth_is_linear_on_an_unterminated_string_of_escapes():
     t0 = time.monotonic()
     assert json_depth(b'["' + b'\\"' * 2_000_000) == 1  # a backtracking scan would take hours
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 60  # 0.45-2.2 s measured at load 8.5 on 2 cores (CI is shared)
 
 
 def test_a_request_no_wait_would_admit_is_a_400_one_that_fits_later_a_503(served):
