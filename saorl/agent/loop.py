@@ -26,9 +26,11 @@ the default prompt format): a text prompt through the chat template when the tok
 text decoded in its context and each observation encoded so that it appends exactly its text,
 for byte-level BPE and SentencePiece tokenizers alike. So
 ``decode(traj.token_ids)`` equals the decoded prompt + actions + observations as text (with
-``chat``, the template's rendering of the conversation after the prompt), with no space inserted
-or lost at a boundary, even where the sampled ids are not the canonical tokenization of the action
-text.
+``chat``, each observation's turn as the template writes it after the assistant's message), with
+no space inserted or lost at a boundary, even where the sampled ids are not the canonical
+tokenization of the action text. The trajectory is what the model saw and sampled, not a
+re-rendering of the conversation: under a Qwen3 template, which drops the think blocks of earlier
+turns when it renders a whole conversation, they stay.
 
 Decisions that the trainer and the env authors rely on:
 

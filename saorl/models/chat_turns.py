@@ -3,44 +3,55 @@
 With ``env.observation_format: chat`` the agent loop does not append an observation as text
 inside the assistant's message; it ends the assistant's turn and adds the observation as a
 message of its own (role ``env.observation_role``: ``tool`` or ``user``), then the header of the
-next assistant turn, exactly as the chat template renders that conversation — the format that
-chat models trained on tool use with TRL or verl expect (Qwen-style:
+next assistant turn, exactly as the chat template writes them — the format that chat models
+trained on tool use with TRL or verl expect (Qwen-style:
 ``<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n``).
 
 One episode's :class:`ChatTurns` holds the conversation so far: the prompt (a text prompt is one
 user message), then per turn the assistant's action (its text, minus a sampled eos) and the
-observation. For each observation it renders
-
-- the *shorter* conversation: the history up to and including the assistant's action, without a
-  generation prompt;
-- the *longer* one: the history, the observation's message and the generation prompt;
-
-and appends the ids of the template's closing of the assistant's turn followed by
-``longer[len(shorter):]`` (the observation's message and the next assistant header). The closing
-(``<|im_end|>\\n``) is what the template writes after an assistant's message: told apart once per
-episode by rendering the prompt with a probe message (:data:`PROBE_ACTION`), so that the model's
-own text is never held against the template (a template that trims a message's spaces still
-works; the trajectory keeps the spaces the model sampled). Spaces a template puts between the
-generation prompt and the message (Mistral's ``[/INST] ``) are the model's to sample; an action
-that starts with them enters the history without them. Earlier ids are never re-tokenized: the
-new text is encoded as a continuation of the context
+observation. After an action it renders the conversation with the observation's message and the
+generation prompt, the assistant's message replaced by :data:`SENTINEL`, and appends what the
+template writes after the sentinel: its closing of the assistant's turn as it is when that message
+follows (``<|im_end|>\\n``), the observation's message and the next assistant header, generation
+prompt included (``<|im_start|>assistant\\n``, plus ``<think>\\n\\n</think>\\n\\n`` under a Qwen3
+template with ``chat_template_kwargs: {enable_thinking: false}``). The model's own text is never
+what the template's output is split on, so a template that trims a message's spaces, or that
+renders an assistant message differently by where it stands, still works. Earlier ids are never
+re-tokenized: the new text is encoded as a continuation of the context
 (:meth:`~saorl.models.codec.RunTokenizer.continuation_ids`), exact for byte-level BPE and for
 SentencePiece tokenizers, whose dummy prefix would otherwise put a space before it.
 
-The closing after a sampled eos: when the action ended on the eos token and the template's
-closing contains the eos text (``<|im_end|>\\n`` after an ``<|im_end|>`` eos), the sampled eos is
-that closing's eos, so only what follows it (``\\n``) is added — never a second eos. When the
-action ended on a stop string instead (``</tool>``), the whole closing is added. Every appended
+Token in, token out — not a re-rendering. The trajectory is the prompt's ids followed, per turn,
+by the action's ids as sampled and the ids appended after it: what the model conditioned on and
+what it sampled, and so what it is trained on. For a template that renders each message the same
+wherever it stands (Qwen2.5's, Llama 3's, Mistral's) that is also the template's rendering of the
+whole conversation. For one that does not, it is not, by design. Qwen3's template (and the
+templates derived from it) writes a ``<think>\\n…\\n</think>\\n\\n`` block into an assistant message
+after the last user query only when it is the last message or has reasoning, and drops the
+reasoning of messages before that query: with ``enable_thinking: false`` the model was prompted
+with an empty think block every turn, and the trajectory keeps each one, where a re-rendering of the
+conversation would drop all but the last (with ``observation_role: user`` each observation is a
+new query, so a re-rendering drops earlier reasoning too; the trajectory keeps what was sampled).
+
+The closing after a sampled eos: when the action ended on the eos token and the template writes
+the eos text between the assistant's message and the observation's text (``<|im_end|>`` after an
+``<|im_end|>`` eos), the sampled eos is that one, so only what follows it is added (``\\n<|im_start|>
+user...``) — never a second eos. When the action ended on a stop string instead (``</tool>``), or on
+an eos the template does not write there, the whole closing is added after it. Spaces a template
+puts between the generation prompt and the last message (Mistral's ``[/INST] ``) are the model's
+to sample: an action that starts with them enters the conversation without them. Every appended
 token is context: ``action_mask`` 0, so skip-observation GAE and the losses see only the model's
 own tokens.
 
-A template that cannot be split this way raises :class:`TemplateSplitError`, one paragraph naming
-the problem: the longer rendering does not start with the shorter one, or the rendering with an
-assistant's message does not start with the generation prompt followed by that message — a
-template that renders a message differently depending on what follows it, such as one that adds
-an empty ``<think>`` block to the last assistant message only, or that closes an assistant's turn
-differently when a tool message follows. :func:`check_chat_turns` plays a probe episode so that
-the run's start-up checks raise it before anything runs.
+What cannot work this way raises :class:`TemplateSplitError`, one paragraph naming the problem: a
+template that does not write the assistant's message once, as it is (it drops earlier assistant
+messages, repeats them, or changes their text: its case, an escape), so that the sentinel cannot
+be found; one whose text after the message depends on what the message says (a different closing
+after a tool call, say), so that the text after the sentinel is not what follows the model's own
+message; a template that fails on the roles; a tokenizer without a template. :func:`check_chat_turns`
+plays a probe episode so that the run's start-up checks raise these before anything runs, and
+checks the construction's invariant: each appended part decodes, after the ids before it, to
+exactly the template's text.
 """
 
 from __future__ import annotations
@@ -49,27 +60,36 @@ from typing import Any
 
 from saorl.models.codec import RunTokenizer
 
+SENTINEL = "SAORLxASSISTANTxMESSAGE"
+"""Stands for the assistant's message in the rendering whose tail is appended: letters only, so no
+template trims, escapes or parses any of it (a ``</think>`` split, say)."""
+OBSERVATION_SENTINEL = "SAORLxOBSERVATION"
+"""Stands for the observation's text to tell apart where the template starts writing it."""
 PROBE_PROMPT = "What is 12 + 30?"
 PROBE_ACTION = "<answer>42</answer>"
-"""The assistant's message that tells the template's closing of a turn apart (no edge spaces, which
-some templates trim)."""
+"""The assistant's message that tells apart the spaces a template puts before it (no edge spaces,
+which some templates trim)."""
 PROBE_TURNS = (("<tool>12 + 30</tool>", "<out>42</out>"), ("<answer>42", "<out>ok</out>"))
 """(action, observation) pairs of the start-up probe; the first action ends on eos, the second
 does not (as one that ends on a stop string: its closing is added in full)."""
 
-_FIX = ("This happens with a template that renders a message differently depending on what follows "
-        "it (one that adds an empty <think> block to the last assistant message only, say). Use a chat "
-        "template that renders each message the same wherever it stands in the conversation (set "
-        "model.tokenizer to a tokenizer directory whose tokenizer_config.json has one), or set "
-        "env.observation_format=text to append observations as text inside the assistant's message")
+_FIX = ("Use a chat template that writes each assistant message as it is, once, and closes it the same "
+        "whatever it says (set model.tokenizer to a tokenizer directory whose tokenizer_config.json has "
+        "one), or set env.observation_format=text to append observations as text inside the assistant's "
+        "message")
 
 
 class TemplateSplitError(ValueError):
     """The chat template cannot add an observation as a turn after the conversation so far."""
 
 
+def _common(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def _parting(a: str, b: str) -> str:
-    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    k = _common(a, b)
     return f"they part at character {k}: {a[max(0, k - 30):k + 30]!r} versus {b[max(0, k - 30):k + 30]!r}"
 
 
@@ -90,28 +110,19 @@ class ChatTurns:
         self.codec, self.role = codec, role
         self.messages: list[dict[str, Any]] = (
             [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt])
-        self.rendered = self.prompt_rendered = self._render(self.messages, generation_prompt=True)
-        """The template's text of the conversation so far, as the model was last prompted with it."""
+        """The conversation so far, as a dataset would hold it."""
+        prompted = self._render(self.messages, generation_prompt=True)
         probe = self._render([*self.messages, {"role": "assistant", "content": PROBE_ACTION}],
                              generation_prompt=False)
-        at = probe.find(PROBE_ACTION, len(self.prompt_rendered))
-        lead = probe[len(self.prompt_rendered):at] if at >= 0 else None
-        if not probe.startswith(self.prompt_rendered) or lead is None or lead.strip():
-            raise TemplateSplitError(
-                "env.observation_format=chat: the chat template cannot add an observation as a turn: "
-                "rendered with an assistant's message, the conversation does not start with its rendering "
-                "with the generation prompt followed by that message (spaces between them aside) "
-                f"({_parting(self.prompt_rendered + PROBE_ACTION, probe)}), so the closing of the "
-                f"assistant's turn cannot be told apart. {_FIX}")
-        self.lead = lead
-        """Spaces the template puts between the generation prompt and an assistant's message (``" "``
-        after Mistral's ``[/INST]``): the model samples them itself (SentencePiece's ``▁``), so an
-        action that starts with them is its message without them."""
-        self.closing = probe[at + len(PROBE_ACTION):]
-        """What the template writes after an assistant's message (``<|im_end|>\\n``)."""
-        self.exact = True
-        """False once an action ended on an eos that the template's closing does not contain: that
-        eos stays in the trajectory, so its text differs from the rendering by it."""
+        at = probe.find(PROBE_ACTION, len(prompted))
+        lead = probe[len(prompted):at] if probe.startswith(prompted) and at >= 0 else ""
+        self.lead = "" if lead.strip() else lead
+        """Spaces the template puts between the generation prompt and the last assistant message
+        (``" "`` after Mistral's ``[/INST]``): the model samples them itself (SentencePiece's ``▁``),
+        so an action that starts with them is its message without them. Anything else there (the
+        empty think block a Qwen3 template writes into the last message) is not stripped."""
+        self.appended: list[str] = []
+        """The text appended after each action so far: the template's, minus a sampled eos's text."""
 
     def _render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
         try:
@@ -126,58 +137,77 @@ class ChatTurns:
                 f"out of turn: try env.observation_role={'user' if self.role == 'tool' else 'tool'}, or "
                 "set env.observation_format=text") from e
 
+    def _after_message(self, message: dict[str, Any]) -> str:
+        """What the template writes after the assistant's message when ``message`` and the
+        generation prompt follow it (the message's own text standing in as :data:`SENTINEL`)."""
+        rendered = self._render([*self.messages, {"role": "assistant", "content": SENTINEL}, message],
+                                generation_prompt=True)
+        n = rendered.count(SENTINEL)
+        if n != 1:
+            raise TemplateSplitError(
+                "env.observation_format=chat: the chat template cannot add an observation as a turn: it does "
+                "not write the assistant's message once, as it is (a message "
+                f"{SENTINEL!r} followed by a {self.role!r} message appears {n} times in its rendering), so "
+                "what it writes after that message cannot be told apart. This happens with a template that "
+                "drops earlier assistant messages, repeats them or changes their text (its case, an "
+                f"escape). {_FIX}")
+        return rendered[rendered.index(SENTINEL) + len(SENTINEL):]
+
     def observation_ids(self, ids: list[int], action: str, observation: str) -> list[int]:
         """The ids to append after ``ids`` (the trajectory so far, ending with the action whose
         text, minus a sampled eos, is ``action``): the closing of the assistant's turn, the
         observation's message and the next assistant header (see the module docstring)."""
-        content = action[len(self.lead):] if action.startswith(self.lead) else action
+        content = action[len(self.lead):] if self.lead and action.startswith(self.lead) else action
         history = [*self.messages, {"role": "assistant", "content": content}]
-        longer_messages = [*history, {"role": self.role, "content": observation}]
-        shorter = self._render(history, generation_prompt=False)
-        longer = self._render(longer_messages, generation_prompt=True)
-        if not longer.startswith(shorter):
+        message = {"role": self.role, "content": observation}
+        text = self._after_message(message)
+        real = self._render([*history, message], generation_prompt=True)
+        if not real.endswith(text):
+            k = _common(real[::-1], text[::-1])  # the length of the tail they share
+            i, j = len(real) - k, len(text) - k
             raise TemplateSplitError(
                 "env.observation_format=chat: the chat template cannot add an observation as a turn after "
-                f"the conversation so far: rendered with a {self.role!r} message and the generation prompt, "
-                "the conversation does not start with its rendering up to the assistant's message ("
-                f"{_parting(shorter, longer)}), so there are no tokens to append without re-tokenizing the "
-                f"past. {_FIX}")
-        closing = self.closing
+                "this action: what it writes after the assistant's message depends on what the message "
+                f"says (with the action's text its rendering reads {real[max(0, i - 40):i + 20]!r} where, "
+                f"with another text, it reads {text[max(0, j - 40):j + 20]!r}), so the text to append cannot "
+                "be told apart from the model's own. This happens with a template that closes an assistant's "
+                f"turn by what it contains (another token after a tool call, say). {_FIX}")
         eos = self.codec.eos_token_id
         if ids and eos is not None and ids[-1] == eos:
             eos_text = self.codec.text([eos])
-            cut = closing.find(eos_text) if eos_text else -1
-            if cut >= 0:  # the sampled eos is the closing's: add only what follows it
-                closing = closing[cut + len(eos_text):]
-            else:
-                self.exact = False
-        new = self.codec.continuation_ids(list(ids), closing + longer[len(shorter):])
-        self.messages, self.rendered = longer_messages, longer
+            # the eos the template writes before the observation's text, if any, is the sampled one
+            probe = self._after_message({"role": self.role, "content": OBSERVATION_SENTINEL})
+            head = text[:_common(text, probe)]
+            cut = head.find(eos_text) if eos_text else -1
+            if cut >= 0:
+                text = text[cut + len(eos_text):]
+        new = self.codec.continuation_ids(list(ids), text)
+        self.messages = [*history, message]
+        self.appended.append(text)
         return new
 
 
 def check_chat_turns(codec: RunTokenizer, role: str) -> None:
     """Play a probe episode of two observations as chat turns; :class:`TemplateSplitError` when the
-    template cannot be split, or when the trajectory's text is not the template's rendering of the
-    conversation (a template that rewrites earlier messages, a tokenizer that cannot append the
-    text exactly)."""
+    template cannot add them (module docstring), or when the ids appended after an action do not
+    decode, after the ids before them, to exactly the template's text (a tokenizer that cannot
+    encode it exactly after the context). The trajectory is the prompt, then per turn the action
+    and that text: not the template's re-rendering of the whole conversation, which a template that
+    renders a message by where it stands (Qwen3's think blocks) makes differ from it."""
     turns = ChatTurns(codec, PROBE_PROMPT, role)
     ids = codec.prompt_ids(PROBE_PROMPT)
-    start = len(ids)
     eos = codec.eos_token_id
     for k, (action, observation) in enumerate(PROBE_TURNS):
         action = turns.lead + action  # as a model trained on the template samples it
         ids += codec.continuation_ids(ids, action)
         if k == 0 and eos is not None:
             ids.append(eos)
+        start = len(ids)
         ids += turns.observation_ids(ids, action, observation)
-    got = codec.span_text(ids, start, len(ids))
-    want = turns.rendered[len(turns.prompt_rendered):]
-    if turns.exact and got != want:
-        raise TemplateSplitError(
-            "env.observation_format=chat: a probe episode's tokens are not the chat template's rendering of "
-            f"its conversation: after the prompt they decode to {got!r}, while the template renders "
-            f"{want!r} ({_parting(got, want)}). Either the template rewrites earlier messages once more "
-            "follow, or the tokenizer cannot encode its text exactly after the context. Use the policy's "
-            "own tokenizer and a template that renders each message the same wherever it stands, or set "
-            "env.observation_format=text")
+        got, want = codec.span_text(ids, start, len(ids)), turns.appended[-1]
+        if got != want:
+            raise TemplateSplitError(
+                f"env.observation_format=chat: in a probe episode the ids appended after action {k + 1} "
+                f"decode to {got!r}, while the chat template writes {want!r} ({_parting(got, want)}): the "
+                "tokenizer cannot encode the template's text exactly after the context. Use the policy's "
+                "own tokenizer, or set env.observation_format=text")

@@ -12,9 +12,10 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
    reached: :mod:`saorl.models.hub`), ``model.tokenizer`` and ``model.critic`` (when the algorithm
    trains a critic) are directories of the right kind;
 3. the device: ``model.device`` exists on this machine; with ``chat`` observations
-   (``env.observation_format``, or the env's own), the run's tokenizer has a chat template that a
-   probe episode of two observations splits into turns (:func:`saorl.models.chat_turns.check_chat_turns`),
-   so a template that cannot be split stops the start, not the first multi-turn rollout;
+   (``env.observation_format``, or the env's own), the run's tokenizer has a chat template that
+   adds a probe episode's two observations as turns, token-exactly
+   (:func:`saorl.models.chat_turns.check_chat_turns`), so a template that cannot stops the start,
+   not the first multi-turn rollout;
 4. the tasks: the task files or ``env.dataset`` parse (a bad line is named by file and line), and
    the env accepts their tasks: **every task read from a file** (train and test split) is passed
    to a fresh env's ``reset`` once, in file order, and the first one the env rejects is named by

@@ -1,5 +1,6 @@
 """Observations as chat turns (env.observation_format=chat): exact ids and text, masks, the eos
-that closes a turn, both tokenizer families, and the template that cannot be split."""
+that closes a turn, both tokenizer families, and the templates that cannot add a turn (Qwen3-style
+think blocks: test_agent_chat_thinking.py)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,6 @@ QWEN_TOOLS = (  # Qwen's layout: a tool message is a <tool_response> inside a us
 SP_TOOLS = (  # Llama-2-like: BOS, bracketed turns, the assistant's message closed by eos
     "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}{{ eos_token }}"
     "{% else %}[{{ m.role | upper }}] {{ m.content }} [/{{ m.role | upper }}]{% endif %}{% endfor %}")
-LAST_ASSISTANT_THINKS = (  # renders the last assistant message differently: cannot be split
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and loop.last %}"
-    "<think>\n\n</think>\n\n{% endif %}{{ m.content }}{{ eos_token }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def shipped_with(template: str) -> RunTokenizer:
@@ -175,25 +172,50 @@ def test_the_space_a_template_puts_before_the_assistants_message_is_the_models_o
         "<s>[INST] Q7:[/INST] hello world</a></s>[INST] <obs 1>\n[/INST] then 42"
 
 
-def test_a_template_that_cannot_be_split_is_named_at_the_probe_and_in_the_loop():
-    tok = shipped_with(LAST_ASSISTANT_THINKS)
-    with pytest.raises(TemplateSplitError, match=r"cannot add an observation as a turn: rendered with an "
-                                                 r"assistant's message, the conversation does not start with"
-                                                 r".*they part at character \d+: .*<think>"
-                                                 r".* set env\.observation_format=text"):
+def test_a_closing_that_differs_before_a_tool_message_is_the_one_appended():
+    call = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.role == 'assistant' and "
+            "not loop.last and messages[loop.index0 + 1].role == 'tool' %}<|call|>\n{% else %}{{ eos_token }}"
+            "\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = shipped_with(call)
+    for role, closing in (("tool", "<|call|>"), ("user", "<|endoftext|>")):
+        check_chat_turns(tok, role)
+        traj = play(FakeEngine([enc(tok, "go</a>"), enc(tok, "done")]), chat_env(role, done_after=2), tok)
+        assert tok.text(traj.token_ids) == (
+            f"<|im_start|>user\nQ7:<|endoftext|>\n<|im_start|>assistant\ngo</a>{closing}\n<|im_start|>{role}\n"
+            "<obs 1>\n<|endoftext|>\n<|im_start|>assistant\ndone")
+
+
+def test_a_template_that_drops_earlier_assistant_messages_is_named_at_the_probe_and_in_the_loop():
+    last_only = ("{% for m in messages %}{% if m.role != 'assistant' or loop.last %}<|im_start|>"
+                 "{{ m.role }}\n{{ m.content }}{{ eos_token }}\n{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = shipped_with(last_only)
+    with pytest.raises(TemplateSplitError, match=(
+            r"cannot add an observation as a turn: it does not write the assistant's message once, as it is "
+            r"\(a message '\w+' followed by a 'tool' message appears 0 times in its rendering\).* drops "
+            r"earlier assistant messages.* set env\.observation_format=text")):
         check_chat_turns(tok, "tool")
     with pytest.raises(EpisodeError, match=r"env 'toy' task 't-7': env\.observation_format=chat: the chat "
                                            r"template cannot add an observation"):
         play(FakeEngine([enc(tok, "a</a>"), enc(tok, "b")]), chat_env(done_after=2), tok)
-    # an assistant's turn closed differently when a tool message follows: longer ≠ shorter + more
-    call = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.role == 'assistant' and "
-            "not loop.last and messages[loop.index0 + 1].role == 'tool' %}<|call|>{% else %}{{ eos_token }}"
-            "{% endif %}\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    with pytest.raises(TemplateSplitError, match=r"rendered with a 'tool' message and the generation prompt, "
-                                                 r"the conversation does not start with its rendering up to "
-                                                 r"the assistant's message \(they part .*<\|call\|>"):
-        check_chat_turns(shipped_with(call), "tool")
-    check_chat_turns(shipped_with(call), "user")  # a user message follows as any other turn
+
+
+def test_a_template_that_closes_a_turn_by_what_it_says_is_named_at_the_probe_and_in_the_loop():
+    by_content = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.role == "
+                  "'assistant' and '<tool>' in m.content %}<|call|>\n{% else %}{{ eos_token }}\n{% endif %}"
+                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = shipped_with(by_content)
+    with pytest.raises(TemplateSplitError, match=(
+            r"cannot add an observation as a turn after this action: what it writes after the assistant's "
+            r"message depends on what the message says \(with the action's text its rendering reads "
+            r"'.*30</tool><\|call\|>\\n<.*' where, with another text, it reads '<\|endoftext\|>\\n<.*'\).* "
+            r"set env\.observation_format=text")):
+        check_chat_turns(tok, "user")
+    with pytest.raises(EpisodeError, match=r"env 'toy' task 't-7': .* depends on what the message says"):
+        play(FakeEngine([enc(tok, "<tool>1</a>"), enc(tok, "b")]), chat_env(done_after=2), tok)
+    traj = play(FakeEngine([enc(tok, "a</a>"), enc(tok, "b")]), chat_env(done_after=2), tok)
+    assert tok.text(traj.token_ids).endswith(  # an action without a tool call: as the template writes it
+        "a</a><|endoftext|>\n<|im_start|>tool\n<obs 1>\n<|endoftext|>\n<|im_start|>assistant\nb")
 
 
 def test_a_template_that_trims_messages_keeps_the_models_own_text():
@@ -271,3 +293,19 @@ def test_a_prompt_cut_to_its_budget_is_the_conversation_the_turns_continue():
     assert cut.startswith("<|im_start|>user\n") and cut.count("background") < 60 and "Q7:" in cut
     assert text == cut + ("go</a><|endoftext|>\n<|im_start|>user\n<tool_response>\n<obs 1>\n\n"
                           "</tool_response><|endoftext|>\n<|im_start|>assistant\ndone")
+
+
+def test_the_probe_names_a_tokenizer_that_cannot_append_the_templates_text_exactly():
+    class EncodesAlone(RunTokenizer):  # ignores the context: SentencePiece's dummy prefix adds a "▁"
+        def continuation_ids(self, context, text):
+            return self.ids(text)
+
+    hf = sp_tokenizer(metaspace=False)
+    hf.chat_template = SP_TOOLS
+    check_chat_turns(RunTokenizer(hf), "tool")
+    with pytest.raises(TemplateSplitError, match=(
+            r"in a probe episode the ids appended after action 1 decode to "
+            r"' \[TOOL\] <out>42</out> \[/TOOL\]', while the chat template writes "
+            r"'\[TOOL\] <out>42</out> \[/TOOL\]' \(they part at character 0.*"
+            r"cannot encode the template's text exactly after the context")):
+        check_chat_turns(EncodesAlone(hf), "tool")

@@ -295,9 +295,10 @@ def _tokenizer_dir(path, template):
     return path
 
 
-def test_chat_observations_need_a_template_that_splits_into_turns(tmp_path, env_module):
+def test_chat_observations_need_a_template_that_adds_them_as_turns(tmp_path, env_module):
     """env.observation_format=chat is checked at start-up (a probe episode), in one paragraph: no
-    chat template, a template that cannot be split, and an env class whose own format is unknown."""
+    chat template, a template that cannot add a turn (a Qwen3-style one can), and an env class whose
+    own format is unknown."""
     chat = ["env.observation_format=chat", "sft.enabled=false"]
     with pytest.raises(StartupError) as info:
         check_run(load_config(None, chat))  # the tiny kinds' shipped tokenizer has no template
@@ -307,15 +308,19 @@ def test_chat_observations_need_a_template_that_splits_into_turns(tmp_path, env_
     assert "env.observation_format=text" in msg
     good = _tokenizer_dir(tmp_path / "good", CHATML_TOOLS)
     check_run(load_config(None, [*chat, f"model.tokenizer={good}"]))
-    thinks = _tokenizer_dir(tmp_path / "thinks", CHATML_TOOLS.replace(
+    thinks = _tokenizer_dir(tmp_path / "thinks", CHATML_TOOLS.replace(  # Qwen3-style: the last one thinks
         "{% else %}<|im_start|>{{ m.role }}\n", "{% else %}<|im_start|>{{ m.role }}\n{% if loop.last and "
         "m.role == 'assistant' %}<think>\n\n</think>\n\n{% endif %}"))
+    check_run(load_config(None, [*chat, f"model.tokenizer={thinks}"]))
+    shouts = _tokenizer_dir(tmp_path / "shouts", CHATML_TOOLS.replace("{{ m.content }}{{",
+                                                                      "{{ m.content | upper }}{{"))
     with pytest.raises(StartupError) as info:
-        check_run(load_config(None, [*chat, f"model.tokenizer={thinks}"]))
+        check_run(load_config(None, [*chat, f"model.tokenizer={shouts}"]))
     msg = _one_paragraph(info)
-    assert "the chat template cannot add an observation as a turn" in msg and "<think>" in msg
+    assert "the chat template cannot add an observation as a turn: it does not write the assistant's " \
+           "message once, as it is" in msg
     assert "set env.observation_format=text" in msg
-    check_run(load_config(None, [f"model.tokenizer={thinks}", "sft.enabled=false"]))  # text: no template use
+    check_run(load_config(None, [f"model.tokenizer={shouts}", "sft.enabled=false"]))  # text: no template use
     env_module.Counting.observation_format = "xml"
     try:
         with pytest.raises(StartupError) as info:
