@@ -17,9 +17,9 @@ then each turn's sampled ids as the engine returned them, then each observation'
 observation is appended per the env's ``observation_format`` (the run's ``env.observation_format``
 when set): ``text``, its text right after the action, inside the assistant's message
 (``continuation_ids``); ``chat``, the closing of the assistant's turn, the observation as a
-message of role ``observation_role`` and the next assistant header, as the chat template renders
-the conversation (:class:`saorl.models.chat_turns.ChatTurns`; a template that cannot be split so
-is an :class:`EpisodeError`, which the start-up checks raise before a run). The text
+message of role ``observation_role`` and the next assistant header, as the chat template writes
+them after the assistant's message (:class:`saorl.models.chat_turns.ChatTurns`; a template that
+cannot add them so is an :class:`EpisodeError`, which the start-up checks raise before a run). The text
 side goes through :class:`saorl.models.codec.RunTokenizer` (a plain HF tokenizer is wrapped with
 the default prompt format): a text prompt through the chat template when the tokenizer has one
 (else after its BOS), a prompt of chat messages through the chat template always, each action's

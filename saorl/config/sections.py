@@ -299,8 +299,9 @@ class EnvConfig(Section):
     right after the model's action, inside the assistant's message; ``chat`` ends the assistant's
     turn and adds the observation as a message of its own (role ``env.observation_role``) through
     the policy's chat template, then the header of the next assistant turn, as chat models trained
-    on tool use with TRL or verl expect it (needs a tokenizer with a chat template; a template
-    that cannot be split into such turns stops the start with one paragraph; docs/envs.md). Either
+    on tool use with TRL or verl expect it (needs a tokenizer with a chat template, Qwen3's with
+    its think blocks included; a template that cannot add such turns token-exactly stops the start
+    with one paragraph; docs/envs.md). Either
     way the observation's tokens are context (``action_mask`` 0). null: the env's default (its
     ``observation_format`` attribute; ``text`` for the built-in envs)."""
     observation_role: Literal["tool", "user"] | None = None

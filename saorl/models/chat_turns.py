@@ -24,24 +24,24 @@ SentencePiece tokenizers, whose dummy prefix would otherwise put a space before 
 Token in, token out — not a re-rendering. The trajectory is the prompt's ids followed, per turn,
 by the action's ids as sampled and the ids appended after it: what the model conditioned on and
 what it sampled, and so what it is trained on. For a template that renders each message the same
-wherever it stands (Qwen2.5's, Llama 3's, Mistral's) that is also the template's rendering of the
-whole conversation. For one that does not, it is not, by design. Qwen3's template (and the
-templates derived from it) writes a ``<think>\\n…\\n</think>\\n\\n`` block into an assistant message
-after the last user query only when it is the last message or has reasoning, and drops the
-reasoning of messages before that query: with ``enable_thinking: false`` the model was prompted
-with an empty think block every turn, and the trajectory keeps each one, where a re-rendering of the
-conversation would drop all but the last (with ``observation_role: user`` each observation is a
-new query, so a re-rendering drops earlier reasoning too; the trajectory keeps what was sampled).
+wherever it stands that is also the template's rendering of the whole conversation. For one that
+does not, it is not, by design. Qwen3's template (and the templates derived from it) writes a
+``<think>\\n…\\n</think>\\n\\n`` block into an assistant message after the last user query only when
+it is the last message or has reasoning, and drops the reasoning of messages before that query:
+with ``enable_thinking: false`` the model was prompted with an empty think block every turn, and
+the trajectory keeps each one, where a re-rendering of the conversation would drop all but the
+last (with ``observation_role: user`` each observation is a new query, so a re-rendering drops
+earlier reasoning too; the trajectory keeps what was sampled).
 
 The closing after a sampled eos: when the action ended on the eos token and the template writes
 the eos text between the assistant's message and the observation's text (``<|im_end|>`` after an
-``<|im_end|>`` eos), the sampled eos is that one, so only what follows it is added (``\\n<|im_start|>
-user...``) — never a second eos. When the action ended on a stop string instead (``</tool>``), or on
-an eos the template does not write there, the whole closing is added after it. Spaces a template
-puts between the generation prompt and the last message (Mistral's ``[/INST] ``) are the model's
-to sample: an action that starts with them enters the conversation without them. Every appended
-token is context: ``action_mask`` 0, so skip-observation GAE and the losses see only the model's
-own tokens.
+``<|im_end|>`` eos), the sampled eos is that one, so only what follows it is added
+(``\\n<|im_start|>user...``) — never a second eos. When the action ended on a stop string instead
+(``</tool>``), or on an eos the template does not write there, the whole closing is added after it.
+Spaces a template puts between the generation prompt and the last message (Mistral's ``[/INST] ``)
+are the model's to sample: an action that starts with them enters the conversation without them.
+Every appended token is context: ``action_mask`` 0, so skip-observation GAE and the losses see only
+the model's own tokens.
 
 What cannot work this way raises :class:`TemplateSplitError`, one paragraph naming the problem: a
 template that does not write the assistant's message once, as it is (it drops earlier assistant

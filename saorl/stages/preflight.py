@@ -218,7 +218,7 @@ def check_device(device: str) -> None:
 
 def check_observations(cfg: SaorlConfig, factory: EnvFactory, tokenizer: RunTokenizer | None = None) -> None:
     """With ``chat`` observations, the chat template of the run's tokenizer (``tokenizer``, else
-    loaded from ``cfg.model``) splits into turns on a probe episode (see the module docstring)."""
+    loaded from ``cfg.model``) adds a probe episode's observations as turns (see the module docstring)."""
     fmt, role = factory.observation
     if fmt != "chat":
         return
