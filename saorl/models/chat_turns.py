@@ -61,8 +61,9 @@ from typing import Any
 from saorl.models.codec import RunTokenizer
 
 SENTINEL = "SAORLxASSISTANTxMESSAGE"
-"""Stands for the assistant's message in the rendering whose tail is appended: letters only, so no
-template trims, escapes or parses any of it (a ``</think>`` split, say)."""
+"""Stands for the assistant's message in the rendering whose tail is appended: letters only, so
+nothing a template trims or escapes and no markup it parses (a ``</think>`` split, say); its
+lower-case x's make a change of case show."""
 OBSERVATION_SENTINEL = "SAORLxOBSERVATION"
 """Stands for the observation's text to tell apart where the template starts writing it."""
 PROBE_PROMPT = "What is 12 + 30?"
@@ -122,7 +123,8 @@ class ChatTurns:
         so an action that starts with them is its message without them. Anything else there (the
         empty think block a Qwen3 template writes into the last message) is not stripped."""
         self.appended: list[str] = []
-        """The text appended after each action so far: the template's, minus a sampled eos's text."""
+        """The text appended after each action so far: the template's, from after its eos where a
+        sampled eos stood for that one."""
 
     def _render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
         try:
