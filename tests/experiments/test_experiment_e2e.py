@@ -35,8 +35,9 @@ def test_math_quick_end_to_end(tmp_path, capsys):
     assert [r.split("|")[1].strip() for r in rows] == ["arm", "sao", "sft"]
     # comparisons and signals: the trained arm only (the reference is itself: no difference)
     compared = [r.split("|")[1].strip() for r in comparisons.splitlines() if r.startswith("| ")]
-    assert compared == ["arm", "sao"] * 2
+    assert compared == ["arm", "sao"] * 3  # comparisons, signals, stability at equal trainer steps
     assert "final acc − sao" in comparisons
+    assert "## Stability at equal trainer steps (the first 3," in comparisons and "acc@3" in comparisons
     for png in ("accuracy_vs_steps", "accuracy_vs_wall", "reward_vs_steps", "value_loss_vs_steps",
                 "dis_kept_frac_vs_steps", "staleness_vs_wall"):
         assert (out / "plots" / f"{png}.png").stat().st_size > 1000

@@ -84,7 +84,8 @@ def test_quick_experiment_end_to_end(name, tmp_path, capsys):
     assert f"final acc − {ref}" in report
     compared = [r.split("|")[1].strip() for r in report.split("## Comparisons", 1)[1].splitlines()
                 if r.startswith("| ")]
-    assert compared == ["arm", *trained, "arm", *trained]  # comparisons, then signals
+    assert compared == ["arm", *trained] * 3  # comparisons, signals, then stability at equal steps
+    assert f"reward AUC − {ref}" in report and f"Fisher p vs {ref}" in report
     for arm in trained:
         rows = read_jsonl(out / arm / "seed-0" / "metrics.jsonl")
         logged = {k for r in rows if r.get("step", 0) > 0 for k in r}
