@@ -51,6 +51,7 @@ AdvantageKind = Literal["gae", "grpo", "running_mean"]
 PolicyLossKind = Literal["dis", "ppo"]
 Behaviour = Literal["rollout", "trainer"]
 AdvantageValues = Literal["after_update", "before_update"]
+AdvantageNorm = Literal["none", "batch"]
 
 
 class SettingError(ValueError):
@@ -129,6 +130,11 @@ class AlgoPreset:
         "with ``--enable-return-routed-experts``, docs/engines.md); not with ``trainer.shard: fsdp2``."))
     baseline_momentum: float = field(metadata=_about(
         "EMA momentum of the running-mean baseline.", "in [0, 1)", lambda v: 0.0 <= v < 1.0))
+    advantage_norm: AdvantageNorm = field(default="none", metadata=_about(
+        "``batch``: whiten the advantages over the batch's action tokens, ``(A − mean) / (std + 1e-8)``, "
+        "as verl and TRL do, over every rank's share in a sharded run; ``none`` (every preset): as the "
+        "estimator gives them (SAO's critic baseline is not re-centred per batch: its batch-mean "
+        "advantage is nonzero on all-fail or all-success batches)."))
 
     def __post_init__(self) -> None:
         _validate(self)

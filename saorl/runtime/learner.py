@@ -251,13 +251,29 @@ class Learner:
             if empty:
                 if p.advantage == "running_mean":
                     self.baseline.update(torch.zeros(0))
+                if p.advantage_norm == "batch":
+                    self.updater.sum([0.0, 0.0, 0.0])  # joins the other ranks' sums
                 return torch.zeros_like(batch.action_mask)
             advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
                 rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
                 lam_alpha=p.vapo_alpha, values=values, response_mask=batch.response_mask,
                 skip_observation=p.skip_observation, group_ids=gid,
                 baseline=self.baseline))
-        return advantages * batch.action_mask
+            advantages = advantages * batch.action_mask
+            if p.advantage_norm == "batch":
+                advantages = self._whitened(advantages, batch.action_mask)
+        return advantages
+
+    def _whitened(self, advantages: Tensor, act: Tensor) -> Tensor:
+        """``algo.advantage_norm: batch``: the advantages less their mean over the batch's action
+        tokens, over their standard deviation (population, + 1e-8); every rank's share counted."""
+        a = advantages.double() * act
+        n, total, squares = self.updater.sum([float(act.sum()), float(a.sum()), float((a * a).sum())])
+        if n == 0:
+            return advantages
+        mean = total / n
+        std = max(squares / n - mean * mean, 0.0) ** 0.5
+        return ((advantages - mean) / (std + 1e-8)) * act
 
     def _micro_policy_loss(self, mb: MicroBatch, batch: Batch, logprobs: Tensor, entropy: Tensor,
                            advantages: Tensor, lm_tokens: Tensor | None, totals: tuple) -> Tensor:

@@ -24,7 +24,7 @@ FIELDS = [
     "freeze_critic_attention", "skip_observation", "value_pretrain", "gamma", "lam_policy", "lam_critic",
     "vapo_alpha", "eps_low", "eps_high", "value_clip", "lm_loss_coef", "entropy_coef", "advantage_values",
     "routing_replay",
-    "baseline_momentum",
+    "baseline_momentum", "advantage_norm",
 ]
 
 

@@ -259,3 +259,25 @@ def test_update_rel_is_the_policys_relative_parameter_movement_of_the_step():
     total = sum(float((b ** 2).sum()) for b in before.values())
     assert m["policy/update_rel"] > 0
     assert math.isclose(m["policy/update_rel"], math.sqrt(moved / total), rel_tol=1e-4)
+
+
+def test_batch_advantage_norm_whitens_over_the_action_tokens():
+    """``algo.advantage_norm: batch``: the advantages the loss sees are the estimator's, less their
+    mean over the batch's action tokens, over their std; off the action tokens 0; ``none`` leaves
+    them as they are (the default of every preset)."""
+    seen = {}
+    for norm in ("none", "batch"):
+        learner = _learner("sao", kind="tiny-dense", advantage_norm=norm)
+        original = learner._advantages
+
+        def spy(*a, norm=norm, original=original, **k):
+            return seen.setdefault(norm, original(*a, **k))
+
+        learner._advantages = spy
+        learner.step(_matched_trajs(learner.policy, _trajs()))
+    act = collate(_trajs(), PAD).action_mask.bool()
+    raw, white = seen["none"][act].double(), seen["batch"]
+    want = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8)
+    assert raw.std() > 0 and torch.allclose(white[act].double(), want, atol=1e-5)
+    assert abs(float(white[act].mean())) < 1e-5 and abs(float(white[act].std(unbiased=False)) - 1) < 1e-4
+    assert torch.count_nonzero(white[~act]) == 0
