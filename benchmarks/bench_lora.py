@@ -23,7 +23,7 @@ so the critic's cost — the same in every column — is part of each step. Meas
 Models: ``tiny-dense`` and ``tiny-moe`` (:mod:`saorl.models.tiny`), and ``qwen3-h512``: the
 tiny-dense config made wider and deeper (hidden 512, 8 heads of 64, 4 KV heads, MLP 1536, 6
 layers; 19.4M parameters), the largest whose steps still fit the run in minutes on a 2-core CPU
-(the whole default run took 11 minutes there, shared with other jobs).
+(``--steps 5 --publishes 5`` took 11 minutes there, shared with other jobs).
 Prints a Markdown table and the load average at the start and the end.
 """
 
