@@ -47,16 +47,21 @@ def test_bad_lora_values_fail_at_load(override, expected):
 @needs_peft
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["trainer.shard=fsdp2"], "the sharded trainer (trainer.shard=fsdp2) does not shard or publish adapters"),
-    (["rollout.engine=vllm", "rollout.engine_urls=[http://127.0.0.1:8000]"],
-     "rollout.engine=vllm servers do not load adapters yet: set rollout.engine=local"),
     (["rollout.engine=sglang", "rollout.engine_urls=[http://127.0.0.1:8000]"],
-     "rollout.engine=sglang servers"),
+     "rollout.engine=sglang servers do not load adapters yet: set rollout.engine=local or vllm"),
     (["rollout.engine=http", "rollout.http_url=http://127.0.0.1:8000"], "rollout.engine=http servers"),
 ])
 def test_what_lora_does_not_reach_yet_is_refused_naming_the_fix(overrides, expected):
     msg = _error(["model.lora.rank=8", *overrides])
     assert "model.lora.rank: " in msg and expected in msg
     load_config(None, overrides)  # without LoRA the same settings load
+
+
+@needs_peft
+def test_lora_loads_with_vllm_servers():
+    cfg = load_config(None, ["model.lora.rank=8", "rollout.engine=vllm",
+                             "rollout.engine_urls=[http://127.0.0.1:8000]"])
+    assert cfg.model.lora.rank == 8 and cfg.rollout.engine == "vllm"
 
 
 @needs_peft

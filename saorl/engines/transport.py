@@ -102,19 +102,22 @@ class HttpTransport:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def call(self, method: str, path: str, body: Any = None, *, url: str | None = None,
-                   params: dict | None = None) -> Any:
-        """One request on the pooled client; ``url`` defaults to a server picked for it."""
+                   params: dict | None = None, text: bool = False) -> Any:
+        """One request on the pooled client; ``url`` defaults to a server picked for it. The parsed
+        JSON answer, or with ``text`` the body as it is (a route that answers in plain text)."""
         if url is None:
             async with self.lease() as picked:
-                return await self.call(method, path, body, url=picked, params=params)
-        fut = asyncio.run_coroutine_threadsafe(self._request(method, url, path, body, params), self._loop)
+                return await self.call(method, path, body, url=picked, params=params, text=text)
+        request = self._request(method, url, path, body, params, text)
+        fut = asyncio.run_coroutine_threadsafe(request, self._loop)
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             fut.cancel()
             raise
 
-    async def _request(self, method: str, base: str, path: str, body: Any, params: dict | None) -> Any:
+    async def _request(self, method: str, base: str, path: str, body: Any, params: dict | None,
+                       text: bool = False) -> Any:
         full = base + path
         for attempt in range(self.retries + 1):
             try:
@@ -133,6 +136,8 @@ class HttpTransport:
                                   f"{e!r}") from e
         if not 200 <= resp.status_code < 300:
             raise EngineError(f"{method} {full} failed with HTTP {resp.status_code}: {resp.text[:500]}")
+        if text:
+            return resp.text
         if not resp.content:
             return None
         try:

@@ -23,6 +23,13 @@ clears the prefix cache) and recomputes their KV with the new weights after ``/r
 tokens after the update are the new version's (``tests/vllm/test_vllm_train.py`` checks it token
 by token).
 
+LoRA adapters (a ``model.lora`` run): the publisher loads each version's adapter directory on
+every server under its own name (:func:`adapter_name`, ``POST /v1/load_lora_adapter``; a server
+started with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``) before it announces the
+version. The announcement hands the workers the directory, so :meth:`VllmEngine.update_weights`
+knows the name; each request then names the newest adapter as its ``model`` and its tokens carry
+that adapter's version, exactly: the server's weight label is neither asked nor needed.
+
 Routing replay (``return_routes=True``): a server started with ``--enable-return-routed-experts``
 (vLLM 0.32 needs Model Runner V2 and prefix caching for it; there is no per-request switch) answers
 every choice with ``routed_experts``: base64 of a ``.npy`` array ``[positions, layers, k]`` over
@@ -42,12 +49,27 @@ effort), ``POST /resume``. :meth:`VllmAdmin.describe` reads ``GET /version`` and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.remote import RemoteEngine
 from saorl.engines.routes import RouteLayout, decode_routes
 from saorl.engines.transport import HttpTransport
+from saorl.models.adapter import is_adapter_dir
+
+
+def adapter_name(path: str | Path) -> str:
+    """The name a published adapter directory is loaded under on the servers, and that requests
+    for it name as their ``model``: ``saorl-<8 hex of the run's weights directory>-<directory
+    name>`` (e.g. ``saorl-1a2b3c4d-v00000003-adapter``), so two runs sharing a server never take
+    each other's adapters, and a worker derives it from the announced path alone."""
+    path = Path(path).resolve()
+    run = hashlib.sha1(str(path.parent).encode()).hexdigest()[:8]
+    return f"saorl-{run}-{path.name}"
 
 
 class VllmEngine(RemoteEngine):
@@ -57,12 +79,21 @@ class VllmEngine(RemoteEngine):
                  **kw) -> None:
         super().__init__(urls, **kw)
         self.return_routes, self.route_layout = return_routes, route_layout
+        self._adapter: tuple[int, str] | None = None
+        """``(version, name)`` of the newest announced LoRA adapter; None: the base model."""
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
+        """Record ``version``; an adapter directory (a LoRA run) is named by every request after
+        this call (module docstring)."""
+        if isinstance(weights, str) and is_adapter_dir(weights):
+            self._adapter = (int(version), adapter_name(weights))
+        super().update_weights(weights, version)
 
     async def _label(self, url: str) -> int:
         out = await self.transport.call("GET", "/weight_info", url=url)
         return self._label_to_version((out or {}).get("weight_version"))
 
-    def _body(self, prompt: list[int], p: SamplingParams, version: int) -> dict:
+    def _body(self, prompt: list[int], p: SamplingParams, version: int, model: str | None = None) -> dict:
         body = dict(prompt=list(prompt), max_tokens=p.max_new_tokens, temperature=p.temperature,
                     top_p=p.top_p, top_k=p.top_k or -1, stop=list(p.stop),
                     stop_token_ids=list(p.stop_token_ids),
@@ -70,21 +101,28 @@ class VllmEngine(RemoteEngine):
                     cache_salt=f"saorl-w{version}")
         if p.seed is not None:
             body["seed"] = p.seed
-        if self.model is not None:
-            body["model"] = self.model
+        if (model or self.model) is not None:
+            body["model"] = model or self.model
         return body
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        adapter = self._adapter
         async with self.transport.lease() as url:
-            before = await self._label(url)
-            out = await self.transport.call("POST", "/v1/completions", self._body(prompt_ids, params, before),
-                                            url=url)
-            after = await self._label(url)
-        if after != before:
-            self._stats["approximate_versions"] += 1
-        res = self._parse(out, url, min(before, after))
+            if adapter is not None:  # the adapter named is the version: exact
+                version, name = adapter
+                out = await self.transport.call("POST", "/v1/completions",
+                                                self._body(prompt_ids, params, version, model=name), url=url)
+            else:
+                before = await self._label(url)
+                out = await self.transport.call("POST", "/v1/completions",
+                                                self._body(prompt_ids, params, before), url=url)
+                after = await self._label(url)
+                if after != before:
+                    self._stats["approximate_versions"] += 1
+                version = min(before, after)
+        res = self._parse(out, url, version)
         if self.return_routes:
             where = (f"vLLM at {url}, choices[0].routed_experts (start the server with "
                      "--enable-return-routed-experts)")
@@ -132,6 +170,11 @@ class ServerInfo:
     """Whether the server was started with saorl's worker extension (:data:`PLUGIN_FLAG`)."""
     dev_mode: bool | None = None
     """Whether the development routes answer (``VLLM_SERVER_DEV_MODE=1``); None: not known."""
+    max_lora_rank: int | None = None
+    """``--max-lora-rank`` of a server started with ``--enable-lora``; 0: without it; None: not known."""
+    lora_updates: bool | None = None
+    """Whether adapters can be loaded at run time (the routes ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``
+    adds answer); None: not asked (a server without LoRA, or not known)."""
 
     @property
     def reload_method(self) -> str:
@@ -141,15 +184,21 @@ class ServerInfo:
         return "saorl_reload_weights" if self.plugin and self.device == "cpu" and pinned else "reload_weights"
 
 
-def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str | None = None) -> str | None:
+def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str | None = None,
+                    lora_rank: int | None = None) -> str | None:
     """Why the server of ``info`` cannot train a policy (``moe``: a Mixture-of-Experts one) whose
     sampling needs processed log-probs (``processed``: a temperature other than 1, or top-k /
-    top-p) and whose trainer holds ``dtype`` (None: not compared), or None."""
+    top-p) and whose trainer holds ``dtype`` (None: not compared), with LoRA adapters of rank
+    ``lora_rank`` (None: full weights), or None."""
     url = info.url
     if info.dev_mode is False:
         return (f"the vLLM server at {url} answers, but not its development routes (/server_info, "
                 "/collective_rpc), so no version could be put on it: restart it with "
                 "VLLM_SERVER_DEV_MODE=1 in its environment")
+    if lora_rank is not None:
+        problem = lora_incompatibility(info, lora_rank)
+        if problem:
+            return problem
     mode = info.logprobs_mode
     if mode in ("raw_logits", "processed_logits"):
         return (f"the vLLM server at {url} runs --logprobs-mode {mode}, which returns logits, not "
@@ -164,7 +213,7 @@ def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str 
                 f"(model.dtype): the check of each version compares their log-probs with the {dtype} "
                 f"tolerance and would stop the run. Restart the server with --dtype {dtype}, or set "
                 "rollout.verify_tol to the gap you accept (docs/engines.md has measured ones)")
-    if moe and info.device == "cpu" and info.reload_method != "saorl_reload_weights":
+    if moe and lora_rank is None and info.device == "cpu" and info.reload_method != "saorl_reload_weights":
         return (f"the vLLM server at {url} is a CPU build (vLLM {info.version or '?'}) and the policy "
                 "is a Mixture-of-Experts model: vLLM's CPU build packs the expert weights once at load and "
                 "its weight reload does not pack them again, so after the first publication it would "
@@ -174,6 +223,33 @@ def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str 
                 f'PYTHONPATH="$(saorl check-server --plugin-dir)" and {PLUGIN_FLAG} (docs/engines.md), '
                 "or use a GPU server")
     return None
+
+
+def lora_incompatibility(info: ServerInfo, rank: int) -> str | None:
+    """Why the server of ``info`` cannot serve the adapters of rank ``rank`` a LoRA run publishes."""
+    flags = f"--enable-lora --max-lora-rank {lora_rank_flag(rank)} --max-loras 2"
+    if info.max_lora_rank == 0:
+        return (f"the vLLM server at {info.url} was started without --enable-lora, so it cannot load the "
+                f"rank-{rank} LoRA adapter of each version (model.lora.rank={rank}): restart it with "
+                f"{flags} and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment")
+    if info.max_lora_rank is not None and info.max_lora_rank < rank:
+        return (f"the vLLM server at {info.url} accepts LoRA adapters up to rank {info.max_lora_rank} "
+                f"(--max-lora-rank) and the run publishes rank {rank} (model.lora.rank): restart it with "
+                f"--max-lora-rank {lora_rank_flag(rank)}, or lower model.lora.rank")
+    if info.lora_updates is False:
+        return (f"the vLLM server at {info.url} has LoRA on but does not load adapters at run time "
+                "(its /v1/load_lora_adapter route is missing), so no version could be put on it: "
+                "restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment")
+    return None
+
+
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 accepts for ``--max-lora-rank``."""
+
+
+def lora_rank_flag(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds adapters of rank ``rank``."""
+    return next((r for r in _LORA_RANKS if r >= rank), rank)
 
 
 class VllmAdmin:
@@ -208,8 +284,41 @@ class VllmAdmin:
             self.url, version, (config.get("device_config") or {}).get("device"),
             str(dtype).removeprefix("torch.") if dtype else None, model.get("logprobs_mode"),
             (config.get("parallel_config") or {}).get("worker_extension_cls") == PLUGIN_CLASS,
-            dev_mode=None if version is None else bool(info))
+            dev_mode=None if version is None else bool(info), **await self._lora(config))
         return self.info
+
+    async def _lora(self, config: dict) -> dict:
+        """``max_lora_rank`` (``lora_config`` of ``/server_info``: null without ``--enable-lora``) and,
+        with LoRA on, ``lora_updates``: whether the run-time routes are there, asked by unloading a
+        name no adapter has (vLLM answers that name "cannot be found"; without the routes the path is
+        not found)."""
+        if not config:
+            return {}
+        lora = config.get("lora_config")
+        if not isinstance(lora, dict):
+            return {"max_lora_rank": 0}
+        try:
+            await self.unload_adapter("saorl-probe-no-such-adapter", missing_ok=False)
+        except EngineError as e:
+            if "HTTP 404" not in str(e):
+                raise
+            return {"max_lora_rank": int(lora.get("max_lora_rank") or 0),
+                    "lora_updates": "cannot be found" in str(e)}
+        return {"max_lora_rank": int(lora.get("max_lora_rank") or 0), "lora_updates": True}
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load the adapter directory ``path`` (on the server's disk) under ``name``."""
+        await self.transport.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path},
+                                  url=self.url, text=True)
+
+    async def unload_adapter(self, name: str, *, missing_ok: bool = True) -> None:
+        """Stop accepting requests that name ``name``; requests already running finish with it."""
+        try:
+            await self.transport.call("POST", "/v1/unload_lora_adapter", {"lora_name": name}, url=self.url,
+                                      text=True)
+        except EngineError as e:
+            if not (missing_ok and "cannot be found" in str(e)):
+                raise
 
     async def pause(self) -> None:
         await self.transport.call("POST", "/pause", url=self.url, params={"mode": "keep"})

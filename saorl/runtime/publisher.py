@@ -25,6 +25,17 @@ full tensors already in checkpoint names — does the same with the directory wr
 bucket (never the whole model in memory); its check scores the request with a CPU copy of the
 policy loaded from the directory just published (the sharded policy is not whole in this process).
 
+**LoRA adapters** (``publish_adapter``, a ``model.lora`` run on vLLM servers): the base weights
+never change on the servers, so nothing is paused or reloaded. The adapter directory
+``RUN/weights/v<version>-adapter`` (peft's layout) is written atomically and loaded on every server
+at once under its own name (:func:`saorl.engines.vllm_client.adapter_name`; ``POST
+/v1/load_lora_adapter``, bounded by ``timeout_s``); the check, when due, asks the servers for that
+name and scores the tokens with the trainer's LoRA policy (base + adapter); then the version is
+announced (the workers derive the name from the announced directory and name it in every request,
+so each token's version is exact), and every adapter but this one and the one before it — which
+requests in flight, or a worker that has not read the announcement yet, may still name — is
+unloaded (``POST /v1/unload_lora_adapter``: new requests for it are refused, running ones finish).
+
 **The check** (:class:`ServerCheck`). DIS divides by the engine's log-probs, so a server that
 samples from other weights than the trainer's — a reload that silently kept a layer, a server
 started from another model — trains wrongly without any error. So each server is sent one request
@@ -58,8 +69,9 @@ from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
 from saorl.engines.remote import ServerAdmin
 from saorl.engines.transport import HttpTransport
 from saorl.errors import RunFailure
+from saorl.models.adapter import write_adapter_dir
 from saorl.models.hf_format import save_hf_weights
-from saorl.runtime.weights import FileWeightSync, write_checkpoint_dir
+from saorl.runtime.weights import ADAPTER_SUFFIX, FileWeightSync, write_checkpoint_dir
 
 DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
 """The largest per-token log-prob gap a check accepts, by the trainer's dtype (``rollout.verify_tol``
@@ -91,33 +103,38 @@ class ServerCheck:
         """Whether the ``publications``-th publication (1-based) of this run, of ``version``, is checked."""
         return publications <= 2 or (self.every > 0 and version % self.every == 0)
 
-    def check(self, model: torch.nn.Module, urls: Sequence[str], version: int) -> dict[str, float]:
+    def check(self, model: torch.nn.Module, urls: Sequence[str], version: int,
+              source: str | None = None) -> dict[str, float]:
         """The largest per-token gap per server; raises :class:`WeightPublishError` when a server
-        fails (:meth:`judge`)."""
+        fails (:meth:`judge`). ``source``: the published LoRA adapter directory the requests name
+        (``model`` is then the trainer's LoRA policy: base + adapter); None: the servers' weights."""
         gaps = {}
         for url in urls:
-            measured, first, ok = self.judge(model, url)
+            measured, first, ok = self.judge(model, url, (source, version) if source else None)
             if not ok:
                 raise WeightPublishError(self.explain(url, f"after version {version} was put on it", *first))
             gaps[url] = measured[0]
         return gaps
 
-    def judge(self, model: torch.nn.Module, url: str) -> tuple[tuple, tuple, bool]:
+    def judge(self, model: torch.nn.Module, url: str, adapter: tuple[str, int] | None = None
+              ) -> tuple[tuple, tuple, bool]:
         """``(measurement, first measurement, passed)`` for ``url``: a server fails when two
         requests in a row are out of bounds, the second with the next seed (one round-off outlier
-        of a low-precision server is not a wrong model; a wrong model fails every request)."""
-        first = self.measure(model, url)
+        of a low-precision server is not a wrong model; a wrong model fails every request).
+        ``adapter``: ``(directory, version)`` of the LoRA adapter the requests name."""
+        first = self.measure(model, url, adapter)
         if self.passed(*first):
             return first, first, True
         again = replace(self, sampling=replace(self.sampling, seed=(self.sampling.seed or 0) + 1))
-        second = again.measure(model, url)
+        second = again.measure(model, url, adapter)
         return second, first, self.passed(*second)
 
     def passed(self, gap: float, raw_gap: float, tokens: int, outside: int) -> bool:
         """Whether one request's measurement (:meth:`measure`) is within the check's bounds."""
         return gap <= self.tolerance and outside <= tokens // 8
 
-    def measure(self, model: torch.nn.Module, url: str) -> tuple[float, float, int, int]:
+    def measure(self, model: torch.nn.Module, url: str, adapter: tuple[str, int] | None = None
+                ) -> tuple[float, float, int, int]:
         """``(largest gap, largest gap to the raw distribution, tokens, tokens outside the
         trainer's top-k / top-p set or at its edge)`` of one request to ``url``. A sampled token
         the trainer's truncation drops (a near-tie at the top-k / top-p edge, as bfloat16 round-off
@@ -130,6 +147,8 @@ class ServerCheck:
 
         engine = self.make_engine(url)
         try:
+            if adapter is not None:
+                engine.update_weights(*adapter)
             res = engine.generate([self.prompt], self.sampling)[0]
         except EngineError as e:
             raise WeightPublishError(f"checking the weights on the {self.server_name} server at {url} "
@@ -217,6 +236,8 @@ class ServerWeightSync:
         self.gaps: dict[int, dict[str, float]] = {}
         """Version → the largest per-token gap of each server, for the newest 64 checked versions."""
         self._unreported: dict[str, float] = {}
+        self._adapters: list[str] = []
+        """The names of the LoRA adapters this object left loaded on the servers, oldest first."""
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         with self._lock:
@@ -226,8 +247,43 @@ class ServerWeightSync:
             self._prune()
 
     def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
-        raise NotImplementedError("vLLM / SGLang servers are given full weights only; a LoRA run "
-                                  "samples with rollout.engine=local")
+        """A LoRA run's publication (module docstring, "LoRA adapters"): the adapter directory is
+        loaded on every server under its own name, checked, announced; then every adapter but this
+        one and the one before it (which requests in flight may still name) is unloaded."""
+        from saorl.engines.vllm_client import adapter_name
+
+        with self._lock:
+            name = f"v{version:08d}{ADAPTER_SUFFIX}"
+            path = write_adapter_dir(tensors, config, self.files.dir / name).resolve()
+            lora = adapter_name(path)
+            self.transport.run(self._everywhere("putting the LoRA adapter of version", version,
+                                                lambda a: a.load_adapter(lora, str(path))))
+            self._after_put(version, lambda: self.model, str(path))
+            self.files.announce(version, name)
+            self._adapters = [*[n for n in self._adapters if n != lora], lora]
+            old, self._adapters = self._adapters[:-2], self._adapters[-2:]
+            for gone in old:
+                self.transport.run(self._everywhere("unloading the LoRA adapter of a version before",
+                                                    version, lambda a, gone=gone: a.unload_adapter(gone)))
+
+    async def _everywhere(self, what: str, version: int, step: Callable) -> None:
+        """``step(admin)`` on every server at once, bounded by ``timeout_s``; one
+        :class:`WeightPublishError` naming every server it failed on."""
+        async def one(admin: ServerAdmin) -> str | None:
+            try:
+                await asyncio.wait_for(step(admin), self.timeout_s)
+            except asyncio.TimeoutError:
+                return f"{what} {version} on the server at {admin.url} took over {self.timeout_s:g}s."
+            except EngineError as e:
+                hint = (" The server does not load adapters at run time: restart it with "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment (and --enable-lora)."
+                        if "HTTP 404" in str(e) and "Not Found" in str(e) else "")
+                return f"{what} {version} on the server at {admin.url} failed: {e}.{hint}"
+            return None
+
+        errors = [e for e in await asyncio.gather(*(one(a) for a in self.admins)) if e]
+        if errors:
+            raise WeightPublishError(" ".join(errors))
 
     def publish_checkpoint(self, buckets, version: int, config) -> None:
         """The sharded trainer's publication (buckets already in checkpoint names): the directory
@@ -242,9 +298,15 @@ class ServerWeightSync:
 
     def _put_and_check(self, path: Path, version: int, model: Callable[[], torch.nn.Module]) -> None:
         self.transport.run(self._put_everywhere(str(path.resolve()), version))
+        self._after_put(version, model)
+
+    def _after_put(self, version: int, model: Callable[[], torch.nn.Module],
+                   source: str | None = None) -> None:
+        """Count the publication and, when due, check it (``source``: what the check's client is
+        told the servers run, an adapter directory it then names)."""
         self.publications += 1
         if self.check is not None and self.check.due(self.publications, version):
-            gaps = self.check.check(model(), [a.url for a in self.admins], version)
+            gaps = self.check.check(model(), [a.url for a in self.admins], version, source)
             self.gaps[version] = gaps
             for old in list(self.gaps)[:-64]:
                 del self.gaps[old]

@@ -83,7 +83,8 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
 def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
     """With ``rollout.engine: vllm``: each server of ``rollout.engine_urls`` answers
     (:func:`describe_servers`, unless its ``infos`` are given), and can train ``model.policy``
-    under the run's sampling and dtype (:func:`saorl.engines.vllm_client.incompatibility`)."""
+    under the run's sampling and dtype, and with ``model.lora`` load its adapters
+    (:func:`saorl.engines.vllm_client.incompatibility`)."""
     r = cfg.rollout
     if r.engine != "vllm":
         return
@@ -95,7 +96,8 @@ def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
     processed = r.temperature not in (0.0, 1.0) or r.top_k > 0 or r.top_p < 1.0
     dtype = cfg.model.dtype if r.verify_tol is None else None  # an explicit tolerance accepts a mismatch
     for info in infos:
-        problem = incompatibility(info, moe=moe, processed=processed, dtype=dtype)
+        problem = incompatibility(info, moe=moe, processed=processed, dtype=dtype,
+                                  lora_rank=cfg.model.lora.rank)
         if problem:
             raise StartupError(f"rollout.engine=vllm: {problem}.")
 

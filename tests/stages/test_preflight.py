@@ -282,6 +282,47 @@ def test_a_vllm_server_in_another_dtype_is_refused_unless_a_tolerance_is_given()
     assert incompatibility(info, moe=False, processed=True, dtype=None) is None  # rollout.verify_tol set
 
 
+@pytest.mark.parametrize(("lora", "rank", "refused"), [
+    (dict(max_lora_rank=0), 8, "started without --enable-lora"),
+    (dict(max_lora_rank=8, lora_updates=True), 16,
+     "up to rank 8 (--max-lora-rank) and the run publishes rank 16"),
+    (dict(max_lora_rank=8, lora_updates=False), 8, "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"),
+    (dict(max_lora_rank=8, lora_updates=True), 8, None),
+    (dict(), 8, None),  # a server that says nothing of its LoRA: the first load tells
+])
+def test_which_vllm_servers_a_lora_run_refuses(lora, rank, refused):
+    from saorl.engines.vllm_client import ServerInfo, incompatibility
+
+    info = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", False, dev_mode=True,
+                      **lora)
+    problem = incompatibility(info, moe=False, processed=True, dtype="float32", lora_rank=rank)
+    assert (problem is None) == (refused is None)
+    if refused:
+        assert refused in problem and "http://s:1" in problem
+    assert incompatibility(info, moe=False, processed=True, dtype="float32") is None  # full weights
+
+
+def test_the_lora_flags_named_are_ones_vllm_accepts():
+    from saorl.engines.vllm_client import ServerInfo, incompatibility, lora_rank_flag
+
+    assert [lora_rank_flag(r) for r in (1, 4, 8, 9, 33, 512)] == [1, 8, 8, 16, 64, 512]
+    info = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", False, dev_mode=True,
+                      max_lora_rank=0)
+    assert "--enable-lora --max-lora-rank 16 --max-loras 2" in incompatibility(
+        info, moe=False, processed=False, lora_rank=12)
+
+
+def test_a_lora_moe_run_on_a_cpu_server_is_not_sent_to_the_reload_plugin():
+    """Adapters are loaded beside the base weights, never reloaded into it: the MoE reload caveat
+    of the CPU build does not apply."""
+    from saorl.engines.vllm_client import ServerInfo, incompatibility
+
+    info = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", False, dev_mode=True,
+                      max_lora_rank=8, lora_updates=True)
+    assert "Mixture-of-Experts" in incompatibility(info, moe=True, processed=True)
+    assert incompatibility(info, moe=True, processed=True, lora_rank=8) is None
+
+
 CHATML_TOOLS = ("{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
                 "{{ m.content }}\n</tool_response>{{ eos_token }}\n{% else %}<|im_start|>{{ m.role }}\n"
                 "{{ m.content }}{{ eos_token }}\n{% endif %}{% endfor %}"
