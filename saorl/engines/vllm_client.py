@@ -196,7 +196,7 @@ def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str 
                 "/collective_rpc), so no version could be put on it: restart it with "
                 "VLLM_SERVER_DEV_MODE=1 in its environment")
     if lora_rank is not None:
-        problem = lora_incompatibility(info, lora_rank)
+        problem = lora_incompatibility(info, lora_rank, moe=moe)
         if problem:
             return problem
     mode = info.logprobs_mode
@@ -225,8 +225,15 @@ def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str 
     return None
 
 
-def lora_incompatibility(info: ServerInfo, rank: int) -> str | None:
-    """Why the server of ``info`` cannot serve the adapters of rank ``rank`` a LoRA run publishes."""
+def lora_incompatibility(info: ServerInfo, rank: int, *, moe: bool = False) -> str | None:
+    """Why the server of ``info`` cannot serve the adapters of rank ``rank`` a LoRA run publishes
+    (``moe``: on a Mixture-of-Experts policy)."""
+    if moe and info.device == "cpu":
+        return (f"the vLLM server at {info.url} is a CPU build and the LoRA policy is a Mixture-of-Experts "
+                "model: with --enable-lora, vLLM 0.32 runs MoE layers through its Triton fused-MoE "
+                "kernels, which have no CPU backend, and the server's engine dies on its first request "
+                "(measured: AttributeError: module 'triton.language' has no attribute 'float32'). Use a "
+                "GPU server, rollout.engine=local, or model.lora.rank=null to publish full weights")
     flags = f"--enable-lora --max-lora-rank {lora_rank_flag(rank)} --max-loras 2"
     if info.max_lora_rank == 0:
         return (f"the vLLM server at {info.url} was started without --enable-lora, so it cannot load the "

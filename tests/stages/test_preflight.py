@@ -312,15 +312,19 @@ def test_the_lora_flags_named_are_ones_vllm_accepts():
         info, moe=False, processed=False, lora_rank=12)
 
 
-def test_a_lora_moe_run_on_a_cpu_server_is_not_sent_to_the_reload_plugin():
-    """Adapters are loaded beside the base weights, never reloaded into it: the MoE reload caveat
-    of the CPU build does not apply."""
+def test_a_lora_moe_run_is_refused_on_a_cpu_server_not_on_a_gpu_one():
+    """vLLM's CPU build dies on the first request of a LoRA-enabled MoE model; on a GPU the
+    adapters are loaded beside the base, never reloaded into it, so the reload plugin is not asked."""
     from saorl.engines.vllm_client import ServerInfo, incompatibility
 
-    info = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", False, dev_mode=True,
-                      max_lora_rank=8, lora_updates=True)
-    assert "Mixture-of-Experts" in incompatibility(info, moe=True, processed=True)
-    assert incompatibility(info, moe=True, processed=True, lora_rank=8) is None
+    lora = dict(max_lora_rank=8, lora_updates=True, dev_mode=True)
+    cpu = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", True, **lora)
+    assert "Triton fused-MoE kernels, which have no CPU backend" in incompatibility(
+        cpu, moe=True, processed=True, lora_rank=8)
+    assert incompatibility(cpu, moe=True, processed=True) is None  # full weights, with the plugin
+    assert incompatibility(cpu, moe=False, processed=True, lora_rank=8) is None
+    gpu = ServerInfo("http://s:1", "0.32.0", "cuda", "float32", "processed_logprobs", False, **lora)
+    assert incompatibility(gpu, moe=True, processed=True, lora_rank=8) is None
 
 
 CHATML_TOOLS = ("{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
