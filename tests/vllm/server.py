@@ -100,9 +100,12 @@ class VllmServer:
 
     def __init__(self, python: Path, model_dir: Path, log_path: Path, *, dtype: str = "float32",
                  logprobs_mode: str = "processed_logprobs", plugin: bool = False,
-                 startup_timeout_s: float = 300.0) -> None:
+                 lora_rank: int | None = None, startup_timeout_s: float = 300.0) -> None:
+        """``lora_rank``: serve LoRA adapters up to that rank, loaded at run time (``--enable-lora
+        --max-lora-rank R --max-loras 2``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``); None: no LoRA."""
         self.python, self.model_dir, self.log_path = python, model_dir, log_path
         self.dtype, self.logprobs_mode, self.plugin = dtype, logprobs_mode, plugin
+        self.lora_rank = lora_rank
         self.startup_timeout_s = startup_timeout_s
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -115,6 +118,8 @@ class VllmServer:
                "--logprobs-mode", self.logprobs_mode, "--seed", "0"]
         if self.plugin:
             cmd += ["--worker-extension-cls", "saorl_vllm.WeightReload"]
+        if self.lora_rank is not None:
+            cmd += ["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "2"]
         return cmd
 
     def env(self) -> dict[str, str]:
@@ -122,6 +127,8 @@ class VllmServer:
         env |= {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
         if self.plugin:
             env["PYTHONPATH"] = str(PLUGIN_DIR)
+        if self.lora_rank is not None:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         return env
 
     def start(self) -> VllmServer:
