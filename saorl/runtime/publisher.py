@@ -262,9 +262,10 @@ class ServerWeightSync:
             self.files.announce(version, name)
             self._adapters = [*[n for n in self._adapters if n != lora], lora]
             old, self._adapters = self._adapters[:-2], self._adapters[-2:]
-            for gone in old:
-                self.transport.run(self._everywhere("unloading the LoRA adapter of a version before",
-                                                    version, lambda a, gone=gone: a.unload_adapter(gone)))
+            for gone in old:  # best effort: the version is out; a server that is down fails the next load
+                with contextlib.suppress(WeightPublishError):
+                    self.transport.run(self._everywhere("unloading the LoRA adapter of a version before",
+                                                        version, lambda a, gone=gone: a.unload_adapter(gone)))
 
     async def _everywhere(self, what: str, version: int, step: Callable) -> None:
         """``step(admin)`` on every server at once, bounded by ``timeout_s``; one
@@ -277,7 +278,7 @@ class ServerWeightSync:
             except EngineError as e:
                 hint = (" The server does not load adapters at run time: restart it with "
                         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment (and --enable-lora)."
-                        if "HTTP 404" in str(e) and "Not Found" in str(e) else "")
+                        if "HTTP 404" in str(e) and '{"detail":"Not Found"}' in str(e) else "")
                 return f"{what} {version} on the server at {admin.url} failed: {e}.{hint}"
             return None
 

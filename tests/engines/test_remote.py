@@ -240,6 +240,70 @@ def test_publisher_watchdog_and_resume_always(tmp_path, kind):
     sync.close()
 
 
+class _AdapterAdmin:
+    def __init__(self, url, error=None):
+        self.url, self.error, self.calls = url, error, []
+
+    async def load_adapter(self, name, path):
+        self.calls.append(("load", name, path))
+        if self.error:
+            raise EngineError(self.error)
+
+    async def unload_adapter(self, name):
+        self.calls.append(("unload", name))
+
+
+def test_adapter_publication_loads_everywhere_announces_and_unloads_all_but_the_newest_two(tmp_path):
+    from saorl.engines.vllm_client import adapter_name
+
+    a, b = _AdapterAdmin("http://a:1"), _AdapterAdmin("http://b:1")
+    transport = HttpTransport("http://unused:1")
+    sync = ServerWeightSync(FileWeightSync(tmp_path), [a, b], transport, build_tiny("tiny-dense", seed=0))
+    tensors = {"base_model.model.x.lora_A.weight": torch.zeros(2, 3),
+               "base_model.model.x.lora_B.weight": torch.zeros(3, 2)}
+    names = [adapter_name(tmp_path / f"v{v:08d}-adapter") for v in range(4)]
+    for v in range(4):
+        sync.publish_adapter(tensors, {"r": 2, "lora_alpha": 4}, v)
+        assert sync.latest() == (v, str(tmp_path / f"v{v:08d}-adapter"))
+    assert names[0].startswith("saorl-") and names[0].endswith("-v00000000-adapter") and len(set(names)) == 4
+    loads = [("load", names[v], str((tmp_path / f"v{v:08d}-adapter").resolve())) for v in range(4)]
+    assert a.calls == b.calls == [*loads[:3], ("unload", names[0]), loads[3], ("unload", names[1])]
+    # another run's weights directory: other names on the same server
+    assert adapter_name(tmp_path / "other" / "v00000000-adapter") != names[0]
+    sync.close()
+
+
+def test_adapter_publication_to_a_server_without_the_runtime_routes_fails_naming_the_variable(tmp_path):
+    bad = _AdapterAdmin("http://bad:1", error='POST http://bad:1/v1/load_lora_adapter failed with HTTP 404: '
+                                               '{"detail":"Not Found"}')
+    transport = HttpTransport("http://unused:1")
+    sync = ServerWeightSync(FileWeightSync(tmp_path), [bad], transport, build_tiny("tiny-dense", seed=0))
+    with pytest.raises(WeightPublishError, match="http://bad:1") as e:
+        sync.publish_adapter({"base_model.model.x.lora_A.weight": torch.zeros(2, 3)}, {"r": 2}, 0)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in str(e.value)
+    assert sync.latest() is None  # never announced
+    sync.close()
+
+
+def test_the_vllm_client_names_the_announced_adapter_and_tags_its_version(tmp_path):
+    from saorl.engines.vllm_client import adapter_name
+    from saorl.models.adapter import write_adapter_dir
+
+    path = write_adapter_dir({"base_model.model.x.lora_A.weight": torch.zeros(2, 3)}, {"r": 2},
+                             tmp_path / "v00000005-adapter")
+    engine = VllmEngine("http://unused:1", model="policy")
+    try:
+        p = SamplingParams(max_new_tokens=3)
+        assert engine._body([1, 2], p, 0)["model"] == "policy"
+        engine.update_weights(str(tmp_path / "v00000004.safetensors"), 4)  # full weights: the base name
+        assert engine._adapter is None
+        engine.update_weights(str(path), 5)
+        assert engine._adapter == (5, adapter_name(path))
+        assert engine._body([1, 2], p, 5, model=engine._adapter[1])["model"] == adapter_name(path)
+    finally:
+        engine.close()
+
+
 def test_emulated_weight_routes_stay_inside_the_weights_dir(tok, tmp_path):
     eng, srv, url = _emulated(tok, tmp_path / "allowed", "sglang")
     (tmp_path / "allowed").mkdir(exist_ok=True)
