@@ -119,7 +119,10 @@ def test_each_adapter_is_verified_named_exactly_and_only_the_newest_two_stay_loa
 
 
 def test_servers_that_cannot_serve_the_adapters_are_refused_at_start_up(lora_server, dense_server):
-    lora = ["model.lora.rank=8", "rollout.engine=vllm", "rollout.temperature=0.9"]
+    lora = ["model.policy=tiny-dense", "model.lora.rank=8", "rollout.engine=vllm", "rollout.temperature=0.9"]
+    moe = [*lora, "model.policy=tiny-moe", f"rollout.engine_urls=[{lora_server.url}]"]
+    with pytest.raises(StartupError, match="Triton fused-MoE kernels, which have no CPU backend"):
+        check_servers(load_config(None, moe))  # what a LoRA MoE policy would meet on this CPU server
     with pytest.raises(StartupError, match="started without --enable-lora") as e:
         check_servers(load_config(None, [*lora, f"rollout.engine_urls=[{dense_server.url}]"]))
     assert ("--enable-lora --max-lora-rank 8 --max-loras 2 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
