@@ -5,10 +5,6 @@ requests name the newest adapter and their tokens carry its version exactly, old
 unloaded; ``saorl train`` with ``model.lora.rank=8`` sync, async, and killed with SIGKILL and
 resumed with the server up; a server without LoRA refused at start-up."""
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -16,13 +12,9 @@ import pytest
 import torch
 from runtime_helpers import (
     KeepTrajectories,
-    read_jsonl,
-    resume_train,
-    session_pids,
     turns,
-    wait_for_steps,
-    wait_until_gone,
 )
+from train_runs import GAP_MAX, assert_exact, killed_and_resumed, overrides, steps
 
 from saorl.config import load_config
 from saorl.config.sections import LORA_TARGETS
@@ -42,8 +34,6 @@ from saorl.stages.preflight import check_servers
 from saorl.training import train
 
 PROMPT = list(range(5, 40))
-GAP_MAX = 1e-5  # float32: measured gaps are below 1e-6
-KL_S0_MAX = 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -144,33 +134,16 @@ def test_servers_that_cannot_serve_the_adapters_are_refused_at_start_up(lora_ser
 
 def _overrides(url: str) -> list[str]:
     """As tests/vllm/test_vllm_train.py's runs, with a rank-8 LoRA policy."""
-    return ["sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-dense",
-            "model.lora.rank=8", "env.num_train_tasks=400", "env.num_test_tasks=4", "run.eval_every=1000",
-            "run.eval_tasks=2", "run.samples_every=1000", "run.progress=false",
-            "rollout.concurrent_episodes=8", "rollout.max_new_tokens=12", "rollout.max_total_tokens=80",
-            "trainer.batch_size=4", "rollout.engine=vllm", f"rollout.engine_urls=[{url}]",
-            "rollout.engine_model=policy", "rollout.verify_every=1", "rollout.temperature=0.9",
-            "rollout.top_p=0.95"]
-
-
-def _steps(run_dir):
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) > 0 and "resume" not in r]
-
-
-def _assert_exact(rows):
-    for r in rows:
-        if r.get("mismatch/tokens_s0"):
-            assert r["mismatch/kl_s0"] <= KL_S0_MAX, r
-        assert r["weights/verify_max_gap"] < GAP_MAX, r  # verify_every=1: every version checked
+    return [*overrides(url), "model.lora.rank=8"]
 
 
 def test_sync_lora_run_on_vllm_is_exact(lora_server, tmp_path):
     cfg = load_config(None, [*_overrides(lora_server.url), "runtime.mode=sync", "trainer.steps=3",
                              f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run")
-    rows = _steps(run_dir)
+    rows = steps(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3] and last["policy/version"] == 3
-    _assert_exact(rows)
+    assert_exact(rows)
     for r in rows:  # sync: every ratio 1
         assert r["mismatch/tokens_s0"] > 0 and abs(r["policy/ratio_max"] - 1) < 1e-5
         assert abs(r["policy/ratio_min"] - 1) < 1e-5 and r["policy/dis_kept_frac"] == 1.0
@@ -190,9 +163,9 @@ def test_async_lora_run_tags_every_token_with_the_adapter_that_sampled_it(lora_s
     keep = KeepTrajectories()
     cfg = load_config(None, [*_overrides(lora_server.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run", observer=keep)
-    rows = _steps(run_dir)
+    rows = steps(run_dir)
     assert len(rows) == 6 and last["policy/version"] == 6
-    _assert_exact(rows)
+    assert_exact(rows)
     assert max(r["rollout/staleness_max"] for r in rows) >= 1  # it was asynchronous
     models = {}
 
@@ -226,27 +199,10 @@ def test_async_lora_run_tags_every_token_with_the_adapter_that_sampled_it(lora_s
 
 
 def test_lora_trainer_killed_and_resumed_with_the_server_up(lora_server, tmp_path):
-    run_dir, log = tmp_path / "run", tmp_path / "train.log"
     args = [*_overrides(lora_server.url), "runtime.mode=sync", "trainer.steps=8", "run.checkpoint_every=2",
-            f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "saorl.cli", "train", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                start_new_session=True)
-    wait_for_steps(proc, run_dir, 3, log, timeout_s=300)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    assert not wait_until_gone(proc.pid, 30), session_pids(proc.pid)
-    published = max(int(p.name[1:9]) for p in (run_dir / "weights").glob("v*-adapter"))
-
-    log2 = tmp_path / "resume.log"
-    again = resume_train(run_dir, log=log2)
-    assert again.wait(300) == 0, log2.read_text()[-3000:]
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    marker = next(r["resume"] for r in rows if "resume" in r)
-    assert marker["from_step"] >= 2 and marker["version"] > published  # one name, one adapter
-    after = [r for r in rows[rows.index(next(r for r in rows if "resume" in r)):] if r.get("step", 0) > 0]
-    assert after and after[-1]["step"] == 8 and after[-1].get("mismatch/tokens_s0", 0) > 0
-    _assert_exact(after)
+            f"run.out_dir={tmp_path}"]
+    published, marker, after = killed_and_resumed(  # one name, one adapter
+        args, tmp_path / "run", tmp_path, 8,
+        lambda run_dir: max(int(p.name[1:9]) for p in (run_dir / "weights").glob("v*-adapter")))
     print(f"\nRESULT lora kill -9 resume: killed after version {published}, resumed at {marker}, "
           f"kl_s0 after {[r.get('mismatch/kl_s0') for r in after]}")

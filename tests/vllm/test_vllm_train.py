@@ -4,22 +4,14 @@ trainer's to float32 round-off (``mismatch/kl_s0``: KL(rollout || trainer) on th
 the version being trained). Sync (every DIS ratio 1), async (versions advance under the rollouts),
 and a trainer killed with SIGKILL and resumed while the server stays up."""
 
-import os
-import signal
-import subprocess
-import sys
 
 import torch
 from runtime_helpers import (
     KeepTrajectories,
-    read_jsonl,
-    resume_train,
-    session_pids,
     turns,
-    wait_for_steps,
-    wait_until_gone,
 )
 from safetensors.torch import load_file
+from train_runs import GAP_MAX, assert_exact, killed_and_resumed, overrides, steps
 
 from saorl.config import load_config
 from saorl.models.logprobs import token_logprobs
@@ -28,39 +20,14 @@ from saorl.models.truncation import edge_rows
 from saorl.runtime.weights import FileWeightSync
 from saorl.training import train
 
-KL_S0_MAX = 1e-6
-GAP_MAX = 1e-5
-
-
-def _overrides(url: str) -> list[str]:
-    """The tiny dense policy (tied head, head_dim 32) on math_tool, rollout workers in their own
-    processes talking to the server, every version verified on it."""
-    return ["sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-dense",
-            "env.num_train_tasks=400", "env.num_test_tasks=4", "run.eval_every=1000", "run.eval_tasks=2",
-            "run.samples_every=1000", "run.progress=false", "rollout.concurrent_episodes=8",
-            "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4",
-            "rollout.engine=vllm", f"rollout.engine_urls=[{url}]", "rollout.engine_model=policy",
-            "rollout.verify_every=1", "rollout.temperature=0.9", "rollout.top_p=0.95"]
-
-
-def _steps(run_dir):
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) > 0 and "resume" not in r]
-
-
-def _assert_exact(rows):
-    for r in rows:
-        if r.get("mismatch/tokens_s0"):
-            assert r["mismatch/kl_s0"] <= KL_S0_MAX, r
-        assert r["weights/verify_max_gap"] < GAP_MAX, r  # verify_every=1: every version checked
-
 
 def test_sync_run_on_vllm_is_exact(dense, tmp_path):
-    cfg = load_config(None, [*_overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
+    cfg = load_config(None, [*overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
                              f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run")
-    rows = _steps(run_dir)
+    rows = steps(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3] and last["policy/version"] == 3
-    _assert_exact(rows)
+    assert_exact(rows)
     for r in rows:  # sync: every token was sampled by the version being trained, so every ratio is 1
         assert r["mismatch/tokens_s0"] > 0 and abs(r["policy/ratio_max"] - 1) < 1e-5
         assert abs(r["policy/ratio_min"] - 1) < 1e-5 and r["policy/dis_kept_frac"] == 1.0
@@ -75,11 +42,11 @@ def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dens
     log-probs are compared with those of the version it is tagged with (its published weights)."""
     monkeypatch.setattr(FileWeightSync, "_prune", lambda self: None)  # keep every version to score
     keep = KeepTrajectories()
-    cfg = load_config(None, [*_overrides(dense.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
+    cfg = load_config(None, [*overrides(dense.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run", observer=keep)
-    rows = _steps(run_dir)
+    rows = steps(run_dir)
     assert len(rows) == 6 and last["policy/version"] == 6
-    _assert_exact(rows)
+    assert_exact(rows)
     assert max(r["rollout/staleness_max"] for r in rows) >= 1  # it was asynchronous
     models, scored = {}, {}
 
@@ -128,29 +95,11 @@ def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dens
 
 
 def test_trainer_killed_and_resumed_with_the_server_up(dense, tmp_path):
-    run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    args = [*_overrides(dense.url), "runtime.mode=sync", "trainer.steps=10", "run.checkpoint_every=2",
-            f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "saorl.cli", "train", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                start_new_session=True)
-    wait_for_steps(proc, run_dir, 3, log, timeout_s=300)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    assert not wait_until_gone(proc.pid, 30), session_pids(proc.pid)
-    published = max(int(p.name[1:]) for p in (run_dir / "weights" / "hf").iterdir())
-
-    log2 = tmp_path / "resume.log"
-    again = resume_train(run_dir, log=log2)
-    assert again.wait(300) == 0, log2.read_text()[-3000:]
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    marker = next(r["resume"] for r in rows if "resume" in r)
-    assert marker["from_step"] >= 2 and marker["version"] > published  # one number, one set of weights
-    after = [r for r in rows[rows.index(next(r for r in rows if "resume" in r)):] if r.get("step", 0) > 0]
-    # the journalled rollouts of before the crash are trained first (stale), then fresh ones (exact)
-    assert after and after[-1]["step"] == 10 and after[-1].get("mismatch/tokens_s0", 0) > 0
-    _assert_exact(after)
+    args = [*overrides(dense.url), "runtime.mode=sync", "trainer.steps=10", "run.checkpoint_every=2",
+            f"run.out_dir={tmp_path}"]
+    published, marker, after = killed_and_resumed(
+        args, tmp_path / "run", tmp_path, 10,
+        lambda run_dir: max(int(p.name[1:]) for p in (run_dir / "weights" / "hf").iterdir()))
     print(f"\nRESULT kill -9 resume: killed after version {published}, resumed at {marker}, "
           f"kl_s0 after {[r.get('mismatch/kl_s0') for r in after]}")
 
@@ -165,7 +114,7 @@ def test_a_run_on_a_server_that_keeps_the_old_head_stops_at_the_first_changed_ve
 
     monkeypatch.setattr(hf_format, "served_names", hf_format.saved_names)
     run_dir = tmp_path / "run"
-    argv = ["train", *_overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
+    argv = ["train", *overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
             "rollout.verify_every=0", f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
     assert main(argv) == 3
     err = capsys.readouterr().err
@@ -173,5 +122,5 @@ def test_a_run_on_a_server_that_keeps_the_old_head_stops_at_the_first_changed_ve
     assert "the run failed: the vLLM server at " + dense.url in err
     assert "checked after version 1 was put on it" in err and "Traceback" not in err
     assert "v00000001" not in (run_dir / "weights" / "latest.json").read_text()  # never announced
-    rows = _steps(run_dir)
+    rows = steps(run_dir)
     assert [r["step"] for r in rows] == [] and (run_dir / "checkpoints" / "latest").exists()
