@@ -71,13 +71,16 @@ def params_finite(params) -> bool:
 def movement(params, saved: Snapshot) -> list[float]:
     """``[Σ ‖θ − θ_saved‖², Σ ‖θ_saved‖²]`` over the (local) ``params``: the step's parameter
     movement, summed over the ranks by the caller (``policy/update_rel`` is the root of their
-    ratio). One tensor at a time: no second copy of the model."""
-    moved = total = 0.0
+    ratio). One tensor at a time (no second copy of the model), summed on the parameters' device
+    and read back once (one device sync per step, not two per tensor)."""
+    if not params:
+        return [0.0, 0.0]
     with torch.no_grad():
-        for p, before in zip(params, saved.buffers):
-            moved += float(torch.linalg.vector_norm((_local(p.detach()) - before).float()) ** 2)
-            total += float(torch.linalg.vector_norm(before.float()) ** 2)
-    return [moved, total]
+        before = saved.buffers[:len(params)]  # the parameters' copies come first (_tensors)
+        moved = torch.stack([torch.linalg.vector_norm((_local(p.detach()) - b).float()) ** 2
+                             for p, b in zip(params, before)]).sum()
+        total = torch.stack([torch.linalg.vector_norm(b.float()) ** 2 for b in before]).sum()
+        return [float(v) for v in torch.stack([moved, total]).tolist()]
 
 
 def roll_back(params, optimizer: torch.optim.Optimizer, saved: Snapshot) -> None:
