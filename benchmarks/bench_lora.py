@@ -16,7 +16,7 @@ so the critic's cost — the same in every column — is part of each step. Meas
 - ``Learner.step`` time: the median of ``--steps`` steps after one warm-up step, on fixed
   trajectories (``--batch`` of them, multi-turn, their rollout log-probs the base policy's own, so
   every ratio starts at 1), the three learners stepped in turn so a load spike hits them alike;
-- publication (``Learner.publish`` to a :class:`saorl.runtime.weights.FileWeightSync`: the whole
+- publication (``Learner.publish`` to a :class:`saorl.runtime.weights.FilePublisher`: the whole
   state dict, or the adapter alone): median seconds of ``--publishes``, interleaved, and the bytes
   one version takes on disk.
 
@@ -50,7 +50,7 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import attach_lora
 from saorl.models.tiny import build_tiny
 from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.weights import FilePublisher, FileSource
 
 PAD = 1
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
@@ -130,7 +130,7 @@ def measure(name: str, steps: int, publishes: int, batch: int) -> dict[str, dict
                "step_s": statistics.median(step_s[v])} for v, lrn in lrns.items()}
     out["full"]["model_params"] = sum(p.numel() for p in lrns["full"].policy.parameters())
     with tempfile.TemporaryDirectory() as d:
-        syncs = {v: FileWeightSync(Path(d) / f"w{k}") for k, v in enumerate(variants)}
+        syncs = {v: FilePublisher(Path(d) / f"w{k}") for k, v in enumerate(variants)}
         pub_s: dict[str, list[float]] = {v: [] for v in variants}
         for i in range(publishes + 1):
             for v, lrn in lrns.items():
@@ -141,7 +141,7 @@ def measure(name: str, steps: int, publishes: int, batch: int) -> dict[str, dict
                     pub_s[v].append(time.perf_counter() - t0)
         for v in variants:
             out[v]["publish_s"] = statistics.median(pub_s[v])
-            out[v]["publish_bytes"] = dir_bytes(Path(syncs[v].latest()[1]))
+            out[v]["publish_bytes"] = dir_bytes(Path(FileSource(syncs[v].dir).latest()[1]))
     return out
 
 

@@ -1,7 +1,7 @@
 """Publishing a LoRA policy's adapter vs its full weights, on the tiny models (or a model directory).
 
 For each policy: the bytes one published version takes in ``RUN/weights`` and the median time to
-publish it (:class:`saorl.runtime.weights.FileWeightSync`: written atomically, then
+publish it (:class:`saorl.runtime.weights.FilePublisher`: written atomically, then
 ``latest.json``) and to load it into a local engine (``LocalEngine.update_weights``: the full
 state dict copied in, or base + adapter merged), ``--repeats`` times each after one warm-up,
 full and adapter in turn (the disk's writeback of one slows the other's fsync otherwise).
@@ -28,7 +28,7 @@ from saorl.engines.local import LocalEngine
 from saorl.models.loading import load_policy
 from saorl.models.lora import adapter_config, adapter_state, attach_lora
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
 
 
 def _size(path: Path) -> int:
@@ -63,18 +63,18 @@ def measure(spec: str, rank: int, repeats: int) -> dict[str, float]:
     engine = LocalEngine(load_policy(spec), tok, max_batch_size=1)
     try:
         with tempfile.TemporaryDirectory() as d:
-            full, adapter = FileWeightSync(Path(d) / "full"), FileWeightSync(Path(d) / "adapter")
+            full, adapter = FilePublisher(Path(d) / "full"), FilePublisher(Path(d) / "adapter")
             version = [0]
 
             def publish(kind: str) -> None:
                 version[0] += 1
                 if kind == "full":
-                    full.publish(full_state, version[0])
+                    full.publish([full_state], version[0])
                 else:
-                    adapter.publish_adapter(tensors, config, version[0])
+                    adapter.publish([tensors], version[0], WeightNames.adapter(config))
 
             took = _interleaved({k: (lambda k=k: publish(k)) for k in ("full", "adapter")}, repeats)
-            sources = {"full": full.latest(), "adapter": adapter.latest()}
+            sources = {"full": FileSource(full.dir).latest(), "adapter": FileSource(adapter.dir).latest()}
             loads = _interleaved({k: (lambda s=s: engine.update_weights(s[1], s[0]))
                                   for k, s in sources.items()}, repeats)
             for k, (_, source) in sources.items():

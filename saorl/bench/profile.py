@@ -208,7 +208,7 @@ def time_steps(learner, batches: list[list[Trajectory]], group_size: int,
 def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3) -> dict:
     """One trainer step of ``cfg``'s algorithm on ``trainer.batch_size`` of ``trajs`` (see module doc)."""
     from saorl.runtime.journal import Journal
-    from saorl.runtime.weights import FileWeightSync
+    from saorl.runtime.weights import FilePublisher, FileSource
 
     bs, g = cfg.trainer.batch_size, cfg.algo.resolve().group_size
     if len(trajs) < bs:
@@ -221,13 +221,13 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
     sec["losses, metrics (rest)"] = max(0.0, total - sum(sec.values()))
     sec["learner.step (total)"] = total
     with tempfile.TemporaryDirectory() as d:
-        sync = FileWeightSync(f"{d}/w")
+        sync, source = FilePublisher(f"{d}/w"), FileSource(f"{d}/w")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            sync.publish(learner.policy_state(), learner.version)
+            sync.publish([learner.policy_state()], learner.version)
             t.add("weight publication (state dict -> file)", time.perf_counter() - t0)
             t0 = time.perf_counter()
-            _, state = sync.load()
+            _, state = source.load()
             learner.policy.load_state_dict(state)
             t.add("weight load + apply (worker side)", time.perf_counter() - t0)
         journal = Journal(f"{d}/j")

@@ -128,17 +128,17 @@ def _reload(cfg, weights_dir: str | None, policy, check, urls: list[str]) -> boo
             for p in policy.parameters():
                 p.add_(torch.randn_like(p) * 0.02)
         perturbed_on_servers = True
-        sync.publish(policy.state_dict(), 1_000_000_001)
+        sync.publish([policy.state_dict()], 1_000_000_001)
         failed = _report("a perturbed copy, reloaded in place", check, policy, urls)
         policy.load_state_dict(original)
-        sync.publish(policy.state_dict(), 1_000_000_002)
+        sync.publish([policy.state_dict()], 1_000_000_002)
         perturbed_on_servers = False
         return _report("the policy again, reloaded in place", check, policy, urls) or failed
     finally:
         try:
             if perturbed_on_servers:  # a failed publication: put the policy back before leaving
                 policy.load_state_dict(original)
-                sync.publish(policy.state_dict(), 1_000_000_003)
+                sync.publish([policy.state_dict()], 1_000_000_003)
         finally:
             sync.close()
             if temp:

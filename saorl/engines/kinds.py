@@ -5,7 +5,7 @@ resume), and the name the server goes by in messages.
 ``local`` is not a row: it is saorl's own engine, built in the worker from the policy
 (:func:`saorl.runtime.worker.build_engine`). A kind with an ``admin`` is a server the user started
 that the trainer updates in place and checks after its publications
-(:class:`saorl.runtime.publisher.ServerWeightSync`); one without (``http``, ``saorl serve``) loads
+(:class:`saorl.runtime.publisher.ServerPublisher`); one without (``http``, ``saorl serve``) loads
 the published files itself when a worker tells it the path. Adding a kind is one row here plus its
 client (and admin) module, and its name in ``rollout.engine``'s allowed values
 (:class:`saorl.config.sections.RolloutConfig`; the config does not import the engines). Each row

@@ -27,7 +27,7 @@ from saorl.runtime.messages import (
     RolloutFinished,
     RolloutRequest,
 )
-from saorl.runtime.weights import WeightSync
+from saorl.runtime.weights import WeightSource
 from saorl.runtime.worker import WeightFollower, play_rollout, rollout_failed
 
 
@@ -44,7 +44,7 @@ class InProcessBackend:
 
     def __init__(self, engine: InferenceEngine, env_factory: Callable, tokenizer: Any, *,
                  sampling: SamplingParams, max_total_tokens: int, concurrency: int,
-                 weights: WeightSync | None = None, owns_engine: bool = False) -> None:
+                 weights: WeightSource | None = None, owns_engine: bool = False) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.engine, self.env_factory, self.tokenizer = engine, env_factory, tokenizer

@@ -50,7 +50,7 @@ engine that routed differently (other numerics, a perturbation) is scored as it 
 **LoRA** (``model.lora``; :mod:`saorl.models.lora`): a peft-wrapped policy trains its adapter
 alone: only the adapter's parameters have ``requires_grad``, so the optimizer, the clipping and
 the non-finite rollback hold them and nothing else; :meth:`Learner.publish` publishes the adapter
-alone (``WeightSync.publish_adapter``) and a checkpoint holds the adapter and its optimizer
+alone (``WeightNames.adapter``) and a checkpoint holds the adapter and its optimizer
 state, never the base.
 
 Log-probabilities are scored under the sampler's own distribution: the rollout temperature and,
@@ -83,7 +83,7 @@ from saorl.runtime.checkpoint import load_learner_files, save_learner_files
 from saorl.runtime.observe import Timings
 from saorl.runtime.optimize import Updater, no_actions, share_of, update
 from saorl.runtime.step_record import LearnerCounters, StepRecord, StepResult, StepTotals, step_metrics
-from saorl.runtime.weights import WeightSync
+from saorl.runtime.weights import MODEL_NAMES, WeightNames, WeightPublisher
 
 Tensor = torch.Tensor
 
@@ -388,12 +388,10 @@ class Learner:
             return adapter_state(self.policy)
         return {k: v.detach() for k, v in self.policy.state_dict().items()}
 
-    def publish(self, sync: WeightSync) -> None:
+    def publish(self, sync: WeightPublisher) -> None:
         """Publish the policy's current weights (a LoRA policy: its adapter) as version :attr:`version`."""
-        if self.lora:
-            sync.publish_adapter(self.policy_state(), adapter_config(self.policy), self.version)
-        else:
-            sync.publish(self.policy_state(), self.version)
+        names = WeightNames.adapter(adapter_config(self.policy)) if self.lora else MODEL_NAMES
+        sync.publish([self.policy_state()], self.version, names)
 
     def full_models(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """Plain (unsharded) policy and critic holding the current weights, for evaluation and export."""

@@ -28,7 +28,7 @@ from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.weights import FileWeightSync, WeightSync
+from saorl.runtime.weights import FilePublisher, FileSource, WeightPublisher, WeightSource
 from saorl.runtime.worker import WorkerSpec, build_engine
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class RunParts:
     train_tasks: list[Task]
     test_tasks: list[Task]
     backend: Backend
-    weights: WeightSync
+    weights: WeightPublisher
 
 
 def sampling_params(cfg: SaorlConfig, temperature: float | None = None) -> SamplingParams:
@@ -164,19 +164,19 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
 
 
 def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer,
-              weights: WeightSync) -> tuple[Backend, WeightSync]:
-    """The Ray backend and the weight sync its workers follow: ``weights`` (files in the run
-    directory), or with ``ray.weights: object_store`` Ray's object store; on the cluster of
+              weights: WeightPublisher) -> tuple[Backend, WeightPublisher]:
+    """The Ray backend and the publisher of the weights its workers follow: ``weights`` (files in
+    the run directory), or with ``ray.weights: object_store`` Ray's object store; on the cluster of
     ``cfg.ray`` (joined or started here; stopped by the backend's shutdown)."""
     from saorl.runtime.ray_backend import RayBackend, RayCluster
 
     cluster = RayCluster(cfg.ray)
     try:
-        remote: WeightSync | None = None
+        remote: WeightSource | None = None  # None: the workers read the files
         if cfg.ray.weights == "object_store":
-            from saorl.runtime.ray_weights import RayWeightSync
+            from saorl.runtime.ray_weights import ray_weights
 
-            weights = remote = RayWeightSync.create()
+            weights, remote = ray_weights()
         device = "cuda" if cfg.ray.worker_gpus else "cpu"  # Ray hands a worker its own GPUs
         spec = replace(worker_spec(cfg, run_dir, policy_spec, tokenizer), device=device)
         backend = RayBackend(spec, cfg.ray, cfg.rollout.num_workers, cfg.rollout.concurrent_episodes,
@@ -188,7 +188,7 @@ def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunT
 
 
 def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer, env_factory,
-                  weights: WeightSync) -> Backend:
+                  weights: WeightSource) -> Backend:
     """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``);
     ``ray`` is :func:`build_ray`."""
     r = cfg.rollout
@@ -204,21 +204,21 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
     return LocalBackend(spec, r.num_workers, r.concurrent_episodes)
 
 
-def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> WeightSync:
+def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> WeightPublisher:
     """Files in ``RUN/weights`` for the local engine and ``saorl serve``; for vLLM / SGLang also
     each version put on the servers in place and verified there (:mod:`saorl.runtime.publisher`)."""
-    files = FileWeightSync(run_dir / "weights")
+    files = FilePublisher(run_dir / "weights")
     r = cfg.rollout
     if not updated_in_place(r.engine):
         return files
     from saorl.engines.transport import HttpTransport
-    from saorl.runtime.publisher import ServerWeightSync
+    from saorl.runtime.publisher import ServerPublisher
 
     check = server_check(cfg, tokenizer)
     transport = HttpTransport(r.engine_urls, timeout_s=r.weight_update_timeout_s)
     admins = [server_kind(r.engine).admin(u, transport, r.sglang_pause_mode) for u in r.engine_urls]
-    return ServerWeightSync(files, admins, transport, policy, timeout_s=r.weight_update_timeout_s,
-                            check=check)
+    return ServerPublisher(files, admins, transport, policy, timeout_s=r.weight_update_timeout_s,
+                           check=check)
 
 
 def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
@@ -256,7 +256,8 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
         if cfg.runtime.backend == "ray":
             backend, weights = build_ray(cfg, run_dir, policy_spec, tokenizer, weights)
         else:
-            backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory, weights)
+            backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory,
+                                    FileSource(run_dir / "weights"))
     except BaseException:
         weights.close()
         env_factory.close()

@@ -1,9 +1,9 @@
 """Publishing each policy version to vLLM / SGLang servers without restarting them, and checking
 that the servers then sample from exactly that version.
 
-:class:`ServerWeightSync` is the run's :class:`~saorl.runtime.weights.WeightSync` when
-``rollout.engine`` is ``vllm`` or ``sglang``. ``publish(state_dict, version)``, under one lock (so
-two publications never interleave), does:
+:class:`ServerPublisher` is the run's :class:`~saorl.runtime.weights.WeightPublisher` when
+``rollout.engine`` is ``vllm`` or ``sglang``. ``publish(buckets, version)`` of a state dict in the
+model's names, under one lock (so two publications never interleave), does:
 
 1. write the weights as a Hugging Face model directory ``RUN/weights/hf/v<version>`` (config.json
    + safetensors under the on-disk names, tied weights included:
@@ -16,16 +16,16 @@ two publications never interleave), does:
    silent stall;
 3. when the check is due (:meth:`ServerCheck.due`), verify the version on every server (below);
 4. announce the version to the rollout workers through the file pointer
-   (:class:`~saorl.runtime.weights.FileWeightSync`), only now that the servers run it, so a
+   (:class:`~saorl.runtime.weights.FilePublisher`), only now that the servers run it, so a
    worker's belief (its fallback version tag) is never ahead of the servers;
 5. keep the newest ``keep`` directories and delete older ones.
 
-``publish_checkpoint(buckets, version, config)`` — the sharded trainer's publication, buckets of
-full tensors already in checkpoint names — does the same with the directory written bucket by
+``publish(buckets, version, WeightNames.checkpoint(config))`` — the sharded trainer's publication,
+buckets of full tensors already in checkpoint names — does the same with the directory written bucket by
 bucket (never the whole model in memory); its check scores the request with a CPU copy of the
 policy loaded from the directory just published (the sharded policy is not whole in this process).
 
-**LoRA adapters** (``publish_adapter``, a ``model.lora`` run on vLLM servers): the base weights
+**LoRA adapters** (``WeightNames.adapter(config)``, a ``model.lora`` run on vLLM servers): the base weights
 never change on the servers, so nothing is paused or reloaded. The adapter directory
 ``RUN/weights/v<version>-adapter`` (peft's layout) is written atomically and loaded on every server
 at once under its own name (:func:`saorl.engines.vllm_client.adapter_name`; ``POST
@@ -69,9 +69,8 @@ from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
 from saorl.engines.remote import ServerAdmin
 from saorl.engines.transport import HttpTransport
 from saorl.errors import RunFailure
-from saorl.models.adapter import write_adapter_dir
 from saorl.models.hf_format import save_hf_weights
-from saorl.runtime.weights import ADAPTER_SUFFIX, FileWeightSync, write_checkpoint_dir
+from saorl.runtime.weights import MODEL_NAMES, FilePublisher, WeightNames, merged, write_checkpoint_dir
 
 DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
 """The largest per-token log-prob gap a check accepts, by the trainer's dtype (``rollout.verify_tol``
@@ -219,10 +218,11 @@ class ServerCheck:
         return where + cause
 
 
-class ServerWeightSync:
-    """A :class:`WeightSync` that puts each version on inference servers (module docstring)."""
+class ServerPublisher:
+    """A :class:`~saorl.runtime.weights.WeightPublisher` that puts each version on inference
+    servers (module docstring); readers follow ``files``' directory."""
 
-    def __init__(self, files: FileWeightSync, admins: Sequence[ServerAdmin], transport: HttpTransport,
+    def __init__(self, files: FilePublisher, admins: Sequence[ServerAdmin], transport: HttpTransport,
                  model: torch.nn.Module, *, timeout_s: float = 600.0, keep: int = 2,
                  check: ServerCheck | None = None) -> None:
         if timeout_s <= 0 or keep < 1 or not admins:
@@ -239,33 +239,41 @@ class ServerWeightSync:
         self._adapters: list[str] = []
         """The names of the LoRA adapters this object left loaded on the servers, oldest first."""
 
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+    def publish(self, buckets, version: int, names: WeightNames = MODEL_NAMES) -> None:
         with self._lock:
-            path = save_hf_weights(self.model, state_dict, self.root / f"v{version:08d}")
-            self._put_and_check(path, version, lambda: self.model)
-            self.files.publish(state_dict, version)
-            self._prune()
+            if names.form == "adapter":
+                self._publish_adapter(buckets, version, names)
+            elif names.form == "checkpoint":
+                self._publish_checkpoint(buckets, version, names.config)
+            else:
+                state_dict = merged(buckets)
+                path = save_hf_weights(self.model, state_dict, self.root / f"v{version:08d}")
+                self._put_and_check(path, version, lambda: self.model)
+                self.files.publish([state_dict], version)
+                self._prune()
 
-    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+    def published_version(self) -> int | None:
+        return self.files.published_version()
+
+    def _publish_adapter(self, buckets, version: int, names: WeightNames) -> None:
         """A LoRA run's publication (module docstring, "LoRA adapters"): the adapter directory is
         loaded on every server under its own name, checked, announced; then every adapter but this
         one and the one before it (which requests in flight may still name) is unloaded."""
         from saorl.engines.vllm_client import adapter_name
 
-        with self._lock:
-            name = f"v{version:08d}{ADAPTER_SUFFIX}"
-            path = write_adapter_dir(tensors, config, self.files.dir / name).resolve()
-            lora = adapter_name(path)
-            self.transport.run(self._everywhere("putting the LoRA adapter of version", version,
-                                                lambda a: a.load_adapter(lora, str(path))))
-            self._after_put(version, lambda: self.model, str(path))
-            self.files.announce(version, name)
-            self._adapters = [*[n for n in self._adapters if n != lora], lora]
-            old, self._adapters = self._adapters[:-2], self._adapters[-2:]
-            for gone in old:  # best effort: the version is out; a server that is down fails the next load
-                with contextlib.suppress(WeightPublishError):
-                    self.transport.run(self._everywhere("unloading the LoRA adapter of a version before",
-                                                        version, lambda a, gone=gone: a.unload_adapter(gone)))
+        path = self.files.write(buckets, version, names).resolve()
+        name = path.name
+        lora = adapter_name(path)
+        self.transport.run(self._everywhere("putting the LoRA adapter of version", version,
+                                            lambda a: a.load_adapter(lora, str(path))))
+        self._after_put(version, lambda: self.model, str(path))
+        self.files.announce(version, name)
+        self._adapters = [*[n for n in self._adapters if n != lora], lora]
+        old, self._adapters = self._adapters[:-2], self._adapters[-2:]
+        for gone in old:  # best effort: the version is out; a server that is down fails the next load
+            with contextlib.suppress(WeightPublishError):
+                self.transport.run(self._everywhere("unloading the LoRA adapter of a version before",
+                                                    version, lambda a, gone=gone: a.unload_adapter(gone)))
 
     async def _everywhere(self, what: str, version: int, step: Callable) -> None:
         """``step(admin)`` on every server at once, bounded by ``timeout_s``; one
@@ -286,16 +294,15 @@ class ServerWeightSync:
         if errors:
             raise WeightPublishError(" ".join(errors))
 
-    def publish_checkpoint(self, buckets, version: int, config) -> None:
+    def _publish_checkpoint(self, buckets, version: int, config) -> None:
         """The sharded trainer's publication (buckets already in checkpoint names): the directory
         is written once, bucket by bucket, then put on the servers, checked (with a CPU copy of the
         policy read from that directory) and announced, as in :meth:`publish`."""
-        with self._lock:
-            path = write_checkpoint_dir(buckets, config, self.root / f"v{version:08d}")
-            dtype = next(self.model.parameters()).dtype  # the trainer's, whatever the config says
-            self._put_and_check(path, version, lambda: _read_policy(path, dtype))
-            self.files.announce(version, f"{self.root.name}/{path.name}")
-            self._prune()
+        path = write_checkpoint_dir(buckets, config, self.root / f"v{version:08d}")
+        dtype = next(self.model.parameters()).dtype  # the trainer's, whatever the config says
+        self._put_and_check(path, version, lambda: _read_policy(path, dtype))
+        self.files.announce(version, f"{self.root.name}/{path.name}")
+        self._prune()
 
     def _put_and_check(self, path: Path, version: int, model: Callable[[], torch.nn.Module]) -> None:
         self.transport.run(self._put_everywhere(str(path.resolve()), version))
@@ -349,12 +356,6 @@ class ServerWeightSync:
     def _prune(self) -> None:
         for old in sorted(self.root.glob("v*"))[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
-
-    def latest(self) -> tuple[int, str] | None:
-        return self.files.latest()
-
-    def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
-        return self.files.load(version)
 
     def close(self) -> None:
         self.transport.close()

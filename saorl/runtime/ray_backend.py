@@ -61,7 +61,7 @@ from saorl.runtime.backend import WorkerFailure, collect
 from saorl.runtime.lifeline import Reaper, descendants, mark_owner, remove_orphans
 from saorl.runtime.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished, RolloutRequest
 from saorl.runtime.ray_check import bundle_shapes, check_reachable
-from saorl.runtime.weights import WeightSync
+from saorl.runtime.weights import WeightSource
 from saorl.runtime.worker import (
     STATS_EVERY_S,
     WorkerSpec,
@@ -133,7 +133,7 @@ def _stop_dashboard() -> None:
 class RolloutActor:
     """One rollout worker in a Ray actor (used through ``ray.remote``; see the module docstring)."""
 
-    def __init__(self, worker_id: int, spec: WorkerSpec, weights: WeightSync | None) -> None:
+    def __init__(self, worker_id: int, spec: WorkerSpec, weights: WeightSource | None) -> None:
         # the weight follower's ray.get runs in executor threads, never on the event loop; Ray
         # warns of any ray.get in an async actor
         os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
@@ -184,7 +184,7 @@ class RayBackend:
     """``num_workers`` :class:`RolloutActor` s, ``concurrency`` rollouts each (module docstring)."""
 
     def __init__(self, spec: WorkerSpec, cfg: RayConfig, num_workers: int, concurrency: int,
-                 cluster: RayCluster, weights: WeightSync | None = None) -> None:
+                 cluster: RayCluster, weights: WeightSource | None = None) -> None:
         self.spec, self.cfg, self.cluster, self.weights = spec, cfg, cluster, weights
         self.num_workers, self.concurrency, self.max_restarts = num_workers, concurrency, cfg.max_restarts
         self._actors: list = []

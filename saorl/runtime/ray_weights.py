@@ -4,13 +4,13 @@ The trainer (the Ray driver) puts each version's tensors into the object store â
 bucket (``ray.put``) â€” and records ``(version, refs, config)`` in :class:`WeightRegistry`, a small
 actor that keeps the newest ``keep`` versions. The registry holds the references, so the objects
 stay alive while it lists them and Ray frees them once it drops them and no worker still reads
-them. A worker's :meth:`RayWeightSync.latest` asks the registry for the newest version number (a
+them. A worker's :meth:`RaySource.latest` asks the registry for the newest version number (a
 tiny call), fetches the objects only when that number is new, and hands the engine a state dict
 in its own names: a version published in Hugging Face checkpoint names (the sharded trainer's) is
 converted back by transformers (:func:`saorl.models.hf_format.from_checkpoint`).
 
 A version is visible only once all its objects are in the store and the registry has recorded
-them, so a worker never reads half a version (the file sync's ``latest.json`` promise).
+them, so a worker never reads half a version (the file publisher's ``latest.json`` promise).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 
 import ray
 import torch
+
+from saorl.runtime.weights import MODEL_NAMES, WeightNames, merged
 
 
 @ray.remote(num_cpus=0)
@@ -46,8 +48,41 @@ def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
 
 
-class RayWeightSync:
-    """:class:`~saorl.runtime.weights.WeightSync` through the object store (module docstring).
+def ray_weights(keep: int = 2) -> tuple[RayPublisher, RaySource]:
+    """The trainer's publisher and the workers' source of one new registry."""
+    registry = WeightRegistry.remote(keep)
+    return RayPublisher(registry), RaySource(registry)
+
+
+class RayPublisher:
+    """:class:`~saorl.runtime.weights.WeightPublisher` into the object store (module docstring)."""
+
+    def __init__(self, registry) -> None:
+        self.registry = registry
+
+    def publish(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
+                names: WeightNames = MODEL_NAMES) -> None:
+        if names.form == "adapter":
+            raise NotImplementedError("ray.weights=object_store carries full weights only; a LoRA run "
+                                      "publishes its adapters as files (ray.weights=shared_fs)")
+        if names.form == "checkpoint":
+            refs = [ray.put(_cpu(bucket)) for bucket in buckets]
+        else:
+            refs = [ray.put(_cpu(merged(buckets)))]
+        ray.get(self.registry.set.remote(version, refs, names.config))
+
+    def published_version(self) -> int | None:
+        return ray.get(self.registry.latest_version.remote())
+
+    def metrics(self) -> dict[str, float]:
+        return {}  # nothing measured: the weights are read back as written
+
+    def close(self) -> None:
+        pass  # the object store's references go with the Ray cluster
+
+
+class RaySource:
+    """:class:`~saorl.runtime.weights.WeightSource` from the object store (module docstring).
 
     Picklable: workers receive it with the registry's handle and no cached tensors."""
 
@@ -55,27 +90,9 @@ class RayWeightSync:
         self.registry = registry
         self._cache: tuple[int, dict[str, torch.Tensor]] | None = None
 
-    @classmethod
-    def create(cls, keep: int = 2) -> RayWeightSync:
-        return cls(WeightRegistry.remote(keep))
-
     def __getstate__(self) -> dict:
         return {"registry": self.registry, "_cache": None}
 
-    # ------------------------------------------------------------- trainer side
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        ray.get(self.registry.set.remote(version, [ray.put(_cpu(state_dict))], None))
-
-    def publish_checkpoint(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
-                           config: Any) -> None:
-        refs = [ray.put(_cpu(bucket)) for bucket in buckets]
-        ray.get(self.registry.set.remote(version, refs, config))
-
-    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
-        raise NotImplementedError("ray.weights=object_store carries full weights only; a LoRA run "
-                                  "publishes its adapters as files (ray.weights=shared_fs)")
-
-    # -------------------------------------------------------------- worker side
     def _fetch(self, version: int | None) -> tuple[int, dict[str, torch.Tensor], Any] | None:
         if version is None:
             version = ray.get(self.registry.latest_version.remote())
@@ -89,12 +106,6 @@ class RayWeightSync:
         for part in ray.get(refs):
             tensors |= {k: v.clone() for k, v in part.items()}  # own memory, not the store's
         return version, tensors, config
-
-    def metrics(self) -> dict[str, float]:
-        return {}  # nothing measured: the weights are read back as written
-
-    def close(self) -> None:
-        pass  # the object store's references go with the Ray cluster
 
     def latest(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The newest version as a state dict in the engine's names (fetched once per version)."""

@@ -146,9 +146,9 @@ class Run:
                                   "trajectories")
         # one version number names one set of weights: past the checkpoint's version, the versions
         # published before the crash named weights now discarded, so continue above them
-        published = self.parts.weights.latest()
-        if published is not None and published[0] > self.learner.version:
-            self.learner.version = published[0] + 1
+        published = self.parts.weights.published_version()
+        if published is not None and published > self.learner.version:
+            self.learner.version = published + 1
         self.recorder.resumed({"from_step": self.step, "checkpoint": name, "pending": len(pending),
                                "version": self.learner.version} | ({"restart": True} if restarted else {}))
         return finished, pending

@@ -56,7 +56,7 @@ padding tokens to expert 0, which changes nothing: its loss is 0).
 write is gathered in full (``DTensor.full_tensor``, a collective) in state-dict order; rank 0 packs
 them into buckets of at most ``trainer.publish_bucket_mb``, converts each bucket to Hugging Face
 checkpoint names (:func:`saorl.models.hf_format.to_checkpoint`) and hands it to
-``WeightSync.publish_checkpoint`` before the next is gathered.
+``WeightPublisher.publish`` before the next is gathered.
 
 **Checkpoints** (``trainer.shard_checkpoint``): ``sharded`` — each rank writes its shards with
 ``torch.distributed.checkpoint`` into the checkpoint's directory (``shards/``); ``full`` — the state
@@ -91,7 +91,7 @@ from saorl.runtime.checkpoint import SHARDS, load_learner_files, save_learner_fi
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.shard_update import ShardedUpdater, split_groups
 from saorl.runtime.step_record import StepResult
-from saorl.runtime.weights import WeightSync
+from saorl.runtime.weights import WeightNames, WeightPublisher
 
 
 class GlobalBaseline(RunningMeanBaseline):
@@ -176,7 +176,7 @@ class ShardedLearner(Learner):
         parts = [([trajectories[i] for i in s], [gids[i] for i in s]) for s in shares]
         return self._run("step", parts, self.version)
 
-    def publish(self, sync: WeightSync) -> None:
+    def publish(self, sync: WeightPublisher) -> None:
         if self.group.rank == 0:
             self.group.command("publish")
         self._all_publish(sync)
@@ -198,13 +198,13 @@ class ShardedLearner(Learner):
         return self._step_share(*parts[self.group.rank])
 
     # --------------------------------------------------------- weights, state
-    def _all_publish(self, sync: WeightSync | None) -> None:
+    def _all_publish(self, sync: WeightPublisher | None) -> None:
         if sync is None:
             for _ in self._gathered_buckets():
                 pass
             return
         buckets = (to_checkpoint(self._names_model, b) for b in self._gathered_buckets())
-        sync.publish_checkpoint(buckets, self.version, self.policy.config)
+        sync.publish(buckets, self.version, WeightNames.checkpoint(self.policy.config))
 
     def _gathered_buckets(self):
         """Full tensors of the published names, gathered one by one on every rank; on rank 0

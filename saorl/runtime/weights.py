@@ -1,17 +1,22 @@
 """Versioned weight publication from the trainer to rollout workers, through files.
 
-Two forms of a version: :meth:`FileWeightSync.publish` writes one state dict in the model's own
-(in-memory) names as ``v{version:08d}.safetensors`` (the single-process trainer: trainer and
-engine hold the same model class); :meth:`FileWeightSync.publish_checkpoint` writes a Hugging
-Face directory ``v{version:08d}/`` — ``config.json``, shard files in checkpoint names and
-``model.safetensors.index.json`` — from buckets of full tensors, one bucket in memory at a time
-(the sharded trainer: what inference servers load, :mod:`saorl.models.hf_format`);
-:meth:`FileWeightSync.publish_adapter` writes a LoRA policy's adapter alone as the directory
-``v{version:08d}-adapter/`` in peft's layout (:mod:`saorl.models.adapter`; a fraction of the full
-weights' size, measured in docs/models.md), which the local engine merges into the base it loaded. Each is
-written atomically (temp file or directory + fsync + rename), then ``latest.json`` (``{"version":
-N, "file": "v0000000N..."}``) is replaced atomically. A worker only ever opens what
-``latest.json`` names, so it never sees half-written weights.
+Weight publication has two sides: the trainer's :class:`WeightPublisher` and a reader's
+:class:`WeightSource`. Both learners publish the same way, ``publish(buckets, version, names)``,
+and :class:`WeightNames` says which of three forms the version takes in ``RUN/weights``:
+
+- the model's in-memory names: one ``v{version:08d}.safetensors`` (the single-process trainer:
+  trainer and engine hold the same model class);
+- Hugging Face checkpoint names: a directory ``v{version:08d}/`` — ``config.json``, shard files
+  and ``model.safetensors.index.json`` — written bucket by bucket, one bucket in memory at a time
+  (the sharded trainer: what inference servers load, :mod:`saorl.models.hf_format`);
+- a LoRA policy's adapter alone: the directory ``v{version:08d}-adapter/`` in peft's layout
+  (:mod:`saorl.models.adapter`; a fraction of the full weights' size, measured in
+  docs/models.md), which the local engine merges into the base it loaded.
+
+Each is written atomically (temp file or directory + fsync + rename), then ``latest.json``
+(``{"version": N, "file": "v0000000N..."}``) is replaced atomically. A reader
+(:class:`FileSource`) only ever opens what ``latest.json`` names, so it never sees half-written
+weights.
 
 Old versions are pruned by the order they were *published*, not by version number: those of
 this publisher's last ``keep`` publications stay (so a worker that read the pointer a moment ago
@@ -19,12 +24,14 @@ can still open its version), versions left by an earlier process count as older 
 published now, and the version ``latest.json`` names is never deleted. So publishing a lower
 version than those on disk (11, 12, 13, then 10) leaves 10 loadable. The run itself never goes
 back: a resumed run continues the version numbers above every version already published
-(:class:`~saorl.runtime.run.Run`), so one number always names one set of weights.
+(:meth:`WeightPublisher.published_version`, read by :class:`~saorl.runtime.run.Run`), so one
+number always names one set of weights.
 
-This is the local backend's :class:`WeightSync`; :class:`~saorl.runtime.ray_weights.RayWeightSync`
-publishes the same versions through Ray's object store. Readers get the *source* of the newest
-version (:meth:`latest`) — here the path, which an engine loads itself (the local engine reads the
-file or directory, an HTTP server is told the path), so no reader copies the tensors.
+These are the local backend's publisher and source; :mod:`saorl.runtime.ray_weights` publishes the
+same versions through Ray's object store, and :mod:`saorl.runtime.publisher` puts them on
+inference servers as well. A source gives the *source* of the newest version (:meth:`latest`) —
+here the path, which an engine loads itself (the local engine reads the file or directory, an
+HTTP server is told the path), so no reader copies the tensors.
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ import os
 import re
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from safetensors.torch import load_file
@@ -46,30 +54,41 @@ from saorl.models.hf_format import INDEX, write_index
 from saorl.models.serialize import save_safetensors_atomic
 
 
-class WeightSync(Protocol):
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Make ``state_dict`` (the model's in-memory names) the newest weights, tagged ``version``."""
+@dataclass(frozen=True)
+class WeightNames:
+    """How a publication's tensors are named, and so the form its version takes on disk:
+    ``model`` (the model's in-memory names: one ``v{N:08d}.safetensors``; the single-process
+    trainer, whose engine holds the same model class), ``checkpoint`` (Hugging Face checkpoint
+    names: a model directory, ``config`` its ``PretrainedConfig``; the sharded trainer) or
+    ``adapter`` (a LoRA adapter in peft's names, ``config`` its ``adapter_config.json`` content)."""
+
+    form: Literal["model", "checkpoint", "adapter"] = "model"
+    config: Any = None
+
+    @classmethod
+    def checkpoint(cls, config: Any) -> WeightNames:
+        return cls("checkpoint", config)
+
+    @classmethod
+    def adapter(cls, config: dict) -> WeightNames:
+        return cls("adapter", config)
+
+
+MODEL_NAMES = WeightNames()
+"""A publication in the model's in-memory names (the default)."""
+
+
+class WeightPublisher(Protocol):
+    """The trainer's side of weight publication."""
+
+    def publish(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
+                names: WeightNames = MODEL_NAMES) -> None:
+        """Make the tensors of ``buckets`` (each consumed before the next is drawn) the newest
+        weights, tagged ``version``, named as ``names`` says."""
         ...
 
-    def publish_checkpoint(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
-                           config: Any) -> None:
-        """Make a version in Hugging Face checkpoint names the newest, from ``buckets`` of full
-        tensors (each consumed before the next is drawn) and the model's ``PretrainedConfig``."""
-        ...
-
-    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
-        """Make a LoRA adapter the newest weights, tagged ``version``: ``tensors`` in peft's names and
-        its ``adapter_config.json`` content (:mod:`saorl.models.adapter`); an engine serves the
-        base it loaded plus this adapter."""
-        ...
-
-    def latest(self) -> tuple[int, Any] | None:
-        """``(version, source)`` of the newest weights, or None; ``source`` is what
-        ``InferenceEngine.update_weights`` takes (a path, or a state dict in in-memory names)."""
-        ...
-
-    def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest (or ``version``'s) weights as tensors, or None."""
+    def published_version(self) -> int | None:
+        """The newest version on record (this publisher's or an earlier process's), or None."""
         ...
 
     def metrics(self) -> dict[str, float]:
@@ -81,6 +100,29 @@ class WeightSync(Protocol):
         ...
 
 
+class WeightSource(Protocol):
+    """A reader's side (a rollout worker's engine): where the newest weights are."""
+
+    def latest(self) -> tuple[int, Any] | None:
+        """``(version, source)`` of the newest weights, or None; ``source`` is what
+        ``InferenceEngine.update_weights`` takes (a path, or a state dict in in-memory names)."""
+        ...
+
+    def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest (or ``version``'s) weights as tensors, or None."""
+        ...
+
+
+def merged(buckets: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One state dict of every bucket's tensors."""
+    out: dict[str, torch.Tensor] = {}
+    for bucket in buckets:
+        out |= bucket
+    return out
+
+
+POINTER = "latest.json"
+"""The file naming the newest version: ``{"version": N, "file": "v0000000N..."}``."""
 ADAPTER_SUFFIX = "-adapter"
 """A published LoRA adapter: the directory ``v{version:08d}-adapter`` (peft's layout)."""
 _VERSION = re.compile(r"v\d{8}(\.safetensors|-adapter)?")
@@ -107,32 +149,31 @@ def write_checkpoint_dir(buckets: Iterable[dict[str, torch.Tensor]], config: Any
     return out_dir
 
 
-class FileWeightSync:
-    """Publish / poll versioned policy weights in a directory shared by trainer and workers."""
+class FilePublisher:
+    """Publish versioned policy weights into a directory that trainer and workers share."""
 
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = max(2, keep)
-        self._pointer = self.dir / "latest.json"
+        self._pointer = self.dir / POINTER
         self._published: list[str] = []  # version names, in the order this object published them
 
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        name = f"v{version:08d}.safetensors"
-        save_safetensors_atomic(state_dict, self.dir / name)
-        self.announce(version, name)
+    def publish(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
+                names: WeightNames = MODEL_NAMES) -> None:
+        self.announce(version, self.write(buckets, version, names).name)
 
-    def publish_checkpoint(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
-                           config: Any) -> None:
-        name = f"v{version:08d}"
-        write_checkpoint_dir(buckets, config, self.dir / name)
-        self.announce(version, name)
-
-    def publish_adapter(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
-        name = f"v{version:08d}{ADAPTER_SUFFIX}"
-        write_adapter_dir(tensors, config, self.dir / name)
-        self.announce(version, name)
-
+    def write(self, buckets: Iterable[dict[str, torch.Tensor]], version: int, names: WeightNames) -> Path:
+        """Write a version's file or directory (complete, atomically) without announcing it."""
+        if names.form == "checkpoint":
+            return write_checkpoint_dir(buckets, names.config, self.dir / f"v{version:08d}")
+        if names.form == "adapter":
+            out = self.dir / f"v{version:08d}{ADAPTER_SUFFIX}"
+            write_adapter_dir(merged(buckets), names.config, out)
+            return out
+        path = self.dir / f"v{version:08d}.safetensors"
+        save_safetensors_atomic(merged(buckets), path)
+        return path
     def announce(self, version: int, name: str) -> None:
         """Point readers at ``name`` (a file or directory under this one, already complete) as
         ``version``."""
@@ -156,11 +197,9 @@ class FileWeightSync:
                 old.unlink(missing_ok=True)
         self._published = self._published[-self.keep:]
 
-    def _read_pointer(self) -> dict | None:
-        try:
-            return json.loads(self._pointer.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+    def published_version(self) -> int | None:
+        p = read_pointer(self.dir)
+        return None if p is None else int(p["version"])
 
     def metrics(self) -> dict[str, float]:
         return {}  # nothing measured: the weights are read back as written
@@ -168,13 +207,28 @@ class FileWeightSync:
     def close(self) -> None:
         pass
 
+
+def read_pointer(directory: Path) -> dict | None:
+    """``latest.json`` of a weights directory, or None before the first publication."""
+    try:
+        return json.loads((directory / POINTER).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+class FileSource:
+    """Read the newest weights a :class:`FilePublisher` announced in ``directory``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+
     def latest(self) -> tuple[int, str] | None:
-        p = self._read_pointer()
+        p = read_pointer(self.dir)
         return None if p is None else (int(p["version"]), str(self.dir / p["file"]))
 
     def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The newest published weights (or ``version``'s), or None if nothing is published."""
-        p = self._read_pointer()
+        p = read_pointer(self.dir)
         if p is None:
             return None
         if version is not None and version != p["version"]:

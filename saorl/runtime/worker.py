@@ -9,7 +9,7 @@ record (rollout id, worker, wall-clock start and end).
 :class:`WorkerSpec` (:func:`build_worker`, which the Ray backend's actors call too), receives
 requests on a queue, runs each as an asyncio task and sends each finished trajectory back the
 moment it is done. It samples with the newest weights it has: a :class:`WeightFollower` polls the
-run's :class:`~saorl.runtime.weights.WeightSync` and hands the engine each newly published
+run's :class:`~saorl.runtime.weights.WeightSource` and hands the engine each newly published
 version (a path, or tensors from Ray's object store), which it applies between decode steps, so a
 trajectory can span versions and records the version of every token.
 """
@@ -38,7 +38,7 @@ from saorl.runtime.messages import (
     RolloutRequest,
     WorkerCrashed,
 )
-from saorl.runtime.weights import FileWeightSync, WeightSync
+from saorl.runtime.weights import FileSource, WeightSource
 
 STATS_EVERY_S = 1.0
 
@@ -90,7 +90,7 @@ class WeightFollower:
     :meth:`refresh` may be called from several threads (an event loop and its executor): one
     update at a time."""
 
-    def __init__(self, engine: InferenceEngine, sync: WeightSync) -> None:
+    def __init__(self, engine: InferenceEngine, sync: WeightSource) -> None:
         self.engine, self.sync = engine, sync
         self.version = -1
         self._lock = threading.Lock()
@@ -168,14 +168,14 @@ class WorkerStack:
     env_factory: Callable
 
 
-def build_worker(spec: WorkerSpec, weights: WeightSync | None = None) -> WorkerStack:
+def build_worker(spec: WorkerSpec, weights: WeightSource | None = None) -> WorkerStack:
     """A worker's engine and env from ``spec``, following ``weights`` (default: the files in
     ``spec.weights_dir``); the newest published weights are loaded before it returns."""
     from saorl.envs.registry import make_env_factory
 
     tokenizer = spec.tokenizer.load()
     engine = build_engine(spec, tokenizer)
-    follower = WeightFollower(engine, weights if weights is not None else FileWeightSync(spec.weights_dir))
+    follower = WeightFollower(engine, weights if weights is not None else FileSource(spec.weights_dir))
     follower.refresh()
     factory = make_env_factory(spec.env_type, spec.env_options, call_timeout_s=spec.env_call_timeout_s,
                                observation_format=spec.env_observation_format,

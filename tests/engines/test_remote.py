@@ -16,8 +16,8 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import ServerCheck, ServerWeightSync, WeightPublishError
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.publisher import ServerCheck, ServerPublisher, WeightPublishError
+from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
 
 PROMPT = [5, 6, 7, 8]
 SLOW_REQUEST_TOKENS = 480
@@ -34,8 +34,8 @@ def _emulated(tok, tmp_path, emulate, seed=0, **kw):
 
 def _publisher(tmp_path, admins_of, urls, model, **kw):
     transport = HttpTransport(urls, timeout_s=60)
-    files = FileWeightSync(tmp_path / "weights")
-    return ServerWeightSync(files, admins_of(transport), transport, model, **kw)
+    files = FilePublisher(tmp_path / "weights")
+    return ServerPublisher(files, admins_of(transport), transport, model, **kw)
 
 
 @pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
@@ -72,20 +72,21 @@ def test_vllm_publication_pause_load_label_resume_and_versions(tok, tmp_path):
     sync = _publisher(tmp_path, lambda t: [VllmAdmin(url, t)], [url], trainer)
     client = VllmEngine(url)
     try:
-        sync.publish(trainer.state_dict(), 0)
+        sync.publish([trainer.state_dict()], 0)
         sp = SamplingParams(temperature=0, max_new_tokens=6)
         before = client.generate([PROMPT], sp)[0]
         new = build_tiny("tiny-moe", seed=1)
-        sync.publish(new.state_dict(), 1)
+        sync.publish([new.state_dict()], 1)
         assert httpx.get(url + "/weight_info").json() == {"weight_version": "1"}
         assert httpx.get(url + "/is_paused").json() == {"is_paused": False}  # resumed
-        assert sync.latest()[0] == 1 and (tmp_path / "weights" / "hf" / "v00000001" / "config.json").is_file()
+        assert FileSource(sync.files.dir).latest()[0] == 1
+        assert (tmp_path / "weights" / "hf" / "v00000001" / "config.json").is_file()
         after = client.generate([PROMPT], sp)[0]
         assert after.versions == [1] * 6 and after.token_ids != before.token_ids
         with LocalEngine(new, tok, max_batch_size=1, stop_on_eos=False) as ref:
             assert after.token_ids == ref.generate([PROMPT], sp)[0].token_ids  # the weights really moved
         for v in (2, 3):
-            sync.publish(new.state_dict(), v)
+            sync.publish([new.state_dict()], v)
         assert sorted(p.name for p in (tmp_path / "weights" / "hf").iterdir()) == ["v00000002", "v00000003"]
     finally:
         client.close()
@@ -100,14 +101,14 @@ def test_vllm_request_spanning_an_update_is_tagged_with_the_older_version(tok, t
     sync = _publisher(tmp_path, lambda t: [VllmAdmin(url, t)], [url], trainer)
     client = VllmEngine(url)
     try:
-        sync.publish(trainer.state_dict(), 0)
+        sync.publish([trainer.state_dict()], 0)
         out = {}
         t = threading.Thread(target=lambda: out.setdefault("r", client.generate(
             [PROMPT], SamplingParams(temperature=0, max_new_tokens=300))[0]))
         t.start()
         while eng.stats()["tokens_generated"] < 5:
             time.sleep(0.005)
-        sync.publish(build_tiny("tiny-moe", seed=1).state_dict(), 1)
+        sync.publish([build_tiny("tiny-moe", seed=1).state_dict()], 1)
         t.join(60)
         r = out["r"]
         assert r.versions == [0] * len(r.token_ids)  # conservative: never newer than the truth
@@ -127,7 +128,7 @@ def test_sglang_client_versions_from_spans_and_abort_continuation(tok, tmp_path)
     new = build_tiny("tiny-moe", seed=1)
     n = SLOW_REQUEST_TOKENS
     try:
-        sync.publish(trainer.state_dict(), 0)
+        sync.publish([trainer.state_dict()], 0)
         sp = SamplingParams(temperature=0, max_new_tokens=n)
         whole = client.generate([PROMPT], sp)[0]
         assert whole.metrics["chunks"] == 1 and whole.versions == [0] * n
@@ -155,7 +156,7 @@ def test_sglang_client_versions_from_spans_and_abort_continuation(tok, tmp_path)
         start = eng.stats()["tokens_generated"]
         while eng.stats()["tokens_generated"] < start + 10:
             time.sleep(0.002)
-        sync.publish(new.state_dict(), 1)
+        sync.publish([new.state_dict()], 1)
         t.join(60)
         r = out["r"]
         k = r.versions.index(1)
@@ -183,11 +184,11 @@ def test_check_catches_raw_logprobs_at_temperature_below_one(tok, tmp_path):
                               check=check)
             if fails:
                 with pytest.raises(WeightPublishError, match="--logprobs-mode processed_logprobs") as e:
-                    sync.publish(trainer.state_dict(), 0)
+                    sync.publish([trainer.state_dict()], 0)
                 assert f"server at {url}" in str(e.value) and "after version 0" in str(e.value)
-                assert sync.latest() is None  # never announced to the workers
+                assert FileSource(sync.files.dir).latest() is None  # never announced to the workers
             else:
-                sync.publish(trainer.state_dict(), 0)
+                sync.publish([trainer.state_dict()], 0)
                 assert sync.gaps[0][url] < 1e-4
                 assert sync.metrics()["weights/verify_max_gap"] == sync.gaps[0][url]
                 assert sync.metrics() == {}  # taken once
@@ -228,15 +229,16 @@ def test_publisher_watchdog_and_resume_always(tmp_path, kind):
     model = build_tiny("tiny-dense", seed=0)
     good, bad = _Admin("http://good:1"), _Admin("http://bad:1", hang=kind == "hang", fail=kind == "fail")
     transport = HttpTransport("http://unused:1")
-    sync = ServerWeightSync(FileWeightSync(tmp_path), [good, bad], transport, model, timeout_s=0.5)
+    sync = ServerPublisher(FilePublisher(tmp_path), [good, bad], transport, model, timeout_s=0.5)
     t0 = time.monotonic()
     with pytest.raises(WeightPublishError, match="http://bad:1") as e:
-        sync.publish(model.state_dict(), 4)
+        sync.publish([model.state_dict()], 4)
     assert time.monotonic() - t0 < 5
     assert ("within 0.5s" in str(e.value)) == (kind == "hang")
     assert ("bad weights" in str(e.value)) == (kind == "fail")
     assert good.calls == ["pause", ("load", 4), "resume"] and bad.calls == ["pause", ("load", 4), "resume"]
-    assert sync.latest() is None  # the workers are not told about a version the servers do not run
+    # the workers are not told about a version the servers do not run
+    assert FileSource(sync.files.dir).latest() is None
     sync.close()
 
 
@@ -258,13 +260,13 @@ def test_adapter_publication_loads_everywhere_announces_and_unloads_all_but_the_
 
     a, b = _AdapterAdmin("http://a:1"), _AdapterAdmin("http://b:1")
     transport = HttpTransport("http://unused:1")
-    sync = ServerWeightSync(FileWeightSync(tmp_path), [a, b], transport, build_tiny("tiny-dense", seed=0))
+    sync = ServerPublisher(FilePublisher(tmp_path), [a, b], transport, build_tiny("tiny-dense", seed=0))
     tensors = {"base_model.model.x.lora_A.weight": torch.zeros(2, 3),
                "base_model.model.x.lora_B.weight": torch.zeros(3, 2)}
     names = [adapter_name(tmp_path / f"v{v:08d}-adapter") for v in range(4)]
     for v in range(4):
-        sync.publish_adapter(tensors, {"r": 2, "lora_alpha": 4}, v)
-        assert sync.latest() == (v, str(tmp_path / f"v{v:08d}-adapter"))
+        sync.publish([tensors], v, WeightNames.adapter({"r": 2, "lora_alpha": 4}))
+        assert FileSource(sync.files.dir).latest() == (v, str(tmp_path / f"v{v:08d}-adapter"))
     assert names[0].startswith("saorl-") and names[0].endswith("-v00000000-adapter") and len(set(names)) == 4
     loads = [("load", names[v], str((tmp_path / f"v{v:08d}-adapter").resolve())) for v in range(4)]
     assert a.calls == b.calls == [*loads[:3], ("unload", names[0]), loads[3], ("unload", names[1])]
@@ -277,11 +279,12 @@ def test_adapter_publication_to_a_server_without_the_runtime_routes_fails_naming
     bad = _AdapterAdmin("http://bad:1", error='POST http://bad:1/v1/load_lora_adapter failed with HTTP 404: '
                                                '{"detail":"Not Found"}')
     transport = HttpTransport("http://unused:1")
-    sync = ServerWeightSync(FileWeightSync(tmp_path), [bad], transport, build_tiny("tiny-dense", seed=0))
+    sync = ServerPublisher(FilePublisher(tmp_path), [bad], transport, build_tiny("tiny-dense", seed=0))
     with pytest.raises(WeightPublishError, match="http://bad:1") as e:
-        sync.publish_adapter({"base_model.model.x.lora_A.weight": torch.zeros(2, 3)}, {"r": 2}, 0)
+        tensors = {"base_model.model.x.lora_A.weight": torch.zeros(2, 3)}
+        sync.publish([tensors], 0, WeightNames.adapter({"r": 2}))
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in str(e.value)
-    assert sync.latest() is None  # never announced
+    assert FileSource(sync.files.dir).latest() is None  # never announced
     sync.close()
 
 
@@ -367,10 +370,10 @@ def test_sharded_publication_in_buckets_reaches_the_server(tok, tmp_path):
         names = saved_names(new)
         buckets = (to_checkpoint(new, {n: state[n] for n in names[i:i + 10]})
                    for i in range(0, len(names), 10))
-        sync.publish_checkpoint(buckets, 1, new.config)
+        sync.publish(buckets, 1, WeightNames.checkpoint(new.config))
         assert sync.gaps[1][url] < 1e-4  # scored by the policy read back from the directory
         assert httpx.get(url + "/weight_info").json() == {"weight_version": "1"}
-        assert sync.latest() == (1, str(tmp_path / "weights" / "hf" / "v00000001"))
+        assert FileSource(sync.files.dir).latest() == (1, str(tmp_path / "weights" / "hf" / "v00000001"))
         assert len(list((tmp_path / "weights" / "hf" / "v00000001").glob("model-*.safetensors"))) >= 2
         sp = SamplingParams(temperature=0, max_new_tokens=6)
         got = client.generate([PROMPT], sp)[0]

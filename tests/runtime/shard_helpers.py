@@ -118,7 +118,7 @@ def _save(path: Path, module) -> None:
 def _drive(group, out: Path, cases: list[tuple]) -> None:
     """Rank 0: every case's step; for the MoE also publication and checkpoints both ways."""
     from saorl.runtime.sharded import ShardedLearner
-    from saorl.runtime.weights import FileWeightSync
+    from saorl.runtime.weights import FilePublisher
 
     for name, kind, preset, _n, _g in cases:
         policy, critic, algo, trajs, gids = case(name)
@@ -131,7 +131,7 @@ def _drive(group, out: Path, cases: list[tuple]) -> None:
         if full_critic is not None:
             _save(out / f"{name}_critic.safetensors", full_critic)
         if name == "moe_sao":
-            learner.publish(FileWeightSync(out / "published"))
+            learner.publish(FilePublisher(out / "published"))
             for fmt in ("sharded", "full"):
                 learner.checkpoint_format = fmt
                 meta = learner.save_state(out / fmt)

@@ -23,7 +23,7 @@ from saorl.models.lora import attach_lora
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
 from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.weights import FilePublisher, FileSource
 from tests.runtime.test_learner import PAD, _matched_trajs, _opt_state, _trajs
 
 
@@ -66,9 +66,9 @@ def test_the_local_engine_samples_from_exactly_base_plus_the_published_adapter(k
     lrn = _lora_learner(kind)
     for _ in range(2):
         lrn.step(_matched_trajs(lrn.policy, _trajs()))
-    sync = FileWeightSync(tmp_path / "weights")
+    sync = FilePublisher(tmp_path / "weights")
     lrn.publish(sync)
-    version, source = sync.latest()
+    version, source = FileSource(tmp_path / "weights").latest()
     assert version == lrn.version == 2 and source.endswith("v00000002-adapter")
     tok = load_tokenizer()
     engine = LocalEngine(build_tiny(kind, seed=0), tok, max_batch_size=4)

@@ -13,14 +13,14 @@ from saorl.engines.server import serve_in_thread
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.weights import FilePublisher
 from saorl.training import train
 
 pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path, monkeypatch, engine: str):
-    monkeypatch.setattr(FileWeightSync, "_prune", lambda self: None)  # keep every version to check
+    monkeypatch.setattr(FilePublisher, "_prune", lambda self: None)  # keep every version to check
     tok = load_tokenizer()
     # the server starts with other weights: only the publisher's version 0 makes it the trainer's policy
     eng = LocalEngine(build_tiny("tiny-moe", seed=5), tok, max_batch_size=8)

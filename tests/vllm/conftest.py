@@ -76,15 +76,15 @@ def dense(dense_server, tmp_path):
     test: the tests do not depend on what an earlier test published."""
     from saorl.engines.transport import HttpTransport
     from saorl.engines.vllm_client import VllmAdmin
-    from saorl.runtime.publisher import ServerWeightSync
-    from saorl.runtime.weights import FileWeightSync
+    from saorl.runtime.publisher import ServerPublisher
+    from saorl.runtime.weights import FilePublisher
 
     model = build_tiny("tiny-dense", seed=0)
     transport = HttpTransport([dense_server.url], timeout_s=120)
     admins = [VllmAdmin(dense_server.url, transport)]
-    sync = ServerWeightSync(FileWeightSync(tmp_path / "reset-weights"), admins, transport, model)
+    sync = ServerPublisher(FilePublisher(tmp_path / "reset-weights"), admins, transport, model)
     try:
-        sync.publish(model.state_dict(), 0)
+        sync.publish([model.state_dict()], 0)
     finally:
         sync.close()
     return dense_server

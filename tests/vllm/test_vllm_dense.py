@@ -11,8 +11,8 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.models import hf_format
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import ServerCheck, ServerWeightSync, WeightPublishError
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.publisher import ServerCheck, ServerPublisher, WeightPublishError
+from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
 
 PROMPT = list(range(5, 40))
 TOL = 1e-5  # float32 server and trainer: measured gaps are below 1e-6
@@ -23,10 +23,10 @@ def _check(sampling: SamplingParams, every: int = 1) -> ServerCheck:
                        every=every)
 
 
-def _sync(tmp_path, url, model, check) -> ServerWeightSync:
+def _sync(tmp_path, url, model, check) -> ServerPublisher:
     transport = HttpTransport([url], timeout_s=120)
-    files = FileWeightSync(tmp_path / "weights")
-    return ServerWeightSync(files, [VllmAdmin(url, transport)], transport, model, check=check)
+    files = FilePublisher(tmp_path / "weights")
+    return ServerPublisher(files, [VllmAdmin(url, transport)], transport, model, check=check)
 
 
 @pytest.mark.parametrize("sampling", [
@@ -52,14 +52,14 @@ def test_changed_weights_are_verified_on_the_server_and_a_stale_head_is_caught(d
     start = build_tiny("tiny-dense", seed=0)
     sync = _sync(tmp_path, dense.url, start, _check(SamplingParams(temperature=0.7, top_k=20, seed=3)))
     try:
-        sync.publish(start.state_dict(), 0)
+        sync.publish([start.state_dict()], 0)
         for version, seed in ((1, 1), (2, 2)):  # new weights, the output head (tied) included
             model = build_tiny("tiny-dense", seed=seed)
             sync.model = model
-            sync.publish(model.state_dict(), version)
+            sync.publish([model.state_dict()], version)
             assert sync.gaps[version][dense.url] < TOL
             assert httpx.get(dense.url + "/weight_info").json() == {"weight_version": str(version)}
-        assert sync.latest()[0] == 2
+        assert FileSource(sync.files.dir).latest()[0] == 2
         print(f"\nRESULT tied dense: gaps per version {sync.gaps}")
 
         # the writer of before: no lm_head.weight, as save_pretrained writes a tied model
@@ -67,11 +67,11 @@ def test_changed_weights_are_verified_on_the_server_and_a_stale_head_is_caught(d
         stale = build_tiny("tiny-dense", seed=3)
         sync.model = stale
         with pytest.raises(WeightPublishError) as e:
-            sync.publish(stale.state_dict(), 3)
+            sync.publish([stale.state_dict()], 3)
         msg = str(e.value)
         print(f"\nRESULT stale head: {msg}")
         assert f"server at {dense.url}" in msg and "after version 3" in msg and "reload" in msg
-        assert sync.latest()[0] == 2  # the workers were never told of version 3
+        assert FileSource(sync.files.dir).latest()[0] == 2  # the workers were never told of version 3
         gap = float(msg.split("up to ")[1].split()[0])
         assert gap > 1e-2
     finally:
@@ -97,7 +97,7 @@ def test_logprobs_of_a_request_are_those_of_the_published_version(dense, tmp_pat
     sync = _sync(tmp_path, dense.url, model, None)
     client = VllmEngine(dense.url, model="policy")
     try:
-        sync.publish(model.state_dict(), 11)
+        sync.publish([model.state_dict()], 11)
         res = client.generate([PROMPT], SamplingParams(temperature=1.0, max_new_tokens=24, seed=5))[0]
         assert res.versions == [11] * len(res.token_ids)
         ids = torch.tensor([PROMPT + res.token_ids])
@@ -138,8 +138,8 @@ def test_sharded_publication_is_checked_from_the_published_directory(dense, tmp_
         state, names = model.state_dict(), hf_format.served_names(model)
         buckets = (hf_format.to_checkpoint(model, {n: state[n] for n in names[i:i + 8]})
                    for i in range(0, len(names), 8))
-        sync.publish_checkpoint(buckets, 21, model.config)
-        assert sync.gaps[21][dense.url] < TOL and sync.latest()[0] == 21
+        sync.publish(buckets, 21, WeightNames.checkpoint(model.config))
+        assert sync.gaps[21][dense.url] < TOL and FileSource(sync.files.dir).latest()[0] == 21
         assert sync.metrics() == {"weights/verify_max_gap": sync.gaps[21][dense.url],
                                   "weights/verified_version": 21}
     finally:

@@ -28,8 +28,8 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import adapter_config, adapter_state, attach_lora
 from saorl.models.tiny import build_tiny
 from saorl.models.truncation import edge_rows
-from saorl.runtime.publisher import ServerCheck, ServerWeightSync
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.publisher import ServerCheck, ServerPublisher
+from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
 from saorl.stages.preflight import check_servers
 from saorl.training import train
 
@@ -61,8 +61,8 @@ def test_each_adapter_is_verified_named_exactly_and_only_the_newest_two_stay_loa
     admin = VllmAdmin(url, transport)
     info = transport.run(admin.describe())
     assert (info.max_lora_rank, info.lora_updates) == (8, True)
-    files = FileWeightSync(tmp_path / "weights")
-    sync = ServerWeightSync(files, [admin], transport, model, check=check)
+    files = FilePublisher(tmp_path / "weights")
+    sync = ServerPublisher(files, [admin], transport, model, check=check)
     g = torch.Generator().manual_seed(0)
     gaps, base_gaps, seconds = [], [], []
     try:
@@ -73,11 +73,11 @@ def test_each_adapter_is_verified_named_exactly_and_only_the_newest_two_stay_loa
                         if "lora_B" in name:
                             p.add_(torch.randn(p.shape, generator=g) * 0.05)
             t0 = time.monotonic()
-            sync.publish_adapter(adapter_state(model), adapter_config(model), version)
+            sync.publish([adapter_state(model)], version, WeightNames.adapter(adapter_config(model)))
             seconds.append(time.monotonic() - t0)
             gaps.append(sync.gaps[version][url])
-            path = files.latest()[1]
-            assert files.latest()[0] == version and path.endswith(f"v{version:08d}-adapter")
+            path = FileSource(files.dir).latest()[1]
+            assert FileSource(files.dir).latest()[0] == version and path.endswith(f"v{version:08d}-adapter")
             if version:  # the server samples from the adapter, not from the base
                 base_gaps.append(check.measure(base, url, (path, version))[0])
             names = [adapter_name(tmp_path / "weights" / f"v{v:08d}-adapter")
@@ -86,7 +86,7 @@ def test_each_adapter_is_verified_named_exactly_and_only_the_newest_two_stay_loa
         sync.check = None
         for version in range(4, 7):  # publication alone, without the check
             t0 = time.monotonic()
-            sync.publish_adapter(adapter_state(model), adapter_config(model), version)
+            sync.publish([adapter_state(model)], version, WeightNames.adapter(adapter_config(model)))
             seconds.append(time.monotonic() - t0)
     finally:
         sync.close()
@@ -159,7 +159,7 @@ def test_async_lora_run_tags_every_token_with_the_adapter_that_sampled_it(lora_s
     """Async: each request names an adapter, so every turn's recorded log-probs are those of the
     version it is tagged with, the whole turn (no request spans an update: the adapter it named
     stays loaded while it runs)."""
-    monkeypatch.setattr(FileWeightSync, "_prune", lambda self: None)  # keep every adapter to score
+    monkeypatch.setattr(FilePublisher, "_prune", lambda self: None)  # keep every adapter to score
     keep = KeepTrajectories()
     cfg = load_config(None, [*_overrides(lora_server.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run", observer=keep)

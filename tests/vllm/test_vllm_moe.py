@@ -13,8 +13,8 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.errors import StartupError
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import ServerCheck, ServerWeightSync, WeightPublishError
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.publisher import ServerCheck, ServerPublisher, WeightPublishError
+from saorl.runtime.weights import FilePublisher, FileSource
 from saorl.stages.preflight import check_servers
 
 PROMPT = list(range(5, 40))
@@ -31,11 +31,11 @@ def plain_raw(start_server):
     return start_server("moe", logprobs_mode="raw_logprobs")
 
 
-def _sync(tmp_path, url, model, sampling) -> ServerWeightSync:
+def _sync(tmp_path, url, model, sampling) -> ServerPublisher:
     transport = HttpTransport([url], timeout_s=120)
     check = ServerCheck(lambda u: VllmEngine(u, model="policy"), PROMPT, sampling, TOL, "vLLM", every=1)
-    files = FileWeightSync(tmp_path / "weights")
-    return ServerWeightSync(files, [VllmAdmin(url, transport)], transport, model, check=check)
+    files = FilePublisher(tmp_path / "weights")
+    return ServerPublisher(files, [VllmAdmin(url, transport)], transport, model, check=check)
 
 
 def _config(url, **over):
@@ -51,7 +51,7 @@ def test_with_the_plugin_every_published_version_is_exact_on_the_server(with_plu
         for version, seed in ((0, 0), (1, 1), (2, 2), (3, 0)):  # the same weights again, last
             model = build_tiny("tiny-moe", seed=seed)
             sync.model = model
-            sync.publish(model.state_dict(), version)
+            sync.publish([model.state_dict()], version)
             assert sync.gaps[version][with_plugin.url] < TOL
         assert sync.admins[0].info.plugin and sync.admins[0].info.reload_method == "saorl_reload_weights"
         print(f"\nRESULT moe with plugin: gaps per version {sync.gaps}")
@@ -84,9 +84,9 @@ def test_without_the_plugin_a_cpu_server_is_refused_at_start_and_its_reload_is_c
                  SamplingParams(temperature=1.0, max_new_tokens=32, seed=1))
     try:
         with pytest.raises(WeightPublishError, match="after version 0") as e:
-            sync.publish(sync.model.state_dict(), 0)
+            sync.publish([sync.model.state_dict()], 0)
         print(f"\nRESULT moe without plugin, same weights reloaded: {str(e.value)[:200]}")
-        assert sync.latest() is None
+        assert FileSource(sync.files.dir).latest() is None
     finally:
         sync.close()
 

@@ -17,7 +17,7 @@ from saorl.config import load_config
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.truncation import edge_rows
-from saorl.runtime.weights import FileWeightSync
+from saorl.runtime.weights import FilePublisher
 from saorl.training import train
 
 
@@ -40,7 +40,7 @@ def test_async_run_on_vllm_advances_versions_and_every_turn_is_its_versions(dens
                                                                               monkeypatch):
     """Async: tokens are trained at staleness 1-3, so beyond ``kl_s0`` every turn's recorded
     log-probs are compared with those of the version it is tagged with (its published weights)."""
-    monkeypatch.setattr(FileWeightSync, "_prune", lambda self: None)  # keep every version to score
+    monkeypatch.setattr(FilePublisher, "_prune", lambda self: None)  # keep every version to score
     keep = KeepTrajectories()
     cfg = load_config(None, [*overrides(dense.url), "trainer.steps=6", f"run.out_dir={tmp_path}"])
     run_dir, last = train(cfg, tmp_path / "run", observer=keep)
