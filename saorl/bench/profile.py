@@ -36,7 +36,7 @@ import torch
 
 from saorl.config import SaorlConfig
 from saorl.data.trajectory import Trajectory
-from saorl.runtime.observe import Timings
+from saorl.runtime.timings import Timings
 
 
 def profile_rows(t: Timings, total_s: float, order: list[str], steps: int = 1) -> list[dict]:

@@ -79,10 +79,10 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import adapter_config, adapter_state, is_lora, load_adapter_state
 from saorl.models.packed import use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
-from saorl.runtime.checkpoint import load_learner_files, save_learner_files
-from saorl.runtime.observe import Timings
+from saorl.runtime.learner_files import load_learner_files, save_learner_files
 from saorl.runtime.optimize import Updater, no_actions, share_of, update
 from saorl.runtime.step_record import LearnerCounters, StepRecord, StepResult, StepTotals, step_metrics
+from saorl.runtime.timings import Timings
 from saorl.runtime.weights import MODEL_NAMES, WeightNames, WeightPublisher
 
 Tensor = torch.Tensor

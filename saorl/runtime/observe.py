@@ -2,17 +2,13 @@
 
 An :class:`Observer` is handed to :func:`saorl.training.train`; the run calls it as rollouts
 are dispatched and arrive and as steps finish. Every method is a no-op here: subclass and
-override what you need. :class:`Timings` accumulates seconds per labelled span; the learner keeps
-one (``Learner.timings``) so a profile reads where a step's time went without patching it.
+override what you need. :class:`~saorl.runtime.timings.Timings` accumulates seconds per labelled
+span; the learner keeps one (``Learner.timings``) so a profile reads where a step's time went
+without patching it.
 """
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from saorl.data.trajectory import Trajectory
@@ -34,25 +30,3 @@ class Observer:
         """The run stopped (after its final checkpoint)."""
 
 
-@dataclass
-class Timings:
-    """Seconds and call counts per label, accumulated."""
-
-    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-    def add(self, label: str, dt: float) -> None:
-        self.seconds[label] += dt
-        self.calls[label] += 1
-
-    @contextmanager
-    def span(self, label: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(label, time.perf_counter() - t0)
-
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()

@@ -38,8 +38,9 @@ from saorl.data.trajectory import Trajectory
 from saorl.errors import StartupError
 from saorl.models.codec import check_vocab, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
-from saorl.runtime.checkpoint import SHARDS, checkpoint_dirs, load_checkpoint, verify
+from saorl.runtime.checkpoint import checkpoint_dirs, load_checkpoint, verify
 from saorl.runtime.journal import Journal, decode_entry
+from saorl.runtime.learner_files import SHARDS
 from saorl.runtime.parts import build_critic, build_learner, lora_policy, trainer_threads
 from saorl.runtime.recorder import effective_rows
 

@@ -87,8 +87,8 @@ from saorl.models.critic import Critic
 from saorl.models.hf_format import served_names, to_checkpoint
 from saorl.models.loading import checkpoint_activations
 from saorl.runtime import shard_group as sg
-from saorl.runtime.checkpoint import SHARDS, load_learner_files, save_learner_files
 from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.learner_files import SHARDS, load_learner_files, save_learner_files
 from saorl.runtime.shard_update import ShardedUpdater, split_groups
 from saorl.runtime.step_record import StepResult
 from saorl.runtime.weights import WeightNames, WeightPublisher

@@ -302,7 +302,7 @@ def test_torchrun_two_ranks_three_steps_then_resume(tmp_path):
 
 
 def test_a_sharded_checkpoint_refuses_a_single_process_resume_in_one_paragraph(tmp_path):
-    from saorl.runtime.checkpoint import SHARDS, load_learner_files
+    from saorl.runtime.learner_files import SHARDS, load_learner_files
 
     (tmp_path / SHARDS).mkdir()
     with pytest.raises(ValueError, match=r"trainer\.shard=fsdp2 under torchrun") as info:
