@@ -148,7 +148,8 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class LoraConfig(Section):
     """LoRA on the policy (off unless ``rank`` is set): the policy's base weights stay frozen and
     only a low-rank adapter trains, through ``peft`` (``pip install 'saorl[lora]'``). The critic
-    keeps its own design (frozen attention, trainable MLP / expert projections and head)."""
+    keeps its own design (frozen attention, trainable MLP / expert projections and head) unless
+    ``critic`` is true."""
 
     rank: int | None = Field(None, ge=1)
     """Rank r of each adapter (``B·A`` with ``A`` r × in, ``B`` out × r); null = no LoRA: the whole
@@ -167,6 +168,19 @@ class LoraConfig(Section):
     the experts and the router stay frozen (docs/models.md, "LoRA policies"). A name of this default list
     that the policy lacks is skipped; any other name that no linear module of the policy has is an
     error before anything runs, naming the ones it has."""
+    critic: bool = False
+    """LoRA on the critic too: its trunk's weights freeze whole and an adapter of the same rank,
+    alpha, dropout and targets trains with the value head, instead of the default critic (frozen
+    attention, trainable MLP / expert projections and head). Needs ``rank``. Measured against the
+    default in docs/performance.md ("LoRA on the critic"); value pretraining fits it the same way."""
+
+    @model_validator(mode="after")
+    def _critic_needs_rank(self) -> LoraConfig:
+        if self.critic and self.rank is None:
+            raise FieldError("critic", "a LoRA critic takes its adapter's settings from "
+                             "model.lora: set model.lora.rank too (e.g. model.lora.rank=8), or "
+                             "model.lora.critic=false")
+        return self
 
     @field_validator("target_modules")
     @classmethod

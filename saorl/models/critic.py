@@ -58,6 +58,9 @@ class Critic(nn.Module):
         super().__init__()
         hidden = trunk.config.hidden_size
         self.trunk = trunk
+        self.lora = False
+        """Whether the trunk carries a LoRA adapter (:func:`saorl.models.lora.attach_critic_lora`):
+        then only the adapter and the value head train, the trunk's own weights stay frozen."""
         self.value_head = nn.Linear(hidden, 1)
         std = 1.0 / (hidden + 1) if head_init_std is None else head_init_std
         gen = torch.Generator().manual_seed(seed)
@@ -112,8 +115,12 @@ class Critic(nn.Module):
         """Freeze everything but the MLP / expert projections and the value head (or unfreeze all).
 
         Returns the names of the trainable parameters afterwards. Raises if ``enabled`` and the
-        trunk has no parameter recognised as an MLP projection (an unknown architecture).
+        trunk has no parameter recognised as an MLP projection (an unknown architecture). A LoRA
+        critic (:attr:`lora`) trains its adapter and the value head whatever ``enabled`` says: its
+        trunk's own weights, attention and MLP alike, stay frozen under the adapter.
         """
+        if self.lora:
+            return self._freeze_all_but_adapter()
         trainable = []
         for name, p in self.named_parameters():
             train = (not enabled) or name.startswith("value_head.") or bool(_MLP_TRAINABLE.search(name))
@@ -125,6 +132,15 @@ class Critic(nn.Module):
                 f"frozen attention found no MLP/expert projection in {type(self.trunk).__name__}; "
                 "expected parameters named like 'mlp.experts.gate_up_proj' or 'mlp.up_proj.weight'"
             )
+        return trainable
+
+    def _freeze_all_but_adapter(self) -> list[str]:
+        trainable = []
+        for name, p in self.named_parameters():
+            train = name.startswith("value_head.") or ".lora_A." in name or ".lora_B." in name
+            p.requires_grad_(train)
+            if train:
+                trainable.append(name)
         return trainable
 
     def trainable_parameters(self) -> list[nn.Parameter]:

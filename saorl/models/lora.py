@@ -12,6 +12,14 @@ What is published to the engines and checkpointed is :func:`adapter_state` (peft
 ``save_pretrained`` plus ``saorl_base.json``, which names the base (a model directory or a tiny
 kind with its seed) so ``saorl eval`` and :func:`load_adapter_policy` can rebuild base + adapter.
 
+A LoRA critic (``model.lora.critic``): :func:`attach_critic_lora` puts the same kind of adapter
+into the critic's trunk in place (peft's ``inject_adapter_in_model``: the critic stays a
+:class:`~saorl.models.critic.Critic`, no wrapper), so the trunk's weights freeze whole and the
+adapter trains with the value head. Its checkpoints hold the whole critic (base, adapter, head);
+:func:`merged_critic` is the plain critic that ``save_critic`` writes (``final/critic``, the
+value-pretrained cache), to which a resumed or later run attaches a fresh adapter (``B = 0``: the
+same values).
+
 Targets: names of ``nn.Linear`` modules (the last component, as peft matches them). A name of the
 default list (:data:`saorl.config.sections.LORA_TARGETS`) that the policy lacks is skipped, so one
 list serves dense and MoE models (whose fused experts are not ``nn.Linear`` modules and stay
@@ -80,6 +88,42 @@ def attach_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, ta
         wrapped.peft_config["default"].base_model_name_or_path = str(base.get("policy"))
     wrapped.saorl_base = dict(base or {})
     return wrapped.train(training)
+
+
+def attach_critic_lora(critic, *, rank: int, alpha: float, dropout: float, targets: list[str],
+                       optional: tuple[str, ...] = (), seed: int = 0):
+    """``critic`` (a :class:`~saorl.models.critic.Critic`) with a LoRA adapter injected into its
+    trunk, in place, on :func:`resolve_targets`' modules (``A`` drawn from ``seed``, the global RNG
+    left as it was); afterwards only the adapter and the value head are trainable."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    if critic.lora:
+        raise ValueError("the critic already has a LoRA adapter")
+    kept = resolve_targets(critic.trunk, targets, optional)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=kept, bias="none")
+    with _quiet_peft(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        inject_adapter_in_model(config, critic.trunk)
+    critic.lora = True
+    critic.set_frozen_attention(True)
+    return critic
+
+
+def merged_critic(critic):
+    """A plain copy of a LoRA critic, the adapter merged into its trunk's weights (``W + s·B·A``)
+    and the adapter modules replaced by their base layers; the critic itself is left as it is."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    out = copy.deepcopy(critic)
+    layers = [(n, m) for n, m in out.trunk.named_modules() if isinstance(m, BaseTunerLayer)]
+    for name, layer in layers:
+        layer.merge()
+        parent, _, child = name.rpartition(".")
+        setattr(out.trunk.get_submodule(parent), child, layer.get_base_layer())
+    out.lora = False
+    for p in out.parameters():
+        p.requires_grad_(True)
+    return out
 
 
 def is_lora(model: nn.Module) -> bool:

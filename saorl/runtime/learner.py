@@ -51,7 +51,8 @@ engine that routed differently (other numerics, a perturbation) is scored as it 
 alone: only the adapter's parameters have ``requires_grad``, so the optimizer, the clipping and
 the non-finite rollback hold them and nothing else; :meth:`Learner.publish` publishes the adapter
 alone (``WeightNames.adapter``) and a checkpoint holds the adapter and its optimizer
-state, never the base.
+state, never the base. A LoRA critic (``model.lora.critic``) trains its adapter and value head
+(:meth:`~saorl.models.critic.Critic.set_frozen_attention`); its checkpoint is the whole critic.
 
 Log-probabilities are scored under the sampler's own distribution: the rollout temperature and,
 when the engine truncates (``top_k`` / ``top_p``), the same truncation, so the DIS ratio compares
@@ -420,6 +421,12 @@ class Learner:
             self.policy.load_state_dict(policy)
         self.policy_opt.load_state_dict(policy_optim)
         if self.critic is not None and critic is not None:
+            mine = getattr(self.critic, "lora", False)
+            if any(".lora_A." in k for k in critic) != mine:
+                kinds = ("the default critic", "a LoRA critic")
+                raise ValueError(f"checkpoint {str(directory)!r} holds {kinds[not mine]}, but this learner "
+                                 f"trains {kinds[mine]}: resume with the model.lora.critic setting the run "
+                                 "was started with")
             self.critic.load_state_dict(critic)
             self.critic_opt.load_state_dict(critic_optim)
         self.counters.restore(manifest)

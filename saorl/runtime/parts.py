@@ -96,14 +96,26 @@ def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str 
     if critic_spec:
         from saorl.models.serialize import load_critic
 
-        return load_critic(critic_spec, device=next(policy.parameters()).device)
-    return Critic.from_policy(policy, seed=cfg.seed)
+        return lora_critic(cfg, load_critic(critic_spec, device=next(policy.parameters()).device))
+    return lora_critic(cfg, Critic.from_policy(policy, seed=cfg.seed))
+
+
+def lora_critic(cfg: SaorlConfig, critic: Critic) -> Critic:
+    """``critic`` as ``model.lora.critic`` asks: itself, or with a fresh LoRA adapter in its trunk
+    (``B = 0``: the same values; :func:`saorl.models.lora.attach_critic_lora`)."""
+    lora = cfg.model.lora
+    if not lora.critic:
+        return critic
+    from saorl.models.lora import attach_critic_lora
+
+    return attach_critic_lora(critic, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                              targets=lora.target_modules, optional=LORA_TARGETS, seed=cfg.seed)
 
 
 def lora_policy(cfg: SaorlConfig, policy, spec: str):
     """``policy`` as ``model.lora`` asks: itself, or wrapped in a LoRA adapter whose base is the
     policy ``spec`` loaded (:mod:`saorl.models.lora`). Called after the critic was copied from the
-    plain policy: the critic never gets an adapter."""
+    plain policy: the critic gets its own adapter only with ``model.lora.critic`` (:func:`lora_critic`)."""
     lora = cfg.model.lora
     if not lora.enabled:
         return policy

@@ -9,7 +9,8 @@ returns, so the first RL updates would use near-random advantages. Instead, befo
    ``rollout.router_noise``), so the critic fits the returns of the sampler RL will train on;
 2. hold out 20% of them; compute Monte-Carlo returns along the preset's chain
    (``R_k = Σ_{j≥k} γ^{j−k} r_{a_j}``, GAE with λ = 1, independent of V);
-3. fit a critic initialised from the policy (frozen attention when the preset says so) with
+3. fit a critic initialised from the policy (frozen attention when the preset says so; with
+   ``model.lora.critic`` a LoRA adapter and the head, saved merged into the plain layout) with
    ``0.5 · (V − R)²`` over the chain tokens, on 25%, 50% and 100% of the remaining rollouts,
    ``value_pretrain.steps`` minibatch steps each, every fit starting from the same initial critic;
 4. report the held-out value loss and explained variance per fit (the scaling curve: how much
@@ -61,7 +62,7 @@ from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
 from saorl.runtime.messages import RolloutRequest
 from saorl.runtime.optimize import Updater, no_actions, share_of, update
-from saorl.runtime.parts import fitting, sampling_params
+from saorl.runtime.parts import fitting, lora_critic, sampling_params
 from saorl.runtime.recorder import CountProgress
 from saorl.runtime.shard_stages import sharded_here
 
@@ -87,6 +88,10 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
         **prompt_format_key(cfg.model), **env_version_key(cfg.env.type),
     }
+    if cfg.model.lora.critic:  # (absent when off, like the sampler's keys below)
+        lora = cfg.model.lora
+        ident["lora_critic"] = {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
+                                "targets": lora.target_modules}
     engine = {"dtype": r.dtype, "moe_top_k": r.moe_top_k, "router_noise": r.router_noise}
     if any(engine.values()):  # (absent when unset: the keys of caches made before stay valid)
         ident["sampler"] = engine
@@ -293,7 +298,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     kw = dict(pad_id=tokenizer.pad_token_id, device=cfg.model.device)
 
     def fresh() -> Critic:  # the policy samples in model.dtype, the critic trains in train_dtype
-        return Critic.from_policy(policy, dtype=train_dtype(cfg.model.dtype), seed=cfg.seed)
+        return lora_critic(cfg, Critic.from_policy(policy, dtype=train_dtype(cfg.model.dtype), seed=cfg.seed))
 
     rows = [_row(0.0, 0, critic_metrics(fresh(), val, preset, batch_size=vp.batch_size, **kw), None)]
     sizes = sorted({max(1, round(f * len(train))) for f in FRACTIONS})

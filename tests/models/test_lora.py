@@ -144,3 +144,32 @@ def test_on_a_llama_model_the_defaults_take_attention_and_mlp_and_the_merge_matc
         for name, t in AdapterMerger().merged(plain, path).items():
             plain.state_dict()[name].copy_(t)
     assert (_logprobs(plain) - _logprobs(lora)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["tiny-dense", "tiny-moe"])
+def test_a_lora_critic_starts_as_its_base_and_saves_merged_into_the_plain_layout(kind, tmp_path):
+    from saorl.models.critic import Critic
+    from saorl.models.lora import attach_critic_lora
+    from saorl.models.serialize import load_critic, save_critic
+
+    critic = Critic.from_policy(build_tiny(kind, seed=0))
+    mask = torch.ones_like(IDS)
+    with torch.no_grad():
+        before = critic(IDS, mask)
+    attach_critic_lora(critic, rank=4, alpha=8.0, dropout=0.0, targets=list(LORA_TARGETS),
+                       optional=LORA_TARGETS)
+    with torch.no_grad():
+        assert torch.equal(critic(IDS, mask), before)  # B = 0
+        for n, p in critic.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
+        trained = critic(IDS, mask)
+    assert (trained - before).abs().max() > 1e-3
+    save_critic(critic, tmp_path / "critic")
+    loaded = load_critic(tmp_path / "critic")
+    assert not loaded.lora and not any("lora_" in n for n, _ in loaded.named_parameters())
+    with torch.no_grad():
+        assert (loaded(IDS, mask) - trained).abs().max() < 1e-5
+    assert critic.lora  # the critic saved keeps its adapter
+    with pytest.raises(ValueError, match="already has a LoRA adapter"):
+        attach_critic_lora(critic, rank=4, alpha=8.0, dropout=0.0, targets=["q_proj"])

@@ -160,3 +160,49 @@ def test_packed_lora_updates_equal_padded_ones_and_the_adapter_init_follows_the_
     # equal up to rounding, which Adam's g / sqrt(v) lifts for near-zero gradients (steps of 1e-2)
     for n, p in _named(packed.policy, True).items():
         assert torch.allclose(p, _named(padded.policy, True)[n], atol=5e-4), n
+
+
+def _lora_critic_learner(kind="tiny-dense", seed=0) -> Learner:
+    from saorl.models.lora import attach_critic_lora
+
+    lrn = _lora_learner(kind, seed=seed)
+    attach_critic_lora(lrn.critic, rank=8, alpha=16.0, dropout=0.0, targets=list(LORA_TARGETS),
+                       optional=LORA_TARGETS, seed=seed)
+    # the learner's optimizer was built for the default critic: build it again, as a run would
+    return Learner(lrn.policy, lrn.critic, lrn.preset, lrn.optim, pad_id=PAD)
+
+
+@pytest.mark.parametrize("kind", ["tiny-dense", "tiny-moe"])
+def test_a_lora_critic_trains_its_adapter_and_head_only(kind):
+    lrn = _lora_critic_learner(kind)
+    held = {id(p) for g in lrn.critic_opt.param_groups for p in g["params"]}
+    names = {n for n, p in lrn.critic.named_parameters() if id(p) in held}
+    assert "value_head.weight" in names and "value_head.bias" in names
+    assert all(n.startswith("value_head.") or ".lora_A." in n or ".lora_B." in n for n in names)
+    assert any("self_attn" in n for n in names) and any("mlp" in n for n in names) == (kind == "tiny-dense")
+    base = {n: p.detach().clone() for n, p in lrn.critic.named_parameters() if n not in names}
+    trainable = {n: p.detach().clone() for n, p in lrn.critic.named_parameters() if n in names}
+    for _ in range(2):
+        lrn.step(_matched_trajs(lrn.policy, _trajs()))
+    after = dict(lrn.critic.named_parameters())
+    assert all(torch.equal(base[n], after[n]) for n in base)  # attention, MLP and experts alike
+    moved = {n for n in trainable if not torch.equal(trainable[n], after[n])}
+    assert "value_head.weight" in moved and any(".lora_A." in n for n in moved)
+
+
+def test_a_checkpoint_restores_a_lora_critic_so_the_next_step_is_the_same(tmp_path):
+    batches = [_trajs(seed=s) for s in range(3)]
+    straight = _lora_critic_learner()
+    for trajs in batches[:2]:
+        straight.step(_matched_trajs(straight.policy, trajs))
+    entries = straight.save_state(tmp_path)
+    saved = load_file(str(tmp_path / "critic.safetensors"))
+    assert any(".lora_B." in k and v.abs().sum() > 0 for k, v in saved.items())  # the adapter trained
+    resumed = _lora_critic_learner()
+    resumed.load_state(tmp_path, {**entries, **straight.counters.state()})
+    expected = dict(straight.step(_matched_trajs(straight.policy, batches[2])))
+    got = dict(resumed.step(_matched_trajs(resumed.policy, batches[2])))
+    assert got == expected and got["critic/value_loss"] > 0
+    with pytest.raises(ValueError, match="holds a LoRA critic, but this learner trains the default critic: "
+                                         "resume with the model.lora.critic setting"):
+        _lora_learner().load_state(tmp_path, {**entries, **straight.counters.state()})
