@@ -204,5 +204,5 @@ def test_a_checkpoint_restores_a_lora_critic_so_the_next_step_is_the_same(tmp_pa
     got = dict(resumed.step(_matched_trajs(resumed.policy, batches[2])))
     assert got == expected and got["critic/value_loss"] > 0
     with pytest.raises(ValueError, match="holds a LoRA critic, but this learner trains the default critic: "
-                                         "resume with the model[.]lora[.]critic setting"):
+                                         "resume with the model"):
         _lora_learner().load_state(tmp_path, {**entries, **straight.counters.state()})
