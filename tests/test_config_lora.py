@@ -47,8 +47,6 @@ def test_bad_lora_values_fail_at_load(override, expected):
 @needs_peft
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["trainer.shard=fsdp2"], "the sharded trainer (trainer.shard=fsdp2) does not shard or publish adapters"),
-    (["rollout.engine=sglang", "rollout.engine_urls=[http://127.0.0.1:8000]"],
-     "rollout.engine=sglang servers do not load adapters yet: set rollout.engine=local or vllm"),
     (["rollout.engine=http", "rollout.http_url=http://127.0.0.1:8000"], "rollout.engine=http servers"),
 ])
 def test_what_lora_does_not_reach_yet_is_refused_naming_the_fix(overrides, expected):
@@ -58,10 +56,19 @@ def test_what_lora_does_not_reach_yet_is_refused_naming_the_fix(overrides, expec
 
 
 @needs_peft
-def test_lora_loads_with_vllm_servers():
-    cfg = load_config(None, ["model.lora.rank=8", "rollout.engine=vllm",
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_lora_loads_with_vllm_and_sglang_servers(engine):
+    cfg = load_config(None, ["model.lora.rank=8", f"rollout.engine={engine}",
                              "rollout.engine_urls=[http://127.0.0.1:8000]"])
-    assert cfg.model.lora.rank == 8 and cfg.rollout.engine == "vllm"
+    assert cfg.model.lora.rank == 8 and cfg.rollout.engine == engine
+
+
+@needs_peft
+def test_a_lora_critic_needs_the_rank_and_loads_with_it():
+    msg = _error(["model.lora.critic=true"])
+    assert "model.lora.critic: a LoRA critic takes its adapter's settings from model.lora: set " \
+           "model.lora.rank too" in msg
+    assert load_config(None, ["model.lora.rank=8", "model.lora.critic=true"]).model.lora.critic
 
 
 @needs_peft

@@ -307,11 +307,11 @@ class SaorlConfig(Section):
             raise FieldError("model.lora.rank", "LoRA trains in one trainer process only: the sharded "
                              "trainer (trainer.shard=fsdp2) does not shard or publish adapters yet; set "
                              "trainer.shard=none, or model.lora.rank=null to train the whole policy sharded")
-        if self.rollout.engine not in ("local", "vllm"):
+        if self.rollout.engine not in ("local", "vllm", "sglang"):
             raise FieldError("model.lora.rank", f"LoRA adapters are published to saorl's local engine and "
-                             f"to vLLM servers only; rollout.engine={self.rollout.engine} servers do not "
-                             "load adapters yet: set rollout.engine=local or vllm, or model.lora.rank=null "
-                             "to publish full weights")
+                             f"to vLLM and SGLang servers only; rollout.engine={self.rollout.engine} "
+                             "servers do not load adapters yet: set rollout.engine=local, vllm or sglang, "
+                             "or model.lora.rank=null to publish full weights")
         if self.runtime.backend == "ray" and self.ray.weights == "object_store":
             raise FieldError("model.lora.rank", "LoRA adapters are published as files in RUN/weights; "
                              "ray.weights=object_store carries full weights only: set ray.weights=shared_fs, "

@@ -5,7 +5,9 @@ A :class:`RemoteEngine` never pushes weights: the trainer's publisher
 (:class:`saorl.runtime.publisher.ServerPublisher`) puts each version on every server (pause →
 load from disk → label → resume) *before* it announces the version to the rollout workers, so
 ``update_weights(path, version)`` on a worker only records that the servers now run ``version``
-(the fallback tag for tokens of a server that reports no version).
+(the fallback tag for tokens of a server that reports no version). A LoRA run announces adapter
+directories: the client then names the newest one in every request, and a request naming one the
+server has unloaded is sent again under the newest it has (:mod:`saorl.engines.adapters`).
 
 :class:`ServerAdmin` is one server's side of that publication; each client module implements it
 with its server's own routes.
@@ -19,8 +21,10 @@ from typing import Protocol
 
 import torch
 
-from saorl.engines.base import GenerationResult, SamplingParams
+from saorl.engines.adapters import adapter_name, is_missing_adapter, newest_loaded
+from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.transport import HttpTransport, Routing
+from saorl.models.adapter import is_adapter_dir
 
 
 class ServerAdmin(Protocol):
@@ -50,7 +54,9 @@ class RemoteEngine:
         self.model = model
         self._version = 0
         self._stats: dict[str, float] = {"requests": 0, "tokens_generated": 0, "weight_updates": 0,
-                                         "approximate_versions": 0}
+                                         "approximate_versions": 0, "adapter_retries": 0}
+        self._adapter: tuple[int, str] | None = None
+        """``(version, name)`` of the newest LoRA adapter announced (or found); None: the base model."""
 
     @property
     def version(self) -> int:
@@ -81,9 +87,27 @@ class RemoteEngine:
         return self.transport.run(all_of())
 
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
-        """Record that the servers now run ``version`` (the publisher has put it there)."""
+        """Record that the servers now run ``version`` (the publisher has put it there); an adapter
+        directory (a LoRA run) is named by every request after this call."""
+        if isinstance(weights, str) and is_adapter_dir(weights):
+            self._adapter = (int(version), adapter_name(weights))
         self._version = max(self._version, int(version))
         self._stats["weight_updates"] += 1
+
+    async def _newer_adapter(self, error: EngineError, url: str, name: str) -> tuple[int, str]:
+        """After ``error`` for a request naming the adapter ``name`` at ``url``: the newest adapter
+        of this run that server has, now named by later requests too; ``error`` itself again when
+        it was not a missing adapter or the server has no newer one (:mod:`saorl.engines.adapters`)."""
+        if not is_missing_adapter(error):
+            raise error
+        found = await newest_loaded(self.transport, url, name)
+        if found is None:
+            raise error
+        self._stats["adapter_retries"] += 1
+        if self._adapter is None or found[0] > self._adapter[0]:
+            self._adapter = found
+            self._version = max(self._version, found[0])
+        return found
 
     def close(self) -> None:
         self.transport.close()

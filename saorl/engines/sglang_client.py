@@ -28,6 +28,23 @@ feeds the whole context again, so its last chunk's routes cover the whole result
 Weight publication (:class:`SglangAdmin`): ``POST /pause_generation {"mode"}`` →
 ``POST /update_weights_from_disk {"model_path": DIR, "weight_version": "<v>", "flush_cache"}`` →
 ``POST /continue_generation``.
+
+LoRA adapters (a ``model.lora`` run; the server started with ``--enable-lora``, ``--max-lora-rank``
+at least ``model.lora.rank``, ``--lora-target-modules`` covering the adapter's targets, and
+``--max-loaded-loras`` unset or at least 3: the two kept plus the one being loaded). Nothing is
+paused: the publisher loads each version's adapter directory under its own name
+(:func:`saorl.engines.adapters.adapter_name`) with ``POST /load_lora_adapter {"lora_name",
+"lora_path"}`` and unloads old ones with ``POST /unload_lora_adapter {"lora_name"}``; both answer
+``{"success", "error_message", "loaded_adapters"}`` (HTTP 400 when ``success`` is false). A worker
+told of an adapter directory sends ``"lora_path": <name>`` with every ``/generate`` (SGLang
+resolves it by name among the loaded adapters) and tags every token with that adapter's version,
+exactly, whatever ``meta_info`` says. A request naming an unloaded adapter (HTTP 400, "The
+following requested LoRA adapters are not loaded") is sent once more under the newest one ``GET
+/v1/models`` lists (:mod:`saorl.engines.adapters`). Written against SGLang 0.5's
+``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``
+(``LoadLoRAAdapterReqInput``, ``UnloadLoRAAdapterReqInput``, ``GenerateReqInput.lora_path``) and
+``lora/lora_registry.py``; not run against a real server here (no CPU build), only against a fake
+of those routes (``tests/engines/test_sglang_lora.py``).
 """
 
 from __future__ import annotations
@@ -63,6 +80,8 @@ class SglangEngine(RemoteEngine):
         if p.seed is not None:
             sp["sampling_seed"] = p.seed
         body = dict(input_ids=ids, sampling_params=sp, return_logprob=True, rid=uuid.uuid4().hex)
+        if self._adapter is not None:
+            body["lora_path"] = self._adapter[1]
         if self.return_routes:
             body["return_routed_experts"] = True
         return body
@@ -76,9 +95,19 @@ class SglangEngine(RemoteEngine):
         for chunk in range(self.max_continuations + 1):
             remaining = params.max_new_tokens - len(tokens)
             body = self._body(list(prompt_ids) + tokens, params, remaining)
+            adapter = self._adapter
             async with self.transport.lease() as url:
-                out = await self.transport.call("POST", "/generate", body, url=url)
+                try:
+                    out = await self.transport.call("POST", "/generate", body, url=url)
+                except EngineError as e:  # a worker behind: once more under the newest adapter
+                    if adapter is None:
+                        raise
+                    adapter = await self._newer_adapter(e, url, adapter[1])
+                    out = await self.transport.call("POST", "/generate", {**body, "lora_path": adapter[1]},
+                                                    url=url)
             ids, lps, vers, fin = self._parse(out, url)
+            if adapter is not None:  # the adapter named is the version: exact
+                vers = [adapter[0]] * len(ids)
             tokens += ids
             logprobs += lps
             versions += vers
@@ -143,3 +172,28 @@ class SglangAdmin:
 
     async def resume(self) -> None:
         await self.transport.call("POST", "/continue_generation", url=self.url)
+
+    lora_route_hint = "update it to SGLang 0.5 and start it with --enable-lora"
+    """What adds the adapter routes when the server answers them with FastAPI's own 404."""
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load the adapter directory ``path`` (on the server's disk) under ``name``."""
+        body = {"lora_name": name, "lora_path": path}
+        await self._lora("/load_lora_adapter", body, f"load {path} as {name}")
+
+    async def unload_adapter(self, name: str, *, missing_ok: bool = True) -> None:
+        """Stop accepting requests that name ``name``; with ``missing_ok`` a name the server does not
+        have is no error (SGLang: "LoRA with name … does not exist")."""
+        try:
+            await self._lora("/unload_lora_adapter", {"lora_name": name}, f"unload {name}")
+        except EngineError as e:
+            if not (missing_ok and f"LoRA with name {name} does not exist" in str(e)):
+                raise
+
+    async def _lora(self, path: str, body: dict, what: str) -> None:
+        try:
+            out = await self.transport.call("POST", path, body, url=self.url)
+        except EngineError as e:  # SGLang answers a refusal with HTTP 400 and its error_message
+            raise EngineError(f"SGLang at {self.url} could not {what}: {e}") from e
+        if isinstance(out, dict) and out.get("success") is False:
+            raise EngineError(f"SGLang at {self.url} could not {what}: {out.get('error_message')}")

@@ -24,11 +24,14 @@ tokens after the update are the new version's (``tests/vllm/test_vllm_train.py``
 by token).
 
 LoRA adapters (a ``model.lora`` run): the publisher loads each version's adapter directory on
-every server under its own name (:func:`adapter_name`, ``POST /v1/load_lora_adapter``; a server
-started with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``) before it announces the
-version. The announcement hands the workers the directory, so :meth:`VllmEngine.update_weights`
-knows the name; each request then names the newest adapter as its ``model`` and its tokens carry
-that adapter's version, exactly: the server's weight label is neither asked nor needed.
+every server under its own name (:func:`saorl.engines.adapters.adapter_name`, ``POST
+/v1/load_lora_adapter``; a server started with ``--enable-lora`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``) before it announces the version. The announcement hands the
+workers the directory, so ``update_weights`` knows the name; each request then names the newest
+adapter as its ``model`` and its tokens carry that adapter's version, exactly: the server's weight
+label is neither asked nor needed. A request naming an adapter the server has unloaded (a worker
+two or more versions behind: HTTP 404, "does not exist") is sent once more under the newest adapter
+of the run that ``GET /v1/models`` lists (:mod:`saorl.engines.adapters`).
 
 Routing replay (``return_routes=True``): a server started with ``--enable-return-routed-experts``
 (vLLM 0.32 needs Model Runner V2 and prefix caching for it; there is no per-request switch) answers
@@ -49,27 +52,12 @@ effort), ``POST /resume``. :meth:`VllmAdmin.describe` reads ``GET /version`` and
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.remote import RemoteEngine
 from saorl.engines.routes import RouteLayout, decode_routes
 from saorl.engines.transport import HttpTransport
-from saorl.models.adapter import is_adapter_dir
-
-
-def adapter_name(path: str | Path) -> str:
-    """The name a published adapter directory is loaded under on the servers, and that requests
-    for it name as their ``model``: ``saorl-<8 hex of the run's weights directory>-<directory
-    name>`` (e.g. ``saorl-1a2b3c4d-v00000003-adapter``), so two runs sharing a server never take
-    each other's adapters, and a worker derives it from the announced path alone."""
-    path = Path(path).resolve()
-    run = hashlib.sha1(str(path.parent).encode()).hexdigest()[:8]
-    return f"saorl-{run}-{path.name}"
 
 
 class VllmEngine(RemoteEngine):
@@ -79,15 +67,6 @@ class VllmEngine(RemoteEngine):
                  **kw) -> None:
         super().__init__(urls, **kw)
         self.return_routes, self.route_layout = return_routes, route_layout
-        self._adapter: tuple[int, str] | None = None
-        """``(version, name)`` of the newest announced LoRA adapter; None: the base model."""
-
-    def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
-        """Record ``version``; an adapter directory (a LoRA run) is named by every request after
-        this call (module docstring)."""
-        if isinstance(weights, str) and is_adapter_dir(weights):
-            self._adapter = (int(version), adapter_name(weights))
-        super().update_weights(weights, version)
 
     async def _label(self, url: str) -> int:
         out = await self.transport.call("GET", "/weight_info", url=url)
@@ -112,8 +91,15 @@ class VllmEngine(RemoteEngine):
         async with self.transport.lease() as url:
             if adapter is not None:  # the adapter named is the version: exact
                 version, name = adapter
-                out = await self.transport.call("POST", "/v1/completions",
-                                                self._body(prompt_ids, params, version, model=name), url=url)
+                try:
+                    out = await self.transport.call("POST", "/v1/completions",
+                                                    self._body(prompt_ids, params, version, model=name),
+                                                    url=url)
+                except EngineError as e:  # a worker behind: once more under the newest adapter
+                    version, name = await self._newer_adapter(e, url, name)
+                    out = await self.transport.call("POST", "/v1/completions",
+                                                    self._body(prompt_ids, params, version, model=name),
+                                                    url=url)
             else:
                 before = await self._label(url)
                 out = await self.transport.call("POST", "/v1/completions",
@@ -261,6 +247,10 @@ def lora_rank_flag(rank: int) -> int:
 
 class VllmAdmin:
     """One vLLM server's side of a weight publication (see the module docstring)."""
+
+    lora_route_hint = ("restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment "
+                       "(and --enable-lora)")
+    """What adds the adapter routes when the server answers them with FastAPI's own 404."""
 
     def __init__(self, url: str, transport: HttpTransport) -> None:
         self.url, self.transport = url.rstrip("/"), transport

@@ -25,16 +25,19 @@ buckets of full tensors already in checkpoint names — does the same with the d
 bucket (never the whole model in memory); its check scores the request with a CPU copy of the
 policy loaded from the directory just published (the sharded policy is not whole in this process).
 
-**LoRA adapters** (``WeightNames.adapter(config)``, a ``model.lora`` run on vLLM servers): the base weights
-never change on the servers, so nothing is paused or reloaded. The adapter directory
+**LoRA adapters** (``WeightNames.adapter(config)``, a ``model.lora`` run on vLLM or SGLang servers):
+the base weights never change on the servers, so nothing is paused or reloaded. The adapter directory
 ``RUN/weights/v<version>-adapter`` (peft's layout) is written atomically and loaded on every server
-at once under its own name (:func:`saorl.engines.vllm_client.adapter_name`; ``POST
+at once under its own name (:func:`saorl.engines.adapters.adapter_name`; ``POST
 /v1/load_lora_adapter``, bounded by ``timeout_s``); the check, when due, asks the servers for that
 name and scores the tokens with the trainer's LoRA policy (base + adapter); then the version is
 announced (the workers derive the name from the announced directory and name it in every request,
-so each token's version is exact), and every adapter but this one and the one before it — which
-requests in flight, or a worker that has not read the announcement yet, may still name — is
-unloaded (``POST /v1/unload_lora_adapter``: new requests for it are refused, running ones finish).
+so each token's version is exact), and every adapter but the newest
+:data:`~saorl.engines.adapters.KEEP_LOADED` (this one and the one before it, which requests in
+flight, or a worker that has not read the announcement yet, may still name) is unloaded (vLLM's
+``POST /v1/unload_lora_adapter``, SGLang's ``POST /unload_lora_adapter``: new requests for it are
+refused, running ones finish; a worker further behind retries under the newest name,
+:mod:`saorl.engines.adapters`).
 
 **The check** (:class:`ServerCheck`). DIS divides by the engine's log-probs, so a server that
 samples from other weights than the trainer's — a reload that silently kept a layer, a server
@@ -65,6 +68,7 @@ from pathlib import Path
 
 import torch
 
+from saorl.engines.adapters import KEEP_LOADED, adapter_name
 from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
 from saorl.engines.remote import ServerAdmin
 from saorl.engines.transport import HttpTransport
@@ -259,8 +263,6 @@ class ServerPublisher:
         """A LoRA run's publication (module docstring, "LoRA adapters"): the adapter directory is
         loaded on every server under its own name, checked, announced; then every adapter but this
         one and the one before it (which requests in flight may still name) is unloaded."""
-        from saorl.engines.vllm_client import adapter_name
-
         path = self.files.write(buckets, version, names).resolve()
         name = path.name
         lora = adapter_name(path)
@@ -269,7 +271,7 @@ class ServerPublisher:
         self._after_put(version, lambda: self.model, str(path))
         self.files.announce(version, name)
         self._adapters = [*[n for n in self._adapters if n != lora], lora]
-        old, self._adapters = self._adapters[:-2], self._adapters[-2:]
+        old, self._adapters = self._adapters[:-KEEP_LOADED], self._adapters[-KEEP_LOADED:]
         for gone in old:  # best effort: the version is out; a server that is down fails the next load
             with contextlib.suppress(WeightPublishError):
                 self.transport.run(self._everywhere("unloading the LoRA adapter of a version before",
@@ -284,9 +286,10 @@ class ServerPublisher:
             except asyncio.TimeoutError:
                 return f"{what} {version} on the server at {admin.url} took over {self.timeout_s:g}s."
             except EngineError as e:
-                hint = (" The server does not load adapters at run time: restart it with "
-                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment (and --enable-lora)."
-                        if "HTTP 404" in str(e) and '{"detail":"Not Found"}' in str(e) else "")
+                # FastAPI's own 404: the route is missing (the admin says what adds it)
+                route = getattr(admin, "lora_route_hint", None)
+                hint = (f" The server does not load adapters at run time: {route}."
+                        if route and "HTTP 404" in str(e) and '{"detail":"Not Found"}' in str(e) else "")
                 return f"{what} {version} on the server at {admin.url} failed: {e}.{hint}"
             return None
 

@@ -243,6 +243,8 @@ def test_publisher_watchdog_and_resume_always(tmp_path, kind):
 
 
 class _AdapterAdmin:
+    lora_route_hint = "restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment"
+
     def __init__(self, url, error=None):
         self.url, self.error, self.calls = url, error, []
 
@@ -256,7 +258,7 @@ class _AdapterAdmin:
 
 
 def test_adapter_publication_loads_everywhere_announces_and_unloads_all_but_the_newest_two(tmp_path):
-    from saorl.engines.vllm_client import adapter_name
+    from saorl.engines.adapters import adapter_name
 
     a, b = _AdapterAdmin("http://a:1"), _AdapterAdmin("http://b:1")
     transport = HttpTransport("http://unused:1")
@@ -289,7 +291,7 @@ def test_adapter_publication_to_a_server_without_the_runtime_routes_fails_naming
 
 
 def test_the_vllm_client_names_the_announced_adapter_and_tags_its_version(tmp_path):
-    from saorl.engines.vllm_client import adapter_name
+    from saorl.engines.adapters import adapter_name
     from saorl.models.adapter import write_adapter_dir
 
     path = write_adapter_dir({"base_model.model.x.lora_A.weight": torch.zeros(2, 3)}, {"r": 2},

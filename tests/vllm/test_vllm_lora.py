@@ -19,9 +19,10 @@ from train_runs import GAP_MAX, assert_exact, killed_and_resumed, overrides, ste
 from saorl.config import load_config
 from saorl.config.sections import LORA_TARGETS
 from saorl.engines import SamplingParams
+from saorl.engines.adapters import adapter_name
 from saorl.engines.base import EngineError
 from saorl.engines.transport import HttpTransport
-from saorl.engines.vllm_client import VllmAdmin, VllmEngine, adapter_name
+from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.errors import StartupError
 from saorl.models.adapter import adapter_deltas, read_adapter
 from saorl.models.logprobs import token_logprobs
