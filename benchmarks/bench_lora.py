@@ -95,7 +95,7 @@ def with_own_logprobs(policy: torch.nn.Module, trajs: list[Trajectory]) -> list[
 def learner(build: Callable[[], torch.nn.Module], rank: int | None) -> Learner:
     """A ``sao`` learner on a fresh base: full fine-tuning (``rank`` None) or a LoRA adapter."""
     policy = build()
-    critic = Critic.from_policy(policy, seed=0)  # before the adapter: the critic never gets one
+    critic = Critic.from_policy(policy, seed=0)  # before the adapter; the default critic design
     if rank is not None:
         policy = attach_lora(policy, rank=rank, alpha=16.0, dropout=0.0, targets=list(LORA_TARGETS),
                              optional=LORA_TARGETS, base={"policy": "bench", "seed": 0})

@@ -94,3 +94,29 @@ def test_an_async_lora_run_with_worker_processes_trains_checkpoints_and_resumes(
     _, metrics = train(cfg, run_dir, resume=True)
     assert metrics["policy/version"] == 3 and metrics["train/nonfinite_skips"] == 0
     assert [r["step"] for r in _steps(run_dir)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_lora_critic_run_value_pretrains_checkpoints_resumes_and_exports_a_plain_critic(tmp_path):
+    from saorl.models.serialize import load_critic
+
+    over = [*SYNC, f"run.out_dir={tmp_path}", "model.policy=tiny-dense", "model.lora.rank=8",
+            "model.lora.critic=true", "run.checkpoint_every=1", "value_pretrain.enabled=true",
+            "value_pretrain.rollouts=8", "value_pretrain.steps=2", "value_pretrain.batch_size=4"]
+    run_dir, _ = train(load_config(None, over), tmp_path / "run")
+    (pretrained,) = (tmp_path / ".cache").glob("critic-*")
+    start = load_file(str(pretrained / "critic.safetensors"))
+    assert not any("lora_" in k for k in start)  # value pretraining saved it merged, in the plain layout
+    saved = load_file(str(run_dir / "checkpoints" / "step-00000002" / "critic.safetensors"))
+    assert any(".lora_B." in k and v.abs().sum() > 0 for k, v in saved.items())  # the RL adapter trained
+    # under the adapter the trunk is the value-pretrained one, bit for bit (frozen); the head trained
+    for k, v in saved.items():
+        if "lora_" not in k and not k.startswith("value_head."):
+            assert torch.equal(v, start[k.replace(".base_layer.", ".")]), k
+    assert not torch.equal(saved["value_head.weight"], start["value_head.weight"])
+    final = load_critic(run_dir / "final" / "critic")
+    assert not final.lora and not any("lora_" in n for n, _ in final.named_parameters())
+    cfg = load_config(run_dir / "config.yaml", ["trainer.steps=3"])
+    _, metrics = train(cfg, run_dir, resume=True)
+    assert metrics["policy/version"] == 3 and metrics["train/nonfinite_skips"] == 0
+    assert [r["step"] for r in _steps(run_dir)] == [1, 2, 3]

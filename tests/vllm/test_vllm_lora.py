@@ -19,7 +19,7 @@ from train_runs import GAP_MAX, assert_exact, killed_and_resumed, overrides, ste
 from saorl.config import load_config
 from saorl.config.sections import LORA_TARGETS
 from saorl.engines import SamplingParams
-from saorl.engines.adapters import adapter_name
+from saorl.engines.adapters import adapter_name, is_missing_adapter
 from saorl.engines.base import EngineError
 from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
@@ -101,10 +101,25 @@ def test_each_adapter_is_verified_named_exactly_and_only_the_newest_two_stay_loa
         engine.update_weights(str(tmp_path / "weights" / "v00000006-adapter"), 6)
         res = engine.generate([PROMPT], SamplingParams(temperature=0.7, max_new_tokens=8, seed=1))[0]
         assert res.versions == [6] * len(res.token_ids) and engine.stats()["approximate_versions"] == 0
-        # v4's directory is still on disk (the newest three are kept), but the adapter was unloaded at v6
-        engine.update_weights(str(tmp_path / "weights" / "v00000004-adapter"), 7)
-        with pytest.raises(EngineError, match="HTTP 404"):
-            engine.generate([PROMPT], SamplingParams(max_new_tokens=2))
+        # a worker two versions behind: v4's adapter was unloaded at v6; the real server's 404 makes the
+        # client send the request again under the newest adapter /v1/models lists, tagged v6
+        behind = VllmEngine(url, model="policy")
+        try:
+            behind.update_weights(str(tmp_path / "weights" / "v00000004-adapter"), 4)
+            res = behind.generate([PROMPT], SamplingParams(temperature=0.7, max_new_tokens=8, seed=1))[0]
+            assert res.versions == [6] * len(res.token_ids) and behind.stats()["adapter_retries"] == 1
+        finally:
+            behind.close()
+        # the 404 itself, as the real server words it (what saorl.engines.adapters recognises)
+        transport = HttpTransport([url], timeout_s=60)
+        try:
+            body = engine._body(PROMPT, SamplingParams(max_new_tokens=2), 4,
+                                model=adapter_name(tmp_path / "weights" / "v00000004-adapter"))
+            with pytest.raises(EngineError, match="HTTP 404") as e:
+                transport.run(transport.call("POST", "/v1/completions", body, url=url))
+            assert is_missing_adapter(e.value)
+        finally:
+            transport.close()
     finally:
         engine.close()
 
