@@ -143,6 +143,22 @@ class Critic(nn.Module):
                 trainable.append(name)
         return trainable
 
+    def merged(self) -> Critic:
+        """A plain copy of a LoRA critic: the adapter merged into its trunk's weights (``W + s·B·A``)
+        and each adapter module replaced by its base layer; the critic itself is left as it is."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        out = copy.deepcopy(self)
+        layers = [(n, m) for n, m in out.trunk.named_modules() if isinstance(m, BaseTunerLayer)]
+        for name, layer in layers:
+            layer.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(out.trunk.get_submodule(parent), child, layer.get_base_layer())
+        out.lora = False
+        for p in out.parameters():
+            p.requires_grad_(True)
+        return out
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters with ``requires_grad`` (what the critic optimizer should hold)."""
         return [p for p in self.parameters() if p.requires_grad]

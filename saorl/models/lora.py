@@ -16,9 +16,9 @@ A LoRA critic (``model.lora.critic``): :func:`attach_critic_lora` puts the same 
 into the critic's trunk in place (peft's ``inject_adapter_in_model``: the critic stays a
 :class:`~saorl.models.critic.Critic`, no wrapper), so the trunk's weights freeze whole and the
 adapter trains with the value head. Its checkpoints hold the whole critic (base, adapter, head);
-:func:`merged_critic` is the plain critic that ``save_critic`` writes (``final/critic``, the
-value-pretrained cache), to which a resumed or later run attaches a fresh adapter (``B = 0``: the
-same values).
+:meth:`~saorl.models.critic.Critic.merged` is the plain critic that ``save_critic`` writes
+(``final/critic``, the value-pretrained cache), to which a later run attaches a fresh adapter
+(``B = 0``: the same values).
 
 Targets: names of ``nn.Linear`` modules (the last component, as peft matches them). A name of the
 default list (:data:`saorl.config.sections.LORA_TARGETS`) that the policy lacks is skipped, so one
@@ -107,23 +107,6 @@ def attach_critic_lora(critic, *, rank: int, alpha: float, dropout: float, targe
     critic.lora = True
     critic.set_frozen_attention(True)
     return critic
-
-
-def merged_critic(critic):
-    """A plain copy of a LoRA critic, the adapter merged into its trunk's weights (``W + s·B·A``)
-    and the adapter modules replaced by their base layers; the critic itself is left as it is."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    out = copy.deepcopy(critic)
-    layers = [(n, m) for n, m in out.trunk.named_modules() if isinstance(m, BaseTunerLayer)]
-    for name, layer in layers:
-        layer.merge()
-        parent, _, child = name.rpartition(".")
-        setattr(out.trunk.get_submodule(parent), child, layer.get_base_layer())
-    out.lora = False
-    for p in out.parameters():
-        p.requires_grad_(True)
-    return out
 
 
 def is_lora(model: nn.Module) -> bool:

@@ -92,9 +92,7 @@ def export_policy(model, tokenizer, out_dir: str | Path) -> Path:
 def save_critic(critic: Critic, out_dir: str | Path) -> Path:
     """Write a critic directory (config.json, critic.json, critic.safetensors) atomically."""
     if getattr(critic, "lora", False):  # plain layout, adapter merged in (a run attaches a fresh one)
-        from saorl.models.lora import merged_critic
-
-        critic = merged_critic(critic)
+        critic = critic.merged()
     head = critic.value_head
     meta = {
         "format": CRITIC_FORMAT, "version": CRITIC_VERSION,
