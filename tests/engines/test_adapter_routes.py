@@ -35,7 +35,7 @@ from saorl.engines.vllm_client import VllmEngine
 from saorl.models.adapter import write_adapter_dir
 from saorl.models.tiny import build_tiny
 from saorl.runtime.publisher import ServerPublisher
-from saorl.runtime.weights import FilePublisher, WeightNames
+from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
 
 TENSORS = {"base_model.model.x.lora_A.weight": torch.zeros(2, 3),
            "base_model.model.x.lora_B.weight": torch.zeros(3, 2)}

@@ -357,7 +357,7 @@ def test_against_a_real_sglang_server():
 
 
 def test_sharded_publication_in_buckets_reaches_the_server(tok, tmp_path):
-    """``publish_checkpoint`` (the sharded trainer's buckets in checkpoint names): written once,
+    """``WeightNames.checkpoint`` (the sharded trainer's buckets in checkpoint names): written once,
     loaded by the server, labelled and announced like ``publish``."""
     from saorl.models.hf_format import saved_names, to_checkpoint
 

@@ -52,12 +52,13 @@ class FastEngine:
 
 
 class MemoryWeights:
-    """A WeightSync that only carries version numbers (the fake engine needs no tensors)."""
+    """A weight publisher and source in one that only carries version numbers (the fake engine
+    needs no tensors)."""
 
     def __init__(self) -> None:
         self.version: int | None = None
 
-    def publish(self, state_dict, version: int) -> None:
+    def publish(self, buckets, version: int, names=None) -> None:
         self.version = version
 
     def latest(self):
@@ -95,7 +96,7 @@ class Harness:
                  max_staleness=None, delay=lambda prompt: 0.0, finished=None) -> None:
         self.engine, self.weights = FastEngine(delay), MemoryWeights()
         self.version = 0
-        self.weights.publish({}, 0)
+        self.weights.publish([{}], 0)
         self.backend = InProcessBackend(self.engine, OneTurnEnv, tok,
                                         sampling=SamplingParams(max_new_tokens=4), max_total_tokens=64,
                                         concurrency=slots, weights=self.weights)
@@ -121,7 +122,7 @@ class Harness:
         trajs, gids, _ = self.feed.next_batch(self.version)
         version_at_batch = self.version
         self.version += 1
-        self.weights.publish({}, self.version)
+        self.weights.publish([{}], self.version)
         return trajs, gids, version_at_batch
 
 

@@ -129,7 +129,7 @@ def test_check_server_command_passes_a_good_server_and_catches_a_stale_head(dens
 
 
 def test_sharded_publication_is_checked_from_the_published_directory(dense, tmp_path):
-    """``publish_checkpoint`` (the sharded trainer's buckets): the directory carries the tied head,
+    """``WeightNames.checkpoint`` (the sharded trainer's buckets): the directory carries the tied head,
     the server loads it, and the check scores the request with the policy read back from it."""
     model = build_tiny("tiny-dense", seed=9)
     check = _check(SamplingParams(temperature=0.7, top_k=20, seed=4))
