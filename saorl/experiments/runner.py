@@ -87,10 +87,13 @@ class ExperimentRunner:
         self.spec, self.spec_path, self.out, self.sel, self.log = spec, spec_path, out, selection, log
 
     def config(self, arm: str, seed: int) -> SaorlConfig:
-        """The arm's run config, with the caches under ``OUT/.cache``."""
+        """The arm's run config, with the caches under ``OUT/.cache``. ``OUT`` is made absolute, as
+        ``train`` makes every path (:func:`~saorl.config.absolute_paths`): the value-pretraining
+        cache is keyed by the SFT model's path, so the critic pretrained here before a run is the
+        one the run finds, not a second one under a differently spelled key."""
         cfg = arm_config(self.spec, self.spec_path, arm, seed, quick=self.sel.quick,
                          extra=list(self.sel.extra))
-        cfg.run.out_dir = str(self.out)
+        cfg.run.out_dir = str(self.out.absolute())
         cfg.run.name = f"{arm}-seed{seed}"
         return cfg
 
