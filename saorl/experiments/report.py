@@ -384,15 +384,19 @@ def stability_section(trained: Sequence[ArmData], ref: str) -> list[str]:
     steps = min((int(r.metrics[-1]["step"]) for a in trained for r in a.runs if r.metrics), default=0)
     if steps <= 0:
         return []
-    per_arm = {a.name: {r.seed: stability_values(r.metrics, r.evals, steps=steps, at=(steps,))
+    runs = [r for a in trained for r in a.runs]
+    at = sorted(set.intersection(*({int(e["step"]) for e in r.evals if 0 < int(e["step"]) <= steps}
+                                   for r in runs)) | {steps})  # every evaluation all runs share
+    per_arm = {a.name: {r.seed: stability_values(r.metrics, r.evals, steps=steps, at=at)
                         for r in a.runs} for a in trained}
     return [f"## Stability at equal trainer steps (the first {steps}, the fewest any run took)", "",
             stability_table(per_arm, ref), "",
             f"drift bursts: the share of steps with KL(rollout ‖ trainer) on the trained tokens "
             f"(`mismatch/kl`) above {DRIFT_KL:g}; max {WINDOW}-step KL: its largest mean over {WINDOW} "
             "consecutive steps; reward AUC: the mean training reward over the steps (the area under the "
-            f"curve per step); update rel: the mean ‖Δθ‖/‖θ‖ of the policy per step; acc@{steps}: test "
-            "accuracy at the last evaluation at or before that step. Each: mean over seeds [95% t-interval] "
+            f"curve per step); update rel: the mean ‖Δθ‖/‖θ‖ of the policy per step; acc@S: test "
+            f"accuracy at the last evaluation at or before step S, for S = {steps} and every earlier "
+            "evaluated step all runs share. Each: mean over seeds [95% t-interval] "
             f"and the paired difference from `{ref}` (`*`: the interval excludes 0). collapsed: runs that "
             "ended collapsed, with the exact (Clopper–Pearson) 95% interval of the rate, and Fisher's exact "
             f"test against `{ref}`: with a handful of seeds a count is no verdict.", ""]

@@ -145,6 +145,10 @@ def test_write_report_makes_table_and_pngs(tmp_path):
     sao, rm = (next(line for line in stab if line.startswith(f"| {a} |")) for a in ("sao", "reinforce_rm"))
     assert "| 0.800 [" in sao and "0/2 [0.00, 0.84]" in sao  # (17/20 + 15/20) / 2; never collapsed
     assert "| 0.550 [" in sao  # acc@20: the evaluations of step 10 (0.5 and 0.6)
+    # accuracy at every evaluation all runs share (steps 5 and 10), before the last step's
+    assert stab[0].index("acc@5 − sao") < stab[0].index("acc@10 − sao") < stab[0].index("acc@20 − sao")
+    cells = dict(zip(stab[0].split(" | "), sao.split(" | ")))
+    assert cells["acc@5"].startswith("0.500 [") and cells["acc@10"].startswith("0.550 [")  # (0.6+0.4)/2
     assert "| 0.500 (n=1) |" in rm and "0/1 [0.00, 0.97]" in rm and rm.endswith("| 1.00 |")
 
 
