@@ -16,7 +16,7 @@ from saorl.experiments.spec import (
     spec_from_dict,
 )
 
-SHIPPED = ("math", "code", "stability", "mismatch", "levels", "shift", "noisy_obs")
+SHIPPED = ("math", "code", "stability", "mismatch", "levels", "shift", "noisy_obs", "lr_staleness")
 
 
 def _spec(**kw):
@@ -50,6 +50,38 @@ def test_math_arms_are_the_comparison_asked_for():
     assert {c.sft.seed for c in cfgs.values()} == {0}  # every seed starts from one SFT model
     assert {c.trainer.policy_lr for c in cfgs.values()} == {1e-4}
     assert spec.start_arm == "sft"
+
+
+def test_a_relative_out_gives_the_caches_the_keys_a_run_uses(tmp_path, monkeypatch):
+    from saorl.config import absolute_paths
+    from saorl.stages.sft import cached_sft_dir
+    from saorl.stages.value_pretrain import value_pretrain_key
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(find_spec("lr_staleness"))
+    runner = ExperimentRunner(spec, find_spec("lr_staleness"), Path("out"), Selection(["sao_lr1e4_c16"], [0]))
+    cfg = runner.config("sao_lr1e4_c16", 0)
+    assert cfg.run.out_dir == str(tmp_path / "out")
+    run_cfg = absolute_paths(cfg)  # what ``train`` keys its caches with
+    assert value_pretrain_key(cfg, str(cached_sft_dir(cfg))) == value_pretrain_key(
+        run_cfg, str(cached_sft_dir(run_cfg)))
+
+
+def test_lr_staleness_arms_are_the_grid_their_names_say():
+    spec = load_spec(find_spec("lr_staleness"))
+    cfgs = {a: arm_config(spec, find_spec("lr_staleness"), a, 0) for a in spec.arms}
+    grid = {(c.algo.name, c.trainer.policy_lr, c.rollout.concurrent_episodes)
+            for a, c in cfgs.items() if a != "sao_advnorm"}
+    assert grid == {(algo, lr, n) for algo in ("sao", "grpo_dis")
+                    for lr in (1e-5, 3e-5, 1e-4) for n in (16, 64)}
+    for arm, c in cfgs.items():
+        assert c.trainer.batch_size == 4 and c.rollout.engine_slots == c.rollout.concurrent_episodes, arm
+        assert c.algo.resolve().advantage_norm == ("batch" if arm == "sao_advnorm" else "none"), arm
+        assert (c.algo.resolve().group_size == 4) == arm.startswith("grpo_dis"), arm
+    # the advantage-normalisation arm differs from the reference in that setting alone
+    ref, norm = cfgs["sao_lr1e4_c16"], cfgs["sao_advnorm"]
+    assert norm.model_copy(update={"algo": ref.algo}) == ref
+    assert spec.reference_arm(list(spec.arms)) == "sao_lr1e4_c16"
 
 
 def test_mismatch_arms_differ_where_they_say():
