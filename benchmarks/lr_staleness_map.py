@@ -112,6 +112,8 @@ def plot(steps: int, table: dict[tuple, dict], path: Path, skip: tuple[str, ...]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle="-" if algo == "sao" else "--",
                         label=f"{algo}, {flight} in flight (staleness {statistics.fmean(stale):.1f})")
         ax.set_xscale("log")
+        if "KL" in name:  # spans decades across the lr
+            ax.set_yscale("log")
         ax.set_xlabel("policy lr")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
