@@ -34,31 +34,25 @@ from collections.abc import Sequence
 import torch
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
+from saorl.engines.remote import RemoteEngine
 from saorl.engines.routes import RouteLayout, decode_routes
-from saorl.engines.transport import HttpTransport, Routing
+from saorl.engines.transport import Routing
 
 
-class HttpEngine:
-    """Client for one or more ``saorl serve`` servers (see the module docstring)."""
+class HttpEngine(RemoteEngine):
+    """Client for one or more ``saorl serve`` servers (see the module docstring). Unlike the other
+    :class:`RemoteEngine` s, it puts each version on the servers itself (:meth:`update_weights`)."""
+
+    server_name = "saorl serve"
 
     def __init__(self, base_url: str | Sequence[str], *, timeout_s: float = 60.0, retries: int = 2,
                  model: str | None = None, backoff_s: float = 0.2, max_connections: int = 256,
                  routing: Routing = "least_loaded", return_routes: bool = False,
                  route_layout: RouteLayout | None = None) -> None:
+        super().__init__(base_url, model=model, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
+                         max_connections=max_connections, routing=routing)
         self.return_routes, self.route_layout = return_routes, route_layout
-        self.transport = HttpTransport(base_url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
-                                       max_connections=max_connections, routing=routing)
         self.base_url = self.transport.urls[0]
-        self.model = model
-        self._version = 0
-        self._stats = {"requests": 0, "tokens_generated": 0, "weight_updates": 0}
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def stats(self) -> dict[str, float]:
-        return dict(self._stats)
 
     def _body(self, prompt: list[int], p: SamplingParams) -> dict:
         body = dict(model=self.model, prompt=list(prompt), max_tokens=p.max_new_tokens,
@@ -76,7 +70,10 @@ class HttpEngine:
             ids = [int(t) for t in choice["token_ids"]]
             logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
             extra = out.get("saorl") or {}
-            versions = [int(v) for v in extra.get("versions") or [self._version] * len(ids)]
+            reported = extra.get("versions")
+            if not reported and ids:
+                self._stats["approximate_versions"] += 1
+            versions = [int(v) for v in reported or [self._version] * len(ids)]
             if len(logprobs) != len(ids) or len(versions) != len(ids):
                 raise ValueError(f"{len(ids)} tokens but {len(logprobs)} logprobs, {len(versions)} versions")
             return GenerationResult(ids, logprobs, choice["finish_reason"] or "abort", versions,
@@ -94,19 +91,10 @@ class HttpEngine:
             where = f"{self.base_url}, choices[0].routed_experts"
             res.routes = decode_routes(out["choices"][0].get("routed_experts"), "npy",
                                        len(prompt_ids) + len(res.token_ids) - 1, where, self.route_layout)
-        self._stats["requests"] += 1
-        self._stats["tokens_generated"] += len(res.token_ids)
-        return res
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        """All prompts in flight at once (one request each), so the servers batch them."""
-
-        async def all_of() -> list[GenerationResult]:
-            return list(await asyncio.gather(*(self.agenerate(p, params) for p in prompts)))
-
-        return self.transport.run(all_of())
+        return self._count(res)
 
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
+        """Ask every server to load the safetensors file ``weights`` as ``version``."""
         if not isinstance(weights, str):
             raise EngineError("HttpEngine.update_weights takes the path of a safetensors file under the "
                               "server's --weights-dir; a state dict cannot be sent over HTTP")
@@ -119,6 +107,3 @@ class HttpEngine:
         self.transport.run(every_server())
         self._version = int(version)
         self._stats["weight_updates"] += 1
-
-    def close(self) -> None:
-        self.transport.close()
