@@ -168,7 +168,7 @@ def run_saorl(path: Path, budget_s: float, mode: str, out: Path, lr: float) -> d
                              f"trainer.critic_lr={lr}", *algo, f"run.out_dir={out}", f"run.name={mode}"])
     run_dir = out / mode
     run_once(cfg, run_dir)
-    stats = analyse(run_dir, cfg.rollout.engine_slots)
+    stats = analyse(run_dir, cfg.rollout.local_engine.slots)
     return {"steps": stats.steps, "window_s": stats.window_s, "trained_tokens": stats.trained_tokens,
             "tokens_per_s": stats.tokens_per_s,
             "mean_length": stats.trained_tokens / max(stats.trained_trajectories, 1)}

@@ -25,7 +25,7 @@ OVERRIDES = [
     "sft.steps=150", "sft.num_demos=256", "sft.batch_size=16",
     "value_pretrain.rollouts=24", "value_pretrain.steps=5", "value_pretrain.batch_size=8",
     "run.eval_every=3", "run.eval_tasks=4", "env.num_test_tasks=4", "run.progress=false",
-    "rollout.concurrent_episodes=1", "rollout.engine_slots=1",
+    "rollout.concurrent_episodes=1", "rollout.engine.slots=1",
     "rollout.max_new_tokens=48", "rollout.max_total_tokens=128",
 ]
 TIME_WORDS = ("time", "_s", "per_s", "wall", "elapsed", "throughput", "tokens_per", "sec")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import shlex
 import sys
 import types
 import typing
@@ -60,10 +61,17 @@ the command exits with status 2. For example:
 {examples}
 
 Cross-field checks report the field too: `rollout.max_new_tokens` must be smaller than
-`rollout.max_total_tokens`, `rollout.http_url` (or `rollout.engine_urls`) is required with
-`rollout.engine: http` and `rollout.engine_urls` with `vllm` / `sglang`, and
-`trainer.batch_size` must be a multiple of the preset's group size. A YAML key repeated in one
-mapping is an error (PyYAML would silently keep the last).
+`rollout.max_total_tokens`, `rollout.engine.urls` is required with the server kinds (`http`,
+`vllm`, `sglang`), and `trainer.batch_size` must be a multiple of the preset's group size. A
+YAML key repeated in one mapping is an error (PyYAML would silently keep the last).
+
+**The engine** (`rollout.engine`) is one section per kind, picked by its `kind`: `{kind: local,
+slots: 16}`, `{kind: vllm, urls: [http://gpu1:8000], model: policy}`, or a bare kind
+(`rollout.engine=vllm`: that kind with its defaults; it drops the knobs of the kind before). A
+knob of another kind is an error naming both kinds. The flat spellings of earlier versions
+(`rollout.engine_slots`, `rollout.engine_urls`, `rollout.http_url`, `rollout.engine_model`,
+`rollout.verify_tol`, ...) still load, in files and as overrides, into the engine's section; one
+of a kind the run does not use is dropped (with a warning unless it holds its old default).
 
 **The `algo` section** names a preset and overrides some of its fields; `null` (the default for
 every override) keeps the preset's value. The presets' values are in the last table. Because
@@ -87,6 +95,8 @@ def _type_name(annotation: Any) -> str:
     if origin is typing.Literal:
         args = typing.get_args(annotation)
         return " \\| ".join(f'`"{a}"`' if isinstance(a, str) else f"`{a}`" for a in args)
+    if len(_sections(annotation)) > 1 and type(None) not in typing.get_args(annotation):
+        return "section (one per `kind`)"
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type_name(a) for a in typing.get_args(annotation))
     if origin is dict:
@@ -124,7 +134,7 @@ def _bounds(info: FieldInfo) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "required"
-    if _is_section(info):
+    if _is_section(info) or len(_sections(info.annotation)) > 1:
         return "(below)"
     value = info.default_factory() if info.default_factory is not None else info.default
     if value is None:
@@ -152,12 +162,15 @@ def _is_section(info: FieldInfo) -> bool:
     return isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
 
 
+def _sections(annotation: Any) -> list[type[BaseModel]]:
+    """The models of a union of sections (``rollout.engine``, one per kind; ``Model | None``)."""
+    return [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+
+
 def _subsection(info: FieldInfo) -> type[BaseModel] | None:
     """The model of an optional subsection (a field annotated ``Model | None``), else None."""
-    for a in typing.get_args(info.annotation):
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            return a
-    return None
+    models = _sections(info.annotation)
+    return models[0] if len(models) == 1 else None
 
 
 def render_sections() -> list[str]:
@@ -179,6 +192,11 @@ def render_sections() -> list[str]:
                 about += " Its fields:" if _is_section(sub_info) else " Null by default; its fields:"
                 lines += ["", f"### `{name}.{sub_name}`", "", about, ""]
                 lines += _table([_field_row(n, f) for n, f in sub.model_fields.items()])
+            for kind in _sections(sub_info.annotation) if sub is None else ():
+                about = _md(kind.__doc__ or "").replace("\\|", "|")
+                tag = kind.model_fields["kind"].default
+                lines += ["", f"### `{name}.{sub_name}` of kind `{tag}`", "", about + " Its fields:", ""]
+                lines += _table([_field_row(n, f) for n, f in kind.model_fields.items()])
     return lines
 
 
@@ -221,6 +239,7 @@ ERROR_EXAMPLES: tuple[tuple[str, ...], ...] = (
     ("trainer.batchsize=8",),
     ("rollout.max_new_tokens=500",),
     ("algo.name=grpo", "trainer.batch_size=4"),
+    ("rollout.engine={kind: vllm, urls: [http://127.0.0.1:8000], slots: 8}",),
 )
 """Overrides whose real error messages the header quotes (produced by ``load_config`` at generation)."""
 
@@ -234,7 +253,7 @@ def error_examples() -> str:
         try:
             load_config(None, overrides)
         except ConfigError as e:
-            lines += [f"$ saorl config {' '.join(overrides)}", str(e)]
+            lines += [f"$ saorl config {' '.join(shlex.quote(o) for o in overrides)}", str(e)]
         else:  # pragma: no cover - an example that stopped failing must be replaced
             raise RuntimeError(f"config example {overrides} no longer fails; pick another")
     return "\n".join([*lines, "```"])

@@ -20,6 +20,7 @@ from saorl.config import (
     parse_override,
     save_resolved,
 )
+from saorl.config.engines import LocalEngineConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -141,12 +142,14 @@ def test_bad_override_paths_fail_naming_the_override(override, expected):
      ("algo:\n  name: grpo\n", "trainer.batch_size: 4 is not a multiple of the group size (8"),
      ("algo:\n  name: grpo\n  group_size: 1\ntrainer:\n  batch_size: 8\n",
       "algo.group_size: algorithm 'grpo'"),
-     ("rollout:\n  engine: http\n", "rollout.http_url: required when engine is 'http'"),
-     ("rollout:\n  engine: vllm\n", "rollout.engine_urls: required when engine is 'vllm'"),
-     ("rollout:\n  engine: sglang\n  engine_urls: [gpu1:8000]\n",
-      "rollout.engine_urls: each URL must look like http://host:port, got ['gpu1:8000']"),
-     ("rollout:\n  engine: tgi\n", "rollout.engine: Input should be 'local', 'http', 'vllm' or 'sglang'"),
-     ("rollout:\n  weight_update_timeout_s: 0\n", "rollout.weight_update_timeout_s: Input should be greater"),
+     ("rollout:\n  engine: http\n", "rollout.engine.urls: required when kind is 'http'"),
+     ("rollout:\n  engine: vllm\n", "rollout.engine.urls: required when kind is 'vllm'"),
+     ("rollout:\n  engine: {kind: sglang, urls: [gpu1:8000]}\n",
+      "rollout.engine.urls: each URL must look like http://host:port, got ['gpu1:8000']"),
+     ("rollout:\n  engine: tgi\n",
+      "rollout.engine.kind: unknown engine kind 'tgi'; the kinds are local, http, vllm, sglang"),
+     ("rollout:\n  engine: {kind: vllm, urls: ['http://a:1'], weight_update_timeout_s: 0}\n",
+      "rollout.engine.weight_update_timeout_s: Input should be greater"),
      ("env:\n  type: mathtool\n", "env.type: unknown env 'mathtool'"),
      ("run:\n  name: a/b\n", "run.name: must be a non-empty name"),
      ("model:\n  dtype: float64\n", "model.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
@@ -164,10 +167,11 @@ def test_bad_values_fail_at_load_naming_file_and_field(tmp_path, text, expected)
 @pytest.mark.parametrize("engine", ["local", "http", "vllm", "sglang"])
 @pytest.mark.parametrize("shard", ["none", "fsdp2"])
 def test_routing_replay_is_allowed_with_every_engine_and_either_trainer(engine, shard):
-    urls = [] if engine == "local" else ["rollout.engine_urls=[http://127.0.0.1:8000]"]
+    urls = [] if engine == "local" else ["rollout.engine.urls=[http://127.0.0.1:8000]"]
     cfg = load_config(None, [f"rollout.engine={engine}", *urls, "algo.routing_replay=true",
                              f"trainer.shard={shard}"])
-    assert cfg.algo.resolve().routing_replay and cfg.rollout.engine == engine and cfg.trainer.shard == shard
+    assert cfg.algo.resolve().routing_replay and cfg.rollout.engine.kind == engine
+    assert cfg.trainer.shard == shard
 
 
 def test_several_errors_are_joined_into_one_paragraph(tmp_path):
@@ -273,19 +277,19 @@ def test_a_huge_but_finite_learning_rate_loads_and_the_skip_limit_is_a_setting()
 
 
 def test_a_renamed_field_is_named_in_overrides_and_dropped_from_saved_run_configs(tmp_path):
-    """``rollout.logprob_probe_tol`` became ``rollout.verify_tol`` (a max gap, not a mean): an
+    """``rollout.logprob_probe_tol`` became ``rollout.engine.verify_tol`` (a max gap, not a mean): an
     override says so; every run directory written before holds it (0.1), and must still load for
     --resume and saorl eval; a value the user changed is dropped with a warning."""
     import warnings
 
-    with pytest.raises(ConfigError, match=r"logprob_probe_tol: now spelled rollout.verify_tol"):
+    with pytest.raises(ConfigError, match=r"logprob_probe_tol: now spelled rollout.engine.verify_tol"):
         load_config(None, ["rollout.logprob_probe_tol=0.2"])
     old = tmp_path / "config.yaml"
     old.write_text("rollout:\n  logprob_probe_tol: 0.1\n  temperature: 0.8\n")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the old default: dropped without a word
         cfg = load_config(old)
-    assert cfg.rollout.temperature == 0.8 and cfg.rollout.verify_tol is None
+    assert cfg.rollout.temperature == 0.8 and cfg.rollout.engine == LocalEngineConfig()
     old.write_text("rollout:\n  logprob_probe_tol: 0.3\n")
-    with pytest.warns(UserWarning, match=r"logprob_probe_tol=0.3 is ignored: now spelled rollout.verify_tol"):
+    with pytest.warns(UserWarning, match=r"probe_tol=0.3 is ignored: now spelled rollout.engine.verify_tol"):
         load_config(old)

@@ -47,7 +47,7 @@ def test_bad_lora_values_fail_at_load(override, expected):
 @needs_peft
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["trainer.shard=fsdp2"], "the sharded trainer (trainer.shard=fsdp2) does not shard or publish adapters"),
-    (["rollout.engine=http", "rollout.http_url=http://127.0.0.1:8000"], "rollout.engine=http servers"),
+    (["rollout.engine=http", "rollout.engine.urls=[http://127.0.0.1:8000]"], "rollout.engine=http servers"),
 ])
 def test_what_lora_does_not_reach_yet_is_refused_naming_the_fix(overrides, expected):
     msg = _error(["model.lora.rank=8", *overrides])
@@ -59,8 +59,8 @@ def test_what_lora_does_not_reach_yet_is_refused_naming_the_fix(overrides, expec
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_lora_loads_with_vllm_and_sglang_servers(engine):
     cfg = load_config(None, ["model.lora.rank=8", f"rollout.engine={engine}",
-                             "rollout.engine_urls=[http://127.0.0.1:8000]"])
-    assert cfg.model.lora.rank == 8 and cfg.rollout.engine == engine
+                             "rollout.engine.urls=[http://127.0.0.1:8000]"])
+    assert cfg.model.lora.rank == 8 and cfg.rollout.engine.kind == engine
 
 
 @needs_peft

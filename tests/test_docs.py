@@ -62,7 +62,8 @@ def test_reference_types_and_bounds():
     rows = "\n".join(gen.render_sections())
     assert "| `num_workers` | int ≥ 1 | `1` |" in rows
     assert "| `top_p` | float (0.0, 1.0] | `1.0` |" in rows
-    assert '| `engine` | `"local"` \\| `"http"` \\| `"vllm"` \\| `"sglang"` | `local` |' in rows
+    assert "| `engine` | section (one per `kind`) | (below) |" in rows
+    assert "### `rollout.engine` of kind `sglang`" in rows and '| `kind` | `"sglang"` | `sglang` |' in rows
     assert "| `critic` | string \\| null | `null` |" in rows
 
 

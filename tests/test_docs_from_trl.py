@@ -33,18 +33,18 @@ def _blocks(text: str, lang: str) -> list[str]:
 
 def _field(path: list[str]) -> bool:
     """Whether ``path`` names a field of the config tree (``env.options.X``: an option of prompt_reward)."""
-    model: type[BaseModel] = SaorlConfig
+    models: list[type[BaseModel]] = [SaorlConfig]  # several: a section per kind (rollout.engine)
     for i, name in enumerate(path):
-        if name not in model.model_fields:
+        model = next((m for m in models if name in m.model_fields), None)
+        if model is None:
             return False
         if path[:i + 1] == ["env", "options"]:
             options = inspect.signature(PromptRewardEnv.__init__).parameters
             return len(path) == i + 2 and path[-1] in options and path[-1] != "options"
         args = typing.get_args(model.model_fields[name].annotation) or (model.model_fields[name].annotation,)
-        subs = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not subs:
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not models:
             return i == len(path) - 1
-        model = subs[0]
     return True
 
 

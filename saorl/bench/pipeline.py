@@ -68,7 +68,7 @@ class BenchSpec:
     turn_tokens: int = 16
     """``rollout.max_new_tokens`` for the synthetic env (tokens per turn)."""
     slots: int = 16
-    """Decode slots of the engine (``rollout.engine_slots``)."""
+    """Decode slots of the engine (``rollout.engine.slots``)."""
     episodes: int = 64
     """Episodes a worker holds (``rollout.concurrent_episodes``): more than ``slots`` keeps a
     backlog in the engine's queue, so a freed slot is refilled even while the trainer is busy
@@ -95,7 +95,7 @@ def common_overrides(spec: BenchSpec) -> list[str]:
     out = ["model.policy=tiny-moe", "sft.enabled=false", "value_pretrain.enabled=false", "seed=0",
            f"run.eval_every={big}", "run.eval_tasks=1", f"run.checkpoint_every={big}",
            f"run.samples_every={big}", "run.progress=false", "env.num_test_tasks=1",
-           "env.num_train_tasks=4000", "rollout.num_workers=1", f"rollout.engine_slots={spec.slots}",
+           "env.num_train_tasks=4000", "rollout.num_workers=1", f"rollout.engine.slots={spec.slots}",
            f"rollout.concurrent_episodes={spec.episodes}", f"runtime.worker_threads={spec.worker_threads}",
            f"runtime.trainer_threads={spec.trainer_threads}", f"trainer.steps={big}",
            f"trainer.max_wall_s={spec.budget_s}", f"trainer.batch_size={spec.batch_size}"]
@@ -154,7 +154,7 @@ def run_pairs(spec: BenchSpec, out: Path, log=print) -> list[dict]:
             load_start = load_average()
             run_once(cfg, run_dir)
             load_end = load_average()
-            slots = cfg.rollout.num_workers * cfg.rollout.engine_slots
+            slots = cfg.rollout.num_workers * cfg.rollout.local_engine.slots
             stats = analyse(run_dir, slots)
             log(f"[bench]   {stats.tokens_per_s:.0f} trained tok/s, idle {stats.trainer_idle_frac:.2f}, "
                 f"slot util {stats.slot_util:.2f}, staleness mean {stats.staleness_mean:.2f}, "

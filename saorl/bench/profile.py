@@ -55,9 +55,9 @@ def _engine_parts(cfg: SaorlConfig):
 
     tok = run_tokenizer(cfg.model)
     model = load_policy(cfg.model.policy, seed=cfg.seed)
-    engine = LocalEngine(model, tok, max_batch_size=cfg.rollout.engine_slots,
-                         prefix_cache_tokens=cfg.rollout.prefix_cache_tokens,
-                         prefix_after_update=cfg.rollout.prefix_after_update)
+    e = cfg.rollout.local_engine
+    engine = LocalEngine(model, tok, max_batch_size=e.slots, prefix_cache_tokens=e.prefix_cache_tokens,
+                         prefix_after_update=e.prefix_after_update)
     return engine, tok, env_factory_for(cfg.env, deadline=False)
 
 
@@ -132,7 +132,7 @@ def rollout_profile(cfg: SaorlConfig, duration_s: float, warmup_s: float = 2.0) 
              "outside steps (waiting for turns, loop)"]
     prefill = sec["prefill (total)"] + sec["of which feeding turns' new tokens"]
     return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "decode_steps": steps,
-            "mean_batch": busy / steps if steps else 0.0, "slots": cfg.rollout.engine_slots,
+            "mean_batch": busy / steps if steps else 0.0, "slots": cfg.rollout.local_engine.slots,
             "pure_decode_tokens_per_s": busy / max(sec["decode step (total)"], 1e-9),
             "prefill_share": prefill / wall, "prefill_tokens": _delta(s0, s1, "prefill_tokens"),
             "prefix_tokens_reused": _delta(s0, s1, "prefix_tokens_reused"),

@@ -6,7 +6,7 @@ finished rollout, trained or not, and those still running at the end). Rollouts 
 id but no engine slot, so each worker's rollouts are laid out on lanes greedily (earliest start
 first, onto the lowest lane free at that time): with ``concurrent_episodes`` per worker this
 needs at most that many lanes, up to clock jitter. A lane is an episode in flight, not an
-engine slot: with a backlog, episodes beyond ``engine_slots`` wait in the engine's queue.
+engine slot: with a backlog, episodes beyond ``rollout.engine.slots`` wait in the engine's queue.
 Times are seconds since the first rollout.
 """
 

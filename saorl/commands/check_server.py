@@ -1,7 +1,7 @@
 """``saorl check-server [CONFIG] [overrides...]``: check inference servers against a policy before
 training on them.
 
-For each server of ``rollout.engine_urls`` (or ``--url``): what the server says of itself (vLLM:
+For each server of ``rollout.engine.urls`` (or ``--url``): what the server says of itself (vLLM:
 version, device, dtype, log-prob mode, saorl's plugin), whether a run would refuse it at start-up,
 then the check every run makes after its publications (:class:`saorl.runtime.publisher.ServerCheck`):
 one request under the run's temperature / top-k / top-p, its log-probs compared with the policy's
@@ -27,12 +27,12 @@ PLUGIN_DIR = Path(__file__).resolve().parents[1] / "engines" / "vllm_plugin"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs="*", metavar="[CONFIG] KEY=VALUE",
-                        help="the run's config and overrides (sampling, model.policy, rollout.engine_urls)")
+                        help="the run's config and overrides (sampling, model.policy, rollout.engine)")
     parser.add_argument("--url", action="append", default=None,
-                        help="a server's base URL (repeatable; default: rollout.engine_urls)")
+                        help="a server's base URL (repeatable; default: rollout.engine.urls)")
     parser.add_argument("--policy", default=None, help="the policy the servers run (default: model.policy)")
     parser.add_argument("--engine", choices=("vllm", "sglang"), default=None,
-                        help="the servers' kind (default: rollout.engine, or vllm)")
+                        help="the servers' kind (default: rollout.engine.kind, or vllm)")
     parser.add_argument("--reload", action="store_true",
                         help="also publish a perturbed copy and the policy back, checking each")
     parser.add_argument("--weights-dir", default=None,
@@ -47,21 +47,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plugin_dir:
         print(PLUGIN_DIR)
         return 0
-    from saorl.commands.common import config_or_exit, fail
+    from saorl.commands.common import fail, split_config_args
 
-    overrides = list(args.args)
-    if args.url:
-        overrides.append(f"rollout.engine_urls=[{', '.join(args.url)}]")
+    path, overrides = split_config_args("saorl check-server", list(args.args))
     if args.policy:
         overrides.append(f"model.policy={args.policy}")
-    cfg = config_or_exit("saorl check-server", overrides)
-    from saorl.engines.kinds import updated_in_place
-
-    engine = args.engine or (cfg.rollout.engine if updated_in_place(cfg.rollout.engine) else "vllm")
-    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": engine})})
-    if not cfg.rollout.engine_urls:
-        fail("saorl check-server: no server to check: give --url http://HOST:PORT or "
-             "rollout.engine_urls='[http://HOST:PORT]'")
+    cfg = _servers_config(path, overrides, args.url, args.engine)
     if args.reload and args.weights_dir is not None:
         where = Path(args.weights_dir)
         if (where / "config.yaml").exists():
@@ -74,15 +65,52 @@ def run(args: argparse.Namespace) -> int:
     return _check(cfg, args)
 
 
+def _servers_config(path: str | None, overrides: list[str], urls: list[str] | None, kind: str | None):
+    """The run's config with ``rollout.engine`` the servers to check: of kind ``kind`` (default: the
+    config's when the trainer updates its servers in place, else vllm), at ``urls`` (default: the
+    config's), with the config's knobs that kind has (``model``, ``verify_tol``, ...)."""
+    import json
+    import warnings
+
+    from saorl.commands.common import load_file_or_exit
+    from saorl.config import ConfigError, load_config
+    from saorl.config.engines import ENGINE_CONFIGS
+    from saorl.engines.kinds import updated_in_place
+
+    at = [f"rollout.engine.urls=[{', '.join(urls)}]"] if urls else []
+    first = None
+    for attempt in ([*overrides, *at], overrides):  # a local engine has no urls: then without them
+        try:
+            with warnings.catch_warnings():  # flat knobs of a kind the config's engine is not
+                warnings.simplefilter("ignore")
+                first = load_config(path, attempt)
+            break
+        except ConfigError:
+            continue  # e.g. a server's knob on a local engine: loaded again below, as the servers' kind
+    engine = first.rollout.engine if first is not None else None
+    kind = kind or (engine.kind if engine is not None and updated_in_place(engine.kind) else "vllm")
+    if engine is not None and engine.kind == kind and (engine.urls == urls or not urls):
+        return first
+    if engine is not None and not (urls or getattr(engine, "urls", None)):
+        from saorl.commands.common import fail
+
+        fail("saorl check-server: no server to check: give --url http://HOST:PORT or "
+             "rollout.engine.urls='[http://HOST:PORT]'")
+    knobs = ENGINE_CONFIGS[kind].model_fields
+    carried = {} if engine is None else {k: v for k, v in engine.model_dump().items() if k in knobs}
+    section = json.dumps({**carried, "kind": kind})
+    return load_file_or_exit(path, [f"rollout.engine={section}", *overrides, *at])
+
+
 def _check(cfg, args) -> int:
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy, policy_source
     from saorl.runtime.parts import server_check
     from saorl.stages.preflight import check_servers, describe_servers
 
-    urls = cfg.rollout.engine_urls
+    urls = cfg.rollout.engine.urls
     infos = None
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine.kind == "vllm":
         infos = describe_servers(cfg)  # one that does not answer: StartupError, exit 2
         for i in infos:
             plugin = "with" if i.plugin else "without"

@@ -17,10 +17,18 @@ optional (``vapo_alpha``, ``value_clip``) can be changed to another number here 
 off; pick a preset that has them off instead.
 
 The tree is split by concern: :mod:`saorl.config.sections` (run, model, tasks, rollouts),
-:mod:`saorl.config.schema` (algorithm, trainer, runtime, stages and the root
-:class:`SaorlConfig`), :mod:`saorl.config.loading` (files, presets, overrides, output).
+:mod:`saorl.config.engines` (``rollout.engine``: one section per engine kind, and the flat
+spellings of before), :mod:`saorl.config.schema` (algorithm, trainer, runtime, stages and the root
+:class:`SaorlConfig`), :mod:`saorl.config.loading` (files, presets, overrides, output); what
+every section shares is in :mod:`saorl.config.base`.
 """
 
+from saorl.config.engines import (
+    HttpEngineConfig,
+    LocalEngineConfig,
+    SglangEngineConfig,
+    VllmEngineConfig,
+)
 from saorl.config.loading import (
     PRESET_DIR,
     absolute_paths,
@@ -58,8 +66,9 @@ from saorl.config.sections import (
 
 __all__ = [
     "NOT_IN_CONFIG", "PRESET_DIR", "TRACKERS", "AlgoConfig", "ConfigError", "DatasetConfig", "EnvConfig",
-    "ModelConfig", "RayConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SFTConfig", "SaorlConfig",
-    "TrainerConfig", "ValuePretrainConfig", "absolute_paths", "apply_overrides", "config_from_dict",
+    "HttpEngineConfig", "LocalEngineConfig", "ModelConfig", "RayConfig", "RolloutConfig", "RunConfig",
+    "RuntimeConfig", "SFTConfig", "SaorlConfig", "SglangEngineConfig", "TrainerConfig", "ValuePretrainConfig",
+    "VllmEngineConfig", "absolute_paths", "apply_overrides", "config_from_dict",
     "config_to_dict", "config_to_yaml", "find_config", "load_config", "parse_override", "plain_name",
     "preset_names", "resolved_algo_dict", "save_resolved",
 ]

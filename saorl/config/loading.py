@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from saorl.atomic import write_text
+from saorl.config.engines import ENGINE_CONFIGS, FLAT_SPELLINGS, engine_section
 from saorl.config.schema import SaorlConfig
 from saorl.config.sections import ConfigError, FieldError
 
@@ -56,6 +57,8 @@ def apply_overrides(
             _check_path(schema, parts, item)
         node = out
         for i, part in enumerate(parts[:-1]):
+            if parts[: i + 1] == ["rollout", "engine"] and part in node:
+                node[part] = engine_section(node[part])  # a bare kind: rollout.engine.urls=... adds to it
             child = node.setdefault(part, {})
             if child is None:
                 child = node[part] = {}
@@ -68,30 +71,42 @@ def apply_overrides(
 
 
 def _check_path(schema: type[BaseModel], parts: list[str], item: str) -> None:
-    model: type[BaseModel] | None = schema
+    models: list[type[BaseModel]] = [schema]
     for i, part in enumerate(parts):
         where = ".".join(parts[: i + 1])
-        if model is None:
+        if not models:
             raise ConfigError(f"bad override {item!r}: {'.'.join(parts[:i])} is a value, not a section")
-        fields = model.model_fields
+        fields = _union_fields(models)  # of a union of sections (rollout.engine): any kind's knobs
         if part not in fields:
+            if i == 1 and parts[0] == "rollout" and part in FLAT_SPELLINGS:
+                return  # a flat spelling of before: moved into rollout.engine when validated
             why = RENAMED.get(where) or _unknown(part, list(fields))
             raise ConfigError(f"bad override {item!r}: {where}: {why}")
-        annotation = _section_type(fields[part].annotation)
-        if annotation is not None:
-            model = annotation
-        elif _is_free_dict(fields[part].annotation):
+        annotation = fields[part].annotation
+        if _is_free_dict(annotation):
             return
-        else:
-            model = None
+        models = _section_types(annotation)
+
+
+def _section_types(annotation: Any) -> list[type[BaseModel]]:
+    """The section models of a field annotated ``Section``, ``Section | None`` or a union of
+    sections (``rollout.engine``); [] for a value."""
+    return [a for a in (annotation, *getattr(annotation, "__args__", ()))
+            if isinstance(a, type) and issubclass(a, BaseModel)]
+
+
+def _union_fields(models: list[type[BaseModel]]) -> dict[str, Any]:
+    """The fields of any of ``models`` (of a union of sections: each kind's knobs)."""
+    fields: dict[str, Any] = {}
+    for m in models:
+        fields.update({k: v for k, v in m.model_fields.items() if k not in fields})
+    return fields
 
 
 def _section_type(annotation: Any) -> type[BaseModel] | None:
     """The section model of a field annotated ``Section`` or ``Section | None``, else None."""
-    for a in (annotation, *getattr(annotation, "__args__", ())):
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            return a
-    return None
+    types = _section_types(annotation)
+    return types[0] if len(types) == 1 else None
 
 
 def _is_free_dict(annotation: Any) -> bool:
@@ -99,7 +114,7 @@ def _is_free_dict(annotation: Any) -> bool:
 
 
 RENAMED = {
-    "rollout.logprob_probe_tol": "now spelled rollout.verify_tol, and it bounds the largest per-token "
+    "rollout.logprob_probe_tol": "now spelled rollout.engine.verify_tol, and it bounds the largest per-token "
                                  "log-prob gap, not the mean (default by model.dtype; docs/engines.md)",
 }
 """Dotted paths of fields that were renamed → what to write instead. An override (or a dict given
@@ -227,6 +242,11 @@ def _describe(err: Mapping[str, Any]) -> str:
     error = err.get("ctx", {}).get("error")
     if isinstance(error, FieldError):
         loc = [*loc, error.field]
+    if loc[:2] == ["rollout", "engine"] and len(loc) > 2 and loc[2] in ENGINE_CONFIGS:
+        return _describe_engine(err, loc[2], [*loc[:2], *loc[3:]])  # pydantic puts the kind in loc
+    if err["type"] == "union_tag_invalid" and loc == ["rollout", "engine"]:
+        return (f"rollout.engine.kind: unknown engine kind {err['ctx']['tag']!r}; the kinds are "
+                f"{', '.join(ENGINE_CONFIGS)}")
     path = ".".join(loc) or "(top level)"
     if err["type"] == "extra_forbidden":
         if path in RENAMED:
@@ -237,6 +257,22 @@ def _describe(err: Mapping[str, Any]) -> str:
     if err["type"] == "missing":
         return f"{path}: required field missing"
     return f"{path}: {_one_line(err['msg'])} (got {_short(err.get('input'))})"
+
+
+def _describe_engine(err: Mapping[str, Any], kind: str, loc: list[str]) -> str:
+    """An error inside ``rollout.engine`` of kind ``kind``: a knob of another kind is named as such."""
+    path = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        knobs = [k for k in ENGINE_CONFIGS[kind].model_fields if k != "kind"]
+        owners = [k for k, section in ENGINE_CONFIGS.items() if loc[-1] in section.model_fields]
+        whose = (f"{loc[-1]} is a knob of kind {' and '.join(owners)} (to switch the section to another "
+                 f"kind, give the kind alone, e.g. rollout.engine={kind}: that drops the old kind's knobs)"
+                 if owners else _unknown(loc[-1], knobs))
+        return f"{path}: not a knob of engine kind {kind!r}, whose knobs are {', '.join(knobs)}; {whose}"
+    error = err.get("ctx", {}).get("error")
+    if isinstance(error, FieldError):  # loc names its field already
+        return f"{path}: {_one_line(str(error))}"
+    return _describe({**err, "loc": tuple(loc)})
 
 
 def _known_fields(loc: list[str]) -> list[str]:

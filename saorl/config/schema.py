@@ -291,9 +291,9 @@ class SaorlConfig(Section):
             raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")
         if (self.runtime.backend == "ray" and self.ray.weights == "object_store"
-                and self.rollout.engine in ("vllm", "sglang")):
+                and self.rollout.engine.kind in ("vllm", "sglang")):
             raise FieldError("ray.weights", f"object_store hands the weights to saorl's own engines; the "
-                                            f"{self.rollout.engine} servers load each version from "
+                                            f"{self.rollout.engine.kind} servers load each version from "
                                             "RUN/weights/hf and are checked there: set ray.weights=shared_fs")
         if self.model.lora.enabled:
             self._lora_checks()
@@ -308,9 +308,10 @@ class SaorlConfig(Section):
             raise FieldError("model.lora.rank", "LoRA trains in one trainer process only: the sharded "
                              "trainer (trainer.shard=fsdp2) does not shard or publish adapters yet; set "
                              "trainer.shard=none, or model.lora.rank=null to train the whole policy sharded")
-        if self.rollout.engine not in ("local", "vllm", "sglang"):
+        kind = self.rollout.engine.kind
+        if kind not in ("local", "vllm", "sglang"):
             raise FieldError("model.lora.rank", f"LoRA adapters are published to saorl's local engine and "
-                             f"to vLLM and SGLang servers only; rollout.engine={self.rollout.engine} "
+                             f"to vLLM and SGLang servers only; rollout.engine={kind} "
                              "servers do not load adapters yet: set rollout.engine=local, vllm or sglang, "
                              "or model.lora.rank=null to publish full weights")
         if self.runtime.backend == "ray" and self.ray.weights == "object_store":

@@ -7,38 +7,13 @@ import re
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
 
-
-def plain_name(v: str) -> str:
-    """``v`` if it can name a directory (non-empty, no path separators, not ``.``/``..``)."""
-    if not v or "/" in v or "\\" in v or v in (".", ".."):
-        raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
-    return v
-
-
-class ConfigError(Exception):
-    """A config that cannot be loaded; the message is one paragraph naming file, field and reason."""
-
-
-class FieldError(ValueError):
-    """A cross-field check that failed on ``field`` (a dotted path relative to the model raising it)."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(reason)
-        self.field = field
-
-
-class Section(BaseModel):
-    # allow_inf_nan=False: a learning rate of .inf or .nan fails here, not as non-finite weights
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
-                              allow_inf_nan=False)
-
+from saorl.config.base import ConfigError, FieldError, Section, plain_name  # noqa: F401 (their home before)
+from saorl.config.engines import EngineConfig, LocalEngineConfig, nest_flat_spellings
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 """Tracker names ``run.report_to`` accepts: accelerate's (``saorl.runtime.trackers``)."""
@@ -369,18 +344,6 @@ class RolloutConfig(Section):
     """Rollout worker processes, each with its own inference engine."""
     concurrent_episodes: int = Field(16, ge=1)
     """Episodes in flight per worker (their turns are batched by the engine)."""
-    engine_slots: int = Field(16, ge=1)
-    """Sequences the local engine decodes together (its batch size)."""
-    prefix_cache_tokens: int = Field(65536, ge=0)
-    """Tokens of KV cache the local engine keeps between the turns of its episodes, so a turn
-    prefills only the new observation tokens (0 = off: every turn re-prefills its context)."""
-    prefix_after_update: Literal["recompute", "keep"] = "keep"
-    """What a weight update does to the kept KV: ``keep`` lets the next turn continue on KV
-    computed by older weights, as a sequence in flight during an update does (each token's
-    log-prob and version stay those of the weights that drew it; DIS absorbs the older context;
-    in async runs, where weights change every step, ~1.6× the trained tokens/s of ``recompute``,
-    docs/performance.md); ``recompute`` drops it, so the next turn re-prefills its context with
-    the new weights and every turn is sampled exactly as after a full re-prefill."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature (0 = greedy). RL needs samples from the policy itself: keep 1.0 for training."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -393,72 +356,27 @@ class RolloutConfig(Section):
     """Tokens the policy may sample per turn."""
     max_total_tokens: int = Field(384, ge=2)
     """Tokens per trajectory (prompt + all turns); the episode is truncated past it."""
-    engine: Literal["local", "http", "vllm", "sglang"] = "local"
-    """``local``: the in-process torch engine; ``http``: ``saorl serve`` at ``http_url`` (or
-    ``engine_urls``); ``vllm`` / ``sglang``: servers the user started at ``engine_urls``, which the
-    trainer updates in place after every step (docs/engines.md: versions, launch flags)."""
-    http_url: str | None = None
-    """Base URL of the ``saorl serve`` server (``engine: http``; or list it in ``engine_urls``)."""
-    engine_urls: list[str] = Field(default_factory=list)
-    """Base URLs (``http://host:port``) of the inference servers for ``engine: vllm | sglang``
-    (required) or ``http``; each worker spreads its requests over all of them."""
-    engine_routing: Literal["least_loaded", "round_robin"] = "least_loaded"
-    """How a worker picks a server per request: the one with the fewest of its requests in flight,
-    or in turn."""
-    engine_model: str | None = None
-    """The served model name sent as ``model`` to vLLM or ``saorl serve`` (their
-    ``--served-model-name``); None sends none (the server's only model)."""
-    sglang_pause_mode: Literal["abort", "retract", "in_place"] = "abort"
-    """How SGLang pauses for a weight update: ``abort`` returns requests in flight at once and the
-    client continues them with the new weights (exact per-token versions, KV recomputed);
-    ``retract`` / ``in_place`` keep them on the server (their cached KV was computed by the old
-    weights)."""
-    weight_update_timeout_s: float = Field(600.0, gt=0.0)
-    """Watchdog of one weight update on a server (pause + load); past it the run stops with an
-    error naming the server (the server is resumed first)."""
-    verify_every: int = Field(5, ge=0)
-    """With ``vllm`` / ``sglang``: after the first publication (the starting weights) and the second
-    (the first that changed them), and then every this many versions, each server's log-probs of
-    one sampled request are compared with the trainer's for the same tokens (same temperature and
-    truncation); 0 = the first two only. A failed check stops the run (exit 3)."""
-    verify_tol: float | None = Field(None, ge=0.0)
-    """The largest per-token log-prob gap (nats) a check accepts; None: by ``model.dtype``, 1e-3 for
-    float32, 0.25 for bfloat16, 0.1 for float16 (measured gaps: docs/engines.md)."""
+    engine: EngineConfig = Field(default_factory=LocalEngineConfig)
+    """The inference engine, by ``kind``, with that kind's own knobs (tables below):
+    ``local``, the in-process torch engine (``{kind: local, slots: 16}``); ``http``, ``saorl serve``
+    servers; ``vllm`` / ``sglang``, servers the user started, which the trainer updates in place
+    after every step (``{kind: vllm, urls: [http://host:8000]}``; docs/engines.md). A bare kind
+    (``rollout.engine=vllm``) is that kind with its defaults; the flat spellings of before
+    (``rollout.engine_slots``, ``rollout.engine_urls``, ...) still load into it."""
 
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """The local engine's own parameter dtype (None: ``model.dtype``); the trainer keeps
-    ``model.dtype``. An engine in lower precision than the trainer is the engine/trainer mismatch of
-    real deployments, which DIS exists to absorb."""
-    moe_top_k: int | None = Field(None, ge=1)
-    """The local engine routes each token to this many experts (None: the model's own); the trainer
-    keeps the model's. A dial for engine/trainer routing mismatch (MoE policies only)."""
-    router_noise: float = Field(0.0, ge=0.0, allow_inf_nan=False)
-    """The local engine picks experts from router logits plus N(0, σ²) noise, σ = this (the picked
-    experts' weights stay the router's own probabilities); 0 = none. MoE policies only."""
-
-    @field_validator("engine_urls")
+    @model_validator(mode="before")
     @classmethod
-    def _urls(cls, v: list[str]) -> list[str]:
-        bad = [u for u in v if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", u)]
-        if bad:
-            raise ValueError(f"each URL must look like http://host:port, got {bad}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"a URL is listed twice: {v}")
-        return v
+    def _flat_spellings(cls, data: Any) -> Any:
+        return nest_flat_spellings(data)
+
+    @property
+    def local_engine(self) -> LocalEngineConfig:
+        """The local engine the trainer's own episodes (evaluations, value pretraining) decode with:
+        ``engine`` for kind ``local``, else the local engine's defaults."""
+        return self.engine if isinstance(self.engine, LocalEngineConfig) else LocalEngineConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> RolloutConfig:
-        if self.engine == "http" and not (self.http_url or self.engine_urls):
-            raise FieldError("http_url", "required when engine is 'http' (or set rollout.engine_urls)")
-        if self.engine != "local":
-            for name in ("dtype", "moe_top_k", "router_noise"):
-                if getattr(self, name):
-                    raise FieldError(name, "changes the local engine only; rollout.engine is "
-                                            f"{self.engine!r}")
-        if self.engine in ("vllm", "sglang") and not self.engine_urls:
-            raise FieldError("engine_urls", f"required when engine is {self.engine!r}: the base URLs of "
-                              f"the {self.engine} servers you started, e.g. "
-                              "rollout.engine_urls='[http://127.0.0.1:8000]'")
         if self.max_new_tokens >= self.max_total_tokens:
             raise FieldError(
                 "max_new_tokens",

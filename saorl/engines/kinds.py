@@ -1,14 +1,15 @@
 """The kinds of engine ``rollout.engine`` names, one row each: how a rollout worker builds its
-client of the servers, how the trainer's publisher administers a server (pause, load, label,
-resume), and the name the server goes by in messages.
+client of the servers from the kind's config section (:mod:`saorl.config.engines`), how the
+trainer's publisher administers a server (pause, load, label, resume), and the name the server
+goes by in messages.
 
 ``local`` is not a row: it is saorl's own engine, built in the worker from the policy
 (:func:`saorl.runtime.worker.build_engine`). A kind with an ``admin`` is a server the user started
 that the trainer updates in place and checks after its publications
 (:class:`saorl.runtime.publisher.ServerPublisher`); one without (``http``, ``saorl serve``) loads
 the published files itself when a worker tells it the path. Adding a kind is one row here plus its
-client (and admin) module, and its name in ``rollout.engine``'s allowed values
-(:class:`saorl.config.sections.RolloutConfig`; the config does not import the engines). Each row
+client (and admin) module, and its config section with its own knobs
+(:data:`saorl.config.engines.ENGINE_CONFIGS`; the config does not import the engines). Each row
 imports its module only when it is used, so the kinds a run does not use cost nothing.
 """
 
@@ -16,20 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from saorl.engines.base import InferenceEngine
 from saorl.engines.remote import ServerAdmin
 from saorl.engines.routes import RouteLayout
 from saorl.engines.transport import HttpTransport
 
+if TYPE_CHECKING:
+    from saorl.config.engines import ServerEngineConfig
+
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """What every client of servers is built with (the worker's spec, unpacked)."""
+    """What every client of servers is built with besides its kind's config: routing replay."""
 
-    model: str | None = None
-    """The served model name sent with each request (vLLM's ``--served-model-name``); None: none."""
-    routing: str = "least_loaded"
     return_routes: bool = False
     route_layout: RouteLayout | None = None
 
@@ -38,43 +40,44 @@ class ClientOptions:
 class EngineKind:
     name: str
     server_name: str
-    client: Callable[[list[str], ClientOptions], InferenceEngine]
-    admin: Callable[[str, HttpTransport, str], ServerAdmin] | None = None
-    """``admin(url, transport, sglang_pause_mode)``: one server's side of a publication; None for a
-    server that loads the published files itself."""
+    client: Callable[[ServerEngineConfig, ClientOptions], InferenceEngine]
+    """``client(config, options)``: a client of the servers at ``config.urls``."""
+    admin: Callable[[str, HttpTransport, ServerEngineConfig], ServerAdmin] | None = None
+    """``admin(url, transport, config)``: one server's side of a publication; None for a server
+    that loads the published files itself."""
 
 
-def _http(urls: list[str], o: ClientOptions) -> InferenceEngine:
+def _http(c: ServerEngineConfig, o: ClientOptions) -> InferenceEngine:
     from saorl.engines.http_client import HttpEngine
 
-    # rollout.engine_model: one of the server's --served-model-name; none: whatever it serves
-    return HttpEngine(urls, model=o.model, routing=o.routing, return_routes=o.return_routes,
+    # model: one of the server's --served-model-name; none: whatever it serves
+    return HttpEngine(c.urls, model=c.model, routing=c.routing, return_routes=o.return_routes,
                       route_layout=o.route_layout)
 
 
-def _vllm(urls: list[str], o: ClientOptions) -> InferenceEngine:
+def _vllm(c: ServerEngineConfig, o: ClientOptions) -> InferenceEngine:
     from saorl.engines.vllm_client import VllmEngine
 
-    return VllmEngine(urls, model=o.model, routing=o.routing, return_routes=o.return_routes,
+    return VllmEngine(c.urls, model=c.model, routing=c.routing, return_routes=o.return_routes,
                       route_layout=o.route_layout)
 
 
-def _vllm_admin(url: str, transport: HttpTransport, pause_mode: str) -> ServerAdmin:
+def _vllm_admin(url: str, transport: HttpTransport, c: ServerEngineConfig) -> ServerAdmin:
     from saorl.engines.vllm_client import VllmAdmin
 
     return VllmAdmin(url, transport)
 
 
-def _sglang(urls: list[str], o: ClientOptions) -> InferenceEngine:
+def _sglang(c: ServerEngineConfig, o: ClientOptions) -> InferenceEngine:
     from saorl.engines.sglang_client import SglangEngine
 
-    return SglangEngine(urls, routing=o.routing, return_routes=o.return_routes, route_layout=o.route_layout)
+    return SglangEngine(c.urls, routing=c.routing, return_routes=o.return_routes, route_layout=o.route_layout)
 
 
-def _sglang_admin(url: str, transport: HttpTransport, pause_mode: str) -> ServerAdmin:
+def _sglang_admin(url: str, transport: HttpTransport, c: ServerEngineConfig) -> ServerAdmin:
     from saorl.engines.sglang_client import SglangAdmin
 
-    return SglangAdmin(url, transport, pause_mode)
+    return SglangAdmin(url, transport, c.pause_mode)
 
 
 KINDS: dict[str, EngineKind] = {

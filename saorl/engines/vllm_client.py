@@ -198,7 +198,7 @@ def incompatibility(info: ServerInfo, *, moe: bool, processed: bool, dtype: str 
         return (f"the vLLM server at {url} runs in {info.dtype} and the trainer in {dtype} "
                 f"(model.dtype): the check of each version compares their log-probs with the {dtype} "
                 f"tolerance and would stop the run. Restart the server with --dtype {dtype}, or set "
-                "rollout.verify_tol to the gap you accept (docs/engines.md has measured ones)")
+                "rollout.engine.verify_tol to the gap you accept (docs/engines.md has measured ones)")
     if moe and lora_rank is None and info.device == "cpu" and info.reload_method != "saorl_reload_weights":
         return (f"the vLLM server at {url} is a CPU build (vLLM {info.version or '?'}) and the policy "
                 "is a Mixture-of-Experts model: vLLM's CPU build packs the expert weights once at load and "

@@ -16,6 +16,7 @@ import torch
 from saorl.agent.prompts import fitting_tasks
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
+from saorl.config.engines import LocalEngineConfig
 from saorl.config.sections import LORA_TARGETS
 from saorl.data.task import Task
 from saorl.data.tasks import check_disjoint, load_split
@@ -159,20 +160,18 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     r = cfg.rollout
     local = policy_source(policy_spec)
     replay = cfg.algo.resolve().routing_replay
-    layers, experts = moe_layout(local) if replay and r.engine != "local" else (0, 0)
+    layers, experts = moe_layout(local) if replay and r.engine.kind != "local" else (0, 0)
     layout = RouteLayout(layers, experts) if layers else None  # a dense policy: the learner refuses it
+    engine = r.engine
+    if isinstance(engine, LocalEngineConfig):
+        engine = engine.model_copy(update={"dtype": engine.dtype or cfg.model.dtype})
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
-                      sampling=sampling_params(cfg), engine_slots=r.engine_slots,
-                      prefix_cache_tokens=r.prefix_cache_tokens, prefix_after_update=r.prefix_after_update,
-                      max_total_tokens=r.max_total_tokens, seed=cfg.seed, engine_kind=r.engine,
-                      threads=cfg.runtime.worker_threads, device=cfg.model.device,
-                      dtype=r.dtype or cfg.model.dtype, moe_top_k=r.moe_top_k, router_noise=r.router_noise,
+                      sampling=sampling_params(cfg), engine=engine, max_total_tokens=r.max_total_tokens,
+                      seed=cfg.seed, threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       record_routes=replay, route_layout=layout, env_call_timeout_s=cfg.env.call_timeout_s,
                       env_observation_format=cfg.env.observation_format,
-                      env_observation_role=cfg.env.observation_role,
-                      http_url=r.http_url, engine_urls=tuple(r.engine_urls), engine_routing=r.engine_routing,
-                      engine_model=r.engine_model)
+                      env_observation_role=cfg.env.observation_role)
 
 
 def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer,
@@ -220,16 +219,16 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> Wei
     """Files in ``RUN/weights`` for the local engine and ``saorl serve``; for vLLM / SGLang also
     each version put on the servers in place and verified there (:mod:`saorl.runtime.publisher`)."""
     files = FilePublisher(run_dir / "weights")
-    r = cfg.rollout
-    if not updated_in_place(r.engine):
+    e = cfg.rollout.engine
+    if not updated_in_place(e.kind):
         return files
     from saorl.engines.transport import HttpTransport
     from saorl.runtime.publisher import ServerPublisher
 
     check = server_check(cfg, tokenizer)
-    transport = HttpTransport(r.engine_urls, timeout_s=r.weight_update_timeout_s)
-    admins = [server_kind(r.engine).admin(u, transport, r.sglang_pause_mode) for u in r.engine_urls]
-    return ServerPublisher(files, admins, transport, policy, timeout_s=r.weight_update_timeout_s,
+    transport = HttpTransport(e.urls, timeout_s=e.weight_update_timeout_s)
+    admins = [server_kind(e.kind).admin(u, transport, e) for u in e.urls]
+    return ServerPublisher(files, admins, transport, policy, timeout_s=e.weight_update_timeout_s,
                            check=check)
 
 
@@ -238,16 +237,16 @@ def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
     (and, with routing replay, scored with the experts the server routed each token to)."""
     from saorl.runtime.publisher import DEFAULT_TOLERANCE, ServerCheck, check_sampling
 
-    r = cfg.rollout
-    kind = server_kind(r.engine)
+    e = cfg.rollout.engine
+    kind = server_kind(e.kind)
     replay = cfg.algo.resolve().routing_replay
     layout = RouteLayout(*moe_layout(policy_source(cfg.model.policy))) if replay else None
-    options = ClientOptions(model=r.engine_model, return_routes=replay, route_layout=layout)
+    options = ClientOptions(return_routes=replay, route_layout=layout)
     prompt = list(tokenizer.encode("The weight check compares the server with the trainer:"))
-    tol = r.verify_tol if r.verify_tol is not None else DEFAULT_TOLERANCE[cfg.model.dtype]
-    return ServerCheck(lambda url: kind.client([url], options), prompt,
+    tol = e.verify_tol if e.verify_tol is not None else DEFAULT_TOLERANCE[cfg.model.dtype]
+    return ServerCheck(lambda url: kind.client(e.model_copy(update={"urls": [url]}), options), prompt,
                        check_sampling(sampling_params(cfg), cfg.seed), tol, kind.server_name,
-                       every=r.verify_every, replay=replay)
+                       every=e.verify_every, replay=replay)
 
 
 def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:

@@ -77,7 +77,7 @@ from saorl.models.hf_format import save_hf_weights
 from saorl.runtime.weights import MODEL_NAMES, FilePublisher, WeightNames, merged, write_checkpoint_dir
 
 DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
-"""The largest per-token log-prob gap a check accepts, by the trainer's dtype (``rollout.verify_tol``
+"""The largest per-token log-prob gap a check accepts, by the trainer's dtype (``rollout.engine.verify_tol``
 overrides). float32 servers match to < 1e-6 (vLLM 0.32.0 CPU, docs/engines.md); bfloat16 measured
 in docs/engines.md."""
 
@@ -218,7 +218,7 @@ class ServerCheck:
                      "reload that left some layers on the old weights (vLLM's CPU build keeps "
                      "Mixture-of-Experts weights packed at load: start it with saorl's plugin, "
                      "docs/engines.md). `saorl check-server` tells which. In bfloat16 raise "
-                     "rollout.verify_tol only if the gap is rounding.")
+                     "rollout.engine.verify_tol only if the gap is rounding.")
         return where + cause
 
 

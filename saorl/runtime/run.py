@@ -251,7 +251,7 @@ class Run:
         """Busy decode slots over all slots of the decode steps run so far (all workers)."""
         stats = self.parts.backend.engine_stats()
         busy = sum(s.get("busy_slot_steps", 0) for s in stats.values())
-        total = sum(s.get("decode_steps", 0) for s in stats.values()) * self.cfg.rollout.engine_slots
+        total = sum(s.get("decode_steps", 0) for s in stats.values()) * self.cfg.rollout.local_engine.slots
         return {"rollout/slot_util": busy / total} if total else {}
 
     def _periodic(self, metrics: dict, trajs: list[Trajectory]) -> None:

@@ -23,9 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from saorl.config.engines import EngineConfig, LocalEngineConfig
 from saorl.data.trajectory import Trajectory
 from saorl.engines.base import InferenceEngine, SamplingParams
 from saorl.engines.routes import RouteLayout
@@ -54,23 +55,13 @@ class WorkerSpec:
     env_options: dict[str, Any]
     weights_dir: str
     sampling: SamplingParams
-    engine_slots: int = 16
-    prefix_cache_tokens: int = 65536
-    prefix_after_update: str = "keep"
+    engine: EngineConfig = field(default_factory=LocalEngineConfig)
+    """``rollout.engine``: the engine's kind and its knobs (a local engine's ``dtype`` resolved:
+    ``model.dtype`` where it had none)."""
     max_total_tokens: int = 384
     threads: int = 1
     seed: int = 0
-    engine_kind: str = "local"
-    http_url: str | None = None
-    engine_urls: tuple[str, ...] = ()
-    engine_routing: str = "least_loaded"
-    engine_model: str | None = None
     device: str = "cpu"
-    dtype: str = "float32"
-    moe_top_k: int | None = None
-    """Engine-only MoE routing: experts per token (None: the model's)."""
-    router_noise: float = 0.0
-    """Engine-only MoE routing: std of the noise on router logits when picking experts."""
     record_routes: bool = False
     """The engine returns each token's MoE routes (routing replay): the local engine records them,
     a server client asks for them and checks them against ``route_layout``."""
@@ -138,24 +129,24 @@ async def play_rollout(engine: InferenceEngine, env_factory: Callable, tokenizer
 
 
 def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
-    """The worker's engine: the local torch engine, or a client of the servers in ``spec``."""
-    if spec.engine_kind != "local":
+    """The worker's engine: the local torch engine, or a client of the servers in ``spec.engine``."""
+    e = spec.engine
+    if not isinstance(e, LocalEngineConfig):
         from saorl.engines.kinds import ClientOptions, server_kind
 
-        options = ClientOptions(model=spec.engine_model, routing=spec.engine_routing,
-                                return_routes=spec.record_routes, route_layout=spec.route_layout)
-        return server_kind(spec.engine_kind).client(list(spec.engine_urls) or [spec.http_url], options)
+        options = ClientOptions(return_routes=spec.record_routes, route_layout=spec.route_layout)
+        return server_kind(e.kind).client(e, options)
     from saorl.engines.local import LocalEngine
     from saorl.models.loading import load_policy
 
-    model = load_policy(spec.policy, seed=spec.seed, device=spec.device, dtype=spec.dtype)
-    if spec.moe_top_k is not None or spec.router_noise:
+    model = load_policy(spec.policy, seed=spec.seed, device=spec.device, dtype=e.dtype or "float32")
+    if e.perturbed:
         from saorl.models.routing import perturb_routing
 
-        perturb_routing(model, top_k=spec.moe_top_k, noise_std=spec.router_noise, seed=spec.seed)
-    return LocalEngine(model, tokenizer, max_batch_size=spec.engine_slots, version=0, device=spec.device,
-                       prefix_cache_tokens=spec.prefix_cache_tokens,
-                       prefix_after_update=spec.prefix_after_update, record_routes=spec.record_routes)
+        perturb_routing(model, top_k=e.moe_top_k, noise_std=e.router_noise, seed=spec.seed)
+    return LocalEngine(model, tokenizer, max_batch_size=e.slots, version=0, device=spec.device,
+                       prefix_cache_tokens=e.prefix_cache_tokens, prefix_after_update=e.prefix_after_update,
+                       record_routes=spec.record_routes)
 
 
 @dataclass

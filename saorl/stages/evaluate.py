@@ -121,7 +121,7 @@ def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test",
         r = cfg.rollout
         temp = cfg.run.eval_temperature if temperature is None else temperature
         return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
-                        max_total_tokens=r.max_total_tokens, slots=r.engine_slots, temperature=temp,
+                        max_total_tokens=r.max_total_tokens, slots=r.local_engine.slots, temperature=temp,
                         progress=progress, seed=cfg.seed, on_done=on_done, on_error=on_error)
 
 
@@ -140,7 +140,7 @@ class TestEvaluator:
         r = self.cfg.rollout
         metrics, _ = evaluate(policy, self.tokenizer, self.env_factory, self.tasks,
                               max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
-                              slots=r.engine_slots, temperature=self.cfg.run.eval_temperature,
+                              slots=r.local_engine.slots, temperature=self.cfg.run.eval_temperature,
                               progress=progress, seed=self.cfg.seed, on_done=on_done,
                               should_stop=should_stop, on_error=on_error)
         return metrics

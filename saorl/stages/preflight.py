@@ -81,12 +81,12 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
 
 # --------------------------------------------------------------------------------------- servers
 def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
-    """With ``rollout.engine: vllm``: each server of ``rollout.engine_urls`` answers
+    """With ``rollout.engine`` of kind ``vllm``: each server of ``rollout.engine.urls`` answers
     (:func:`describe_servers`, unless its ``infos`` are given), and can train ``model.policy``
     under the run's sampling and dtype, and with ``model.lora`` load its adapters
     (:func:`saorl.engines.vllm_client.incompatibility`)."""
-    r = cfg.rollout
-    if r.engine != "vllm":
+    r, e = cfg.rollout, cfg.rollout.engine
+    if e.kind != "vllm":
         return
     from saorl.engines.vllm_client import incompatibility
     from saorl.models.loading import moe_layout, policy_source
@@ -94,7 +94,7 @@ def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
     infos = describe_servers(cfg) if infos is None else infos
     moe = moe_layout(policy_source(cfg.model.policy))[0] > 0
     processed = r.temperature not in (0.0, 1.0) or r.top_k > 0 or r.top_p < 1.0
-    dtype = cfg.model.dtype if r.verify_tol is None else None  # an explicit tolerance accepts a mismatch
+    dtype = cfg.model.dtype if e.verify_tol is None else None  # an explicit tolerance accepts a mismatch
     for info in infos:
         problem = incompatibility(info, moe=moe, processed=processed, dtype=dtype,
                                   lora_rank=cfg.model.lora.rank)
@@ -113,14 +113,14 @@ def check_ray(cfg: SaorlConfig) -> None:
 
 
 def describe_servers(cfg: SaorlConfig) -> list:
-    """What each vLLM server of ``rollout.engine_urls`` says of itself (``ServerInfo``), asked of
+    """What each vLLM server of ``rollout.engine.urls`` says of itself (``ServerInfo``), asked of
     all at once; a server still starting is waited for about 12 s, one that never answers a
     connection 7 tries of 3 s; every one that does not answer is named in one StartupError."""
     from saorl.engines.base import EngineError
     from saorl.engines.transport import HttpTransport
     from saorl.engines.vllm_client import VllmAdmin
 
-    urls = cfg.rollout.engine_urls
+    urls = cfg.rollout.engine.urls
     transport = HttpTransport(urls, timeout_s=60.0, retries=6, backoff_s=0.2, connect_timeout_s=3.0)
     try:
         async def describe_all():
@@ -132,7 +132,7 @@ def describe_servers(cfg: SaorlConfig) -> list:
         transport.close()
     failed = [f"{url} ({e})" for url, e in zip(urls, infos) if isinstance(e, EngineError)]
     if failed:
-        raise StartupError(f"rollout.engine_urls: {len(failed)} of {len(infos)} vLLM servers do not answer: "
+        raise StartupError(f"rollout.engine.urls: {len(failed)} of {len(infos)} vLLM servers do not answer: "
                            f"{'; '.join(failed)}. Start the servers before training (docs/engines.md has "
                            "the launch command) or fix the URLs")
     for e in infos:

@@ -5,8 +5,8 @@ returns, so the first RL updates would use near-random advantages. Instead, befo
 
 1. sample ``value_pretrain.rollouts`` trajectories of the *fixed* initial policy (one per training
    task, at the rollout temperature) with the local engine, set up as the run's local rollout
-   engine is (:func:`sampling_model`: ``rollout.dtype``, ``rollout.moe_top_k``,
-   ``rollout.router_noise``), so the critic fits the returns of the sampler RL will train on;
+   engine is (:func:`sampling_model`: ``rollout.engine.dtype``, ``rollout.engine.moe_top_k``,
+   ``rollout.engine.router_noise``), so the critic fits the returns of the sampler RL will train on;
 2. hold out 20% of them; compute Monte-Carlo returns along the preset's chain
    (``R_k = Σ_{j≥k} γ^{j−k} r_{a_j}``, GAE with λ = 1, independent of V);
 3. fit a critic initialised from the policy (frozen attention when the preset says so; with
@@ -23,7 +23,7 @@ Departures and choices:
 - Rollouts use training tasks drawn with a seed of their own (``seed + 15485863``), independent of
   the SFT demonstrations and of the RL task order; a task file shorter than ``rollouts`` is cycled
   (a repeated task gets a different sample).
-- With ``rollout.engine`` a server (vLLM, SGLang, ``http``), the rollouts are still sampled by the
+- With ``rollout.engine`` of a server kind (vLLM, SGLang, ``http``), the rollouts are still sampled by the
   local engine, from the same weights in ``model.dtype`` (the server's own numerics are not
   reproduced).
 - Each fit uses a constant learning rate (no warm-up or decay): the fits are short and
@@ -92,7 +92,8 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         lora = cfg.model.lora
         ident["lora_critic"] = {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
                                 "targets": lora.target_modules}
-    engine = {"dtype": r.dtype, "moe_top_k": r.moe_top_k, "router_noise": r.router_noise}
+    e = r.local_engine  # servers: no engine-only knobs
+    engine = {"dtype": e.dtype, "moe_top_k": e.moe_top_k, "router_noise": e.router_noise}
     if any(engine.values()):  # (absent when unset: the keys of caches made before stay valid)
         ident["sampler"] = engine
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -131,18 +132,18 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
 # ---------------------------------------------------------------------------------------- data
 def sampling_model(cfg: SaorlConfig, policy_spec: str, policy: torch.nn.Module) -> torch.nn.Module:
     """The model value pretraining samples with: ``policy`` itself, or — where the run's local
-    rollout engine differs from the trainer (``rollout.dtype``, ``rollout.moe_top_k``,
-    ``rollout.router_noise``, as :func:`saorl.runtime.worker.build_engine` sets it up) — a copy
+    rollout engine differs from the trainer (``rollout.engine.dtype``, ``rollout.engine.moe_top_k``,
+    ``rollout.engine.router_noise``, as :func:`saorl.runtime.worker.build_engine` sets it up) — a copy
     of ``policy_spec`` set up the same way; ``policy`` is never changed."""
-    r = cfg.rollout
-    if r.engine != "local" or not (r.dtype not in (None, cfg.model.dtype) or r.moe_top_k or r.router_noise):
+    e = cfg.rollout.engine
+    if e.kind != "local" or not (e.dtype not in (None, cfg.model.dtype) or e.moe_top_k or e.router_noise):
         return policy
-    model = load_policy(policy_spec, dtype=r.dtype or cfg.model.dtype, device=cfg.model.device,
+    model = load_policy(policy_spec, dtype=e.dtype or cfg.model.dtype, device=cfg.model.device,
                         seed=cfg.seed)
-    if r.moe_top_k is not None or r.router_noise:
+    if e.perturbed:
         from saorl.models.routing import perturb_routing
 
-        perturb_routing(model, top_k=r.moe_top_k, noise_std=r.router_noise, seed=cfg.seed)
+        perturb_routing(model, top_k=e.moe_top_k, noise_std=e.router_noise, seed=cfg.seed)
     return model
 
 
@@ -159,12 +160,12 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
         tasks = fitting(cfg, tasks, env_factory, tokenizer, "value-pretraining tasks")
     if not tasks:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
-    r = cfg.rollout
-    engine = LocalEngine(policy, tokenizer, max_batch_size=r.engine_slots, device=cfg.model.device)
+    r, slots = cfg.rollout, cfg.rollout.local_engine.slots
+    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, device=cfg.model.device)
     try:  # a call past env.call_timeout_s stops value pretraining (RolloutTimeout, exit status 3)
         backend = InProcessBackend(engine, env_factory, tokenizer,
                                    sampling=replace(sampling_params(cfg), seed=cfg.seed),
-                                   max_total_tokens=r.max_total_tokens, concurrency=2 * r.engine_slots)
+                                   max_total_tokens=r.max_total_tokens, concurrency=2 * slots)
         done = run_requests(backend, [RolloutRequest(i, tasks[i % len(tasks)]) for i in range(n)], on_done)
     finally:
         engine.close()

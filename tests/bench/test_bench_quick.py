@@ -68,7 +68,7 @@ def test_mode_configs():
     assert (a.algo.name, a.runtime.mode) == ("sao", "async")
     for c in (s, a):
         assert c.trainer.max_wall_s == 30 and not c.sft.enabled and c.model.policy == "tiny-moe"
-        assert c.env.options["cv"] == 1.5 and c.rollout.engine_slots == 16
+        assert c.env.options["cv"] == 1.5 and c.rollout.engine.slots == 16
     with pytest.raises(ValueError, match="mode"):
         mode_config(spec, "fast", Path("/tmp/x"))
     with pytest.raises(ValueError, match="env"):

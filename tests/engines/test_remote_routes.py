@@ -132,7 +132,7 @@ def test_a_run_asks_its_servers_for_routes_only_when_it_replays_them(tmp_path, e
     from saorl.runtime.worker import build_engine
 
     for replay in (False, True):
-        cfg = load_config(None, [f"rollout.engine={engine}", "rollout.engine_urls=[http://127.0.0.1:9]",
+        cfg = load_config(None, [f"rollout.engine={engine}", "rollout.engine.urls=[http://127.0.0.1:9]",
                                  f"algo.routing_replay={str(replay).lower()}"])
         codec = run_tokenizer(cfg.model)
         spec = worker_spec(cfg, tmp_path, cfg.model.policy, codec)

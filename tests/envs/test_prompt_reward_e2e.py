@@ -31,7 +31,7 @@ def test_train_on_a_parquet_dataset_with_a_reward_function_module(tmp_path):
            "env.options.reward_fn=my_rewards:correct", "sft.enabled=false", "value_pretrain.enabled=false",
            "trainer.steps=2", "trainer.batch_size=4", "run.eval_every=2", "run.eval_tasks=4",
            "run.progress=false", "rollout.max_new_tokens=6", "rollout.max_total_tokens=32",
-           "rollout.concurrent_episodes=4", "rollout.engine_slots=4", "--run-dir", str(run_dir)]
+           "rollout.concurrent_episodes=4", "rollout.engine.slots=4", "--run-dir", str(run_dir)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -90,7 +90,7 @@ def test_train_on_conversations_with_weighted_trl_reward_functions(tmp_path):
            "run.report_to=none", "sft.enabled=false", "value_pretrain.enabled=false",
            "trainer.steps=2", "trainer.batch_size=4", "run.eval_every=2", "run.eval_tasks=2",
            "run.progress=false", "rollout.max_new_tokens=6", "rollout.max_total_tokens=96",
-           "rollout.concurrent_episodes=4", "rollout.engine_slots=4", "--run-dir", str(run_dir)]
+           "rollout.concurrent_episodes=4", "rollout.engine.slots=4", "--run-dir", str(run_dir)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows_ = read_jsonl(run_dir / "metrics.jsonl")

@@ -11,7 +11,7 @@ from saorl.cli import main
 TINY = ["sft.steps=20", "sft.num_demos=32", "sft.batch_size=8", "value_pretrain.rollouts=4",
         "value_pretrain.steps=2", "value_pretrain.batch_size=2", "run.eval_tasks=4", "env.num_test_tasks=4",
         "env.num_train_tasks=64", "trainer.steps=3", "run.eval_every=2", "run.checkpoint_every=2",
-        "rollout.max_new_tokens=24", "rollout.concurrent_episodes=8", "rollout.engine_slots=8",
+        "rollout.max_new_tokens=24", "rollout.concurrent_episodes=8", "rollout.engine.slots=8",
         "run.progress=false"]
 
 

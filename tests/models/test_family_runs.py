@@ -28,7 +28,7 @@ FAMILIES = {  # family: (builder, dtype, activation checkpointing)
 }
 RUN = ["sft.enabled=false", "value_pretrain.enabled=false", "runtime.backend=inprocess",
        "env.num_train_tasks=50", "env.num_test_tasks=4", "run.eval_tasks=2", "run.progress=false",
-       "rollout.concurrent_episodes=4", "rollout.engine_slots=4", "rollout.max_new_tokens=8",
+       "rollout.concurrent_episodes=4", "rollout.engine.slots=4", "rollout.max_new_tokens=8",
        "rollout.max_total_tokens=96", "trainer.batch_size=2", "trainer.steps=3"]
 
 

@@ -101,7 +101,7 @@ def test_train_with_the_policys_own_tokenizer_end_to_end(family, tmp_path):
         "env.num_test_tasks=2", "sft.steps=2", "sft.num_demos=4", "sft.batch_size=2",
         "value_pretrain.rollouts=4", "value_pretrain.steps=2", "value_pretrain.batch_size=2",
         "runtime.backend=inprocess", "rollout.num_workers=1", "rollout.concurrent_episodes=4",
-        "rollout.engine_slots=4", "rollout.max_new_tokens=6", "rollout.max_total_tokens=160",
+        "rollout.engine.slots=4", "rollout.max_new_tokens=6", "rollout.max_total_tokens=160",
         "trainer.batch_size=2", "trainer.steps=2", "run.eval_every=2", "run.eval_tasks=2",
         "run.samples_every=1", "run.progress=false", f"run.out_dir={tmp_path / 'runs'}",
     ])

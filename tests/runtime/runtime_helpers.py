@@ -20,7 +20,7 @@ BASE = [
     "sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-moe",
     "env.num_train_tasks=400", "env.num_test_tasks=8",
     "run.eval_every=1000", "run.eval_tasks=4", "run.samples_every=1000", "run.checkpoint_every=1000",
-    "run.progress=false", "rollout.concurrent_episodes=8", "rollout.engine_slots=8",
+    "run.progress=false", "rollout.concurrent_episodes=8", "rollout.engine.slots=8",
     "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4",
 ]
 
@@ -30,7 +30,7 @@ SYNC_MISMATCH_BASE = [
     "sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-moe",
     "runtime.backend=inprocess", "runtime.mode=sync", "env.num_train_tasks=50", "env.num_test_tasks=4",
     "run.eval_tasks=2", "run.eval_every=1000", "run.samples_every=1000", "run.checkpoint_every=1000",
-    "run.progress=false", "rollout.concurrent_episodes=4", "rollout.engine_slots=4",
+    "run.progress=false", "rollout.concurrent_episodes=4", "rollout.engine.slots=4",
     "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4", "trainer.steps=2",
 ]
 

@@ -73,7 +73,7 @@ def test_an_inprocess_lora_run_samples_from_base_plus_adapter_and_exports_both(t
 
 @pytest.mark.slow
 def test_routing_replay_with_a_lora_policy_brings_the_routing_mismatch_to_zero(tmp_path):
-    knobs = ["model.lora.rank=8", "rollout.moe_top_k=3", "rollout.router_noise=0.5",
+    knobs = ["model.lora.rank=8", "rollout.engine.moe_top_k=3", "rollout.engine.router_noise=0.5",
              "algo.routing_replay=true"]
     cfg = load_config(None, [*SYNC, f"run.out_dir={tmp_path}", *knobs])
     run_dir, _ = train(cfg, tmp_path / "run")

@@ -23,7 +23,7 @@ def _staleness0_kl(tmp_path, *knobs: str) -> list[float]:
 def test_engine_only_knobs_create_a_staleness0_mismatch_and_none_without(tmp_path):
     off = _staleness0_kl(tmp_path / "off")
     assert max(off) < 1e-5
-    on = _staleness0_kl(tmp_path / "on", "rollout.dtype=bfloat16", "rollout.moe_top_k=3",
+    on = _staleness0_kl(tmp_path / "on", "rollout.engine.dtype=bfloat16", "rollout.engine.moe_top_k=3",
                         "algo.behaviour=trainer")
     # a random-init policy is nearly uniform, so the mismatch is small — but far above the off case
     assert min(on) > 1e-5 and min(on) > 10 * max(off)
@@ -31,7 +31,7 @@ def test_engine_only_knobs_create_a_staleness0_mismatch_and_none_without(tmp_pat
 
 @pytest.mark.slow
 def test_routing_replay_brings_the_routing_mismatch_back_to_zero(tmp_path):
-    perturbed = _staleness0_kl(tmp_path / "perturbed", "rollout.moe_top_k=3", "rollout.router_noise=0.5")
-    replayed = _staleness0_kl(tmp_path / "replayed", "rollout.moe_top_k=3", "rollout.router_noise=0.5",
-                              "algo.routing_replay=true")
+    perturb = ["rollout.engine.moe_top_k=3", "rollout.engine.router_noise=0.5"]
+    perturbed = _staleness0_kl(tmp_path / "perturbed", *perturb)
+    replayed = _staleness0_kl(tmp_path / "replayed", *perturb, "algo.routing_replay=true")
     assert min(perturbed) > 1e-5 and max(replayed) < 1e-6

@@ -58,7 +58,7 @@ def cluster_processes(temp_dir: str) -> list[str]:
 
 def ray_args(temp_dir: str, *extra: str) -> list[str]:
     return [*BASE, "runtime.backend=ray", "ray.num_cpus=4", "ray.worker_cpus=1", "ray.trainer_cpus=1",
-            f"ray.temp_dir={temp_dir}", "rollout.concurrent_episodes=4", "rollout.engine_slots=4",
+            f"ray.temp_dir={temp_dir}", "rollout.concurrent_episodes=4", "rollout.engine.slots=4",
             "runtime.trainer_threads=1", *extra]
 
 
@@ -117,7 +117,7 @@ def _pending(ckpt: Path) -> set[int]:
 
 def test_ray_run_survives_a_killed_actor_trains_each_rollout_once_and_leaves_no_process(tmp_path, ray_dir):
     local = load_config(None, [*BASE, "trainer.steps=2", "rollout.concurrent_episodes=4",
-                               "rollout.engine_slots=4"])
+                               "rollout.engine.slots=4"])
     local_dir, _ = train(local, tmp_path / "local")
     cfg = load_config(None, ray_args(ray_dir, "rollout.num_workers=2", "trainer.steps=8"))
     kill = KillWorker(at=2, temp_dir=ray_dir)

@@ -139,9 +139,9 @@ def test_a_ray_run_that_cannot_start_stops_before_sft_with_exit_2(tmp_path, over
 
 @pytest.mark.slow
 def test_a_vllm_url_nothing_answers_stops_before_sft_with_exit_2(tmp_path):
-    r, took = _train(tmp_path, "rollout.engine=vllm", "rollout.engine_urls=[http://127.0.0.1:9]")
+    r, took = _train(tmp_path, "rollout.engine=vllm", "rollout.engine.urls=[http://127.0.0.1:9]")
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "rollout.engine_urls: 1 of 1 vLLM servers do not answer: http://127.0.0.1:9" in r.stderr
+    assert "rollout.engine.urls: 1 of 1 vLLM servers do not answer: http://127.0.0.1:9" in r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert took < 60, took
     assert not (tmp_path / "runs").exists()

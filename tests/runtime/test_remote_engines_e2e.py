@@ -30,7 +30,7 @@ def _run(tmp_path, monkeypatch, engine: str):
     try:
         # multi-turn episodes (synthetic: 2-5 turns), so updates land between turns as well
         cfg = load_config(None, [*BASE, "trainer.steps=8", f"rollout.engine={engine}",
-                                 f"rollout.engine_urls=[{url}]", "env.type=synthetic",
+                                 f"rollout.engine.urls=[{url}]", "env.type=synthetic",
                                  "env.options.mean_turns=3", "env.options.cv=0.5", "env.options.max_turns=5",
                                  "rollout.max_total_tokens=120"])
         run_dir, metrics = train(cfg, tmp_path / "run", observer=keep)

@@ -43,7 +43,7 @@ def _setup(tmp_path: Path, fn: str) -> tuple[list[str], dict[str, str], Path]:
                PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     overrides = ["env.type=prompt_reward", f"env.tasks_file={tmp_path / 'train.jsonl'}",
                  f"env.test_tasks_file={tmp_path / 'test.jsonl'}", f"env.options.reward_fn=hang_rewards:{fn}",
-                 "rollout.concurrent_episodes=4", "rollout.engine_slots=4", "rollout.max_new_tokens=6",
+                 "rollout.concurrent_episodes=4", "rollout.engine.slots=4", "rollout.max_new_tokens=6",
                  "rollout.max_total_tokens=32"]
     return overrides, env, marker
 

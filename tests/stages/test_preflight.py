@@ -226,9 +226,9 @@ def test_tasks_of_env_dataset_are_checked_and_named_by_split_and_row(tmp_path, e
 
 
 def test_vllm_servers_that_do_not_answer_are_named_before_anything_runs():
-    cfg = load_config(None, ["rollout.engine=vllm", "rollout.engine_urls=[http://127.0.0.1:9, http://127.0.0.1:11]"])
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.engine.urls=[http://127.0.0.1:9, http://127.0.0.1:11]"])
     t0 = time.monotonic()
-    with pytest.raises(StartupError, match=r"engine_urls: 2 of 2 vLLM servers do not answer") as e:
+    with pytest.raises(StartupError, match=r"engine.urls: 2 of 2 vLLM servers do not answer") as e:
         check_servers(cfg)
     assert "http://127.0.0.1:9 (" in str(e.value) and "http://127.0.0.1:11 (" in str(e.value)
     assert time.monotonic() - t0 < 30  # a server still starting is waited for ~12 s, not forever
@@ -244,7 +244,7 @@ def test_a_server_that_says_nothing_of_itself_is_not_refused(tmp_path):
     eng = LocalEngine(build_tiny("tiny-moe", seed=0), tok, max_batch_size=2)
     srv, url = serve_in_thread(eng, tokenizer=tok, weights_dir=tmp_path, emulate="vllm")
     try:
-        check_servers(load_config(None, ["rollout.engine=vllm", f"rollout.engine_urls=[{url}]",
+        check_servers(load_config(None, ["rollout.engine=vllm", f"rollout.engine.urls=[{url}]",
                                          "rollout.temperature=0.7"]))
     finally:
         srv.shutdown()
@@ -279,7 +279,7 @@ def test_a_vllm_server_in_another_dtype_is_refused_unless_a_tolerance_is_given()
     info = ServerInfo("http://s:1", "0.32.0", "cuda", "bfloat16", "processed_logprobs", False, dev_mode=True)
     assert "--dtype float32" in incompatibility(info, moe=False, processed=True, dtype="float32")
     assert incompatibility(info, moe=False, processed=True, dtype="bfloat16") is None
-    assert incompatibility(info, moe=False, processed=True, dtype=None) is None  # rollout.verify_tol set
+    assert incompatibility(info, moe=False, processed=True, dtype=None) is None  # verify_tol set
 
 
 @pytest.mark.parametrize(("lora", "rank", "refused"), [

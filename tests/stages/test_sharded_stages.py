@@ -141,7 +141,7 @@ def test_a_torchrun_run_warm_starts_and_pretrains_its_critic_on_every_rank(tmp_p
            "sft.steps=6", "sft.num_demos=16", "sft.batch_size=8", "value_pretrain.rollouts=8",
            "value_pretrain.steps=3", "value_pretrain.batch_size=4", "trainer.steps=2", "trainer.batch_size=4",
            "env.num_test_tasks=4", "run.eval_tasks=2", "run.eval_every=1000", "run.progress=false",
-           "rollout.concurrent_episodes=4", "rollout.engine_slots=4", "rollout.max_new_tokens=12",
+           "rollout.concurrent_episodes=4", "rollout.engine.slots=4", "rollout.max_new_tokens=12",
            "rollout.max_total_tokens=80", "--run-dir", str(tmp_path / "run")]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

@@ -42,7 +42,7 @@ class CoinEnv(Env):
 
 TINY = [f"env.type={__name__}:CoinEnv", "model.policy=tiny-dense", "sft.enabled=false",
         "value_pretrain.rollouts=16", "value_pretrain.steps=10", "value_pretrain.batch_size=8",
-        "rollout.max_new_tokens=6", "rollout.max_total_tokens=64", "rollout.engine_slots=16"]
+        "rollout.max_new_tokens=6", "rollout.max_total_tokens=64", "rollout.engine.slots=16"]
 
 
 def _cfg(tmp_path, *more):
@@ -238,7 +238,7 @@ def test_fit_critic_micro_batches_accumulate_to_the_one_pass_step_and_roll_back_
 
 
 def test_rollouts_are_sampled_as_the_runs_local_engine_samples(tmp_path):
-    """``rollout.moe_top_k`` (and ``rollout.dtype`` / ``router_noise``) change the RL sampler, so
+    """``rollout.engine.moe_top_k`` (and its ``dtype`` / ``router_noise``) change the RL sampler, so
     value pretraining samples with it too: the recorded log-probs are the top-1-routed model's,
     the trainer's policy is untouched, and the cache key tells the two apart."""
     from saorl.models.codec import run_tokenizer
@@ -246,7 +246,7 @@ def test_rollouts_are_sampled_as_the_runs_local_engine_samples(tmp_path):
     from saorl.models.routing import perturb_routing
 
     base = ["model.policy=tiny-moe"]
-    cfg = _cfg(tmp_path, *base, "rollout.moe_top_k=1")
+    cfg = _cfg(tmp_path, *base, "rollout.engine.moe_top_k=1")
     policy = load_policy("tiny-moe", seed=cfg.seed)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     sampler = vp.sampling_model(cfg, "tiny-moe", policy)
@@ -265,8 +265,8 @@ def test_rollouts_are_sampled_as_the_runs_local_engine_samples(tmp_path):
         assert (max(gaps) < 1e-4) is close, (name, gaps)
     assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())
     keys = {vp.value_pretrain_key(_cfg(tmp_path, *base, *more), "tiny-moe")
-            for more in ([], ["rollout.moe_top_k=1"], ["rollout.router_noise=0.5"],
-                         ["rollout.dtype=bfloat16"])}
+            for more in ([], ["rollout.engine.moe_top_k=1"], ["rollout.engine.router_noise=0.5"],
+                         ["rollout.engine.dtype=bfloat16"])}
     assert len(keys) == 4
 
 
@@ -279,6 +279,6 @@ def test_value_pretraining_hands_the_run_sampler_to_the_rollouts(tmp_path, monke
 
     monkeypatch.setattr(vp, "sample_rollouts", stop)
     with pytest.raises(KeyboardInterrupt):
-        vp.run_value_pretrain(_cfg(tmp_path, "model.policy=tiny-moe", "rollout.moe_top_k=1"), "tiny-moe",
-                              tmp_path / "critic", log=lambda _: None)
+        vp.run_value_pretrain(_cfg(tmp_path, "model.policy=tiny-moe", "rollout.engine.moe_top_k=1"),
+                              "tiny-moe", tmp_path / "critic", log=lambda _: None)
     assert seen[0] is not None and seen[0].top_k == 1

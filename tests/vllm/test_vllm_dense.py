@@ -113,7 +113,7 @@ def test_check_server_command_passes_a_good_server_and_catches_a_stale_head(dens
     from saorl.cli import main
 
     monkeypatch.chdir(tmp_path)
-    argv = ["check-server", "--url", dense.url, "model.policy=tiny-dense", "rollout.engine_model=policy",
+    argv = ["check-server", "--url", dense.url, "model.policy=tiny-dense", "rollout.engine.model=policy",
             "rollout.temperature=0.7", "rollout.top_k=20", "--reload"]
     assert main(argv) == 0
     out = capsys.readouterr().out

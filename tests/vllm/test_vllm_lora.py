@@ -126,17 +126,17 @@ def test_each_adapter_is_verified_named_exactly_and_only_the_newest_two_stay_loa
 
 def test_servers_that_cannot_serve_the_adapters_are_refused_at_start_up(lora_server, dense_server):
     lora = ["model.policy=tiny-dense", "model.lora.rank=8", "rollout.engine=vllm", "rollout.temperature=0.9"]
-    moe = [*lora, "model.policy=tiny-moe", f"rollout.engine_urls=[{lora_server.url}]"]
+    moe = [*lora, "model.policy=tiny-moe", f"rollout.engine.urls=[{lora_server.url}]"]
     with pytest.raises(StartupError, match="Triton fused-MoE kernels, which have no CPU backend"):
         check_servers(load_config(None, moe))  # what a LoRA MoE policy would meet on this CPU server
     with pytest.raises(StartupError, match="started without --enable-lora") as e:
-        check_servers(load_config(None, [*lora, f"rollout.engine_urls=[{dense_server.url}]"]))
+        check_servers(load_config(None, [*lora, f"rollout.engine.urls=[{dense_server.url}]"]))
     assert ("--enable-lora --max-lora-rank 8 --max-loras 2 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
             in str(e.value))
     with pytest.raises(StartupError, match=r"up to rank 8 \(--max-lora-rank\) and the run publishes rank 16"):
         check_servers(load_config(None, [*lora, "model.lora.rank=16",
-                                         f"rollout.engine_urls=[{lora_server.url}]"]))
-    check_servers(load_config(None, [*lora, f"rollout.engine_urls=[{lora_server.url}]"]))
+                                         f"rollout.engine.urls=[{lora_server.url}]"]))
+    check_servers(load_config(None, [*lora, f"rollout.engine.urls=[{lora_server.url}]"]))
     # without VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 the route is missing, which the probe tells apart
     transport = HttpTransport([dense_server.url, lora_server.url], timeout_s=30)
     try:

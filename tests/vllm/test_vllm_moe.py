@@ -40,7 +40,7 @@ def _sync(tmp_path, url, model, sampling) -> ServerPublisher:
 
 def _config(url, **over):
     return load_config(None, ["model.policy=tiny-moe", "rollout.engine=vllm",
-                              f"rollout.engine_urls=[{url}]", *(f"{k}={v}" for k, v in over.items())])
+                              f"rollout.engine.urls=[{url}]", *(f"{k}={v}" for k, v in over.items())])
 
 
 def test_with_the_plugin_every_published_version_is_exact_on_the_server(with_plugin, tmp_path):
@@ -98,7 +98,7 @@ def test_saorl_train_refuses_a_raw_server_in_seconds_and_leaves_nothing(plain_ra
 
     t0 = time.monotonic()
     code = main(["train", "model.policy=tiny-dense", "rollout.engine=vllm",
-                 f"rollout.engine_urls=[{plain_raw.url}]", "rollout.temperature=0.7",
+                 f"rollout.engine.urls=[{plain_raw.url}]", "rollout.temperature=0.7",
                  f"run.out_dir={tmp_path}", "--run-dir", str(tmp_path / "run")])
     took = time.monotonic() - t0
     err = capsys.readouterr().err

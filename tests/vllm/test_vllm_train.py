@@ -115,7 +115,7 @@ def test_a_run_on_a_server_that_keeps_the_old_head_stops_at_the_first_changed_ve
     monkeypatch.setattr(hf_format, "served_names", hf_format.saved_names)
     run_dir = tmp_path / "run"
     argv = ["train", *overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
-            "rollout.verify_every=0", f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
+            "rollout.engine.verify_every=0", f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
     assert main(argv) == 3
     err = capsys.readouterr().err
     print(f"\nRESULT stale head in a run: {err.strip()}")

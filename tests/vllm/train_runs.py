@@ -22,8 +22,8 @@ def overrides(url: str) -> list[str]:
             "env.num_train_tasks=400", "env.num_test_tasks=4", "run.eval_every=1000", "run.eval_tasks=2",
             "run.samples_every=1000", "run.progress=false", "rollout.concurrent_episodes=8",
             "rollout.max_new_tokens=12", "rollout.max_total_tokens=80", "trainer.batch_size=4",
-            "rollout.engine=vllm", f"rollout.engine_urls=[{url}]", "rollout.engine_model=policy",
-            "rollout.verify_every=1", "rollout.temperature=0.9", "rollout.top_p=0.95"]
+            "rollout.engine=vllm", f"rollout.engine.urls=[{url}]", "rollout.engine.model=policy",
+            "rollout.engine.verify_every=1", "rollout.temperature=0.9", "rollout.top_p=0.95"]
 
 
 def steps(run_dir: Path) -> list[dict]:
