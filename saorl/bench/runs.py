@@ -56,11 +56,11 @@ class RolloutRecorder(Observer):
     def rollout_dispatched(self, rid: int, t: float) -> None:
         self.submitted.setdefault(rid, t)
 
-    def rollouts_finished(self, entries) -> None:
-        for rid, traj in entries:
+    def rollouts_finished(self, trajectories) -> None:
+        for traj in trajectories:
             ep = traj.episode
-            self.submitted.pop(rid, None)
-            self.rows.append({"rid": rid, "worker": ep.worker, "t_start": ep.t_start, "t_end": ep.t_end,
+            self.submitted.pop(ep.rid, None)
+            self.rows.append({"rid": ep.rid, "worker": ep.worker, "t_start": ep.t_start, "t_end": ep.t_end,
                               "tokens": traj.num_action_tokens})
 
     def run_finished(self) -> None:

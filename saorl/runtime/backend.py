@@ -196,7 +196,7 @@ def collect(msg, out: PollResult, assigned: list[set[int]], stats: dict[int, dic
     """Fold one worker message into ``out``, the per-worker rollout sets and the engine stats."""
     if isinstance(msg, RolloutFinished):
         assigned[msg.worker].discard(msg.rid)
-        out.finished.append((msg.rid, msg.trajectory))
+        out.finished.append(msg.trajectory)
     elif isinstance(msg, RolloutFailed):
         assigned[msg.worker].discard(msg.rid)
         out.lost.append(msg.rid)

@@ -103,7 +103,7 @@ class InProcessBackend:
                                       sampling=self.sampling, max_total_tokens=self.max_total_tokens,
                                       worker=self.worker, follower=self.follower,
                                       env_executor=self._executor)
-            self._results.put(RolloutFinished(self.worker, req.rid, traj))
+            self._results.put(RolloutFinished(self.worker, traj))
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -182,8 +182,8 @@ def run_requests(backend: InProcessBackend, requests: list[RolloutRequest],
                 if timeouts is None:
                     raise RolloutTimeout(res.timeouts[rid])
                 timed_out[rid] = res.timeouts[rid]
-            for rid, traj in res.finished:
-                out[rid] = traj
+            for traj in res.finished:
+                out[traj.episode.rid] = traj
             if (res.finished or res.lost) and on_done is not None:
                 on_done(len(out) + len(timed_out), len(requests))
     finally:

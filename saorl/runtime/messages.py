@@ -3,7 +3,9 @@
 The run sends a :class:`RolloutRequest` per rollout; a worker answers with one of the
 :data:`WorkerMessage` kinds. A backend (processes, threads in this process, Ray actors) carries
 these objects as they are and gathers what arrived into a :class:`PollResult`, the one thing the
-feed reads. Trajectories carry their own typed :class:`~saorl.data.trajectory.Episode` record.
+feed reads. Trajectories carry their own typed :class:`~saorl.data.trajectory.Episode` record,
+which names the rollout (``episode.rid``, filled in by the worker that played it): what comes back
+is a list of trajectories, never ``(rid, trajectory)`` pairs.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ class RolloutRequest:
 @dataclass(frozen=True)
 class RolloutFinished:
     worker: int
-    rid: int
     trajectory: Trajectory
+    """The finished rollout; ``trajectory.episode.rid`` is the request's rollout id."""
+
+    @property
+    def rid(self) -> int:
+        return self.trajectory.episode.rid
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,8 @@ WorkerMessage = RolloutFinished | RolloutFailed | EngineStats | WorkerCrashed
 class PollResult:
     """What a backend gathered in one :meth:`Backend.poll`."""
 
-    finished: list[tuple[int, Trajectory]] = field(default_factory=list)
+    finished: list[Trajectory] = field(default_factory=list)
+    """The finished rollouts, in arrival order (each one's id is ``episode.rid``)."""
     lost: list[int] = field(default_factory=list)
     """Rollout ids whose worker died (or whose episode raised) before finishing them."""
     errors: list[str] = field(default_factory=list)

@@ -20,8 +20,9 @@ class Observer:
     def rollout_dispatched(self, rid: int, t: float) -> None:
         """Rollout ``rid`` was handed to the backend at wall-clock time ``t``."""
 
-    def rollouts_finished(self, entries: list[tuple[int, Trajectory]]) -> None:
-        """These finished rollouts arrived (and were journalled), before any training on them."""
+    def rollouts_finished(self, trajectories: list[Trajectory]) -> None:
+        """These finished rollouts arrived (and were journalled), before any training on them;
+        each one's rollout id is ``episode.rid``."""
 
     def step_done(self, step: int, metrics: dict[str, Any], trajectories: list[Trajectory]) -> None:
         """Trainer step ``step`` trained on ``trajectories`` and logged ``metrics``."""

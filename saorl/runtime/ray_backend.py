@@ -166,7 +166,7 @@ class RolloutActor:
             traj = await play_rollout(s.engine, s.env_factory, s.tokenizer, req, sampling=self.spec.sampling,
                                       max_total_tokens=self.spec.max_total_tokens, worker=self.id,
                                       follower=s.follower)
-            return RolloutFinished(self.id, req.rid, traj)
+            return RolloutFinished(self.id, traj)
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
             return rollout_failed(self.id, req.rid, e)
         finally:

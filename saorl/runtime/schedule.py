@@ -177,10 +177,11 @@ class RolloutFeed:
                                  + "; see the log above (and errors.log) for its errors")
             self.cursor.requeue(rid)
             self.stats.requeued += 1
-        if res.finished:
-            self.journal.append_many(res.finished)  # durable before anything else sees them
+        if res.finished:  # durable before anything else sees them
+            self.journal.append_many([(t.episode.rid, t) for t in res.finished])
             self.observer.rollouts_finished(res.finished)
-        for rid, traj in res.finished:
+        for traj in res.finished:
+            rid = traj.episode.rid
             self.cursor.finish(rid)
             self.stats.finished += 1
             self.groups.setdefault(rid // self.group_size, {})[rid] = traj

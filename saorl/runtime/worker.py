@@ -207,7 +207,7 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
             traj = await play_rollout(engine, stack.env_factory, stack.tokenizer, req, sampling=spec.sampling,
                                       max_total_tokens=spec.max_total_tokens, worker=worker_id,
                                       follower=follower)
-            results.put(RolloutFinished(worker_id, req.rid, traj))
+            results.put(RolloutFinished(worker_id, traj))
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
             results.put(rollout_failed(worker_id, req.rid, e))
 

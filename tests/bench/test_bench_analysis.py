@@ -83,13 +83,13 @@ def test_percentile_matches_numpy():
 def test_recorder_writes_finished_and_unfinished(tmp_path: Path):
     class T:
         def __init__(self) -> None:
-            self.episode = Episode(worker=1, t_start=5.0, t_end=7.0)
+            self.episode = Episode(rid=0, worker=1, t_start=5.0, t_end=7.0)
             self.num_action_tokens = 12
 
     rec = RolloutRecorder(tmp_path / "r.jsonl")
     rec.rollout_dispatched(0, 1.0)
     rec.rollout_dispatched(1, 2.0)
-    rec.rollouts_finished([(0, T())])
+    rec.rollouts_finished([T()])
     rec.run_finished()
     rows = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert rows[0] == {"rid": 0, "worker": 1, "t_start": 5.0, "t_end": 7.0, "tokens": 12}
