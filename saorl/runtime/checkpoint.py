@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from saorl.atomic import fsync_path
+from saorl.atomic import fsync_path, write_text
 from saorl.data.trajectory import Trajectory
 from saorl.models.serialize import load_safetensors, save_safetensors_atomic
 from saorl.runtime.journal import Journal, decode_entry, encode_entry
@@ -104,10 +104,7 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
 
 
 def _point_latest(ckpt_root: Path, name: str) -> None:
-    latest_tmp = ckpt_root / f".latest.tmp{os.getpid()}"
-    latest_tmp.write_text(name)
-    os.replace(latest_tmp, ckpt_root / LATEST)
-    fsync_path(ckpt_root)
+    write_text(ckpt_root / LATEST, name)
 
 
 def checkpoint_dirs(ckpt_root: Path) -> list[Path]:
