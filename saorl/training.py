@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from saorl.config import SaorlConfig, absolute_paths
+from saorl.run_paths import RunPaths
 from saorl.runtime import shard_group
 from saorl.runtime.checkpoint import check_restart
 from saorl.runtime.observe import Observer
@@ -112,8 +113,9 @@ def finished_at(run_dir: Path, steps: int) -> int | None:
     ``final/`` holds the exported policy — or None (a run to continue)."""
     from saorl.runtime.checkpoint import MANIFEST, latest_checkpoint
 
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None or not (run_dir / "final" / "policy" / "config.json").is_file():
+    paths = RunPaths(run_dir)
+    ckpt = latest_checkpoint(paths.checkpoints)
+    if ckpt is None or not (paths.final_policy / "config.json").is_file():
         return None
     try:
         step = int(json.loads((ckpt / MANIFEST).read_text())["step"])

@@ -33,13 +33,15 @@ from pathlib import Path
 import numpy as np
 
 from saorl.data.jsonl import read_jsonl
+from saorl.run_paths import RunPaths
 from saorl.sim import DecodeCurve
 
 
 def step_busy(run_dir: Path) -> list[tuple[int, float]]:
     """``(action tokens, busy seconds)`` per trainer step after the first, from the run's logs."""
-    tokens = {row["step"]: sum(row["action_tokens"]) for row in read_jsonl(run_dir / "trained.jsonl")}
-    rows = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "time/elapsed_s" in m and "time/wait_s" in m]
+    paths = RunPaths(run_dir)
+    tokens = {row["step"]: sum(row["action_tokens"]) for row in read_jsonl(paths.trained)}
+    rows = [m for m in read_jsonl(paths.metrics) if "time/elapsed_s" in m and "time/wait_s" in m]
     rows.sort(key=lambda m: m["step"])
     out = []
     for prev, cur in itertools.pairwise(rows):

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from saorl.config import SaorlConfig
 from saorl.data.jsonl import read_jsonl
+from saorl.run_paths import RunPaths
 from saorl.runtime.observe import Observer
 
 
@@ -147,10 +148,11 @@ def slot_busy_seconds(rollouts: list[dict], t0: float, t1: float, slots: int) ->
 
 def analyse(run_dir: Path, slots: int) -> RunStats:
     """The figures of one run (see the module docstring); ``slots`` = workers × engine slots."""
-    trained = read_jsonl(run_dir / "trained.jsonl")
+    paths = RunPaths(run_dir)
+    trained = read_jsonl(paths.trained)
     if not trained:
         raise ValueError(f"{run_dir}: no training step in trained.jsonl; raise the budget (--budget-s)")
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(paths.metrics)
     rollouts = read_jsonl(run_dir / "rollouts.jsonl")
     starts = [s for row in trained for s in row["rollout_start"] if s is not None]
     starts += [r["t_start"] for r in rollouts if r.get("t_start") is not None]

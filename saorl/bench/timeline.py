@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from saorl.data.jsonl import read_jsonl
+from saorl.run_paths import RunPaths
 
 
 @dataclass
@@ -49,7 +50,7 @@ def assign_lanes(intervals: list[tuple[float, float]]) -> list[int]:
 
 
 def load_timeline(run_dir: Path) -> Timeline:
-    trained = read_jsonl(run_dir / "trained.jsonl")
+    trained = read_jsonl(RunPaths(run_dir).trained)
     if not trained:
         raise ValueError(f"{run_dir}: trained.jsonl is missing or empty")
     rollouts = read_jsonl(run_dir / "rollouts.jsonl")

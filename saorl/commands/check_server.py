@@ -22,6 +22,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from saorl.run_paths import RunPaths
+
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "engines" / "vllm_plugin"
 
 
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = _servers_config(path, overrides, args.url, args.engine)
     if args.reload and args.weights_dir is not None:
         where = Path(args.weights_dir)
-        if (where / "config.yaml").exists():
+        if RunPaths(where).config.exists():
             fail(f"saorl check-server: --weights-dir {where} holds a run (config.yaml); its weights "
                  "would be replaced: give another directory")
         try:

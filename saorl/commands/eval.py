@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from saorl.config import ConfigError, SaorlConfig, load_config
+from saorl.run_paths import RunPaths
 
 if TYPE_CHECKING:  # torch is imported when a policy is loaded, not when the parser is built
     import torch
@@ -106,11 +107,12 @@ def _adapter_loader(path: Path, cfg: SaorlConfig) -> Callable:
 def _run_target(run_dir: Path, overrides: list[str], ckpt: Path | None = None) -> Target:
     from saorl.runtime.checkpoint import latest_checkpoint
 
-    cfg = load_config(run_dir / "config.yaml", overrides)
-    final = run_dir / "final" / "policy"
+    paths = RunPaths(run_dir)
+    cfg = load_config(paths.config, overrides)
+    final = paths.final_policy
     if ckpt is None and (final / "config.json").is_file():
         return Target(cfg, f"{final} (final policy)", _policy_loader(str(final), cfg))
-    ckpt = ckpt or latest_checkpoint(run_dir / "checkpoints")
+    ckpt = ckpt or latest_checkpoint(paths.checkpoints)
     if ckpt is None:
         raise TargetError(f"run directory {run_dir} has no final policy (final/policy) and no checkpoint yet")
     from saorl.stages.sft import initial_policy_spec
@@ -134,11 +136,11 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
     if not path.is_dir():
         raise TargetError(f"{target!r} is a file; expected a run directory, a checkpoint directory, "
                           "an HF policy directory or a tiny kind")
-    if (path / "config.yaml").is_file():
+    if RunPaths(path).config.is_file():
         return _run_target(path, overrides)
     if (path / "manifest.json").is_file() and (path / "policy.safetensors").is_file():
         run_dir = path.parent.parent
-        if not (run_dir / "config.yaml").is_file():
+        if not RunPaths(run_dir).config.is_file():
             raise TargetError(f"checkpoint {path} is not inside a run directory "
                               f"({run_dir} has no config.yaml)")
         return _run_target(run_dir, overrides, ckpt=path)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from saorl.commands.common import EXIT_USER, fail
+from saorl.run_paths import RunPaths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.stages.sft import initial_policy_spec
 
     run_dir = args.run_dir
-    if not (run_dir / "config.yaml").is_file():
+    if not RunPaths(run_dir).config.is_file():
         fail(f"saorl replay: {run_dir} is not a run directory (no config.yaml)")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         fail(f"saorl replay: --steps must be >= 1, got {args.steps}")
     try:
-        cfg = load_config(run_dir / "config.yaml", args.overrides)
+        cfg = load_config(RunPaths(run_dir).config, args.overrides)
     except ConfigError as e:
         fail(str(e), EXIT_USER)
     kept = checkpoint_steps(run_dir)
@@ -73,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
           + (f" with {' '.join(args.overrides)}" if args.overrides else " with its own settings"))
     print("  ".join(head))
 
-    out = args.out or run_dir / "replays" / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or RunPaths(run_dir).replays / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "config.yaml", config_to_yaml(cfg))
+    write_text(RunPaths(out).config, config_to_yaml(cfg))  # under the name a run directory gives it
     with open(out / "replay.jsonl", "w", encoding="utf-8") as f:  # row by row: a stop keeps the rows
 
         def show(row: dict) -> None:

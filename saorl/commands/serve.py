@@ -28,6 +28,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from saorl.run_paths import RunPaths
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
@@ -109,14 +111,15 @@ def resolve_model(spec: str) -> str:
         raise ValueError(f"--model {spec!r} is a checkpoint directory (manifest.json): it holds training "
                          "state, not a model directory; serve its run directory once the run has finished "
                          "(RUN/final/policy), or evaluate the checkpoint with saorl eval")
-    if not (path / "config.yaml").is_file() or (path / "config.json").is_file():
+    paths = RunPaths(path)
+    if not paths.config.is_file() or (path / "config.json").is_file():
         return spec
-    final = path / "final" / "policy"
+    final = paths.final_policy
     if (final / "config.json").is_file():
         return str(final)
     from saorl.runtime.checkpoint import latest_checkpoint
 
-    ckpt = latest_checkpoint(path / "checkpoints") if (path / "checkpoints").is_dir() else None
+    ckpt = latest_checkpoint(paths.checkpoints) if paths.checkpoints.is_dir() else None
     there = (f"its latest checkpoint is {ckpt}, which saorl eval {spec} evaluates" if ckpt is not None
              else "it has no checkpoint either")
     raise ValueError(f"--model {spec!r} is a run directory without a final policy ({final}/config.json is "

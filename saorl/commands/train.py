@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from saorl.commands.common import check_env_or_exit, config_or_exit, fail, load_file_or_exit
+from saorl.run_paths import RunPaths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if args.args and "=" not in args.args[0]:
             fail("saorl train: --resume takes its config from the run directory; give only overrides")
-        resolved = args.resume / "config.yaml"
+        resolved = RunPaths(args.resume).config
         if not resolved.exists():
             fail(f"saorl train: {resolved} not found; is {args.resume} a saorl run directory?")
     given = args.resume or args.run_dir

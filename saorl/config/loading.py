@@ -22,6 +22,7 @@ from saorl.atomic import write_text
 from saorl.config.engines import ENGINE_CONFIGS, FLAT_SPELLINGS, engine_section
 from saorl.config.schema import SaorlConfig
 from saorl.config.sections import ConfigError, FieldError
+from saorl.run_paths import RunPaths
 
 
 # --------------------------------------------------------------------------------- overrides
@@ -340,11 +341,11 @@ def save_resolved(cfg: SaorlConfig, run_dir: str | os.PathLike) -> Path:
 
     Returns the path of ``config.yaml``. Files are written atomically (temp file + rename).
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
+    paths = RunPaths(run_dir)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    path = paths.config
     write_text(path, config_to_yaml(cfg))
     header = "# The algorithm preset after overrides (informational; config.yaml is the source).\n"
-    write_text(run_dir / "algo_resolved.yaml",
+    write_text(paths.algo_resolved,
                   header + yaml.safe_dump(resolved_algo_dict(cfg), sort_keys=False))
     return path

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from saorl.data.jsonl import read_jsonl
 from saorl.experiments.runner import is_finished, run_dir_for
+from saorl.run_paths import RunPaths
 
 RECOVERY_FRACTION = 0.8
 PRE_WINDOW = 10
@@ -74,10 +75,11 @@ def dedupe_metrics(rows: Sequence[dict]) -> list[dict]:
 
 
 def load_run(run_dir: Path, seed: int) -> RunData:
-    metrics = dedupe_metrics(read_jsonl(run_dir / "metrics.jsonl"))
+    paths = RunPaths(run_dir)
+    metrics = dedupe_metrics(read_jsonl(paths.metrics))
     wall = {r["step"]: r["wall_s"] for r in metrics}
     evals: dict[int, dict] = {}
-    for row in read_jsonl(run_dir / "eval.jsonl"):
+    for row in read_jsonl(paths.eval):
         step = int(row.get("step", 0))
         evals[step] = dict(row, wall_s=0.0 if step == 0 else wall.get(step))
     return RunData(seed, metrics, [evals[s] for s in sorted(evals)])

@@ -45,6 +45,7 @@ import yaml
 from saorl.config import SaorlConfig
 from saorl.data.jsonl import read_jsonl
 from saorl.experiments.spec import ExperimentSpec, SpecError, arm_config
+from saorl.run_paths import RunPaths
 
 DONE_FILE = "done.json"
 
@@ -144,9 +145,10 @@ class ExperimentRunner:
             cfg.run.eval_at_start = False
         # a run that wrote its config resumes (from its checkpoint, or from step 0 with its journal;
         # a damaged checkpoint is reported there, never answered by deleting the run)
-        resume = (run_dir / "config.yaml").is_file()
+        paths = RunPaths(run_dir)
+        resume = paths.config.is_file()
         if resume:
-            spent = _last(read_jsonl(run_dir / "metrics.jsonl"), "time/elapsed_s") or 0.0
+            spent = _last(read_jsonl(paths.metrics), "time/elapsed_s") or 0.0
             if cfg.trainer.max_wall_s is not None:
                 cfg.trainer.max_wall_s = max(1.0, cfg.trainer.max_wall_s - spent)
             self.log(f"[{arm} seed {seed}] resuming {run_dir}")
@@ -157,7 +159,7 @@ class ExperimentRunner:
         t0 = time.monotonic()
         train(cfg, run_dir, resume=resume)
         took = time.monotonic() - t0
-        rows = read_jsonl(run_dir / "metrics.jsonl")
+        rows = read_jsonl(paths.metrics)
         steps = int(_last(rows, "step") or 0)
         budget = cfg.trainer.max_wall_s
         if steps < cfg.trainer.steps and (budget is None or took < budget):
@@ -165,7 +167,7 @@ class ExperimentRunner:
                                         f"steps ({took:.0f}s); run the same command again to resume")
         wall = float(_last(rows, "time/elapsed_s") or took)
         if start_row is not None:
-            _prepend_start(run_dir / "eval.jsonl", start_row)
+            _prepend_start(paths.eval, start_row)
         self._final_eval(cfg, run_dir, steps)
         (run_dir / DONE_FILE).write_text(json.dumps({"arm": arm, "seed": seed, "steps": steps,
                                                      "wall_s": wall, "algo": cfg.algo.name}) + "\n")
@@ -174,8 +176,9 @@ class ExperimentRunner:
     def _final_eval(self, cfg: SaorlConfig, run_dir: Path, steps: int) -> None:
         """Evaluate the final policy when the run stopped between two evaluations (the wall-clock
         budget, or steps not a multiple of ``run.eval_every``), so "final accuracy" is the end."""
-        evals = read_jsonl(run_dir / "eval.jsonl")
-        final = run_dir / "final" / "policy"
+        paths = RunPaths(run_dir)
+        evals = read_jsonl(paths.eval)
+        final = paths.final_policy
         if steps == 0 or any(r.get("step") == steps for r in evals) or not final.is_dir():
             return
         from saorl.models.codec import run_tokenizer
@@ -187,7 +190,7 @@ class ExperimentRunner:
                              seed=cfg.seed).eval()
         metrics, _ = evaluate_config(cfg, policy, run_tokenizer(cfg.model))
         row = {"step": steps, "policy/version": None, **metrics, "source": "saorl experiment (final)"}
-        with open(run_dir / "eval.jsonl", "a", encoding="utf-8") as f:
+        with open(paths.eval, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
     # ---------------------------------------------------------------------------- start arm
@@ -203,7 +206,7 @@ class ExperimentRunner:
         else:
             row = self._evaluate_start(seed)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "eval.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+        RunPaths(run_dir).eval.write_text(json.dumps(row) + "\n", encoding="utf-8")
         (run_dir / DONE_FILE).write_text(json.dumps({"arm": arm, "seed": seed, "steps": 0, "wall_s": 0.0,
                                                      "algo": None}) + "\n")
         return RunResult(arm, seed, str(run_dir), "start", 0, 0.0)
@@ -215,7 +218,7 @@ class ExperimentRunner:
             run_dir = run_dir_for(self.out, other, seed)
             if other == exclude or not is_finished(run_dir):
                 continue
-            row = next((r for r in read_jsonl(run_dir / "eval.jsonl")
+            row = next((r for r in read_jsonl(RunPaths(run_dir).eval)
                         if r.get("step") == 0 and "source" not in r), None)
             if row is not None:
                 return dict(row, source=f"step-0 evaluation of arm {other!r} (same policy, tasks and seed)")

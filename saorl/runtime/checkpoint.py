@@ -53,6 +53,7 @@ import torch
 from saorl.atomic import fsync_path, write_text
 from saorl.data.trajectory import Trajectory
 from saorl.models.serialize import load_safetensors, save_safetensors_atomic
+from saorl.run_paths import RunPaths
 from saorl.runtime.journal import Journal, decode_entry, encode_entry
 from saorl.runtime.rundir import CorruptionError, sha256_file
 
@@ -204,17 +205,18 @@ def restart_problem(run_dir: Path, journal: Journal | None) -> str | None:
     again = (f"To train this directory again from step 0 anyway (the old rows stay in trained.jsonl and "
              f"metrics.jsonl, behind a resume marker), resume with `saorl train --resume {run_dir} "
              "--restart`; or start a new run with a new --run-dir.")
+    paths = RunPaths(run_dir)
     first = journal.segments() if journal is not None else []
     if first and first[0].name != "seg-00000000.jsonl":
-        return (f"{run_dir / 'checkpoints'} holds no checkpoint, but the journal starts at {first[0].name}: "
+        return (f"{paths.checkpoints} holds no checkpoint, but the journal starts at {first[0].name}: "
                 "earlier segments were pruned when checkpoints were written, so the checkpoints were "
                 "deleted. Restore them if you have a copy; resuming without them would train from step 0 "
                 f"on a fraction of the run's rollouts. {again}")
-    rows = read_jsonl(run_dir / "trained.jsonl")
+    rows = read_jsonl(paths.trained)
     trained = effective_rows(rows)
-    steps = [r for r in effective_rows(read_jsonl(run_dir / "metrics.jsonl")) if r["step"] > 0]
+    steps = [r for r in effective_rows(read_jsonl(paths.metrics)) if r["step"] > 0]
     base = max((int(r["resume"].get("version", 0)) for r in rows if "resume" in r), default=0)
-    published = _published_versions(run_dir / "weights")
+    published = _published_versions(paths.weights)
     journalled = {rid for rid, _ in journal.read_from(0)} if journal is not None else set()
     rids = {rid for r in trained for rid in r["rids"]}
     if not rids - journalled and (journalled or not (steps or published > base)):
@@ -228,10 +230,10 @@ def restart_problem(run_dir: Path, journal: Journal | None) -> str | None:
     if published > base:
         found.append(f"weights/ holds version {published}, published after a trained step")
     held = "none" if not journalled & rids else f"only {len(journalled & rids)}"
-    where = run_dir / "journal" if journal is None else journal.dir
+    where = paths.journal if journal is None else journal.dir
     journal_says = (f"{where} holds {held} of the {len(rids)} rollouts trained.jsonl records as trained"
                     if rids else f"{where} holds no rollout")
-    return (f"{run_dir / 'checkpoints'} holds no checkpoint and {journal_says}, yet the run's record shows "
+    return (f"{paths.checkpoints} holds no checkpoint and {journal_says}, yet the run's record shows "
             f"training: {'; '.join(found)}. The checkpoints and the journal were deleted (or replaced), "
             "and a resume would restart from step 0, silently discarding that training. Restore "
             f"checkpoints/ and journal/ from a copy if you have one. {again}")
@@ -241,9 +243,10 @@ def check_restart(run_dir: Path, *, restart: bool = False) -> None:
     """Before a resume's slow work: :class:`CorruptionError` when ``run_dir`` holds no checkpoint
     and a restart from step 0 would discard training on record (:func:`restart_problem`), unless
     ``restart``. (A damaged checkpoint is found later, when the resume verifies it.)"""
-    if restart or has_checkpoint(run_dir / "checkpoints"):
+    paths = RunPaths(run_dir)
+    if restart or has_checkpoint(paths.checkpoints):
         return
-    journal = Journal(run_dir / "journal") if (run_dir / "journal").is_dir() else None
+    journal = Journal(paths.journal) if paths.journal.is_dir() else None
     try:
         problem = restart_problem(run_dir, journal)
     finally:

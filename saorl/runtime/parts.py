@@ -27,6 +27,7 @@ from saorl.envs.registry import EnvFactory, env_factory_for
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
+from saorl.run_paths import RunPaths
 from saorl.runtime.backend import Backend, LocalBackend
 from saorl.runtime.learner import Learner, OptimConfig
 from saorl.runtime.weights import FilePublisher, FileSource, WeightPublisher, WeightSource
@@ -166,7 +167,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     if isinstance(engine, LocalEngineConfig):
         engine = engine.model_copy(update={"dtype": engine.dtype or cfg.model.dtype})
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
-                      env_options=dict(cfg.env.options), weights_dir=str(run_dir / "weights"),
+                      env_options=dict(cfg.env.options), weights_dir=str(RunPaths(run_dir).weights),
                       sampling=sampling_params(cfg), engine=engine, max_total_tokens=r.max_total_tokens,
                       seed=cfg.seed, threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       record_routes=replay, route_layout=layout, env_call_timeout_s=cfg.env.call_timeout_s,
@@ -218,7 +219,7 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
 def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> WeightPublisher:
     """Files in ``RUN/weights`` for the local engine and ``saorl serve``; for vLLM / SGLang also
     each version put on the servers in place and verified there (:mod:`saorl.runtime.publisher`)."""
-    files = FilePublisher(run_dir / "weights")
+    files = FilePublisher(RunPaths(run_dir).weights)
     e = cfg.rollout.engine
     if not updated_in_place(e.kind):
         return files
@@ -268,7 +269,7 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
             backend, weights = build_ray(cfg, run_dir, policy_spec, tokenizer, weights)
         else:
             backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory,
-                                    FileSource(run_dir / "weights"))
+                                    FileSource(RunPaths(run_dir).weights))
     except BaseException:
         weights.close()
         env_factory.close()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.data.trajectory import Trajectory
+from saorl.run_paths import RunPaths
 from saorl.runtime.trackers import Trackers
 
 REQUIRED_KEYS = (
@@ -64,8 +65,9 @@ class RunRecorder:
     def __init__(self, run_dir: Path, tokenizer: Any, *, progress: bool = True,
                  total_steps: int | None = None, trackers: Trackers | None = None) -> None:
         self.dir, self.tokenizer = run_dir, tokenizer
-        self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._trained = open(run_dir / "trained.jsonl", "a", encoding="utf-8")
+        self.paths = RunPaths(run_dir)
+        self._metrics = open(self.paths.metrics, "a", encoding="utf-8")
+        self._trained = open(self.paths.trained, "a", encoding="utf-8")
         self.trackers = trackers
         self._progress = None
         if progress and sys.stderr.isatty():
@@ -93,7 +95,7 @@ class RunRecorder:
 
     def log_eval(self, step: int, version: int, metrics: dict[str, float]) -> None:
         """One evaluation: a line of ``eval.jsonl``."""
-        with open(self.dir / "eval.jsonl", "a", encoding="utf-8") as f:
+        with open(self.paths.eval, "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, "policy/version": version, **metrics}) + "\n")
 
     def _show(self, m: dict[str, Any]) -> None:
@@ -118,7 +120,7 @@ class RunRecorder:
     def error(self, text: str) -> None:
         """A failure the run survives (a rollout that raised, a worker that died): its first line on
         the console, the whole text (the traceback) appended to ``errors.log``."""
-        with open(self.dir / "errors.log", "a", encoding="utf-8") as f:
+        with open(self.paths.errors, "a", encoding="utf-8") as f:
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text.rstrip()}\n")
         first = text.strip().splitlines()[0] if text.strip() else text
         more = " (traceback in errors.log)" if "\n" in text.strip() else ""
@@ -153,7 +155,7 @@ class RunRecorder:
         """A few decoded trajectories: ``samples/step-N.txt`` and ``samples/samples.jsonl``."""
         from saorl.agent.render import render_trajectory
 
-        directory = self.dir / "samples"
+        directory = self.paths.samples
         directory.mkdir(parents=True, exist_ok=True)
         shown = trajs[:SAMPLES_PER_STEP]
         with open(directory / f"step-{step:08d}.txt", "w", encoding="utf-8") as f:
@@ -173,11 +175,11 @@ class RunRecorder:
         from saorl.models.serialize import export_policy, save_critic
 
         if is_lora(policy):
-            save_adapter(policy, self.dir / "final" / "adapter")
+            save_adapter(policy, self.paths.final_adapter)
             policy = merged_copy(policy)
-        export_policy(policy, self.tokenizer, self.dir / "final" / "policy")
+        export_policy(policy, self.tokenizer, self.paths.final_policy)
         if critic is not None:
-            save_critic(critic, self.dir / "final" / "critic")
+            save_critic(critic, self.paths.final_critic)
 
     def close(self) -> None:
         if self._progress is not None:

@@ -38,6 +38,7 @@ from saorl.data.trajectory import Trajectory
 from saorl.errors import StartupError
 from saorl.models.codec import check_vocab, run_tokenizer
 from saorl.models.loading import load_policy, train_dtype
+from saorl.run_paths import RunPaths
 from saorl.runtime.checkpoint import checkpoint_dirs, load_checkpoint, verify
 from saorl.runtime.journal import Journal, decode_entry
 from saorl.runtime.learner_files import SHARDS
@@ -67,7 +68,7 @@ class Recorded:
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """The steps of the run's kept checkpoints, oldest first."""
-    return [int(d.name.split("-")[1]) for d in checkpoint_dirs(run_dir / "checkpoints")]
+    return [int(d.name.split("-")[1]) for d in checkpoint_dirs(RunPaths(run_dir).checkpoints)]
 
 
 def _resume_versions(rows: list[dict]) -> dict[int, int]:
@@ -86,15 +87,15 @@ def _resume_versions(rows: list[dict]) -> dict[int, int]:
 def recorded(run_dir: Path, ckpt: Path, manifest: dict) -> Recorded:
     """The batches, metrics and trajectories of the steps after checkpoint ``ckpt``, as the run
     stands (a resume's marker drops the rows of the steps it redid)."""
-    step0 = int(manifest["step"])
-    trained = read_jsonl(run_dir / "trained.jsonl")
+    step0, paths = int(manifest["step"]), RunPaths(run_dir)
+    trained = read_jsonl(paths.trained)
     batches = {int(r["step"]): [int(x) for x in r["rids"]] for r in effective_rows(trained)
                if int(r["step"]) > step0 and "rids" in r}
-    metrics = {int(r["step"]): r for r in effective_rows(read_jsonl(run_dir / "metrics.jsonl"))
+    metrics = {int(r["step"]): r for r in effective_rows(read_jsonl(paths.metrics))
                if int(r["step"]) > step0}
     pending = (ckpt / "pending.jsonl").read_text(encoding="utf-8").splitlines()
     trajs = dict(decode_entry(line) for line in pending)
-    trajs.update(Journal(run_dir / "journal").read_from(int(manifest["journal_segment"])))
+    trajs.update(Journal(paths.journal).read_from(int(manifest["journal_segment"])))
     versions = {s: v for s, v in _resume_versions(trained).items() if s >= step0}
     return Recorded(batches, metrics, trajs, versions)
 
@@ -121,7 +122,8 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
     (None: ``model.policy``). Returns one row per
     step, ``{"step", "original": {...}, "replay": {...}, "probes": [...]}`` (the metrics' full
     dicts; ``original`` empty where the run logged no row), each passed to ``on_step`` too."""
-    ckpt = run_dir / "checkpoints" / f"step-{from_step:08d}"
+    paths = RunPaths(run_dir)
+    ckpt = paths.checkpoints / f"step-{from_step:08d}"
     kept = checkpoint_steps(run_dir)
     if not ckpt.is_dir():
         raise ReplayError(f"{run_dir} has no checkpoint of step {from_step}; kept checkpoints: "
@@ -130,11 +132,12 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
         raise ReplayError(f"checkpoint {ckpt} holds a sharded trainer's shards; replay loads the "
                           "single-process layout (write checkpoints with trainer.shard_checkpoint=full to "
                           "replay them)")
-    journal = Journal(run_dir / "journal")
+    journal = Journal(paths.journal)
     manifest = verify(ckpt, journal)
     data = recorded(run_dir, ckpt, manifest)
-    own = load_config(run_dir / "config.yaml").algo.resolve().group_size
-    group = cfg.algo.resolve().group_size
+    own = load_config(paths.config).algo.resolve().group_size
+    preset = cfg.algo.resolve()
+    group = preset.group_size
     if group != own:
         raise ReplayError(f"the run sampled groups of {own} rollouts per prompt and its batches are "
                           f"those groups; a replay cannot regroup them into {group} (algo.group_size / "

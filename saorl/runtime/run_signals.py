@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 DRIFT_KL = 0.05
 """The KL(rollout ‖ trainer) above which a step counts as a drift burst."""
@@ -102,22 +101,20 @@ def collapse_step(metrics: list[dict], key: str = "reward/mean") -> int | None:
     return start if COLLAPSE_MIN_STEPS <= n < len(rows) else None
 
 
-RUN_FILE = "stability.json"
-
-
 def write_run_stability(run_dir) -> dict[str, float | None]:
     """The run's signals (all its steps; ``acc@S`` at each evaluated step) into
     ``RUN/stability.json``; returns them."""
     from saorl.atomic import write_json
     from saorl.data.jsonl import read_jsonl
+    from saorl.run_paths import RunPaths
     from saorl.runtime.recorder import effective_rows
 
-    run_dir = Path(run_dir)
-    metrics = effective_rows(read_jsonl(run_dir / "metrics.jsonl"))
-    evals = read_jsonl(run_dir / "eval.jsonl") if (run_dir / "eval.jsonl").is_file() else []
+    paths = RunPaths(run_dir)
+    metrics = effective_rows(read_jsonl(paths.metrics))
+    evals = read_jsonl(paths.eval) if paths.eval.is_file() else []
     evals = list({int(r.get("step", 0)): r for r in evals}.values())  # a step redone after a resume: its last
     values = stability_values(metrics, evals, at=sorted({int(r["step"]) for r in evals if r.get("step")}))
-    write_json(run_dir / RUN_FILE, {"drift_kl": DRIFT_KL, "window": WINDOW, **values})
+    write_json(paths.stability, {"drift_kl": DRIFT_KL, "window": WINDOW, **values})
     return values
 
 

@@ -31,10 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 from saorl.errors import RunFailure, StartupError
-
-LOCK = ".lock"
-SUBDIRS = ("", "checkpoints", "weights", "final", "journal")
-"""Where atomic writes put their temporaries: the run directory and these subdirectories."""
+from saorl.run_paths import RunPaths
 
 
 class RunDirError(StartupError):
@@ -65,7 +62,7 @@ class RunDirLock:
     def __init__(self, run_dir: Path) -> None:
         import fcntl
 
-        self.path = run_dir / LOCK
+        self.path = RunPaths(run_dir).lock
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -84,7 +81,7 @@ class RunDirLock:
 
 def _in_use(run_dir: Path) -> RunDirError:
     return RunDirError(
-        f"{run_dir} is in use by another saorl process (it holds {run_dir / LOCK}): two trainers "
+        f"{run_dir} is in use by another saorl process (it holds {RunPaths(run_dir).lock}): two trainers "
         "in one run directory would overwrite each other's journal, checkpoints and weights. "
         "Wait for that run to end (or stop it), then resume with `saorl train --resume "
         f"{run_dir}`; to start a new run, give another --run-dir.")
@@ -97,7 +94,7 @@ def check_not_in_use(run_dir: Path) -> None:
     import fcntl
 
     try:
-        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+        fd = os.open(RunPaths(run_dir).lock, os.O_RDONLY)
     except OSError:
         return  # no lock file: never claimed, or not a run directory (claim_run_dir says so)
     try:
@@ -111,8 +108,7 @@ def check_not_in_use(run_dir: Path) -> None:
 def remove_temporaries(run_dir: Path) -> list[str]:
     """Delete the temporaries a crash left in ``run_dir``; return their paths (relative)."""
     removed = []
-    for sub in SUBDIRS:
-        d = run_dir / sub
+    for d in RunPaths(run_dir).write_dirs:
         if not d.is_dir():
             continue
         for p in d.iterdir():
@@ -130,7 +126,7 @@ def check_run_dir(run_dir: Path, *, resume: bool) -> None:
     """:class:`RunDirError` (one paragraph) unless ``run_dir`` suits a fresh (``resume=False``:
     new or empty) or a resumed run (it holds a run's ``config.yaml``)."""
     if resume:
-        if not (run_dir / "config.yaml").is_file():
+        if not RunPaths(run_dir).config.is_file():
             raise RunDirError(f"cannot resume {run_dir}: it has no config.yaml, so it is not a saorl run "
                               "directory (or its config was deleted). Give the directory `saorl train` "
                               "created, or start a new run without --resume.")

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from saorl.run_paths import RunPaths
+
 
 class SimInputError(ValueError):
     """A simulator parameter or input file is invalid; the message names what is wrong."""
@@ -264,7 +266,8 @@ def load_lengths(path: str | Path) -> list[int]:
     """Response lengths (tokens) from a run directory, a ``.jsonl``, a JSON list or a text list."""
     p = Path(path)
     if p.is_dir():
-        for cand in (p / "samples" / "samples.jsonl", p / "samples.jsonl", p / "metrics.jsonl"):
+        run = RunPaths(p)
+        for cand in (run.samples / "samples.jsonl", p / "samples.jsonl", run.metrics):
             if cand.is_file():
                 return load_lengths(cand)
         raise SimInputError(f"{p}: no samples/samples.jsonl or metrics.jsonl in this directory")
