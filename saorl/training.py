@@ -34,6 +34,7 @@ import torch
 from saorl.config import SaorlConfig, absolute_paths
 from saorl.run_paths import RunPaths
 from saorl.runtime import shard_group
+from saorl.runtime.assemble import build_run
 from saorl.runtime.checkpoint import check_restart
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts, trainer_threads
@@ -137,10 +138,10 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     critic_spec = initial_critic(cfg, policy_spec)
     if not locks:
         locks.append(claim_run_dir(run_dir, resume=resume))  # before the parts write into it
-    parts = build_parts(cfg, run_dir, policy_spec, critic_spec)
+    parts = build_parts(cfg, cfg.algo.resolve(), run_dir, policy_spec, critic_spec)  # the run's one resolve
     try:
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
-        return Run(cfg, run_dir, parts, evaluator, resume=resume, restart=restart, observer=observer)
+        return build_run(cfg, run_dir, parts, evaluator, resume=resume, restart=restart, observer=observer)
     except BaseException:
         try:
             parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind
@@ -159,6 +160,6 @@ def serve_rank(cfg: SaorlConfig) -> None:
     from saorl.runtime.shard_stages import serve_stages
 
     try:  # SFT and value pretraining's fits, if rank 0 runs them, then the learner
-        serve_stages(shard_group.current(), lambda: build_learner(cfg, None, None, None))
+        serve_stages(shard_group.current(), lambda: build_learner(cfg, cfg.algo.resolve(), None, None, None))
     finally:
         shard_group.leave()

@@ -179,8 +179,9 @@ def build_learner(cfg: SaorlConfig):
 
     policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
                          seed=cfg.seed)
-    critic = build_critic(cfg, policy, cfg.algo.resolve(), cfg.model.critic)
-    return runtime_learner(cfg, policy, critic, run_tokenizer(cfg.model).pad_token_id)
+    preset = cfg.algo.resolve()
+    critic = build_critic(cfg, policy, preset, cfg.model.critic)
+    return runtime_learner(cfg, preset, policy, critic, run_tokenizer(cfg.model).pad_token_id)
 
 
 def group_ids(n: int, group_size: int) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     Field,
@@ -22,6 +22,9 @@ from saorl.config.sections import (
     RunConfig,
     Section,
 )
+
+if TYPE_CHECKING:
+    from saorl.algo.presets import AlgoPreset
 
 
 class _AlgoSection(Section):
@@ -322,6 +325,9 @@ class SaorlConfig(Section):
             raise FieldError("model.lora.rank", "LoRA needs the peft package: pip install 'saorl[lora]' "
                              "(or pip install 'peft==0.21.*'); or set model.lora.rank=null")
 
-    def resolved_mode(self) -> Literal["async", "sync"]:
-        """``runtime.mode``, with ``auto`` replaced by the algorithm preset's mode."""
-        return self.algo.resolve().mode if self.runtime.mode == "auto" else self.runtime.mode
+    def resolved_mode(self, preset: AlgoPreset | None = None) -> Literal["async", "sync"]:
+        """``runtime.mode``, with ``auto`` replaced by the algorithm preset's mode (``preset``: the
+        one already resolved from this config; None resolves it)."""
+        if self.runtime.mode != "auto":
+            return self.runtime.mode
+        return (preset or self.algo.resolve()).mode

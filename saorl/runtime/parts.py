@@ -128,10 +128,12 @@ def lora_policy(cfg: SaorlConfig, policy, spec: str):
                        base={"policy": spec, "seed": cfg.seed}, seed=cfg.seed)
 
 
-def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int | None) -> Learner:
-    """The learner of ``cfg``'s algorithm, trainer settings and sampler (for exact DIS ratios):
-    in this process, or sharded over the ranks of a torchrun launch (``trainer.shard: fsdp2``;
-    there the ranks other than 0 pass ``policy=None`` and ``pad_id=None`` and receive rank 0's)."""
+def build_learner(cfg: SaorlConfig, preset: AlgoPreset, policy, critic: Critic | None,
+                  pad_id: int | None) -> Learner:
+    """The learner of the algorithm ``preset`` (resolved from ``cfg``), ``cfg``'s trainer settings
+    and sampler (for exact DIS ratios): in this process, or sharded over the ranks of a torchrun
+    launch (``trainer.shard: fsdp2``; there the ranks other than 0 pass ``policy=None`` and
+    ``pad_id=None`` and receive rank 0's)."""
     t, r = cfg.trainer, cfg.rollout
     optim = OptimConfig(t.policy_lr, t.critic_lr, t.weight_decay, t.grad_clip, t.warmup_steps)
     sampler = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
@@ -142,7 +144,7 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int |
         group = shard_group.current()
         if group.rank == 0:  # the other ranks wait in shard_stages.serve_stages: the stages are over
             group.command("learner")
-        return ShardedLearner(policy, critic, cfg.algo.resolve(), optim, group=group,
+        return ShardedLearner(policy, critic, preset, optim, group=group,
                               pad_id=pad_id, bucket_mb=t.publish_bucket_mb,
                               checkpoint_format=t.shard_checkpoint,
                               activation_checkpointing=t.activation_checkpointing,
@@ -150,17 +152,18 @@ def build_learner(cfg: SaorlConfig, policy, critic: Critic | None, pad_id: int |
                               **sampler)
     if t.activation_checkpointing:
         checkpoint_activations(policy, critic.trunk if critic is not None else None)
-    return Learner(policy, critic, cfg.algo.resolve(), optim, pad_id=pad_id, device=cfg.model.device,
+    return Learner(policy, critic, preset, optim, pad_id=pad_id, device=cfg.model.device,
                    max_tokens_per_microbatch=t.max_tokens_per_microbatch, packing=t.packing, **sampler)
 
 
-def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer) -> WorkerSpec:
+def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer, *,
+                preset: AlgoPreset | None = None) -> WorkerSpec:
     """What a rollout worker (a process or a Ray actor) builds its engine from: the policy's local
     directory (a Hub id is resolved here, once) and the run's tokenizer spec, so it loads exactly
-    what the trainer did."""
+    what the trainer did. ``preset``: the run's, resolved once (None: resolved from ``cfg``)."""
     r = cfg.rollout
     local = policy_source(policy_spec)
-    replay = cfg.algo.resolve().routing_replay
+    replay = (preset or cfg.algo.resolve()).routing_replay
     layers, experts = moe_layout(local) if replay and r.engine.kind != "local" else (0, 0)
     layout = RouteLayout(layers, experts) if layers else None  # a dense policy: the learner refuses it
     engine = r.engine
@@ -176,7 +179,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
 
 
 def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer,
-              weights: WeightPublisher) -> tuple[Backend, WeightPublisher]:
+              weights: WeightPublisher, preset: AlgoPreset | None = None) -> tuple[Backend, WeightPublisher]:
     """The Ray backend and the publisher of the weights its workers follow: ``weights`` (files in
     the run directory), or with ``ray.weights: object_store`` Ray's object store; on the cluster of
     ``cfg.ray`` (joined or started here; stopped by the backend's shutdown)."""
@@ -190,7 +193,7 @@ def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunT
 
             weights, remote = ray_weights()
         device = "cuda" if cfg.ray.worker_gpus else "cpu"  # Ray hands a worker its own GPUs
-        spec = replace(worker_spec(cfg, run_dir, policy_spec, tokenizer), device=device)
+        spec = replace(worker_spec(cfg, run_dir, policy_spec, tokenizer, preset=preset), device=device)
         backend = RayBackend(spec, cfg.ray, cfg.rollout.num_workers, cfg.rollout.concurrent_episodes,
                              cluster, remote)
         return backend, weights
@@ -200,11 +203,11 @@ def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunT
 
 
 def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer, env_factory,
-                  weights: WeightSource) -> Backend:
+                  weights: WeightSource, preset: AlgoPreset | None = None) -> Backend:
     """``runtime.backend``: worker processes (``local``) or episodes in this process (``inprocess``);
     ``ray`` is :func:`build_ray`."""
     r = cfg.rollout
-    spec = worker_spec(cfg, run_dir, policy_spec, tokenizer)
+    spec = worker_spec(cfg, run_dir, policy_spec, tokenizer, preset=preset)
     if cfg.runtime.backend == "inprocess":
         from saorl.runtime.inprocess import InProcessBackend
 
@@ -216,7 +219,8 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
     return LocalBackend(spec, r.num_workers, r.concurrent_episodes)
 
 
-def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> WeightPublisher:
+def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer,
+                      preset: AlgoPreset | None = None) -> WeightPublisher:
     """Files in ``RUN/weights`` for the local engine and ``saorl serve``; for vLLM / SGLang also
     each version put on the servers in place and verified there (:mod:`saorl.runtime.publisher`)."""
     files = FilePublisher(RunPaths(run_dir).weights)
@@ -226,21 +230,21 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer) -> Wei
     from saorl.engines.transport import HttpTransport
     from saorl.runtime.publisher import ServerPublisher
 
-    check = server_check(cfg, tokenizer)
+    check = server_check(cfg, tokenizer, preset)
     transport = HttpTransport(e.urls, timeout_s=e.weight_update_timeout_s)
     admins = [server_kind(e.kind).admin(u, transport, e) for u in e.urls]
     return ServerPublisher(files, admins, transport, policy, timeout_s=e.weight_update_timeout_s,
                            check=check)
 
 
-def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
+def server_check(cfg: SaorlConfig, tokenizer, preset: AlgoPreset | None = None) -> ServerCheck:
     """The check that each server samples from the published weights, under ``cfg``'s sampling
     (and, with routing replay, scored with the experts the server routed each token to)."""
     from saorl.runtime.publisher import DEFAULT_TOLERANCE, ServerCheck, check_sampling
 
     e = cfg.rollout.engine
     kind = server_kind(e.kind)
-    replay = cfg.algo.resolve().routing_replay
+    replay = (preset or cfg.algo.resolve()).routing_replay
     layout = RouteLayout(*moe_layout(policy_source(cfg.model.policy))) if replay else None
     options = ClientOptions(return_routes=replay, route_layout=layout)
     prompt = list(tokenizer.encode("The weight check compares the server with the trainer:"))
@@ -250,10 +254,11 @@ def server_check(cfg: SaorlConfig, tokenizer) -> ServerCheck:
                        every=e.verify_every, replay=replay)
 
 
-def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: str | None) -> RunParts:
+def build_parts(cfg: SaorlConfig, preset: AlgoPreset, run_dir: Path, policy_spec: str,
+                critic_spec: str | None) -> RunParts:
     """Everything a :class:`~saorl.runtime.run.Run` needs, starting from ``policy_spec`` (the SFT
-    warm start or ``model.policy``) and ``critic_spec`` (a pretrained critic, or None)."""
-    preset = cfg.algo.resolve()
+    warm start or ``model.policy``) and ``critic_spec`` (a pretrained critic, or None), for the
+    algorithm ``preset`` (resolved from ``cfg`` once, by the caller)."""
     tokenizer = run_tokenizer(cfg.model)
     # sharded: the full models stay on the CPU; each rank's shards go to its device
     device = "cpu" if cfg.trainer.shard == "fsdp2" else cfg.model.device
@@ -263,16 +268,16 @@ def build_parts(cfg: SaorlConfig, run_dir: Path, policy_spec: str, critic_spec: 
     policy = lora_policy(cfg, policy, policy_spec)
     env_factory = env_factory_for(cfg.env)
     train_tasks, test_tasks = build_tasks(cfg, env_factory, tokenizer)
-    weights = build_weight_sync(cfg, run_dir, policy, tokenizer)
+    weights = build_weight_sync(cfg, run_dir, policy, tokenizer, preset)
     try:
         if cfg.runtime.backend == "ray":
-            backend, weights = build_ray(cfg, run_dir, policy_spec, tokenizer, weights)
+            backend, weights = build_ray(cfg, run_dir, policy_spec, tokenizer, weights, preset)
         else:
             backend = build_backend(cfg, run_dir, policy_spec, tokenizer, env_factory,
-                                    FileSource(RunPaths(run_dir).weights))
+                                    FileSource(RunPaths(run_dir).weights), preset)
     except BaseException:
         weights.close()
         env_factory.close()
         raise
-    return RunParts(preset, cfg.resolved_mode(), tokenizer, policy, critic, env_factory, train_tasks,
+    return RunParts(preset, cfg.resolved_mode(preset), tokenizer, policy, critic, env_factory, train_tasks,
                     test_tasks, backend, weights)

@@ -152,9 +152,9 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
     spec = base_policy or cfg.model.policy
     policy = load_policy(spec, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
-    critic = build_critic(cfg, policy, cfg.algo.resolve(), None)
+    critic = build_critic(cfg, policy, preset, None)
     policy = lora_policy(cfg, policy, spec)
-    learner = build_learner(cfg, policy, critic, tokenizer.pad_token_id)
+    learner = build_learner(cfg, preset, policy, critic, tokenizer.pad_token_id)
     try:
         load_checkpoint(ckpt, learner, manifest)
     except RuntimeError as e:  # another architecture's state dict

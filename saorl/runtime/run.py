@@ -8,9 +8,12 @@ The loop (:meth:`Run.loop`) is the whole algorithm at the systems level::
         weights.publish(policy, version)   # workers pick it up between decode steps
         record, evaluate, checkpoint
 
-The parts come built (:mod:`saorl.runtime.parts`); the stages before RL (warm start, value
-pretraining) have run (:func:`saorl.training.train`). Everything the run writes besides
-checkpoints, journal and weights goes through its :class:`~saorl.runtime.recorder.RunRecorder`.
+The parts come built (:mod:`saorl.runtime.parts`, assembled into a run by
+:func:`saorl.runtime.assemble.build_run`, which also restores a resumed run's checkpoint); the
+stages before RL (warm start, value pretraining) have run (:func:`saorl.training.train`). The
+loop reads only its :class:`~saorl.runtime.settings.RunSettings`, never the config. Everything
+the run writes besides checkpoints, journal and weights goes through its
+:class:`~saorl.runtime.recorder.RunRecorder`.
 """
 
 from __future__ import annotations
@@ -24,26 +27,21 @@ from typing import Protocol
 
 import torch
 
-from saorl.config import SaorlConfig, config_to_dict, save_resolved
 from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.envs.base import Progress
 from saorl.errors import RunFailure
-from saorl.runtime.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    oldest_journal_segment,
-    resume_checkpoint,
-    save_checkpoint,
-)
+from saorl.run_paths import RunPaths
+from saorl.runtime.checkpoint import latest_checkpoint, oldest_journal_segment, save_checkpoint
 from saorl.runtime.inprocess import Stopped
-from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
+from saorl.runtime.journal import Journal, RolloutCursor
+from saorl.runtime.learner import Learner
 from saorl.runtime.observe import Observer
-from saorl.runtime.parts import RunParts, build_learner
+from saorl.runtime.parts import RunParts
 from saorl.runtime.recorder import RunRecorder, StepClock
-from saorl.runtime.rundir import remove_temporaries
+from saorl.runtime.resume import Start
 from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
+from saorl.runtime.settings import RunSettings
 from saorl.runtime.stopping import StopControl
-from saorl.runtime.trackers import Trackers
 
 # Required metrics that an algorithm may not produce (GRPO has no critic, PPO no DIS mask).
 NOT_APPLICABLE = ("policy/dis_kept_frac", "critic/value_loss", "critic/explained_var")
@@ -65,93 +63,34 @@ class Evaluator(Protocol):
 
 
 class Run:
-    def __init__(self, cfg: SaorlConfig, run_dir: Path, parts: RunParts, evaluate: Evaluator, *,
-                 resume: bool = False, restart: bool = False, observer: Observer | None = None) -> None:
-        self.cfg, self.dir, self.parts, self.evaluate = cfg, run_dir, parts, evaluate
-        self.restart = restart  # with resume: from step 0 even if training on record is lost
+    """The loop over built parts (:func:`saorl.runtime.assemble.build_run` builds them): the
+    ``learner``, the run directory's ``journal`` and ``recorder``, the backend and weights of
+    ``parts``, and the loop's ``settings``; ``start`` is where a resume left off (step 0 when None)."""
+
+    def __init__(self, settings: RunSettings, paths: RunPaths, parts: RunParts, learner: Learner,
+                 journal: Journal, recorder: RunRecorder, evaluate: Evaluator, start: Start | None = None, *,
+                 observer: Observer | None = None) -> None:
+        self.settings, self.paths, self.parts, self.evaluate = settings, paths, parts, evaluate
+        self.learner, self.journal, self.recorder = learner, journal, recorder
         self.observer = observer or Observer()
-        self.learner = build_learner(cfg, parts.policy, parts.critic, parts.tokenizer.pad_token_id)
-        self.journal = Journal(run_dir / "journal")
-        self.recorder = RunRecorder(run_dir, parts.tokenizer, progress=cfg.run.progress,
-                                    total_steps=cfg.trainer.steps)
-        self.step = 0
+        start = start or Start()
+        self.step = start.step
         self._skipped_in_a_row = 0
-        finished, pending = RangeSet(), []
-        try:
-            removed = remove_temporaries(run_dir)  # train() holds the run directory's lock
-            if removed:
-                self.recorder.message(f"removed what a crash left half-written: {', '.join(removed)}")
-            if resume:
-                finished, pending = self._restore()
-            save_resolved(cfg, run_dir)  # on resume: the config now in force, overrides included
-            self.learner.publish(parts.weights)
-        except BaseException:
-            parts.weights.close()
-            self.journal.close()
-            self.recorder.close()
-            raise
-        self.clock = StepClock(cfg.trainer.max_wall_s)
-        self.feed = RolloutFeed(parts.backend, parts.train_tasks, RolloutCursor(finished), self.journal,
+        self.clock = StepClock(settings.max_wall_s)
+        self.feed = RolloutFeed(parts.backend, parts.train_tasks, RolloutCursor(start.finished), journal,
                                 AsyncDispatch() if parts.mode == "async" else SyncDispatch(),
-                                group_size=parts.preset.group_size, batch_size=cfg.trainer.batch_size,
+                                group_size=parts.preset.group_size, batch_size=settings.batch_size,
                                 version=lambda: self.learner.version, progress=self._progress,
-                                max_staleness=cfg.trainer.max_staleness, log=self.recorder.message,
-                                log_error=self.recorder.error, observer=self.observer)
-        self.feed.restore_pending(pending)
+                                max_staleness=settings.max_staleness, log=recorder.message,
+                                log_error=recorder.error, observer=self.observer)
+        self.feed.restore_pending(start.pending)
         self._checkpointed_step = -1  # the step this process last wrote a checkpoint of
-        self.stop = StopControl(cfg.trainer.stop_timeout_s, self.recorder.message, self._kept)
+        self.stop = StopControl(settings.stop_timeout_s, recorder.message, self._kept)
         """The handler of Ctrl-C and SIGTERM (:mod:`saorl.runtime.stopping`)."""
-        try:  # last: a start that fails before this has no tracker files for its clean-up to remove
-            self.recorder.trackers = Trackers(cfg.run.report_to, run_dir, project=cfg.run.tracker_project,
-                                              options=cfg.run.tracker_options, config=config_to_dict(cfg))
-        except BaseException:
-            parts.weights.close()
-            self.journal.close()
-            self.recorder.close()
-            raise
 
     @property
     def _stop(self) -> bool:
         return self.stop.requested
-
-    # ----------------------------------------------------------------- resume
-    def _restore(self) -> tuple[RangeSet, list]:
-        """The checkpoint (verified; an older intact one if it is damaged), then the journal after
-        it. Marks the resume in trained.jsonl and metrics.jsonl: the steps logged after the
-        checkpoint are redone, so an audit must drop them (:func:`~saorl.runtime.recorder.effective_rows`)."""
-        found = resume_checkpoint(self.dir / "checkpoints", self.journal,
-                                  fallback=self.cfg.run.resume_fallback, log=self.recorder.message,
-                                  restart=self.restart)
-        finished, pending, seg, name = RangeSet(), [], 0, None
-        if found is not None:
-            ckpt, manifest = found
-            pending = load_checkpoint(ckpt, self.learner, manifest)
-            self.step, name = int(manifest["step"]), ckpt.name
-            finished = RangeSet.from_ranges(manifest["finished"])
-            seg = int(manifest["journal_segment"])
-        journalled = 0
-        for rid, traj in self.journal.read_from(seg):
-            if rid not in finished:
-                finished.add(rid)
-                pending.append((rid, traj))
-                journalled += 1
-        for torn in self.journal.torn:
-            self.recorder.message(f"resume: dropped the torn last line of {torn} (a write the crash cut "
-                                  "short); that rollout is sampled again")
-        restarted = found is None and self.restart  # asked for: training on record may be lost
-        if found is None:  # (else the journal redoes every step on record)
-            why = "--restart: " if restarted else ""
-            self.recorder.message(f"resume: {why}{self.dir / 'checkpoints'} holds no checkpoint; the run "
-                                  f"restarts from step 0 and first trains the {journalled} journalled "
-                                  "trajectories")
-        # one version number names one set of weights: past the checkpoint's version, the versions
-        # published before the crash named weights now discarded, so continue above them
-        published = self.parts.weights.published_version()
-        if published is not None and published > self.learner.version:
-            self.learner.version = published + 1
-        self.recorder.resumed({"from_step": self.step, "checkpoint": name, "pending": len(pending),
-                               "version": self.learner.version} | ({"restart": True} if restarted else {}))
-        return finished, pending
 
     # ------------------------------------------------------------------- loop
     def loop(self) -> dict:
@@ -159,17 +98,17 @@ class Run:
         self.feed.start()
         metrics: dict = {}
         try:
-            run = self.cfg.run  # step 0: what every later evaluation is compared with
-            if self.step == 0 and run.eval_tasks and run.eval_at_start:
+            s = self.settings
+            if self.step == 0 and s.eval_tasks and s.eval_at_start:  # step 0: what later evals compare with
                 start = self._evaluate()
                 if start:  # not when a stop dropped it
                     self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
                     self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
             self._wait_until_ready()
             self.clock.start()
-            while self.step < self.cfg.trainer.steps and not self._stop:
+            while self.step < s.steps and not self._stop:
                 if self.clock.expired():
-                    self.recorder.message(f"wall-clock budget of {self.cfg.trainer.max_wall_s:.0f}s reached")
+                    self.recorder.message(f"wall-clock budget of {s.max_wall_s:.0f}s reached")
                     break
                 got = self.feed.next_batch(self.learner.version, lambda: self._stop)
                 if got is None:
@@ -204,7 +143,7 @@ class Run:
         self._periodic(metrics, trajs)
         self.recorder.log_step(metrics)
         self.observer.step_done(self.step, metrics, trajs)
-        if self.step % self.cfg.run.checkpoint_every == 0:  # after the step's rows are written: a
+        if self.step % self.settings.checkpoint_every == 0:  # after the step's rows are written: a
             self.checkpoint()                               # checkpointed step is never missing one
         self._check_skips(result.skipped)  # after the step is recorded: its rollouts count as trained
         return metrics
@@ -212,9 +151,9 @@ class Run:
     def _check_skips(self, skipped: bool) -> None:
         """Stop after ``trainer.max_nonfinite_skips`` steps in a row that skipped an update."""
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
-        limit = self.cfg.trainer.max_nonfinite_skips
+        limit = self.settings.max_nonfinite_skips
         if self._skipped_in_a_row >= limit:
-            t = self.cfg.trainer
+            t = self.settings
             raise NonFiniteError(
                 f"training stopped at step {self.step}: the last {limit} steps in a row skipped their "
                 "update because a loss, a gradient or the updated weights were not finite (inf or NaN), "
@@ -251,18 +190,17 @@ class Run:
         """Busy decode slots over all slots of the decode steps run so far (all workers)."""
         stats = self.parts.backend.engine_stats()
         busy = sum(s.get("busy_slot_steps", 0) for s in stats.values())
-        total = sum(s.get("decode_steps", 0) for s in stats.values()) * self.cfg.rollout.local_engine.slots
+        total = sum(s.get("decode_steps", 0) for s in stats.values()) * self.settings.engine_slots
         return {"rollout/slot_util": busy / total} if total else {}
 
     def _periodic(self, metrics: dict, trajs: list[Trajectory]) -> None:
-        run = self.cfg.run
-        if self.step % run.eval_every == 0:
+        if self.step % self.settings.eval_every == 0:
             metrics |= self._evaluate()
-        if self.step % run.samples_every == 0:
+        if self.step % self.settings.samples_every == 0:
             self.recorder.samples(self.step, trajs)
 
     def _evaluate(self) -> dict:
-        if not self.cfg.run.eval_tasks:
+        if not self.settings.eval_tasks:
             return {}
         t0 = time.monotonic()
         step = self.step
@@ -280,11 +218,11 @@ class Run:
 
     def checkpoint(self) -> Path:
         finished, pending, seg = self.feed.checkpoint_state()
-        path = save_checkpoint(self.dir / "checkpoints", self.step, self.learner,
+        path = save_checkpoint(self.paths.checkpoints, self.step, self.learner,
                                {"finished": finished, "journal_segment": seg},
-                               pending, keep=self.cfg.run.keep_checkpoints)
+                               pending, keep=self.settings.keep_checkpoints)
         # keep the journal back to the oldest kept checkpoint, so a resume can fall back to it
-        oldest = oldest_journal_segment(self.dir / "checkpoints")
+        oldest = oldest_journal_segment(self.paths.checkpoints)
         self.journal.prune_before(seg if oldest is None else oldest)
         self._checkpointed_step = self.step
         return path
@@ -295,10 +233,10 @@ class Run:
 
     def _kept(self) -> str:
         """What a forced stop leaves behind, for its message."""
-        latest = latest_checkpoint(self.dir / "checkpoints")
+        latest = latest_checkpoint(self.paths.checkpoints)
         if latest is None:
             return "no checkpoint was written yet (a resume starts at step 0 with the journalled rollouts)"
-        return (f"the last checkpoint, {latest}, is intact: saorl train --resume {self.dir} continues "
+        return (f"the last checkpoint, {latest}, is intact: saorl train --resume {self.paths.root} continues "
                 "from it")
 
     def _finish(self) -> None:
@@ -328,7 +266,7 @@ class Run:
         from saorl.runtime.run_signals import summary_line, write_run_stability
 
         try:
-            self.recorder.message(summary_line(write_run_stability(self.dir)))
+            self.recorder.message(summary_line(write_run_stability(self.paths.root)))
         except Exception as e:  # a summary of files on disk: the run itself is done
             self.recorder.message(f"stability.json not written: {type(e).__name__}: {e}")
 

@@ -154,7 +154,7 @@ def test_a_failure_after_the_parts_are_built_removes_the_new_run_directory(tmp_p
     def broken_run(*args, **kwargs):
         raise Boom("the run could not be set up")
 
-    monkeypatch.setattr(saorl.training, "Run", broken_run)
+    monkeypatch.setattr(saorl.training, "build_run", broken_run)
     run_dir = tmp_path / "runs" / "mine"
     rc = main(["train", *FAST, "sft.enabled=false", "--run-dir", str(run_dir)])
     err = capsys.readouterr().err

@@ -207,7 +207,8 @@ def test_checkpoint_then_crash_trains_every_finished_rollout_exactly_once(tmp_pa
         first = [t.episode.rid for _ in range(3) for t in h.step()[0]]
         ranges, pending, seg = h.feed.checkpoint_state()
         after_ckpt = [t.episode.rid for _ in range(2) for t in h.step()[0]]  # lost in the crash
-    # resume as Run._restore does: the checkpoint's finished set and pending, plus the journal after it
+    # resume as saorl.runtime.resume.restore does: the checkpoint's finished set and pending, then
+    # the journal after it
     finished = RangeSet.from_ranges(ranges)
     journal = Journal(tmp_path / "journal")
     for rid, traj in journal.read_from(seg):

@@ -1,0 +1,69 @@
+"""Where a run starts: step 0, or a resumed run's checkpoint plus the journal after it.
+
+:func:`restore` loads the newest checkpoint (verified; an older intact one if it is damaged, per
+``run.resume_fallback``: :func:`~saorl.runtime.checkpoint.resume_checkpoint`) into the learner,
+then reads the journal segments after it. The result, a :class:`Start`, is what the run's feed
+begins from: the rollout ids finished so far (never dispatched again) and the trajectories
+finished but not trained yet (trained first, exactly once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from saorl.data.trajectory import Trajectory
+from saorl.run_paths import RunPaths
+from saorl.runtime.checkpoint import load_checkpoint, resume_checkpoint
+from saorl.runtime.journal import Journal, RangeSet
+from saorl.runtime.recorder import RunRecorder
+from saorl.runtime.weights import WeightPublisher
+
+
+@dataclass
+class Start:
+    """The step a run starts at, and its feed's state then."""
+
+    step: int = 0
+    finished: RangeSet = field(default_factory=RangeSet)
+    """Rollout ids finished (trained, or pending below)."""
+    pending: list[tuple[int, Trajectory]] = field(default_factory=list)
+    """``(rid, trajectory)`` finished but not trained yet, in journal order."""
+
+
+def restore(paths: RunPaths, learner, journal: Journal, recorder: RunRecorder, weights: WeightPublisher, *,
+            fallback: bool, restart: bool) -> Start:
+    """The checkpoint, then the journal after it. Marks the resume in trained.jsonl and
+    metrics.jsonl: the steps logged after the checkpoint are redone, so an audit must drop them
+    (:func:`~saorl.runtime.recorder.effective_rows`). ``restart``: from step 0 even if training
+    on record is lost."""
+    log = recorder.message
+    found = resume_checkpoint(paths.checkpoints, journal, fallback=fallback, log=log, restart=restart)
+    start, seg, name = Start(), 0, None
+    if found is not None:
+        ckpt, manifest = found
+        start.pending = load_checkpoint(ckpt, learner, manifest)
+        start.step, name = int(manifest["step"]), ckpt.name
+        start.finished = RangeSet.from_ranges(manifest["finished"])
+        seg = int(manifest["journal_segment"])
+    journalled = 0
+    for rid, traj in journal.read_from(seg):
+        if rid not in start.finished:
+            start.finished.add(rid)
+            start.pending.append((rid, traj))
+            journalled += 1
+    for torn in journal.torn:
+        log(f"resume: dropped the torn last line of {torn} (a write the crash cut short); that rollout "
+            "is sampled again")
+    restarted = found is None and restart  # asked for: training on record may be lost
+    if found is None:  # (else the journal redoes every step on record)
+        why = "--restart: " if restarted else ""
+        log(f"resume: {why}{paths.checkpoints} holds no checkpoint; the run restarts from step 0 and first "
+            f"trains the {journalled} journalled trajectories")
+    # one version number names one set of weights: past the checkpoint's version, the versions
+    # published before the crash named weights now discarded, so continue above them
+    published = weights.published_version()
+    if published is not None and published > learner.version:
+        learner.version = published + 1
+    recorder.resumed({"from_step": start.step, "checkpoint": name, "pending": len(start.pending),
+                      "version": learner.version} | ({"restart": True} if restarted else {}))
+    return start
