@@ -6,7 +6,7 @@
 For each model, three learners on the same base (seed 0): the full policy trainable, and a LoRA
 adapter of rank 8 and of rank 16 (alpha 16, the default targets: attention and MLP projections the
 policy has; :func:`saorl.models.lora.attach_lora`, as ``model.lora`` does). Each is a
-:class:`saorl.runtime.learner.Learner` of the ``sao`` preset, with a critic copied from the plain
+:class:`saorl.runtime.learner.single.Learner` of the ``sao`` preset, with a critic copied from the plain
 policy before the adapter is attached (as :func:`saorl.runtime.parts.build_learner`'s caller does),
 so the critic's cost — the same in every column — is part of each step. Measured:
 
@@ -16,7 +16,7 @@ so the critic's cost — the same in every column — is part of each step. Meas
 - ``Learner.step`` time: the median of ``--steps`` steps after one warm-up step, on fixed
   trajectories (``--batch`` of them, multi-turn, their rollout log-probs the base policy's own, so
   every ratio starts at 1), the three learners stepped in turn so a load spike hits them alike;
-- publication (``Learner.publish`` to a :class:`saorl.runtime.weights.FilePublisher`: the whole
+- publication (``Learner.publish`` to a :class:`saorl.runtime.weights.files.FilePublisher`: the whole
   state dict, or the adapter alone): median seconds of ``--publishes``, interleaved, and the bytes
   one version takes on disk.
 
@@ -49,8 +49,8 @@ from saorl.models.critic import Critic
 from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import attach_lora
 from saorl.models.tiny import build_tiny
-from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.weights import FilePublisher, FileSource
+from saorl.runtime.learner.single import Learner, OptimConfig
+from saorl.runtime.weights.files import FilePublisher, FileSource
 
 PAD = 1
 BIG = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=64,

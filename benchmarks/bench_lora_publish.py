@@ -1,7 +1,7 @@
 """Publishing a LoRA policy's adapter vs its full weights, on the tiny models (or a model directory).
 
 For each policy: the bytes one published version takes in ``RUN/weights`` and the median time to
-publish it (:class:`saorl.runtime.weights.FilePublisher`: written atomically, then
+publish it (:class:`saorl.runtime.weights.files.FilePublisher`: written atomically, then
 ``latest.json``) and to load it into a local engine (``LocalEngine.update_weights``: the full
 state dict copied in, or base + adapter merged), ``--repeats`` times each after one warm-up,
 full and adapter in turn (the disk's writeback of one slows the other's fsync otherwise).
@@ -28,7 +28,7 @@ from saorl.engines.local import LocalEngine
 from saorl.models.loading import load_policy
 from saorl.models.lora import adapter_config, adapter_state, attach_lora
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames
 
 
 def _size(path: Path) -> int:

@@ -36,7 +36,7 @@ from saorl.envs.synthetic import SyntheticLengthEnv
 from saorl.models.critic import Critic
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.learner.single import Learner, OptimConfig
 
 
 def workload(n: int, seed: int = 0, turn_tokens: int = 16) -> list[Trajectory]:

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _end_sharded_rank(status: int) -> None:
     """In a process that joined a sharded trainer's ranks: flush and exit now (module docstring)."""
-    group = sys.modules.get("saorl.runtime.shard_group")
+    group = sys.modules.get("saorl.runtime.learner.shard_group")
     if group is None or not group.joined():
         return
     logging.shutdown()

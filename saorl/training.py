@@ -33,9 +33,9 @@ import torch
 
 from saorl.config import SaorlConfig, absolute_paths
 from saorl.run_paths import RunPaths
-from saorl.runtime import shard_group
 from saorl.runtime.assemble import build_run
 from saorl.runtime.checkpoint import check_restart
+from saorl.runtime.learner import shard_group
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
@@ -157,7 +157,7 @@ def serve_rank(cfg: SaorlConfig) -> None:
     its step and checkpoint, which need this rank, then releases it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from saorl.runtime.shard_stages import serve_stages
+    from saorl.runtime.learner.shard_stages import serve_stages
 
     try:  # SFT and value pretraining's fits, if rank 0 runs them, then the learner
         serve_stages(shard_group.current(), lambda: build_learner(cfg, cfg.algo.resolve(), None, None, None))

@@ -144,3 +144,20 @@ def test_each_algorithm_setting_is_declared_once():
         assert f.metadata["doc"], f"AlgoPreset.{f.name} has no documentation"
         if f.name not in NOT_IN_CONFIG:
             assert f.metadata["doc"] in AlgoConfig.model_fields[f.name].description
+
+
+WINGS = ("backends", "weights", "learner")
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_the_runtime_wings_never_import_the_floor_above(wing):
+    """runtime/ is the loop (run, parts, schedule, journal, checkpoint, recorder, ...) above three
+    wings (backends, weights, learner): a wing imports other wings and lower packages, never a
+    module of the loop, function-level imports included."""
+    graph = _module_graph()
+    own = f"saorl.runtime.{wing}"
+    wings = tuple(f"saorl.runtime.{w}" for w in WINGS)
+    for module in sorted(m for m in graph if m == own or m.startswith(own + ".")):
+        up = sorted(m for m in graph[module]
+                    if m.startswith("saorl.runtime") and m != "saorl.runtime" and not m.startswith(wings))
+        assert not up, f"{module} imports {up} (the floor above its wing)"

@@ -15,7 +15,7 @@ rename inside the runtime cannot silently break them. The pieces do not nest exc
   **prefill share**: (prefill + fed rows' share of the decode forwards) / wall time.
 - :func:`decode_curve` — seconds per decode step (forward + sampling + bookkeeping) vs the
   number of sequences decoding, for the simulator.
-- :func:`learner_profile` — :meth:`~saorl.runtime.learner.Learner.step` on a batch of real
+- :func:`learner_profile` — :meth:`~saorl.runtime.learner.single.Learner.step` on a batch of real
   trajectories of the workload: collate, critic forwards with grad (K updates) and without
   (targets, values), critic / policy backward + optimizer step, policy forward, the rest
   (advantages, losses, metrics); then weight publication (state dict → safetensors file) and
@@ -36,7 +36,7 @@ import torch
 
 from saorl.config import SaorlConfig
 from saorl.data.trajectory import Trajectory
-from saorl.runtime.timings import Timings
+from saorl.runtime.learner.timings import Timings
 
 
 def profile_rows(t: Timings, total_s: float, order: list[str], steps: int = 1) -> list[dict]:
@@ -171,7 +171,7 @@ def decode_curve(cfg: SaorlConfig, batches: tuple[int, ...], steps: int = 24) ->
 
 # -------------------------------------------------------------------------- learner
 def build_learner(cfg: SaorlConfig):
-    """A :class:`~saorl.runtime.learner.Learner` as a run builds it, on ``model.policy`` as is."""
+    """A :class:`~saorl.runtime.learner.single.Learner` as a run builds it, on ``model.policy`` as is."""
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy, train_dtype
     from saorl.runtime.parts import build_critic
@@ -209,7 +209,7 @@ def time_steps(learner, batches: list[list[Trajectory]], group_size: int,
 def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3) -> dict:
     """One trainer step of ``cfg``'s algorithm on ``trainer.batch_size`` of ``trajs`` (see module doc)."""
     from saorl.runtime.journal import Journal
-    from saorl.runtime.weights import FilePublisher, FileSource
+    from saorl.runtime.weights.files import FilePublisher, FileSource
 
     bs, g = cfg.trainer.batch_size, cfg.algo.resolve().group_size
     if len(trajs) < bs:

@@ -3,7 +3,7 @@ training on them.
 
 For each server of ``rollout.engine.urls`` (or ``--url``): what the server says of itself (vLLM:
 version, device, dtype, log-prob mode, saorl's plugin), whether a run would refuse it at start-up,
-then the check every run makes after its publications (:class:`saorl.runtime.publisher.ServerCheck`):
+then the check every run makes after its publications (:class:`saorl.runtime.weights.servers.ServerCheck`):
 one request under the run's temperature / top-k / top-p, its log-probs compared with the policy's
 own for the same tokens, by the largest per-token gap. The server must be running the policy
 (``model.policy`` or ``--policy``). With ``--reload`` it also publishes a perturbed copy of the
@@ -177,7 +177,7 @@ def _reload(cfg, weights_dir: str | None, policy, check, urls: list[str]) -> boo
 
 def _report(what: str, check, policy, urls: list[str]) -> bool:
     """One line per server; True when a check failed."""
-    from saorl.runtime.publisher import WeightPublishError
+    from saorl.runtime.weights.servers import WeightPublishError
 
     failed = False
     for url in urls:

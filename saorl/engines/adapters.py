@@ -6,7 +6,7 @@ e.g. ``saorl-1a2b3c4d-v00000003-adapter``, so two runs sharing a server never ta
 adapters, and a worker derives the name from the announced directory alone; the version is in the
 name (:func:`adapter_version`).
 
-The publisher (:class:`saorl.runtime.publisher.ServerPublisher`) keeps the newest
+The publisher (:class:`saorl.runtime.weights.servers.ServerPublisher`) keeps the newest
 :data:`KEEP_LOADED` adapters loaded and unloads older ones, so a server's adapter memory stays
 bounded (SGLang's ``--max-loaded-loras`` must hold that many, and vLLM's CPU cache of
 ``--max-cpu-loras`` evicts beyond it).

@@ -4,9 +4,9 @@ trainer's publisher administers a server (pause, load, label, resume), and the n
 goes by in messages.
 
 ``local`` is not a row: it is saorl's own engine, built in the worker from the policy
-(:func:`saorl.runtime.worker.build_engine`). A kind with an ``admin`` is a server the user started
+(:func:`saorl.runtime.backends.worker.build_engine`). A kind with an ``admin`` is a server the user started
 that the trainer updates in place and checks after its publications
-(:class:`saorl.runtime.publisher.ServerPublisher`); one without (``http``, ``saorl serve``) loads
+(:class:`saorl.runtime.weights.servers.ServerPublisher`); one without (``http``, ``saorl serve``) loads
 the published files itself when a worker tells it the path. Adding a kind is one row here plus its
 client (and admin) module, and its config section with its own knobs
 (:data:`saorl.config.engines.ENGINE_CONFIGS`; the config does not import the engines). Each row

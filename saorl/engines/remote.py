@@ -2,7 +2,7 @@
 servers run, and the administration steps a weight publisher drives.
 
 A :class:`RemoteEngine` never pushes weights: the trainer's publisher
-(:class:`saorl.runtime.publisher.ServerPublisher`) puts each version on every server (pause →
+(:class:`saorl.runtime.weights.servers.ServerPublisher`) puts each version on every server (pause →
 load from disk → label → resume) *before* it announces the version to the rollout workers, so
 ``update_weights(path, version)`` on a worker only records that the servers now run ``version``
 (the fallback tag for tokens of a server that reports no version). A LoRA run announces adapter

@@ -10,7 +10,7 @@ sampled token's log-prob), ``return_token_ids: true``, ``return_tokens_as_token_
 Read: ``choices[0].token_ids`` (else the ids in ``logprobs.tokens``, ``"token_id:<id>"``),
 ``logprobs.token_logprobs``, ``finish_reason``, ``stop_reason``. The log-probs are those of the
 distribution sampled from only when the server runs with ``--logprobs-mode processed_logprobs``;
-the check of the published versions verifies it (:mod:`saorl.runtime.publisher`).
+the check of the published versions verifies it (:mod:`saorl.runtime.weights.servers`).
 
 Per-token versions. vLLM 0.32's completion response carries no weight version, so the client asks
 the server's label (``GET /weight_info``, set by the publisher through

@@ -18,7 +18,7 @@ that ran past its deadline with it. What a call costs on top of running in-proce
 
 Children are started from one long-lived thread of the pool: the kernel's parent-death signal,
 which ends a child stuck where nothing else can reach it once its parent is gone, follows the
-thread that started it (see :mod:`saorl.runtime.lifeline`).
+thread that started it (see :mod:`saorl.runtime.backends.lifeline`).
 """
 
 from __future__ import annotations

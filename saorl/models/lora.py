@@ -4,7 +4,7 @@
 and each targeted ``nn.Linear`` gets ``A`` (``r × in``, peft's Kaiming init) and ``B`` (``out × r``,
 zeros), so the wrapped policy starts as exactly the base. Only ``A`` and ``B`` have
 ``requires_grad``: the learner's optimizer, its gradient clipping and the non-finite guard
-(:mod:`saorl.runtime.nonfinite`) hold the adapter and nothing else.
+(:mod:`saorl.runtime.learner.nonfinite`) hold the adapter and nothing else.
 
 What is published to the engines and checkpointed is :func:`adapter_state` (peft's tensor names,
 :mod:`saorl.models.adapter`); the base weights are never rewritten. ``final/policy`` is

@@ -29,12 +29,12 @@ the restart from step 0 explicitly (``saorl train --resume RUN --restart``: ``re
 
 The learner writes its own state (``learner.save_state(directory)``, read back by
 ``learner.load_state``); its counters (policy version, steps, non-finite skips, running-mean
-baseline: :class:`~saorl.runtime.step_record.LearnerCounters`) go into the manifest. The
+baseline: :class:`~saorl.runtime.learner.step_record.LearnerCounters`) go into the manifest. The
 single-process layout (:func:`save_learner_files`): ``policy.safetensors``,
 ``critic.safetensors`` (state dicts in the models' own names) and ``optim.safetensors`` (both
 optimizers' tensors, flattened by parameter index). The sharded learner writes either the same
 layout (gathered to rank 0) or its ranks' shards
-(:mod:`saorl.runtime.sharded`).
+(:mod:`saorl.runtime.learner.sharded`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 An :class:`Observer` is handed to :func:`saorl.training.train`; the run calls it as rollouts
 are dispatched and arrive and as steps finish. Every method is a no-op here: subclass and
-override what you need. :class:`~saorl.runtime.timings.Timings` accumulates seconds per labelled
+override what you need. :class:`~saorl.runtime.learner.timings.Timings` accumulates seconds per labelled
 span; the learner keeps one (``Learner.timings``) so a profile reads where a step's time went
 without patching it.
 """

@@ -28,13 +28,13 @@ from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
 from saorl.run_paths import RunPaths
-from saorl.runtime.backend import Backend, LocalBackend
-from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.weights import FilePublisher, FileSource, WeightPublisher, WeightSource
-from saorl.runtime.worker import WorkerSpec, build_engine
+from saorl.runtime.backends.local import Backend, LocalBackend
+from saorl.runtime.backends.worker import WorkerSpec, build_engine
+from saorl.runtime.learner.single import Learner, OptimConfig
+from saorl.runtime.weights.files import FilePublisher, FileSource, WeightPublisher, WeightSource
 
 if TYPE_CHECKING:
-    from saorl.runtime.publisher import ServerCheck
+    from saorl.runtime.weights.servers import ServerCheck
 
 
 @dataclass
@@ -138,8 +138,8 @@ def build_learner(cfg: SaorlConfig, preset: AlgoPreset, policy, critic: Critic |
     optim = OptimConfig(t.policy_lr, t.critic_lr, t.weight_decay, t.grad_clip, t.warmup_steps)
     sampler = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
     if t.shard == "fsdp2":
-        from saorl.runtime import shard_group
-        from saorl.runtime.sharded import ShardedLearner
+        from saorl.runtime.learner import shard_group
+        from saorl.runtime.learner.sharded import ShardedLearner
 
         group = shard_group.current()
         if group.rank == 0:  # the other ranks wait in shard_stages.serve_stages: the stages are over
@@ -183,13 +183,13 @@ def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunT
     """The Ray backend and the publisher of the weights its workers follow: ``weights`` (files in
     the run directory), or with ``ray.weights: object_store`` Ray's object store; on the cluster of
     ``cfg.ray`` (joined or started here; stopped by the backend's shutdown)."""
-    from saorl.runtime.ray_backend import RayBackend, RayCluster
+    from saorl.runtime.backends.ray_actors import RayBackend, RayCluster
 
     cluster = RayCluster(cfg.ray)
     try:
         remote: WeightSource | None = None  # None: the workers read the files
         if cfg.ray.weights == "object_store":
-            from saorl.runtime.ray_weights import ray_weights
+            from saorl.runtime.weights.ray_store import ray_weights
 
             weights, remote = ray_weights()
         device = "cuda" if cfg.ray.worker_gpus else "cpu"  # Ray hands a worker its own GPUs
@@ -209,7 +209,7 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
     r = cfg.rollout
     spec = worker_spec(cfg, run_dir, policy_spec, tokenizer, preset=preset)
     if cfg.runtime.backend == "inprocess":
-        from saorl.runtime.inprocess import InProcessBackend
+        from saorl.runtime.backends.inprocess import InProcessBackend
 
         engine = build_engine(spec, tokenizer)
         return InProcessBackend(engine, env_factory, tokenizer, sampling=sampling_params(cfg),
@@ -222,13 +222,13 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
 def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer,
                       preset: AlgoPreset | None = None) -> WeightPublisher:
     """Files in ``RUN/weights`` for the local engine and ``saorl serve``; for vLLM / SGLang also
-    each version put on the servers in place and verified there (:mod:`saorl.runtime.publisher`)."""
+    each version put on the servers in place and verified there (:mod:`saorl.runtime.weights.servers`)."""
     files = FilePublisher(RunPaths(run_dir).weights)
     e = cfg.rollout.engine
     if not updated_in_place(e.kind):
         return files
     from saorl.engines.transport import HttpTransport
-    from saorl.runtime.publisher import ServerPublisher
+    from saorl.runtime.weights.servers import ServerPublisher
 
     check = server_check(cfg, tokenizer, preset)
     transport = HttpTransport(e.urls, timeout_s=e.weight_update_timeout_s)
@@ -240,7 +240,7 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer,
 def server_check(cfg: SaorlConfig, tokenizer, preset: AlgoPreset | None = None) -> ServerCheck:
     """The check that each server samples from the published weights, under ``cfg``'s sampling
     (and, with routing replay, scored with the experts the server routed each token to)."""
-    from saorl.runtime.publisher import DEFAULT_TOLERANCE, ServerCheck, check_sampling
+    from saorl.runtime.weights.servers import DEFAULT_TOLERANCE, ServerCheck, check_sampling
 
     e = cfg.rollout.engine
     kind = server_kind(e.kind)

@@ -41,7 +41,7 @@ from saorl.models.loading import load_policy, train_dtype
 from saorl.run_paths import RunPaths
 from saorl.runtime.checkpoint import checkpoint_dirs, load_checkpoint, verify
 from saorl.runtime.journal import Journal, decode_entry
-from saorl.runtime.learner_files import SHARDS
+from saorl.runtime.learner.state_files import SHARDS
 from saorl.runtime.parts import build_critic, build_learner, lora_policy, trainer_threads
 from saorl.runtime.recorder import effective_rows
 

@@ -31,10 +31,10 @@ from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.envs.base import Progress
 from saorl.errors import RunFailure
 from saorl.run_paths import RunPaths
+from saorl.runtime.backends.inprocess import Stopped
 from saorl.runtime.checkpoint import latest_checkpoint, oldest_journal_segment, save_checkpoint
-from saorl.runtime.inprocess import Stopped
 from saorl.runtime.journal import Journal, RolloutCursor
-from saorl.runtime.learner import Learner
+from saorl.runtime.learner.single import Learner
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import RunParts
 from saorl.runtime.recorder import RunRecorder, StepClock
@@ -57,7 +57,7 @@ class Evaluator(Protocol):
                  should_stop: Callable[[], bool] | None = None,
                  on_error: Callable[[str], None] | None = None) -> dict[str, float]:
         """``eval/*`` metrics of ``policy`` on the run's test split; ``on_done(done, total)`` as
-        episodes finish; raises :class:`~saorl.runtime.inprocess.Stopped` once ``should_stop()``
+        episodes finish; raises :class:`~saorl.runtime.backends.inprocess.Stopped` once ``should_stop()``
         is true; ``on_error`` gets the report of episodes that failed (their user code timed out)."""
         ...
 

@@ -9,7 +9,7 @@ that noticed: nothing more is written, and what was written is consistent — ev
 fsynced before it is trained on, and a checkpoint becomes visible only by a rename once it is
 complete (:func:`~saorl.runtime.checkpoint.save_checkpoint`), so the last one written before is
 the one a resume finds. The rollout workers, and the processes running user code, die with the
-trainer (:mod:`saorl.runtime.lifeline`, :mod:`saorl.envs.hosted`).
+trainer (:mod:`saorl.runtime.backends.lifeline`, :mod:`saorl.envs.hosted`).
 
 Why not unwind with an exception (KeyboardInterrupt), as the second Ctrl-C once did: it may land
 in the middle of a learner step, whose models are then half-updated while the feed already counts

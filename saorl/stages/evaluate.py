@@ -28,7 +28,7 @@ from saorl.engines.base import SamplingParams
 from saorl.envs.base import Progress
 from saorl.envs.registry import env_factory_for
 from saorl.models.codec import as_run_tokenizer
-from saorl.runtime.messages import RolloutRequest
+from saorl.runtime.backends.messages import RolloutRequest
 
 
 def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_tokens: int,
@@ -39,9 +39,9 @@ def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_token
              on_error: Callable[[str], None] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
     """Run one episode per task; return ``eval/*`` metrics and the trajectories of the episodes
     that finished, in task order. ``should_stop()`` true abandons the evaluation
-    (:class:`~saorl.runtime.inprocess.Stopped`); ``on_error`` gets the report of failed episodes."""
+    (:class:`~saorl.runtime.backends.inprocess.Stopped`); ``on_error`` gets the report of failed episodes."""
     from saorl.engines.local import LocalEngine
-    from saorl.runtime.inprocess import InProcessBackend, run_requests
+    from saorl.runtime.backends.inprocess import InProcessBackend, run_requests
 
     device = next(policy.parameters()).device
     engine = LocalEngine(policy, tokenizer, max_batch_size=slots, version=0, device=device)

@@ -34,7 +34,7 @@ server answers and none is one the run could not train on
 (:func:`saorl.engines.vllm_client.incompatibility`); :func:`check_ray`, next, that with
 ``runtime.backend: ray`` the cluster at ``ray.address`` answers within seconds and that the cluster
 (or, for the private one, this machine) has the CPUs and GPUs the rollout workers and the trainer
-ask for (:mod:`saorl.runtime.ray_check`).
+ask for (:mod:`saorl.runtime.backends.ray_check`).
 """
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
 
 def check_ray(cfg: SaorlConfig) -> None:
     """With ``runtime.backend: ray``: the cluster answers and can place the run's workers
-    (:func:`saorl.runtime.ray_check.check_cluster`)."""
+    (:func:`saorl.runtime.backends.ray_check.check_cluster`)."""
     if cfg.runtime.backend != "ray":
         return
-    from saorl.runtime.ray_check import check_cluster
+    from saorl.runtime.backends.ray_check import check_cluster
 
     check_cluster(cfg.ray, cfg.rollout.num_workers)
 

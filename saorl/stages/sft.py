@@ -38,9 +38,9 @@ from saorl.models.loading import load_policy, train_dtype
 from saorl.models.logprobs import token_logprobs
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import export_policy
-from saorl.runtime.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.learner.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.learner.shard_stages import sharded_here
 from saorl.runtime.recorder import CountProgress
-from saorl.runtime.shard_stages import sharded_here
 
 WARMUP_STEPS = 20
 """Linear learning-rate warm-up of SFT, then cosine decay to 0."""
@@ -80,7 +80,7 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
     """Train ``policy`` in place on ``demos`` for ``steps`` AdamW steps; return the last step's metrics.
 
     Minibatches of ``batch_size`` demonstrations, reshuffled (seeded) every epoch. Each step is the
-    trainer's optimizer routine (:func:`saorl.runtime.optimize.update`): token-budget micro-batches
+    trainer's optimizer routine (:func:`saorl.runtime.learner.optimize.update`): token-budget micro-batches
     (``max_tokens_per_microbatch``, ``packing``, as RL's), gradients accumulated to the minibatch's
     token mean, and a step whose loss, gradient or updated weights are not finite rolled back
     (counted in ``sft/nonfinite_skips``). With the sharded trainer's ``updater`` every rank trains
@@ -172,7 +172,7 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
                   max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
     with CountProgress("sft", enabled=cfg.run.progress, every_s=math.inf) as bar:
         if sharded_here(cfg):  # on every rank, sharded as the learner is
-            from saorl.runtime.shard_stages import run_sharded
+            from saorl.runtime.learner.shard_stages import run_sharded
 
             pad = tokenizer.pad_token_id
             policy, metrics = run_sharded(sft, policy, demos, pad, which="policy", **kwargs)

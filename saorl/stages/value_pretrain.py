@@ -60,11 +60,11 @@ from saorl.models.critic import Critic
 from saorl.models.loading import load_policy, train_dtype
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
-from saorl.runtime.messages import RolloutRequest
-from saorl.runtime.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.backends.messages import RolloutRequest
+from saorl.runtime.learner.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.learner.shard_stages import sharded_here
 from saorl.runtime.parts import fitting, lora_critic, sampling_params
 from saorl.runtime.recorder import CountProgress
-from saorl.runtime.shard_stages import sharded_here
 
 FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
 """Fractions of the training rollouts fitted on, one row of the scaling curve each."""
@@ -133,8 +133,8 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
 def sampling_model(cfg: SaorlConfig, policy_spec: str, policy: torch.nn.Module) -> torch.nn.Module:
     """The model value pretraining samples with: ``policy`` itself, or — where the run's local
     rollout engine differs from the trainer (``rollout.engine.dtype``, ``rollout.engine.moe_top_k``,
-    ``rollout.engine.router_noise``, as :func:`saorl.runtime.worker.build_engine` sets it up) — a copy
-    of ``policy_spec`` set up the same way; ``policy`` is never changed."""
+    ``rollout.engine.router_noise``, as :func:`saorl.runtime.backends.worker.build_engine` sets it
+    up) — a copy of ``policy_spec`` set up the same way; ``policy`` is never changed."""
     e = cfg.rollout.engine
     if e.kind != "local" or not (e.dtype not in (None, cfg.model.dtype) or e.moe_top_k or e.router_noise):
         return policy
@@ -152,7 +152,7 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
     """``n`` trajectories of ``policy`` on training tasks, at the rollout sampling settings;
     ``on_done(done, n)`` as they finish."""
     from saorl.engines.local import LocalEngine
-    from saorl.runtime.inprocess import InProcessBackend, run_requests
+    from saorl.runtime.backends.inprocess import InProcessBackend, run_requests
 
     env_factory = env_factory_for(cfg.env)
     tasks = load_split(env_factory(), cfg.env, "train", n, cfg.seed + _TASK_SEED_OFFSET)
@@ -218,7 +218,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
 
     Frozen attention per ``preset.freeze_critic_attention`` (frozen parameters never change).
     Minibatches of ``min(batch_size, len(trajs))`` distinct rollouts, reshuffled every epoch. Each
-    step is the trainer's optimizer routine (:func:`saorl.runtime.optimize.update`): token-budget
+    step is the trainer's optimizer routine (:func:`saorl.runtime.learner.optimize.update`): token-budget
     micro-batches as in RL, the minibatch's token-mean value loss, and a step whose loss, gradient
     or updated weights are not finite rolled back (``critic/nonfinite_skips``). With the sharded
     trainer's ``updater`` every rank trains its share of each minibatch.
@@ -310,7 +310,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     for n in sizes:
         critic = fresh()
         if sharded_here(cfg):  # on every rank, sharded as the learner is
-            from saorl.runtime.shard_stages import run_sharded
+            from saorl.runtime.learner.shard_stages import run_sharded
 
             critic, fit = run_sharded(fit_critic, critic, train[:n], preset, which="critic", **fit_kw)
         else:

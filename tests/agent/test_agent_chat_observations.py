@@ -256,8 +256,8 @@ def test_text_observations_are_unchanged_by_default():
 def test_the_runs_setting_reaches_the_rollout_workers(tmp_path):
     from saorl.config import load_config
     from saorl.models.codec import run_tokenizer
+    from saorl.runtime.backends.worker import build_worker
     from saorl.runtime.parts import worker_spec
-    from saorl.runtime.worker import build_worker
 
     for over, want in (([], ("text", "tool")), (["env.observation_format=chat", "env.observation_role=user"],
                                                 ("chat", "user"))):

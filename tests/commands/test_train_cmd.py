@@ -16,7 +16,7 @@ import saorl.training
 from saorl.cli import main
 from saorl.commands.common import exit_status
 from saorl.errors import RunFailure
-from saorl.runtime.backend import WorkerFailure
+from saorl.runtime.backends.local import WorkerFailure
 
 # quick enough to train a step or two in-process, if a case got that far
 FAST = ["model.policy=tiny-dense", "value_pretrain.enabled=false", "runtime.backend=inprocess",

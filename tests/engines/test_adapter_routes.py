@@ -34,8 +34,8 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmEngine
 from saorl.models.adapter import write_adapter_dir
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import ServerPublisher
-from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.servers import ServerPublisher
 
 TENSORS = {"base_model.model.x.lora_A.weight": torch.zeros(2, 3),
            "base_model.model.x.lora_B.weight": torch.zeros(3, 2)}
@@ -149,7 +149,7 @@ def test_sglang_adapters_are_loaded_by_name_and_all_but_the_newest_two_unloaded(
 
 
 def test_an_sglang_refusal_to_load_is_one_error_naming_the_server_and_the_reason(fake, tmp_path):
-    from saorl.runtime.publisher import WeightPublishError
+    from saorl.runtime.weights.servers import WeightPublishError
 
     srv, url = fake("sglang")
     srv.kind = "refusing"  # every route answers FastAPI's 404: an SGLang without the adapter routes

@@ -16,8 +16,8 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import ServerCheck, ServerPublisher, WeightPublishError
-from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.servers import ServerCheck, ServerPublisher, WeightPublishError
 
 PROMPT = [5, 6, 7, 8]
 SLOW_REQUEST_TOKENS = 480

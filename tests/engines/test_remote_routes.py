@@ -128,8 +128,8 @@ def test_saorl_serve_refuses_routes_it_cannot_give(tok, tmp_path):
 def test_a_run_asks_its_servers_for_routes_only_when_it_replays_them(tmp_path, engine, cls):
     from saorl.config import load_config
     from saorl.models.codec import run_tokenizer
+    from saorl.runtime.backends.worker import build_engine
     from saorl.runtime.parts import worker_spec
-    from saorl.runtime.worker import build_engine
 
     for replay in (False, True):
         cfg = load_config(None, [f"rollout.engine={engine}", "rollout.engine.urls=[http://127.0.0.1:9]",

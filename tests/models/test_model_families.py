@@ -21,7 +21,7 @@ from saorl.engines.local import LocalEngine
 from saorl.models.codec import check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy
-from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.learner.single import Learner, OptimConfig
 
 BUILDERS = {"qwen3": qwen3_dir, "llama": llama_dir}
 

@@ -1,7 +1,7 @@
 """Two trainer ranks in spawned processes (gloo), for the sharded-learner tests.
 
 :func:`launch` starts ``world`` processes that join a process group as torchrun's would and run
-:func:`rank_main`: rank 0 drives a :class:`~saorl.runtime.sharded.ShardedLearner` through the
+:func:`rank_main`: rank 0 drives a :class:`~saorl.runtime.learner.sharded.ShardedLearner` through the
 cases and writes what it saw to ``out``; the other ranks serve it (``follow``).
 """
 
@@ -26,7 +26,7 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.routing import routers
 from saorl.models.serialize import save_safetensors_atomic
 from saorl.models.tiny import build_tiny
-from saorl.runtime.learner import OptimConfig
+from saorl.runtime.learner.single import OptimConfig
 
 PAD = 1
 OPTIM = OptimConfig(policy_lr=1e-5, critic_lr=1e-5)
@@ -117,8 +117,8 @@ def _save(path: Path, module) -> None:
 
 def _drive(group, out: Path, cases: list[tuple]) -> None:
     """Rank 0: every case's step; for the MoE also publication and checkpoints both ways."""
-    from saorl.runtime.sharded import ShardedLearner
-    from saorl.runtime.weights import FilePublisher
+    from saorl.runtime.learner.sharded import ShardedLearner
+    from saorl.runtime.weights.files import FilePublisher
 
     for name, kind, preset, _n, _g in cases:
         policy, critic, algo, trajs, gids = case(name)
@@ -161,7 +161,7 @@ def _drive(group, out: Path, cases: list[tuple]) -> None:
 
 
 def _follow(group, cases: list[tuple]) -> None:
-    from saorl.runtime.sharded import ShardedLearner
+    from saorl.runtime.learner.sharded import ShardedLearner
 
     for name, _kind, preset, _n, _g in cases:
         ShardedLearner(None, None, preset_of(name, preset), OPTIM, group=group, pad_id=PAD,
@@ -172,7 +172,7 @@ def _follow(group, cases: list[tuple]) -> None:
 
 
 def rank_main(rank: int, world: int, port: int, out: str, device: str, names: list[str]) -> None:
-    from saorl.runtime import shard_group
+    from saorl.runtime.learner import shard_group
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -28,7 +28,7 @@ from saorl.runtime.checkpoint import (
     save_checkpoint,
 )
 from saorl.runtime.journal import Journal
-from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.learner.single import Learner, OptimConfig
 from saorl.runtime.rundir import CorruptionError
 
 

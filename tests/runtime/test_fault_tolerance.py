@@ -8,9 +8,9 @@ import signal
 import pytest
 from runtime_helpers import read_jsonl, rollout_worker_pids, start_train, wait_for_steps, wait_until_gone
 
-from saorl.runtime.backend import LocalBackend, WorkerFailure
+from saorl.runtime.backends.local import LocalBackend, WorkerFailure
+from saorl.runtime.backends.messages import PollResult
 from saorl.runtime.checkpoint import latest_checkpoint
-from saorl.runtime.messages import PollResult
 
 pytestmark = pytest.mark.slow
 

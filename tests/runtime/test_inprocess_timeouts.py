@@ -11,8 +11,8 @@ from saorl.engines.base import SamplingParams
 from saorl.envs.registry import make_env_factory
 from saorl.errors import RunFailure
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.inprocess import InProcessBackend, RolloutTimeout, Stopped, run_requests
-from saorl.runtime.messages import RolloutRequest
+from saorl.runtime.backends.inprocess import InProcessBackend, RolloutTimeout, Stopped, run_requests
+from saorl.runtime.backends.messages import RolloutRequest
 
 TASKS = [Task(f"t{i}", {"prompt": f"Q{i}:", "q": i}) for i in range(4)]
 

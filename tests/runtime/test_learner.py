@@ -6,14 +6,14 @@ import random
 import pytest
 import torch
 
-import saorl.runtime.learner as learner_mod
+import saorl.runtime.learner.single as learner_mod
 from saorl.algo.registry import get_preset
 from saorl.data.batch import collate
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.models.critic import Critic
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
-from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.learner.single import Learner, OptimConfig
 
 PAD = 1
 

@@ -20,7 +20,7 @@ from saorl.algo.registry import get_preset
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.models.critic import Critic
 from saorl.models.tiny import build_tiny
-from saorl.runtime.learner import Learner, OptimConfig
+from saorl.runtime.learner.single import Learner, OptimConfig
 
 PAD = 1
 

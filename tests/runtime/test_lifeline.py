@@ -6,13 +6,13 @@ import subprocess
 import sys
 import time
 
-from saorl.runtime.lifeline import descendants, start_time
+from saorl.runtime.backends.lifeline import descendants, start_time
 
 # a "trainer" that starts two sleepers, tells a reaper about the first only (and about the second
 # with a wrong start time: a reused pid), prints their pids, then waits to be killed
 TRAINER = """
 import os, subprocess, sys, time
-from saorl.runtime.lifeline import Reaper
+from saorl.runtime.backends.lifeline import Reaper
 watched, reused = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
 reaper = Reaper()
 reaper.watch([watched.pid])

@@ -22,8 +22,8 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import attach_lora
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.weights import FilePublisher, FileSource
+from saorl.runtime.learner.single import Learner, OptimConfig
+from saorl.runtime.weights.files import FilePublisher, FileSource
 from tests.runtime.test_learner import PAD, _matched_trajs, _opt_state, _trajs
 
 

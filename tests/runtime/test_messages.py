@@ -3,8 +3,8 @@
 import pickle
 
 from saorl.data.trajectory import Episode, Trajectory
-from saorl.runtime.backend import collect
-from saorl.runtime.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished
+from saorl.runtime.backends.local import collect
+from saorl.runtime.backends.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished
 
 
 def _traj(rid: int, tid: str = "t") -> Trajectory:

@@ -24,9 +24,9 @@ import pytest
 from runtime_helpers import BASE, read_jsonl, session_pids, start_train, wait_for_steps, wait_until_gone
 
 from saorl.config import load_config
+from saorl.runtime.backends.lifeline import OWNER, descendants
 from saorl.runtime.checkpoint import latest_checkpoint
 from saorl.runtime.journal import RangeSet
-from saorl.runtime.lifeline import OWNER, descendants
 from saorl.runtime.observe import Observer
 from saorl.training import train
 

@@ -19,7 +19,7 @@ import pytest
 
 from saorl.config import RayConfig
 from saorl.errors import StartupError
-from saorl.runtime.ray_check import ClusterView, check_cluster, check_reachable, placement_problem
+from saorl.runtime.backends.ray_check import ClusterView, check_cluster, check_reachable, placement_problem
 
 W, T = {"CPU": 1.0}, {"CPU": 1.0}
 
@@ -83,7 +83,7 @@ def test_a_private_cluster_is_this_machine():
 def cluster():
     """A private Ray cluster (3 logical CPUs) started in this process; its GCS address."""
     ray = pytest.importorskip("ray", reason="needs ray installed (pip install -e '.[ray]')")
-    from saorl.runtime.ray_backend import RayCluster
+    from saorl.runtime.backends.ray_actors import RayCluster
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     d = tempfile.mkdtemp(prefix="sr-", dir="/tmp")

@@ -13,7 +13,7 @@ from saorl.engines.server import serve_in_thread
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.weights import FilePublisher
+from saorl.runtime.weights.files import FilePublisher
 from saorl.training import train
 
 pytestmark = pytest.mark.slow

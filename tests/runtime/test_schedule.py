@@ -17,7 +17,7 @@ from saorl.data.task import Task
 from saorl.engines.base import GenerationResult, SamplingParams
 from saorl.envs.base import Env, Progress, StepResult
 from saorl.models.tokenizer import load_tokenizer
-from saorl.runtime.inprocess import InProcessBackend
+from saorl.runtime.backends.inprocess import InProcessBackend
 from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
 from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
 

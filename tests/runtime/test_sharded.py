@@ -1,7 +1,7 @@
 """The sharded (FSDP2) learner: one step on 2 gloo ranks equals one single-process step.
 
 One launch of 2 ranks (``shard_helpers.launch``) plays every case, then each test compares what
-rank 0 wrote with a single-process :class:`~saorl.runtime.learner.Learner` on the same batch.
+rank 0 wrote with a single-process :class:`~saorl.runtime.learner.single.Learner` on the same batch.
 
 Tolerances: losses and metrics within 1e-5 relative; every parameter within 1e-6 after the step.
 A metric that is a mean of signed values near 0 (``critic/value_mean`` of an untrained critic,
@@ -34,8 +34,8 @@ from saorl.algo.registry import get_preset
 from saorl.data.batch import collate
 from saorl.data.packing import MicroBatch, microbatches
 from saorl.models.hf_format import INDEX, read_weights
-from saorl.runtime.learner import Learner
-from saorl.runtime.sharded import _by_index, _by_name, split_groups
+from saorl.runtime.learner.sharded import _by_index, _by_name, split_groups
+from saorl.runtime.learner.single import Learner
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_optimizer_state_by_name_and_by_index_are_inverse():
 
 
 def test_sharding_outside_torchrun_is_one_clear_error(monkeypatch):
-    from saorl.runtime import shard_group
+    from saorl.runtime.learner import shard_group
 
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(shard_group.ShardError, match="torchrun --standalone --nproc-per-node"):
@@ -237,7 +237,7 @@ def test_sharding_outside_torchrun_is_one_clear_error(monkeypatch):
 _RANK_SCRIPT = """
 import atexit, sys
 from saorl import cli
-from saorl.runtime import shard_group
+from saorl.runtime.learner import shard_group
 atexit.register(lambda: print("TEARDOWN RAN", flush=True))
 if sys.argv[1] == "join":
     shard_group.join("cpu")
@@ -302,7 +302,7 @@ def test_torchrun_two_ranks_three_steps_then_resume(tmp_path):
 
 
 def test_a_sharded_checkpoint_refuses_a_single_process_resume_in_one_paragraph(tmp_path):
-    from saorl.runtime.learner_files import SHARDS, load_learner_files
+    from saorl.runtime.learner.state_files import SHARDS, load_learner_files
 
     (tmp_path / SHARDS).mkdir()
     with pytest.raises(ValueError, match=r"trainer\.shard=fsdp2 under torchrun") as info:

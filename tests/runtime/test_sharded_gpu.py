@@ -18,7 +18,7 @@ from test_sharded import check_step
 
 from saorl.algo.registry import get_preset
 from saorl.models.loading import checkpoint_activations
-from saorl.runtime.learner import Learner
+from saorl.runtime.learner.single import Learner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(),

@@ -77,7 +77,7 @@ def test_sync_grpo_has_a_barrier_and_whole_groups(tmp_path):
 def test_a_failing_backend_shutdown_still_closes_the_journal_and_the_recorder(tmp_path, monkeypatch):
     """A sharded rank leaves with os._exit (no atexit tracker flush), so the run itself must close
     its journal and trackers even when shutting the rollout backend down fails."""
-    from saorl.runtime.inprocess import InProcessBackend
+    from saorl.runtime.backends.inprocess import InProcessBackend
     from saorl.runtime.journal import Journal
     from saorl.runtime.recorder import RunRecorder
 

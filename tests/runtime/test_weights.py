@@ -2,7 +2,7 @@ import json
 
 import torch
 
-from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames
 
 
 def test_publish_poll_and_prune(tmp_path):

@@ -1,7 +1,7 @@
 """SFT and value pretraining's fit on 2 gloo ranks equal the single-process ones.
 
-Rank 0 runs SFT and a fit through :func:`~saorl.runtime.shard_stages.run_sharded` as a sharded
-run's stages do; rank 1 serves them (:func:`~saorl.runtime.shard_stages.serve_stages`). The
+Rank 0 runs SFT and a fit through :func:`~saorl.runtime.learner.shard_stages.run_sharded` as a sharded
+run's stages do; rank 1 serves them (:func:`~saorl.runtime.learner.shard_stages.serve_stages`). The
 single-process stage runs on the same data in this process. Tolerances as in
 tests/runtime/test_sharded.py: the last loss within 1e-5 relative, every weight within 1e-6 after
 the steps at lr 1e-5 (Adam turns another summation order into weight differences that scale with
@@ -57,8 +57,8 @@ def _models():
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    from saorl.runtime import shard_group
-    from saorl.runtime.shard_stages import run_sharded, serve_stages
+    from saorl.runtime.learner import shard_group
+    from saorl.runtime.learner.shard_stages import run_sharded, serve_stages
     from saorl.stages.sft import sft
     from saorl.stages.value_pretrain import fit_critic
 

@@ -76,8 +76,8 @@ def dense(dense_server, tmp_path):
     test: the tests do not depend on what an earlier test published."""
     from saorl.engines.transport import HttpTransport
     from saorl.engines.vllm_client import VllmAdmin
-    from saorl.runtime.publisher import ServerPublisher
-    from saorl.runtime.weights import FilePublisher
+    from saorl.runtime.weights.files import FilePublisher
+    from saorl.runtime.weights.servers import ServerPublisher
 
     model = build_tiny("tiny-dense", seed=0)
     transport = HttpTransport([dense_server.url], timeout_s=120)

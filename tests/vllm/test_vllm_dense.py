@@ -11,8 +11,8 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.models import hf_format
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import ServerCheck, ServerPublisher, WeightPublishError
-from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.servers import ServerCheck, ServerPublisher, WeightPublishError
 
 PROMPT = list(range(5, 40))
 TOL = 1e-5  # float32 server and trainer: measured gaps are below 1e-6

@@ -29,8 +29,8 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import adapter_config, adapter_state, attach_lora
 from saorl.models.tiny import build_tiny
 from saorl.models.truncation import edge_rows
-from saorl.runtime.publisher import ServerCheck, ServerPublisher
-from saorl.runtime.weights import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames
+from saorl.runtime.weights.servers import ServerCheck, ServerPublisher
 from saorl.stages.preflight import check_servers
 from saorl.training import train
 

@@ -13,8 +13,8 @@ from saorl.engines.transport import HttpTransport
 from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 from saorl.errors import StartupError
 from saorl.models.tiny import build_tiny
-from saorl.runtime.publisher import ServerCheck, ServerPublisher, WeightPublishError
-from saorl.runtime.weights import FilePublisher, FileSource
+from saorl.runtime.weights.files import FilePublisher, FileSource
+from saorl.runtime.weights.servers import ServerCheck, ServerPublisher, WeightPublishError
 from saorl.stages.preflight import check_servers
 
 PROMPT = list(range(5, 40))

@@ -17,7 +17,7 @@ from saorl.config import load_config
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.truncation import edge_rows
-from saorl.runtime.weights import FilePublisher
+from saorl.runtime.weights.files import FilePublisher
 from saorl.training import train
 
 

@@ -1,14 +1,14 @@
 """Where rollout workers run: the :class:`Backend` protocol and the local backend (processes).
 
-A backend takes :class:`~saorl.runtime.messages.RolloutRequest` s, returns finished trajectories
+A backend takes :class:`~saorl.runtime.backends.messages.RolloutRequest` s, returns finished trajectories
 as they arrive, and keeps its workers alive: a worker that dies is restarted and the rollout ids
 it held are reported as lost, so the feed re-queues them (nothing in flight is skipped). Past
 ``max_restarts`` restarts it raises :class:`WorkerFailure`.
 
 Implementations: :class:`LocalBackend` (one spawned OS process per worker, typed messages over
-``multiprocessing`` queues; a worker dies with the trainer, see :mod:`saorl.runtime.lifeline`),
-:class:`~saorl.runtime.inprocess.InProcessBackend` (episodes on one engine in this process:
-tests, evaluation, value pretraining) and :class:`~saorl.runtime.ray_backend.RayBackend` (one
+``multiprocessing`` queues; a worker dies with the trainer, see :mod:`saorl.runtime.backends.lifeline`),
+:class:`~saorl.runtime.backends.inprocess.InProcessBackend` (episodes on one engine in this process:
+tests, evaluation, value pretraining) and :class:`~saorl.runtime.backends.ray_actors.RayBackend` (one
 Ray actor per worker, on a cluster).
 """
 
@@ -25,8 +25,8 @@ import time
 from typing import Protocol
 
 from saorl.errors import RunFailure
-from saorl.runtime.lifeline import run_worker
-from saorl.runtime.messages import (
+from saorl.runtime.backends.lifeline import run_worker
+from saorl.runtime.backends.messages import (
     EngineStats,
     PollResult,
     RolloutFailed,
@@ -34,7 +34,7 @@ from saorl.runtime.messages import (
     RolloutRequest,
     WorkerCrashed,
 )
-from saorl.runtime.worker import WorkerSpec
+from saorl.runtime.backends.worker import WorkerSpec
 
 
 class Backend(Protocol):
@@ -109,7 +109,7 @@ class LocalBackend:
     # ---------------------------------------------------------------- workers
     def _spawn(self, i: int) -> None:
         q = self._ctx.Queue()
-        # the worker dies with this process (saorl.runtime.lifeline); Linux's parent-death signal
+        # the worker dies with this process (saorl.runtime.backends.lifeline); Linux's parent-death signal
         # follows the thread that starts the worker, so only the main thread asks for it
         main = threading.current_thread() is threading.main_thread()
         args = (os.getpid(), main, i, pickle.dumps(self.spec), q, self._results)

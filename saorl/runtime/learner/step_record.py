@@ -1,6 +1,6 @@
 """What one trainer step leaves behind: its per-token values, its counters, its result and metrics.
 
-Both learners run the same step (:meth:`saorl.runtime.learner.Learner.step`) over their share of
+Both learners run the same step (:meth:`saorl.runtime.learner.single.Learner.step`) over their share of
 the batch and fill one :class:`StepRecord` with the per-token values it produced. The single-process
 learner hands its record to :func:`step_metrics` as it is (``[B, T]`` tensors with their masks);
 the sharded learner gathers every rank's record to rank 0 as rows of one token each
@@ -52,7 +52,7 @@ class LearnerCounters:
 
 
 class StepResult(dict):
-    """What :meth:`~saorl.runtime.learner.Learner.step` returns: the step's metrics (it is their
+    """What :meth:`~saorl.runtime.learner.single.Learner.step` returns: the step's metrics (it is their
     dict, ``result["policy/loss"]``, written to ``metrics.jsonl`` as is), whether an update of the
     step was rolled back, and the policy version after it."""
 

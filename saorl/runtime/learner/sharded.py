@@ -3,7 +3,7 @@
 ``torchrun --standalone --nproc-per-node N -m saorl.cli train CONFIG trainer.shard=fsdp2``: every
 rank runs ``saorl train``. Rank 0 does all a single-process run does (stages, feed, journal,
 evaluation, checkpoints) with a :class:`ShardedLearner` as its learner; the other ranks build the
-same learner on skeleton models (:mod:`saorl.runtime.shard_group`) and serve it
+same learner on skeleton models (:mod:`saorl.runtime.learner.shard_group`) and serve it
 (:meth:`ShardedLearner.follow`) until rank 0 closes it.
 
 **Commands.** Whatever needs the other ranks — a step, a publication, the full models, a
@@ -11,7 +11,7 @@ checkpoint save or load, the end — starts on rank 0 by broadcasting ``(name, a
 control channel; every rank then runs the same ``_all_<name>`` method, so the collectives inside
 run in the same order everywhere.
 
-**The step** is the single-process :meth:`~saorl.runtime.learner.Learner.step` itself, run by
+**The step** is the single-process :meth:`~saorl.runtime.learner.single.Learner.step` itself, run by
 every rank on its share; this class overrides only what crosses ranks (the share split, the idle
 passes, the global counts, the backward, the optimizer step and the gather of the step's record).
 It equals a single-process step on the same batch, up to float rounding:
@@ -39,10 +39,10 @@ It equals a single-process step on the same batch, up to float rounding:
    all-gathers need them anyway).
 3. A non-finite loss or gradient norm on any rank skips the update on every rank (all-reduced), so
    the ranks never diverge; so does an update that leaves a parameter shard non-finite on any
-   rank: every rank rolls its shards back (:mod:`saorl.runtime.nonfinite`).
+   rank: every rank rolls its shards back (:mod:`saorl.runtime.learner.nonfinite`).
 4. The running-mean baseline sees the scores of the whole batch (all-gathered): every rank keeps
    an identical baseline and takes its own trajectories' advantages.
-5. Metrics: each rank's :class:`~saorl.runtime.step_record.StepRecord` (the per-token values on
+5. Metrics: each rank's :class:`~saorl.runtime.learner.step_record.StepRecord` (the per-token values on
    action and value-target tokens) is gathered to rank 0 as rows of one token each, where the
    single-process learner's metrics function runs over the whole batch. ``policy/loss`` is the
    ranks' summed loss, ``throughput/microbatches`` sums the ranks' micro-batches and
@@ -86,12 +86,12 @@ from saorl.data.trajectory import Trajectory
 from saorl.models.critic import Critic
 from saorl.models.hf_format import served_names, to_checkpoint
 from saorl.models.loading import checkpoint_activations
-from saorl.runtime import shard_group as sg
-from saorl.runtime.learner import Learner, OptimConfig
-from saorl.runtime.learner_files import SHARDS, load_learner_files, save_learner_files
-from saorl.runtime.shard_update import ShardedUpdater, split_groups
-from saorl.runtime.step_record import StepResult
-from saorl.runtime.weights import WeightNames, WeightPublisher
+from saorl.runtime.learner import shard_group as sg
+from saorl.runtime.learner.shard_update import ShardedUpdater, split_groups
+from saorl.runtime.learner.single import Learner, OptimConfig
+from saorl.runtime.learner.state_files import SHARDS, load_learner_files, save_learner_files
+from saorl.runtime.learner.step_record import StepResult
+from saorl.runtime.weights.files import WeightNames, WeightPublisher
 
 
 class GlobalBaseline(RunningMeanBaseline):
@@ -109,7 +109,7 @@ class GlobalBaseline(RunningMeanBaseline):
 
 
 class ShardedLearner(Learner):
-    """A :class:`~saorl.runtime.learner.Learner` whose models are FSDP2-sharded (module docstring).
+    """A :class:`~saorl.runtime.learner.single.Learner` whose models are FSDP2-sharded (module docstring).
 
     Rank 0 passes its real ``policy`` / ``critic`` and ``pad_id``; the other ranks pass None and
     get skeletons of rank 0's architecture, filled with rank 0's weights after sharding.

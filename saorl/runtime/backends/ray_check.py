@@ -5,7 +5,7 @@ the SFT warm start and value pretraining, and raises :class:`~saorl.errors.Start
 one paragraph, no run directory made):
 
 - **the address answers** (``ray.address``): a plain TCP connection to its ``host:port`` within
-  :data:`CONNECT_TIMEOUT_S`; then a child process (``python -m saorl.runtime.ray_check ADDRESS``)
+  :data:`CONNECT_TIMEOUT_S`; then a child process (``python -m saorl.runtime.backends.ray_check ADDRESS``)
   joins the cluster and reports its alive nodes' total resources and this machine's IP, within
   :data:`PROBE_TIMEOUT_S`. It is a child because Ray's own connection retries (about 40 s for an
   address nothing answers, then more) run in C++ code that does not return to Python, so
@@ -88,7 +88,7 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
 
 def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> ClusterView:
     """Join the cluster at ``address`` in a child process and list its alive nodes (module docstring)."""
-    cmd = [sys.executable, "-m", "saorl.runtime.ray_check", address, str(os.getpid())]
+    cmd = [sys.executable, "-m", "saorl.runtime.backends.ray_check", address, str(os.getpid())]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -113,7 +113,7 @@ def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> ClusterView:
 
 
 def _probe_main(address: str, parent: int) -> None:
-    from saorl.runtime.lifeline import die_with_parent
+    from saorl.runtime.backends.lifeline import die_with_parent
 
     die_with_parent(parent, kernel_signal=True)
     import logging

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import torch
 
-from saorl.runtime.weights import MODEL_NAMES, WeightNames, merged
+from saorl.runtime.weights.files import MODEL_NAMES, WeightNames, merged
 
 
 @ray.remote(num_cpus=0)
@@ -55,7 +55,7 @@ def ray_weights(keep: int = 2) -> tuple[RayPublisher, RaySource]:
 
 
 class RayPublisher:
-    """:class:`~saorl.runtime.weights.WeightPublisher` into the object store (module docstring)."""
+    """:class:`~saorl.runtime.weights.files.WeightPublisher` into the object store (module docstring)."""
 
     def __init__(self, registry) -> None:
         self.registry = registry
@@ -82,7 +82,7 @@ class RayPublisher:
 
 
 class RaySource:
-    """:class:`~saorl.runtime.weights.WeightSource` from the object store (module docstring).
+    """:class:`~saorl.runtime.weights.files.WeightSource` from the object store (module docstring).
 
     Picklable: workers receive it with the registry's handle and no cached tensors."""
 

@@ -2,8 +2,8 @@
 
 A step with a finite loss and a finite gradient norm can still leave a parameter non-finite (a
 huge learning rate, an optimizer state that overflowed). Such a step must never reach the
-weights, so the learners (:class:`~saorl.runtime.learner.Learner` and, on every rank,
-:class:`~saorl.runtime.sharded.ShardedLearner`) step like this::
+weights, so the learners (:class:`~saorl.runtime.learner.single.Learner` and, on every rank,
+:class:`~saorl.runtime.learner.sharded.ShardedLearner`) step like this::
 
     saved = snapshot(params, optimizer)     # parameters + optimizer state, into kept buffers
     optimizer.step()

@@ -29,13 +29,13 @@ denominator is every action token of the batch, as in the method. Logged:
 padding and non-action tokens included) and ``throughput/microbatches``.
 
 **One step for both learners.** :meth:`Learner.step` runs the passes over this process's share
-of the batch (all of it here), fills one :class:`~saorl.runtime.step_record.StepRecord` with the
+of the batch (all of it here), fills one :class:`~saorl.runtime.learner.step_record.StepRecord` with the
 per-token values they produced, gathers it (the identity here) and computes every metric with
-one function (:func:`~saorl.runtime.step_record.step_metrics`). Every optimizer step goes through
-the routine SFT and value pretraining use too (:func:`saorl.runtime.optimize.update`: accumulate
+one function (:func:`~saorl.runtime.learner.step_record.step_metrics`). Every optimizer step goes through
+the routine SFT and value pretraining use too (:func:`saorl.runtime.learner.optimize.update`: accumulate
 over the micro-batches, one finite step with rollback). What crosses ranks is the
-:class:`~saorl.runtime.optimize.Updater`'s business: the sharded learner
-(:mod:`saorl.runtime.sharded`) runs this very step on each rank's share with the sharded updater
+:class:`~saorl.runtime.learner.optimize.Updater`'s business: the sharded learner
+(:mod:`saorl.runtime.learner.sharded`) runs this very step on each rank's share with the sharded updater
 (global counts, idle passes, a skip decided on every rank, the gather of the records to rank 0)
 and overrides only the share split.
 
@@ -80,11 +80,17 @@ from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import adapter_config, adapter_state, is_lora, load_adapter_state
 from saorl.models.packed import use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
-from saorl.runtime.learner_files import load_learner_files, save_learner_files
-from saorl.runtime.optimize import Updater, no_actions, share_of, update
-from saorl.runtime.step_record import LearnerCounters, StepRecord, StepResult, StepTotals, step_metrics
-from saorl.runtime.timings import Timings
-from saorl.runtime.weights import MODEL_NAMES, WeightNames, WeightPublisher
+from saorl.runtime.learner.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.learner.state_files import load_learner_files, save_learner_files
+from saorl.runtime.learner.step_record import (
+    LearnerCounters,
+    StepRecord,
+    StepResult,
+    StepTotals,
+    step_metrics,
+)
+from saorl.runtime.learner.timings import Timings
+from saorl.runtime.weights.files import MODEL_NAMES, WeightNames, WeightPublisher
 
 Tensor = torch.Tensor
 
@@ -141,7 +147,7 @@ class Learner:
                                                 weight_decay=optim.weight_decay)
         self.counters = LearnerCounters(RunningMeanBaseline(preset.baseline_momentum))
 
-    # the counters (checkpointed as one record: :class:`~saorl.runtime.step_record.LearnerCounters`)
+    # the counters (checkpointed as one record: :class:`~saorl.runtime.learner.step_record.LearnerCounters`)
     @property
     def version(self) -> int:
         return self.counters.version

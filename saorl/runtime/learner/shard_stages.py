@@ -4,7 +4,7 @@ In a ``trainer.shard=fsdp2`` run rank 0 runs the stages (it alone holds the data
 and the engine); the optimizer steps of SFT (:func:`saorl.stages.sft.sft`) and of value
 pretraining's fits (:func:`saorl.stages.value_pretrain.fit_critic`) run on every rank, with the
 model sharded as the learner's is and each rank training its share of every minibatch through
-the :class:`~saorl.runtime.shard_update.ShardedUpdater`. So a policy or critic that does not fit
+the :class:`~saorl.runtime.learner.shard_update.ShardedUpdater`. So a policy or critic that does not fit
 one device is trained where the learner trains it.
 
 The protocol: the ranks other than 0 wait in :func:`serve_stages` for rank 0's commands — ``stage``
@@ -24,8 +24,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from saorl.config import SaorlConfig
 from saorl.models.critic import Critic
-from saorl.runtime import shard_group as sg
-from saorl.runtime.shard_update import ShardedUpdater
+from saorl.runtime.learner import shard_group as sg
+from saorl.runtime.learner.shard_update import ShardedUpdater
 
 
 def sharded_here(cfg: SaorlConfig) -> bool:

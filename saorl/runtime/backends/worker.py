@@ -9,7 +9,7 @@ record (rollout id, worker, wall-clock start and end).
 :class:`WorkerSpec` (:func:`build_worker`, which the Ray backend's actors call too), receives
 requests on a queue, runs each as an asyncio task and sends each finished trajectory back the
 moment it is done. It samples with the newest weights it has: a :class:`WeightFollower` polls the
-run's :class:`~saorl.runtime.weights.WeightSource` and hands the engine each newly published
+run's :class:`~saorl.runtime.weights.files.WeightSource` and hands the engine each newly published
 version (a path, or tensors from Ray's object store), which it applies between decode steps, so a
 trajectory can span versions and records the version of every token.
 """
@@ -32,14 +32,14 @@ from saorl.engines.base import InferenceEngine, SamplingParams
 from saorl.engines.routes import RouteLayout
 from saorl.envs import pyast
 from saorl.models.codec import TokenizerSpec
-from saorl.runtime.messages import (
+from saorl.runtime.backends.messages import (
     EngineStats,
     RolloutFailed,
     RolloutFinished,
     RolloutRequest,
     WorkerCrashed,
 )
-from saorl.runtime.weights import FileSource, WeightSource
+from saorl.runtime.weights.files import FileSource, WeightSource
 
 STATS_EVERY_S = 1.0
 

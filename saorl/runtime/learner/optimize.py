@@ -1,6 +1,6 @@
 """The optimizer routine of every trainer stage: accumulate over micro-batches, one finite step.
 
-RL's critic and policy updates (:class:`~saorl.runtime.learner.Learner`), the SFT warm start
+RL's critic and policy updates (:class:`~saorl.runtime.learner.single.Learner`), the SFT warm start
 (:mod:`saorl.stages.sft`) and value pretraining (:mod:`saorl.stages.value_pretrain`) all take
 their optimizer steps through :func:`update`:
 
@@ -9,11 +9,11 @@ their optimizer steps through :func:`update`:
    back-propagated as soon as it is computed, so one pass's activations are alive at a time;
 2. the accumulated gradients are clipped and applied in one step — unless the summed loss or the
    gradient norm is not finite, or the step leaves a parameter non-finite, in which case nothing
-   reaches the weights (the step is rolled back, :mod:`saorl.runtime.nonfinite`) and ``None`` is
+   reaches the weights (the step is rolled back, :mod:`saorl.runtime.learner.nonfinite`) and ``None`` is
    returned in place of the gradient norm.
 
 An :class:`Updater` says how those pieces run in this process. The one here is a single process;
-the sharded trainer's (:class:`~saorl.runtime.sharded.ShardedUpdater`) counts tokens over every
+the sharded trainer's (:class:`~saorl.runtime.learner.sharded.ShardedUpdater`) counts tokens over every
 rank, adds idle passes so every rank runs as many as the busiest, splits minibatches between the
 ranks and decides a skip on every rank at once. A stage written against an ``Updater`` runs
 sharded when it is given the sharded one.
@@ -30,7 +30,7 @@ import torch
 
 from saorl.data.packing import MicroBatch
 from saorl.data.trajectory import Trajectory
-from saorl.runtime.nonfinite import movement, params_finite, roll_back, snapshot
+from saorl.runtime.learner.nonfinite import movement, params_finite, roll_back, snapshot
 
 Tensor = torch.Tensor
 T = TypeVar("T")
@@ -96,7 +96,7 @@ class Updater:
 
 
 def relative(sums: list[float]) -> float:
-    """``sqrt(moved² / total²)`` from :func:`~saorl.runtime.nonfinite.movement`'s sums (0 for all-zero
+    """``sqrt(moved² / total²)`` from :func:`~saorl.runtime.learner.nonfinite.movement`'s sums (0 for all-zero
     parameters, as LoRA's B matrices start)."""
     moved, total = sums
     return math.sqrt(moved / total) if total > 0 else (0.0 if moved == 0 else math.inf)

@@ -1,6 +1,6 @@
 """A process that dies with its parent, whatever killed the parent and whatever this process is doing.
 
-:func:`die_with_parent` is the first thing a rollout worker (:mod:`saorl.runtime.lifeline`) and a
+:func:`die_with_parent` is the first thing a rollout worker (:mod:`saorl.runtime.backends.lifeline`) and a
 child running user code (:mod:`saorl.envs.hosted_child`) do. Two mechanisms, because neither
 covers everything alone:
 

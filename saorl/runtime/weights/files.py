@@ -27,9 +27,9 @@ back: a resumed run continues the version numbers above every version already pu
 (:meth:`WeightPublisher.published_version`, read by :class:`~saorl.runtime.run.Run`), so one
 number always names one set of weights.
 
-These are the local backend's publisher and source; :mod:`saorl.runtime.ray_weights` publishes the
-same versions through Ray's object store, and :mod:`saorl.runtime.publisher` puts them on
-inference servers as well. A source gives the *source* of the newest version (:meth:`latest`) —
+These are the local backend's publisher and source; :mod:`saorl.runtime.weights.ray_store`
+publishes the same versions through Ray's object store, and :mod:`saorl.runtime.weights.servers`
+puts them on inference servers as well. A source gives the *source* of the newest version (:meth:`latest`) —
 here the path, which an engine loads itself (the local engine reads the file or directory, an
 HTTP server is told the path), so no reader copies the tensors.
 """

@@ -1,6 +1,6 @@
 """The optimizer routine across the ranks of a sharded trainer: :class:`ShardedUpdater`.
 
-:func:`saorl.runtime.optimize.update` with this updater is what every stage's optimizer step
+:func:`saorl.runtime.learner.optimize.update` with this updater is what every stage's optimizer step
 becomes under ``trainer.shard=fsdp2`` (RL's critic and policy updates, SFT, value pretraining):
 
 - **shares**: each rank takes a part of every minibatch — whole groups (:func:`split_groups`:
@@ -27,9 +27,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from saorl.data.packing import MicroBatch, idle_microbatch
-from saorl.runtime.nonfinite import movement, params_finite, roll_back, snapshot
-from saorl.runtime.optimize import Updater, relative
-from saorl.runtime.shard_group import ShardGroup
+from saorl.runtime.learner.nonfinite import movement, params_finite, roll_back, snapshot
+from saorl.runtime.learner.optimize import Updater, relative
+from saorl.runtime.learner.shard_group import ShardGroup
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Publishing each policy version to vLLM / SGLang servers without restarting them, and checking
 that the servers then sample from exactly that version.
 
-:class:`ServerPublisher` is the run's :class:`~saorl.runtime.weights.WeightPublisher` when
+:class:`ServerPublisher` is the run's :class:`~saorl.runtime.weights.files.WeightPublisher` when
 ``rollout.engine`` is ``vllm`` or ``sglang``. ``publish(buckets, version)`` of a state dict in the
 model's names, under one lock (so two publications never interleave), does:
 
@@ -16,7 +16,7 @@ model's names, under one lock (so two publications never interleave), does:
    silent stall;
 3. when the check is due (:meth:`ServerCheck.due`), verify the version on every server (below);
 4. announce the version to the rollout workers through the file pointer
-   (:class:`~saorl.runtime.weights.FilePublisher`), only now that the servers run it, so a
+   (:class:`~saorl.runtime.weights.files.FilePublisher`), only now that the servers run it, so a
    worker's belief (its fallback version tag) is never ahead of the servers;
 5. keep the newest ``keep`` directories and delete older ones.
 
@@ -74,7 +74,7 @@ from saorl.engines.remote import ServerAdmin
 from saorl.engines.transport import HttpTransport
 from saorl.errors import RunFailure
 from saorl.models.hf_format import save_hf_weights
-from saorl.runtime.weights import MODEL_NAMES, FilePublisher, WeightNames, merged, write_checkpoint_dir
+from saorl.runtime.weights.files import MODEL_NAMES, FilePublisher, WeightNames, merged, write_checkpoint_dir
 
 DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
 """The largest per-token log-prob gap a check accepts, by the trainer's dtype (``rollout.engine.verify_tol``
@@ -223,7 +223,7 @@ class ServerCheck:
 
 
 class ServerPublisher:
-    """A :class:`~saorl.runtime.weights.WeightPublisher` that puts each version on inference
+    """A :class:`~saorl.runtime.weights.files.WeightPublisher` that puts each version on inference
     servers (module docstring); readers follow ``files``' directory."""
 
     def __init__(self, files: FilePublisher, admins: Sequence[ServerAdmin], transport: HttpTransport,

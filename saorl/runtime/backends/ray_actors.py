@@ -1,31 +1,32 @@
 """Rollout workers as Ray actors: the Ray backend (``runtime.backend: ray``).
 
-The same :class:`~saorl.runtime.backend.Backend` contract as the local worker processes, with Ray
+The same :class:`~saorl.runtime.backends.local.Backend` contract as the local worker processes, with Ray
 placing and restarting the workers; the run loop, feed, journal and checkpoints stay in this
 process (the Ray driver), unchanged.
 
 - **Cluster** (:class:`RayCluster`): ``ray.init(address=ray.address)`` (after a bounded TCP check
-  of the address: :func:`~saorl.runtime.ray_check.check_reachable`; the start-up checks have
-  already found it answering and big enough, :mod:`saorl.runtime.ray_check`), or a private local
+  of the address: :func:`~saorl.runtime.backends.ray_check.check_reachable`; the start-up checks have
+  already found it answering and big enough, :mod:`saorl.runtime.backends.ray_check`), or a private local
   cluster (``ray.num_cpus`` logical CPUs, a short session directory under /tmp) that
   :meth:`RayBackend.shutdown` stops, so no Ray process outlives the run. It runs no dashboard:
   ``include_dashboard=False`` still starts Ray's head process ``dashboard.py`` (minimal, for usage
   statistics), which is stopped as soon as the cluster is up. If the trainer dies without stopping
-  the cluster (``kill -9``), a :class:`~saorl.runtime.lifeline.Reaper` kills its daemons and
+  the cluster (``kill -9``), a :class:`~saorl.runtime.backends.lifeline.Reaper` kills its daemons and
   deletes its session directory; if the reaper dies with it (``kill -9`` of the whole process
   group), the next private cluster's start deletes the directory (it is marked with its owner:
-  :func:`~saorl.runtime.lifeline.mark_owner`, :func:`~saorl.runtime.lifeline.remove_orphans`). A
-  cluster someone else initialised in this process is used as it is and left running.
+  :func:`~saorl.runtime.backends.lifeline.mark_owner`,
+  :func:`~saorl.runtime.backends.lifeline.remove_orphans`). A cluster someone else initialised in
+  this process is used as it is and left running.
 - **Placement**: one placement group, a bundle per worker (``ray.worker_cpus`` / ``worker_gpus``)
   placed by ``ray.placement_strategy``, plus a trainer bundle (``ray.trainer_cpus`` /
   ``trainer_gpus``) pinned to this node so that no worker takes the trainer's share.
 - **Workers** (:class:`RolloutActor`): an async actor per bundle running the local backend's own
-  worker code — :func:`~saorl.runtime.worker.build_worker` (engine, env, weight follower) and
-  :func:`~saorl.runtime.worker.play_rollout` per request — with a background task that follows
+  worker code — :func:`~saorl.runtime.backends.worker.build_worker` (engine, env, weight follower) and
+  :func:`~saorl.runtime.backends.worker.play_rollout` per request — with a background task that follows
   the published weights (files in the run directory, or the object store:
-  :mod:`saorl.runtime.ray_weights`).
+  :mod:`saorl.runtime.weights.ray_store`).
 - **Transport**: :meth:`RayBackend.submit` calls ``actor.rollout`` (an ``ObjectRef`` resolving to
-  :class:`~saorl.runtime.messages.RolloutFinished` or ``RolloutFailed``); every worker also has
+  :class:`~saorl.runtime.backends.messages.RolloutFinished` or ``RolloutFailed``); every worker also has
   one ``stats`` call in flight, answered about once a second with ``EngineStats`` (it is also how
   the death of an idle worker is noticed). :meth:`RayBackend.poll` is ``ray.wait`` over all of
   them and ``ray.get`` of those ready, folded into a ``PollResult`` like any backend's messages.
@@ -36,7 +37,8 @@ process (the Ray driver), unchanged.
   discarded from then on — its rollout was re-queued, and keeping both would train it twice.
   Until the restarted actor answers a ``stats`` call (calls to a restarting actor fail at once;
   the call is repeated every :data:`RETRY_S`), it gets no rollouts and holds no slots. Past
-  ``ray.max_restarts`` deaths, or when Ray gives the actor up, :class:`~saorl.runtime.backend.WorkerFailure`;
+  ``ray.max_restarts`` deaths, or when Ray gives the actor up,
+  :class:`~saorl.runtime.backends.local.WorkerFailure`;
   a placement group not granted within ``ray.ready_timeout_s`` (its resources exist, the start-up
   checks saw to that, but other jobs hold them) is a :class:`~saorl.errors.RunFailure`.
 """
@@ -57,12 +59,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from saorl.config import RayConfig
 from saorl.errors import RunFailure
-from saorl.runtime.backend import WorkerFailure, collect
-from saorl.runtime.lifeline import Reaper, descendants, mark_owner, remove_orphans
-from saorl.runtime.messages import EngineStats, PollResult, RolloutFailed, RolloutFinished, RolloutRequest
-from saorl.runtime.ray_check import bundle_shapes, check_reachable
-from saorl.runtime.weights import WeightSource
-from saorl.runtime.worker import (
+from saorl.runtime.backends.lifeline import Reaper, descendants, mark_owner, remove_orphans
+from saorl.runtime.backends.local import WorkerFailure, collect
+from saorl.runtime.backends.messages import (
+    EngineStats,
+    PollResult,
+    RolloutFailed,
+    RolloutFinished,
+    RolloutRequest,
+)
+from saorl.runtime.backends.ray_check import bundle_shapes, check_reachable
+from saorl.runtime.backends.worker import (
     STATS_EVERY_S,
     WorkerSpec,
     build_worker,
@@ -70,6 +77,7 @@ from saorl.runtime.worker import (
     prepare_worker_process,
     rollout_failed,
 )
+from saorl.runtime.weights.files import WeightSource
 
 TEMP_PREFIX = "saorl-ray-"
 """Session directories saorl makes for private clusters: ``/tmp/saorl-ray-*``."""

@@ -1,8 +1,8 @@
 """The in-process backend: episodes on one engine, in an event loop thread of this process.
 
-Same :class:`~saorl.runtime.backend.Backend` protocol as the worker processes, without any: a
+Same :class:`~saorl.runtime.backends.local.Backend` protocol as the worker processes, without any: a
 request becomes an asyncio task on a private event loop (one background thread), which plays it
-with :func:`~saorl.runtime.worker.play_rollout` on the given engine and puts the result on a
+with :func:`~saorl.runtime.backends.worker.play_rollout` on the given engine and puts the result on a
 queue that :meth:`InProcessBackend.poll` drains. An episode that raises is reported as a lost
 rollout, as a crashed worker's would be. It runs what needs no process of its own: evaluation,
 value pretraining's rollouts, ``runtime.backend=inprocess`` runs, and the schedule's unit tests
@@ -20,15 +20,15 @@ from typing import Any
 
 from saorl.engines.base import InferenceEngine, SamplingParams
 from saorl.errors import RunFailure
-from saorl.runtime.backend import collect, drain
-from saorl.runtime.messages import (
+from saorl.runtime.backends.local import collect, drain
+from saorl.runtime.backends.messages import (
     EngineStats,
     PollResult,
     RolloutFinished,
     RolloutRequest,
 )
-from saorl.runtime.weights import WeightSource
-from saorl.runtime.worker import WeightFollower, play_rollout, rollout_failed
+from saorl.runtime.backends.worker import WeightFollower, play_rollout, rollout_failed
+from saorl.runtime.weights.files import WeightSource
 
 
 class InProcessBackend:

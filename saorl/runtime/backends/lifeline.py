@@ -1,7 +1,7 @@
 """A rollout worker never outlives its trainer, whatever killed the trainer (``kill -9`` included).
 
 Two mechanisms, because neither covers everything alone, both in
-:func:`~saorl.runtime.parent_death.die_with_parent` (which also ends the child processes that run
+:func:`~saorl.runtime.backends.parent_death.die_with_parent` (which also ends the child processes that run
 user code, :mod:`saorl.envs.hosted`):
 
 - on Linux the worker asks the kernel for ``SIGKILL`` when its parent dies
@@ -44,15 +44,15 @@ import subprocess
 import sys
 import time
 
-from saorl.runtime.parent_death import PARENT_CHECK_S, die_with_parent
+from saorl.runtime.backends.parent_death import PARENT_CHECK_S, die_with_parent
 
 __all__ = ["PARENT_CHECK_S", "Reaper", "descendants", "die_with_parent", "run_worker", "start_time"]
 
 def run_worker(parent_pid: int, kernel_signal: bool, worker_id: int, spec: bytes, requests, results) -> None:
     """Entry point of a rollout worker process: first the lifeline, then
-    :func:`saorl.runtime.worker.worker_main` with the unpickled ``spec``."""
+    :func:`saorl.runtime.backends.worker.worker_main` with the unpickled ``spec``."""
     die_with_parent(parent_pid, kernel_signal)
-    from saorl.runtime.worker import worker_main
+    from saorl.runtime.backends.worker import worker_main
 
     worker_main(worker_id, pickle.loads(spec), requests, results)
 
@@ -150,7 +150,7 @@ class Reaper:
 
     def __init__(self) -> None:
         r, self._w = os.pipe()  # not inheritable: only this process holds the write end
-        self._proc = subprocess.Popen([sys.executable, "-m", "saorl.runtime.lifeline", str(r)],
+        self._proc = subprocess.Popen([sys.executable, "-m", "saorl.runtime.backends.lifeline", str(r)],
                                       pass_fds=(r,), stdin=subprocess.DEVNULL)
         os.close(r)
 
