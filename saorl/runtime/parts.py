@@ -135,7 +135,7 @@ def build_learner(cfg: SaorlConfig, preset: AlgoPreset, policy, critic: Critic |
     launch (``trainer.shard: fsdp2``; there the ranks other than 0 pass ``policy=None`` and
     ``pad_id=None`` and receive rank 0's)."""
     t, r = cfg.trainer, cfg.rollout
-    optim = OptimConfig(t.policy_lr, t.critic_lr, t.weight_decay, t.grad_clip, t.warmup_steps)
+    optim = OptimConfig.from_trainer(t)
     sampler = {"temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p}
     if t.shard == "fsdp2":
         from saorl.runtime.learner import shard_group

@@ -75,7 +75,7 @@ def test_lr_staleness_arms_are_the_grid_their_names_say():
     assert grid == {(algo, lr, n) for algo in ("sao", "grpo_dis")
                     for lr in (1e-5, 3e-5, 1e-4) for n in (16, 64)}
     for arm, c in cfgs.items():
-        assert c.trainer.batch_size == 4 and c.rollout.engine_slots == c.rollout.concurrent_episodes, arm
+        assert c.trainer.batch_size == 4 and c.rollout.engine.slots == c.rollout.concurrent_episodes, arm
         assert c.algo.resolve().advantage_norm == ("batch" if arm == "sao_advnorm" else "none"), arm
         assert (c.algo.resolve().group_size == 4) == arm.startswith("grpo_dis"), arm
     # the advantage-normalisation arm differs from the reference in that setting alone

@@ -281,3 +281,13 @@ def test_batch_advantage_norm_whitens_over_the_action_tokens():
     assert raw.std() > 0 and torch.allclose(white[act].double(), want, atol=1e-5)
     assert abs(float(white[act].mean())) < 1e-5 and abs(float(white[act].std(unbiased=False)) - 1) < 1e-4
     assert torch.count_nonzero(white[~act]) == 0
+
+
+def test_the_optimizer_settings_are_the_trainer_fields_of_the_same_names():
+    from saorl.config import load_config
+    from saorl.runtime.learner.single import OptimConfig
+
+    t = load_config(None, ["trainer.policy_lr=2e-5", "trainer.critic_lr=3e-4", "trainer.weight_decay=0.1",
+                           "trainer.grad_clip=0.5", "trainer.warmup_steps=7"]).trainer
+    assert OptimConfig.from_trainer(t) == OptimConfig(policy_lr=2e-5, critic_lr=3e-4, weight_decay=0.1,
+                                                      grad_clip=0.5, warmup_steps=7)

@@ -63,8 +63,10 @@ like with like (:func:`saorl.models.logprobs.token_logprobs`). Where each step's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,12 +99,20 @@ Tensor = torch.Tensor
 
 @dataclass
 class OptimConfig:
+    """The optimizer settings of the learner: ``trainer.*`` fields of the same names
+    (:meth:`from_trainer`)."""
+
     policy_lr: float = 1e-4
     critic_lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     warmup_steps: int = 0
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
+
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> OptimConfig:
+        """The fields of the ``trainer`` config section named as this record's, by name."""
+        return cls(**{f.name: getattr(trainer, f.name) for f in dataclasses.fields(cls)})
 
 
 class Learner:
