@@ -24,7 +24,7 @@ can still open its version), versions left by an earlier process count as older 
 published now, and the version ``latest.json`` names is never deleted. So publishing a lower
 version than those on disk (11, 12, 13, then 10) leaves 10 loadable. The run itself never goes
 back: a resumed run continues the version numbers above every version already published
-(:meth:`WeightPublisher.published_version`, read by :class:`~saorl.runtime.run.Run`), so one
+(:meth:`WeightPublisher.published_version`, read by :func:`~saorl.runtime.resume.restore`), so one
 number always names one set of weights.
 
 These are the local backend's publisher and source; :mod:`saorl.runtime.weights.ray_store`
