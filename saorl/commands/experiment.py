@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
                         args.quick, list(args.overrides))
         out = args.out or Path("runs") / "experiments" / (spec.name + ("-quick" if args.quick else ""))
         runner = ExperimentRunner(spec, path, out, sel)
-        first_arm = next((a for a in sel.arms if a != spec.start_arm), None)  # None: the start arm alone
-        cfg = runner.config(first_arm or next(iter(spec.arms)), sel.seeds[0])
+        trained = [a for a in sel.arms if a != spec.start_arm] or [next(iter(spec.arms))]
+        cfgs = {a: runner.config(a, sel.seeds[0]) for a in trained}
+        cfg = cfgs[trained[0]]
     except (SpecError, ConfigError) as e:
         print(f"saorl experiment: {e}", file=sys.stderr)
         return 2
@@ -77,9 +78,16 @@ def run(args: argparse.Namespace) -> int:
     left_out: list[str] = []
     arms = load_arms(out, sel.arms, sel.seeds, finished_only=True, left_out=left_out)
     mode = "quick" if args.quick else "full"
-    note = (f"Mode: {mode}; {cfg.env.type}; budget {cfg.trainer.steps} steps / "
-            f"{cfg.trainer.max_wall_s or 'unlimited'} s per run; batch {cfg.trainer.batch_size}; "
-            f"policy lr {cfg.trainer.policy_lr:g}; seeds {sel.seeds}.")
+    def each(value) -> str:  # one value, or each arm's where the arms differ
+        got = {a: value(c) for a, c in cfgs.items()}
+        if len(set(got.values())) == 1:
+            return str(next(iter(got.values())))
+        return "by arm (" + ", ".join(f"{a} {v}" for a, v in got.items()) + ")"
+
+    note = (f"Mode: {mode}; {cfg.env.type}; budget {each(lambda c: c.trainer.steps)} steps / "
+            f"{each(lambda c: c.trainer.max_wall_s or 'unlimited')} s per run; "
+            f"batch {each(lambda c: c.trainer.batch_size)}; "
+            f"policy lr {each(lambda c: f'{c.trainer.policy_lr:g}')}; seeds {sel.seeds}.")
     if left_out:
         note += f" Not finished, left out of the table and plots: {', '.join(left_out)}."
     report = write_report(out, spec.name, spec.description, arms, spec.plots, start_arm=spec.start_arm,
