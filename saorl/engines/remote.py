@@ -16,8 +16,8 @@ with its server's own routes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -93,6 +93,17 @@ class RemoteEngine:
             self._adapter = (int(version), adapter_name(weights))
         self._version = max(self._version, int(version))
         self._stats["weight_updates"] += 1
+
+    async def _post_naming(self, path: str, url: str, adapter: tuple[int, str],
+                           body: Callable[[tuple[int, str]], dict]) -> tuple[Any, tuple[int, str]]:
+        """``POST path`` with ``body(adapter)`` to ``url``; a worker behind (the server has unloaded
+        that adapter) sends it once more under the newest adapter the server has. Returns the
+        answer and the ``(version, name)`` of the adapter it was sampled with."""
+        try:
+            return await self.transport.call("POST", path, body(adapter), url=url), adapter
+        except EngineError as e:
+            adapter = await self._newer_adapter(e, url, adapter[1])
+            return await self.transport.call("POST", path, body(adapter), url=url), adapter
 
     async def _newer_adapter(self, error: EngineError, url: str, name: str) -> tuple[int, str]:
         """After ``error`` for a request naming the adapter ``name`` at ``url``: the newest adapter

@@ -44,7 +44,7 @@ following requested LoRA adapters are not loaded") is sent once more under the n
 ``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``
 (``LoadLoRAAdapterReqInput``, ``UnloadLoRAAdapterReqInput``, ``GenerateReqInput.lora_path``) and
 ``lora/lora_registry.py``; not run against a real server here (no CPU build), only against a fake
-of those routes (``tests/engines/test_sglang_lora.py``).
+of those routes (``tests/engines/test_adapter_routes.py``).
 """
 
 from __future__ import annotations
@@ -97,14 +97,11 @@ class SglangEngine(RemoteEngine):
             body = self._body(list(prompt_ids) + tokens, params, remaining)
             adapter = self._adapter
             async with self.transport.lease() as url:
-                try:
+                if adapter is None:
                     out = await self.transport.call("POST", "/generate", body, url=url)
-                except EngineError as e:  # a worker behind: once more under the newest adapter
-                    if adapter is None:
-                        raise
-                    adapter = await self._newer_adapter(e, url, adapter[1])
-                    out = await self.transport.call("POST", "/generate", {**body, "lora_path": adapter[1]},
-                                                    url=url)
+                else:
+                    out, adapter = await self._post_naming("/generate", url, adapter,
+                                                           lambda a, body=body: {**body, "lora_path": a[1]})
             ids, lps, vers, fin = self._parse(out, url)
             if adapter is not None:  # the adapter named is the version: exact
                 vers = [adapter[0]] * len(ids)

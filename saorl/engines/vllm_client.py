@@ -90,16 +90,9 @@ class VllmEngine(RemoteEngine):
         adapter = self._adapter
         async with self.transport.lease() as url:
             if adapter is not None:  # the adapter named is the version: exact
-                version, name = adapter
-                try:
-                    out = await self.transport.call("POST", "/v1/completions",
-                                                    self._body(prompt_ids, params, version, model=name),
-                                                    url=url)
-                except EngineError as e:  # a worker behind: once more under the newest adapter
-                    version, name = await self._newer_adapter(e, url, name)
-                    out = await self.transport.call("POST", "/v1/completions",
-                                                    self._body(prompt_ids, params, version, model=name),
-                                                    url=url)
+                out, (version, _) = await self._post_naming(
+                    "/v1/completions", url, adapter,
+                    lambda a: self._body(prompt_ids, params, a[0], model=a[1]))
             else:
                 before = await self._label(url)
                 out = await self.transport.call("POST", "/v1/completions",
