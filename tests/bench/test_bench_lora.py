@@ -1,22 +1,15 @@
 """benchmarks/bench_lora.py measures what it says: its counts and bytes against the model's own shapes."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_scripts import load_benchmark
 from torch import nn
 
 from saorl.models.tiny import build_tiny
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lora.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_lora", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_lora")
 
 
 def _lora_params(model: nn.Module, rank: int) -> int:

@@ -1,22 +1,15 @@
 """benchmarks/bench_lora_critic.py measures what it says: its rollouts' return is the marker's
 class, and its parameter counts are the critics' own."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_scripts import load_benchmark
 
 pytest.importorskip("peft")
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lora_critic.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_lora_critic", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_lora_critic")
 
 
 def test_the_return_is_the_class_of_the_marker_in_the_prompt(bench):

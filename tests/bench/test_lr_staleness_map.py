@@ -1,21 +1,16 @@
 """benchmarks/lr_staleness_map.py: the map's cells from fabricated run directories (hand-computed values)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "lr_staleness_map.py"
+from bench_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def lr_map():
-    spec = importlib.util.spec_from_file_location("lr_staleness_map", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("lr_staleness_map")
 
 
 def _run(out: Path, arm: str, seed: int, *, algo: str, lr: float, flight: int, kl: list[float],
