@@ -108,13 +108,17 @@ def test_a_run_on_a_server_that_keeps_the_old_head_stops_at_the_first_changed_ve
         dense, tmp_path, capsys, monkeypatch):
     """The writer of before (no ``lm_head.weight`` for a tied head) on the real server: the
     check after the first publication that changed the weights stops the run, exit 3, one
-    paragraph naming the server, the version and the gap; the workers never sample from it."""
+    paragraph naming the server, the version and the gap; the workers never sample from it.
+
+    At lr 1e-3: one step at the shipped 1e-4 left the stale head 2.8-3.5e-3 nats away on the
+    check's 32 tokens, 3x the float32 tolerance, and one CI run's first step moved it less (the
+    check passed, the run ended 0); at 1e-3 the gap was 0.021-0.037 in two runs."""
     from saorl.cli import main
     from saorl.models import hf_format
 
     monkeypatch.setattr(hf_format, "served_names", hf_format.saved_names)
     run_dir = tmp_path / "run"
-    argv = ["train", *overrides(dense.url), "runtime.mode=sync", "trainer.steps=3",
+    argv = ["train", *overrides(dense.url), "runtime.mode=sync", "trainer.steps=3", "trainer.policy_lr=1e-3",
             "rollout.engine.verify_every=0", f"run.out_dir={tmp_path}", "--run-dir", str(run_dir)]
     assert main(argv) == 3
     err = capsys.readouterr().err
