@@ -18,9 +18,10 @@ from saorl.config import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from saorl.experiments.spec import known_experiments
+
     p.add_argument("experiment", metavar="NAME_OR_PATH",
-                   help="an experiment name (math, code, stability, mismatch, levels, shift, noisy_obs) "
-                        "or a spec YAML")
+                   help=f"an experiment name ({', '.join(known_experiments())}) or a spec YAML")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides for every arm, applied last (right after the name)")
     p.add_argument("--quick", action="store_true",

@@ -145,6 +145,11 @@ class ExperimentSpec(_Model):
         return list(self.arms) + ([self.start_arm] if self.start_arm else [])
 
 
+def known_experiments() -> list[str]:
+    """The names of the experiment specs shipped with saorl."""
+    return sorted(p.stem for p in (PACKAGE_ROOT / SPEC_DIR).glob("*.yaml"))
+
+
 def find_spec(name_or_path: str) -> Path:
     """A spec file: an existing path, else ``configs/experiments/<name>.yaml`` under the working
     directory or among the presets shipped with saorl."""
@@ -156,7 +161,7 @@ def find_spec(name_or_path: str) -> Path:
             candidate = root / SPEC_DIR / f"{name_or_path}.yaml"
             if candidate.is_file():
                 return candidate
-    known = sorted(p.stem for p in (PACKAGE_ROOT / SPEC_DIR).glob("*.yaml"))
+    known = known_experiments()
     raise SpecError(f"experiment {name_or_path!r}: no such file, and no configs/experiments/"
                     f"{name_or_path}.yaml; known experiments: {', '.join(known) or '(none)'}")
 

@@ -179,3 +179,14 @@ def test_reference_arm_is_named_or_the_first_selected():
     assert _spec(reference="b").reference_arm() == "b"
     assert _spec(reference="b").reference_arm(["a"]) == "a"  # the reference was not run
     assert _spec().reference_arm(["b"]) == "b"
+
+
+def test_the_help_names_every_shipped_experiment(capsys):
+    from saorl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["experiment", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    shipped = sorted(p.stem for p in (Path(__file__).parents[2] / "configs" / "experiments").glob("*.yaml"))
+    assert {"claims", "lr_staleness", "levels"} <= set(shipped)
+    assert f"an experiment name ({', '.join(shipped)}) or a spec YAML" in out
