@@ -1,4 +1,4 @@
-"""``saorl experiment code|stability|mismatch|levels|shift|noisy_obs --quick`` end to end (math:
+"""``saorl experiment code|stability|mismatch|levels|shift|noisy_obs|claims --quick`` end to end (math:
 test_experiment_e2e), with the same even smaller settings: every quick arm trains its steps from one
 SFT start; the report has one row per arm in its table and in its comparisons (with the reference
 arm named) and the plots its spec asks for (shift: the switch columns too); the metrics the
@@ -23,15 +23,18 @@ NEEDS = {  # experiment -> metrics its report relies on, in every trained arm's 
     "levels": ["adv/first_token_std", "adv/return_std", "policy/entropy"],
     "shift": ["env/matched_preferred", "reward/mean"],
     "noisy_obs": ["adv/first_token_std", "adv/return_std", "critic/explained_var"],
+    "claims": ["mismatch/kl", "adv/first_token_std", "adv/return_std", "policy/entropy"],
 }
 SUBSET = {  # CI time: arms that differ only in a resolved knob (checked in test_experiment_spec) stay out
     "levels": ["sao", "grpo", "full_critic", "sft"],
     "noisy_obs": ["skip_obs", "plain_gae", "vapo_lambda", "sft"],
     "mismatch": ["grpo_uncorrected", "grpo_rollout", "grpo_dis", "sao", "sft"],
+    "claims": ["sao", "grpo_uncorrected", "vapo", "sft"],  # vapo: asynchronous with a group of 4 only here
 }
 ARM_NEEDS = {  # arm -> further metrics that arm must log
     "grpo_dis": ["policy/dis_kept_frac"], "sao": ["policy/dis_kept_frac", "critic/explained_var"],
     "grpo_rollout": ["policy/clip_frac"], "grpo_uncorrected": ["policy/clip_frac"],
+    "vapo": ["policy/clip_frac", "critic/explained_var"],
 }
 
 
@@ -49,7 +52,7 @@ def _pngs(spec) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["code", "stability", "mismatch", "levels", "shift", "noisy_obs"])
+@pytest.mark.parametrize("name", ["code", "stability", "mismatch", "levels", "shift", "noisy_obs", "claims"])
 def test_quick_experiment_end_to_end(name, tmp_path, capsys):
     spec = load_spec(find_spec(name))
     extra = TINY + (ONLINE if name in SWITCHING else [])
