@@ -117,6 +117,12 @@ class TrainerConfig(Section):
     in the metrics); None = no limit."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up over this many steps (0 = none)."""
+    staleness_lr_ref: float | None = Field(None, gt=0.0)
+    """A staleness-aware learning rate: each step's policy learning rate is ``policy_lr`` times
+    ``min(1, staleness_lr_ref / s)``, ``s`` the batch's mean staleness over its action tokens
+    (versions between each token's sampler and the trainer). At staleness up to the reference
+    the rate is unchanged; beyond it ``policy_lr × s`` stays at ``policy_lr × staleness_lr_ref``
+    (docs/method.md, "How far the policy may move"). None = off."""
     shard: Literal["none", "fsdp2"] = "none"
     """``none``: policy and critic train in one process. ``fsdp2``: torch FSDP2 shards them over
     the ranks of a ``torchrun`` launch (``torchrun --standalone --nproc-per-node N -m saorl.cli

@@ -291,3 +291,28 @@ def test_the_optimizer_settings_are_the_trainer_fields_of_the_same_names():
                            "trainer.grad_clip=0.5", "trainer.warmup_steps=7"]).trainer
     assert OptimConfig.from_trainer(t) == OptimConfig(policy_lr=2e-5, critic_lr=3e-4, weight_decay=0.1,
                                                       grad_clip=0.5, warmup_steps=7)
+
+
+def test_staleness_lr_ref_scales_the_policy_rate_by_the_batchs_mean_staleness():
+    """``trainer.staleness_lr_ref``: the policy's rate is ``policy_lr × min(1, ref / s̄)``, s̄ the
+    batch's mean staleness over its action tokens; the critic's rate is left alone; no effect at
+    staleness at or below the reference."""
+    def run(versions_of, ref, learner_version):
+        policy = build_tiny("tiny-dense", seed=0)
+        lrn = Learner(policy, Critic.from_policy(policy), get_preset("sao"),
+                      OptimConfig(policy_lr=1e-3, critic_lr=2e-3, staleness_lr_ref=ref), pad_id=PAD)
+        lrn.counters.version = learner_version
+        trajs = _trajs()
+        for i, t in enumerate(trajs):
+            t.versions = [versions_of(i) if m else -1 for m in t.action_mask]
+        m = lrn.step(trajs)
+        return m["policy/lr"], lrn.critic_opt.param_groups[0]["lr"], trajs
+
+    # trajectory i sampled at version i, trainer at 10: staleness 10 - i on its action tokens
+    lr, critic_lr, trajs = run(lambda i: i, 2.0, 10)
+    tokens = [(10 - i, sum(t.action_mask)) for i, t in enumerate(trajs)]
+    mean = sum(s * n for s, n in tokens) / sum(n for _, n in tokens)
+    assert mean > 2.0 and lr == pytest.approx(1e-3 * 2.0 / mean) and critic_lr == pytest.approx(2e-3)
+    assert run(lambda i: 9, 2.0, 10)[0] == pytest.approx(1e-3)  # staleness 1 <= 2: unchanged
+    assert run(lambda i: 10, 2.0, 10)[0] == pytest.approx(1e-3)  # staleness 0: unchanged
+    assert run(lambda i: 0, None, 10)[0] == pytest.approx(1e-3)  # off

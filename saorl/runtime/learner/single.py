@@ -108,6 +108,8 @@ class OptimConfig:
     grad_clip: float = 1.0
     warmup_steps: int = 0
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
+    staleness_lr_ref: float | None = None
+    """The policy's rate is scaled by ``min(1, ref / mean staleness of the batch)`` (None: off)."""
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> OptimConfig:
@@ -178,12 +180,23 @@ class Learner:
     def baseline(self) -> RunningMeanBaseline:
         return self.counters.baseline
 
-    def _apply_warmup(self) -> None:
+    def _apply_lr(self, batch: Batch) -> None:
+        """This step's learning rates: the warm-up's scale (policy and critic) and, with
+        ``staleness_lr_ref``, the policy's staleness scale from the whole batch's mean staleness
+        over its action tokens (summed across ranks, so every rank steps with the same rate)."""
         scale = min(1.0, (self.steps_done + 1) / self.optim.warmup_steps) if self.optim.warmup_steps else 1.0
-        for opt, lr in ((self.policy_opt, self.optim.policy_lr), (self.critic_opt, self.optim.critic_lr)):
+        policy_scale = scale
+        if self.optim.staleness_lr_ref is not None:
+            act = batch.action_mask
+            stale, count = self.updater.sum([float(((self.version - batch.versions) * act).sum()),
+                                             float(act.sum())])
+            mean = stale / count if count else 0.0
+            policy_scale *= min(1.0, self.optim.staleness_lr_ref / mean) if mean > 0 else 1.0
+        for opt, lr in ((self.policy_opt, self.optim.policy_lr * policy_scale),
+                        (self.critic_opt, self.optim.critic_lr * scale)):
             if opt is not None:
                 for g in opt.param_groups:
-                    g["lr"] = lr * scale
+                    g["lr"] = lr
 
     # ---------------------------------------- what crosses ranks: the updater's business
     def _totals(self, policy_loss: float, action_tokens: float, positions: float,
@@ -369,7 +382,7 @@ class Learner:
             batch = collate(trajs or [no_actions(self.pad_id)], self.pad_id).to(self.device)
             micro = microbatches(batch, self.max_tokens, self.packing) if trajs else []
         passes = self.updater.passes(micro, self.pad_id, self.device, self.packing)
-        self._apply_warmup()
+        self._apply_lr(batch)
         self.counters.steps_done += 1
         skips, lr = self.counters.nonfinite_skips, self.policy_opt.param_groups[0]["lr"]
         values, critic_columns = self._critic_updates(batch, passes) if p.use_critic else (None, {})
