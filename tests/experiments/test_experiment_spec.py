@@ -92,6 +92,10 @@ def test_mismatch_arms_differ_where_they_say():
     assert (dis.policy_loss, dis.eps_low, dis.eps_high) == ("dis", 0.3, 5.0)
     assert algos["grpo_dis_high028"] == dataclasses.replace(dis, eps_high=0.28)
     assert algos["grpo_dis_low099"] == dataclasses.replace(dis, eps_low=0.99)
+    # the safeguard arm is SAO with the staleness-aware learning rate, and nothing else changed
+    sao, guarded = (arm_config(spec, find_spec("mismatch"), a, 0) for a in ("sao", "sao_staleness_lr"))
+    assert (sao.trainer.staleness_lr_ref, guarded.trainer.staleness_lr_ref) == (None, 5.0)
+    assert guarded.model_copy(update={"trainer": sao.trainer, "run": sao.run}) == sao
 
 
 @pytest.mark.parametrize("data, field", [
