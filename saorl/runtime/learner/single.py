@@ -180,18 +180,17 @@ class Learner:
     def baseline(self) -> RunningMeanBaseline:
         return self.counters.baseline
 
-    def _apply_lr(self, batch: Batch) -> None:
+    def _apply_lr(self, staleness: Tensor, act: Tensor) -> None:
         """This step's learning rates: the warm-up's scale (policy and critic) and, with
-        ``staleness_lr_ref``, the policy's staleness scale from the whole batch's mean staleness
-        over its action tokens (summed across ranks, so every rank steps with the same rate)."""
+        ``staleness_lr_ref``, the policy's staleness scale from the whole batch's mean
+        ``staleness`` over its action tokens ``act`` (summed across ranks, so every rank steps
+        with the same rate)."""
         scale = min(1.0, (self.steps_done + 1) / self.optim.warmup_steps) if self.optim.warmup_steps else 1.0
         policy_scale = scale
         if self.optim.staleness_lr_ref is not None:
-            act = batch.action_mask
-            stale, count = self.updater.sum([float(((self.version - batch.versions) * act).sum()),
-                                             float(act.sum())])
-            mean = stale / count if count else 0.0
-            policy_scale *= min(1.0, self.optim.staleness_lr_ref / mean) if mean > 0 else 1.0
+            stale, count = self.updater.sum([float((staleness * act).sum()), float(act.sum())])
+            if stale > 0:  # mean staleness stale / count; none (all fresh): the rate unchanged
+                policy_scale *= min(1.0, self.optim.staleness_lr_ref * count / stale)
         for opt, lr in ((self.policy_opt, self.optim.policy_lr * policy_scale),
                         (self.critic_opt, self.optim.critic_lr * scale)):
             if opt is not None:
@@ -382,17 +381,17 @@ class Learner:
             batch = collate(trajs or [no_actions(self.pad_id)], self.pad_id).to(self.device)
             micro = microbatches(batch, self.max_tokens, self.packing) if trajs else []
         passes = self.updater.passes(micro, self.pad_id, self.device, self.packing)
-        self._apply_lr(batch)
+        act = batch.action_mask
+        staleness = self.version - batch.versions  # before the update
+        self._apply_lr(staleness, act)
         self.counters.steps_done += 1
         skips, lr = self.counters.nonfinite_skips, self.policy_opt.param_groups[0]["lr"]
         values, critic_columns = self._critic_updates(batch, passes) if p.use_critic else (None, {})
         advantages = self._advantages(batch, values, gids, empty=not trajs)
-        act = batch.action_mask
         lm_tokens = None
         if p.lm_loss_coef:
             positive = torch.tensor([float(t.episode.success) for t in trajs] or [0.0], device=act.device)
             lm_tokens = positive[:, None] * act
-        staleness = self.version - batch.versions  # before the update
         logprobs, entropy, total, norm = self._policy_update(batch, passes, advantages, lm_tokens)
         record = StepRecord(act, logprobs, batch.rollout_logprobs, advantages, entropy, staleness, lm_tokens,
                             *first_action_advantages(advantages, batch.rewards, act), **critic_columns)
