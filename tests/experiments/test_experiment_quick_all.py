@@ -30,6 +30,7 @@ SUBSET = {  # CI time: arms that differ only in a resolved knob (checked in test
     "noisy_obs": ["skip_obs", "plain_gae", "vapo_lambda", "sft"],
     "mismatch": ["grpo_uncorrected", "grpo_rollout", "grpo_dis", "sao", "sft"],
     "claims": ["sao", "grpo_uncorrected", "vapo", "sft"],  # vapo: asynchronous with a group of 4 only here
+    "shift": ["sao", "reinforce_rm_m09", "reinforce_rm_m099", "sao_before_update"],
 }
 ARM_NEEDS = {  # arm -> further metrics that arm must log
     "grpo_dis": ["policy/dis_kept_frac"], "sao": ["policy/dis_kept_frac", "critic/explained_var"],

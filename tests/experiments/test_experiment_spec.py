@@ -96,6 +96,18 @@ def test_mismatch_arms_differ_where_they_say():
     sao, guarded = (arm_config(spec, find_spec("mismatch"), a, 0) for a in ("sao", "sao_staleness_lr"))
     assert (sao.trainer.staleness_lr_ref, guarded.trainer.staleness_lr_ref) == (None, 5.0)
     assert guarded.model_copy(update={"trainer": sao.trainer, "run": sao.run}) == sao
+    # its control is SAO at the hand-set rate the map's rule gives at this staleness, and nothing else
+    fixed = arm_config(spec, find_spec("mismatch"), "sao_lr3e5", 0)
+    assert (fixed.trainer.policy_lr, fixed.trainer.staleness_lr_ref) == (3e-5, None)
+    assert fixed.trainer.model_copy(update={"policy_lr": sao.trainer.policy_lr}) == sao.trainer
+
+
+def test_shift_whitening_arm_is_sao_with_batch_normalised_advantages_only():
+    spec = load_spec(find_spec("shift"))
+    sao, norm = (arm_config(spec, find_spec("shift"), a, 0) for a in ("sao", "sao_advnorm"))
+    assert (sao.algo.resolve().advantage_norm, norm.algo.resolve().advantage_norm) == ("none", "batch")
+    assert norm.algo.model_copy(update={"advantage_norm": sao.algo.advantage_norm}) == sao.algo
+    assert norm.model_copy(update={"algo": sao.algo, "run": sao.run}) == sao
 
 
 @pytest.mark.parametrize("data, field", [
@@ -167,12 +179,16 @@ def test_base_is_found_relative_to_spec(tmp_path):
 def test_cost_lines_and_switch_steps():
     from saorl.experiments.plan import cost_lines, switch_steps
 
-    spec = load_spec(find_spec("shift"))
-    arms = list(spec.arms)
-    lines = cost_lines(spec, arms[:2], [0], quick=True)
-    assert lines[0].startswith("full version: may take up to 4 arms x 3 seeds x 240 s = 48m00s")
+    capped = load_spec(find_spec("lr_staleness"))  # a wall-clock cap per run bounds the time
+    lines = cost_lines(capped, list(capped.arms)[:2], [0], quick=True)
+    assert lines[0].startswith("full version: may take up to 13 arms x 2 seeds x 400 s = 2h53m of RL")
     assert lines[1].startswith("this run: may take up to 2 arms x 1 seeds x 60 s = 2m00s")
-    assert len(cost_lines(spec, arms, [0, 1, 2], quick=False)) == 1
+    spec = load_spec(find_spec("shift"))  # equal steps, no cap: a count of steps, no time bound claimed
+    arms = list(spec.arms)
+    lines = cost_lines(spec, arms, [0, 1, 2, 3, 4], quick=False)
+    assert lines == ["full version: 5 trained arms x 5 seeds x 300 steps (no wall-clock limit in the spec, "
+                     "so no time bound)"]
+    assert cost_lines(spec, arms[:2], [0], quick=True)[1].startswith("this run: may take up to 2 arms x 1 seeds")
     assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0, quick=True)) == [0, 10, 20]
     assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0)) == [0, 100, 200]
     assert switch_steps(arm_config(load_spec(find_spec("math")), find_spec("math"), "sao", 0)) == []
