@@ -188,7 +188,8 @@ def test_cost_lines_and_switch_steps():
     lines = cost_lines(spec, arms, [0, 1, 2, 3, 4], quick=False)
     assert lines == ["full version: 5 trained arms x 5 seeds x 300 steps (no wall-clock limit in the spec, "
                      "so no time bound)"]
-    assert cost_lines(spec, arms[:2], [0], quick=True)[1].startswith("this run: may take up to 2 arms x 1 seeds")
+    quick_line = cost_lines(spec, arms[:2], [0], quick=True)[1]
+    assert quick_line.startswith("this run: may take up to 2 arms x 1 seeds")
     assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0, quick=True)) == [0, 10, 20]
     assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0)) == [0, 100, 200]
     assert switch_steps(arm_config(load_spec(find_spec("math")), find_spec("math"), "sao", 0)) == []
