@@ -161,3 +161,58 @@ def test_the_runtime_wings_never_import_the_floor_above(wing):
         up = sorted(m for m in graph[module]
                     if m.startswith("saorl.runtime") and m != "saorl.runtime" and not m.startswith(wings))
         assert not up, f"{module} imports {up} (the floor above its wing)"
+
+
+KIND_TABLES = {"engines/kinds.py", "config/engines.py"}
+
+
+def _kind_literal_comparisons(path: Path) -> list[int]:
+    """Lines of ``path`` that compare a kind (``x.kind`` or ``kind``) with the name of an engine kind."""
+    from saorl.config.engines import ENGINE_CONFIGS
+
+    def is_kind(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "kind") or (
+            isinstance(node, ast.Name) and node.id == "kind")
+
+    def is_literal(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_literal(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and node.value in ENGINE_CONFIGS
+
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(is_kind(s) for s in sides) and any(is_literal(s) for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_engine_kinds_are_compared_only_in_their_tables():
+    """What a kind can do (updated in place, loads adapters, is the local engine) is read from its
+    config type (``IN_PLACE``, ``LOADS_ADAPTERS``, ``isinstance``), so a new kind cannot silently
+    skip a check that compares names."""
+    found = []
+    for path in SAORL.rglob("*.py"):
+        rel = path.relative_to(SAORL).as_posix()
+        if rel not in KIND_TABLES:
+            found += [f"saorl/{rel}:{n}" for n in _kind_literal_comparisons(path)]
+    assert not found, f"engine kinds compared with a string outside {sorted(KIND_TABLES)}: {found}"
+
+
+def test_the_kind_check_finds_a_literal(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('def f(e, kind):\n    return e.kind != "vllm" or kind in ("local", "x")\n')
+    assert _kind_literal_comparisons(probe) == [2, 2]
+
+
+def test_engine_kind_traits():
+    from saorl.config.engines import ENGINE_CONFIGS
+
+    assert {k for k, c in ENGINE_CONFIGS.items() if c.IN_PLACE} == {"vllm", "sglang"}
+    assert {k for k, c in ENGINE_CONFIGS.items() if c.LOADS_ADAPTERS} == {"local", "vllm", "sglang"}
+    from saorl.engines.kinds import KINDS, updated_in_place
+
+    for name, config in ENGINE_CONFIGS.items():
+        assert updated_in_place(name) == config.IN_PLACE
+        assert (name in KINDS) == (name != "local")

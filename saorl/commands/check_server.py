@@ -105,6 +105,7 @@ def _servers_config(path: str | None, overrides: list[str], urls: list[str] | No
 
 
 def _check(cfg, args) -> int:
+    from saorl.config.engines import VllmEngineConfig
     from saorl.models.codec import run_tokenizer
     from saorl.models.loading import load_policy, policy_source
     from saorl.runtime.parts import server_check
@@ -112,7 +113,7 @@ def _check(cfg, args) -> int:
 
     urls = cfg.rollout.engine.urls
     infos = None
-    if cfg.rollout.engine.kind == "vllm":
+    if isinstance(cfg.rollout.engine, VllmEngineConfig):
         infos = describe_servers(cfg)  # one that does not answer: StartupError, exit 2
         for i in infos:
             plugin = "with" if i.plugin else "without"

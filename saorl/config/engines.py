@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
@@ -36,6 +36,11 @@ class LocalEngineConfig(Section):
 
     kind: Literal["local"] = "local"
     """``local``: the in-process torch engine, loaded from the policy in each rollout worker."""
+    IN_PLACE: ClassVar[bool] = False
+    """Whether the trainer puts each version on this kind's servers itself and checks it there (a
+    server it does not control refuses ``ray.weights=object_store``)."""
+    LOADS_ADAPTERS: ClassVar[bool] = True
+    """Whether this kind takes a LoRA policy's published adapter (``model.lora``)."""
     slots: int = Field(16, ge=1)
     """Sequences the local engine decodes together (its batch size)."""
     prefix_cache_tokens: int = Field(65536, ge=0)
@@ -69,6 +74,8 @@ class _ServersConfig(Section):
     """Clients of servers at ``urls``; each worker spreads its requests over all of them."""
 
     kind: str
+    IN_PLACE: ClassVar[bool] = False
+    LOADS_ADAPTERS: ClassVar[bool] = False
     urls: list[str] = Field(default_factory=list)
     """Base URLs (``http://host:port``) of the servers (at least one); each worker spreads its
     requests over all of them."""
@@ -97,6 +104,8 @@ class _ServersConfig(Section):
 class _InPlaceConfig(_ServersConfig):
     """Servers the user started that the trainer updates in place after every step and checks."""
 
+    IN_PLACE: ClassVar[bool] = True
+    LOADS_ADAPTERS: ClassVar[bool] = True
     weight_update_timeout_s: float = Field(600.0, gt=0.0)
     """Watchdog of one weight update on a server (pause + load); past it the run stops with an
     error naming the server (the server is resumed first)."""

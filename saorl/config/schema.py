@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from saorl.config.engines import ENGINE_CONFIGS
 from saorl.config.sections import (
     EnvConfig,
     FieldError,
@@ -300,7 +301,7 @@ class SaorlConfig(Section):
             raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")
         if (self.runtime.backend == "ray" and self.ray.weights == "object_store"
-                and self.rollout.engine.kind in ("vllm", "sglang")):
+                and self.rollout.engine.IN_PLACE):
             raise FieldError("ray.weights", f"object_store hands the weights to saorl's own engines; the "
                                             f"{self.rollout.engine.kind} servers load each version from "
                                             "RUN/weights/hf and are checked there: set ray.weights=shared_fs")
@@ -318,11 +319,12 @@ class SaorlConfig(Section):
                              "trainer (trainer.shard=fsdp2) does not shard or publish adapters yet; set "
                              "trainer.shard=none, or model.lora.rank=null to train the whole policy sharded")
         kind = self.rollout.engine.kind
-        if kind not in ("local", "vllm", "sglang"):
-            raise FieldError("model.lora.rank", f"LoRA adapters are published to saorl's local engine and "
-                             f"to vLLM and SGLang servers only; rollout.engine={kind} "
-                             "servers do not load adapters yet: set rollout.engine=local, vllm or sglang, "
-                             "or model.lora.rank=null to publish full weights")
+        if not self.rollout.engine.LOADS_ADAPTERS:
+            able = ", ".join(k for k, c in ENGINE_CONFIGS.items() if c.LOADS_ADAPTERS)
+            raise FieldError("model.lora.rank", f"LoRA adapters are published to engines of kind {able} "
+                             f"only; rollout.engine={kind} servers do not load adapters yet: set "
+                             f"rollout.engine to one of {able}, or model.lora.rank=null to publish full "
+                             "weights")
         if self.runtime.backend == "ray" and self.ray.weights == "object_store":
             raise FieldError("model.lora.rank", "LoRA adapters are published as files in RUN/weights; "
                              "ray.weights=object_store carries full weights only: set ray.weights=shared_fs, "

@@ -164,7 +164,8 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     r = cfg.rollout
     local = policy_source(policy_spec)
     replay = (preset or cfg.algo.resolve()).routing_replay
-    layers, experts = moe_layout(local) if replay and r.engine.kind != "local" else (0, 0)
+    served = not isinstance(r.engine, LocalEngineConfig)
+    layers, experts = moe_layout(local) if replay and served else (0, 0)
     layout = RouteLayout(layers, experts) if layers else None  # a dense policy: the learner refuses it
     engine = r.engine
     if isinstance(engine, LocalEngineConfig):

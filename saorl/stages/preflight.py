@@ -46,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from saorl.config import ModelConfig, SaorlConfig
+from saorl.config.engines import VllmEngineConfig
 from saorl.data.task import Task
 from saorl.data.tasks import TaskFileError, env_sources, load_split, source_name
 from saorl.envs.base import Env, Progress, Prompt
@@ -86,7 +87,7 @@ def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
     under the run's sampling and dtype, and with ``model.lora`` load its adapters
     (:func:`saorl.engines.vllm_client.incompatibility`)."""
     r, e = cfg.rollout, cfg.rollout.engine
-    if e.kind != "vllm":
+    if not isinstance(e, VllmEngineConfig):
         return
     from saorl.engines.vllm_client import incompatibility
     from saorl.models.loading import moe_layout, policy_source

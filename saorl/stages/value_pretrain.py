@@ -50,6 +50,7 @@ from saorl.algo.gae import value_targets
 from saorl.algo.losses import value_loss
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
+from saorl.config.engines import LocalEngineConfig
 from saorl.data.batch import Batch, collate
 from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.tasks import env_sources, load_split
@@ -136,7 +137,8 @@ def sampling_model(cfg: SaorlConfig, policy_spec: str, policy: torch.nn.Module) 
     ``rollout.engine.router_noise``, as :func:`saorl.runtime.backends.worker.build_engine` sets it
     up) — a copy of ``policy_spec`` set up the same way; ``policy`` is never changed."""
     e = cfg.rollout.engine
-    if e.kind != "local" or not (e.dtype not in (None, cfg.model.dtype) or e.moe_top_k or e.router_noise):
+    differs = isinstance(e, LocalEngineConfig) and (e.dtype not in (None, cfg.model.dtype) or e.perturbed)
+    if not differs:
         return policy
     model = load_policy(policy_spec, dtype=e.dtype or cfg.model.dtype, device=cfg.model.device,
                         seed=cfg.seed)
