@@ -34,7 +34,7 @@ def main() -> None:
     from server import VllmServer, ensure_venv
 
     from saorl.engines.base import SamplingParams
-    from saorl.engines.vllm_client import VllmEngine
+    from saorl.engines.clients.vllm_client import VllmEngine
     from saorl.models.logprobs import token_logprobs
     from saorl.models.serialize import export_policy, quiet_progress
     from saorl.models.tiny import build_tiny

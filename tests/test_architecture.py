@@ -46,6 +46,12 @@ def test_only_the_cli_imports_commands():
     ("data", ("saorl.",)),
     ("models", ("saorl.engines", "saorl.runtime", "saorl.stages", "saorl.commands", "saorl.training",
                 "saorl.agent", "saorl.envs")),
+    ("envs", ("saorl.engines", "saorl.runtime", "saorl.stages", "saorl.commands", "saorl.training",
+              "saorl.agent", "saorl.models", "saorl.bench", "saorl.experiments")),
+    ("agent", ("saorl.runtime", "saorl.stages", "saorl.commands", "saorl.training", "saorl.bench",
+               "saorl.experiments")),
+    ("engines", ("saorl.runtime", "saorl.stages", "saorl.commands", "saorl.training", "saorl.agent",
+                 "saorl.envs", "saorl.bench", "saorl.experiments")),
 ])
 def test_imports_point_one_way(package, forbidden):
     for path in _modules(package):
@@ -216,3 +222,27 @@ def test_engine_kind_traits():
     for name, config in ENGINE_CONFIGS.items():
         assert updated_in_place(name) == config.IN_PLACE
         assert (name in KINDS) == (name != "local")
+
+
+ENGINE_FLOORS = {"serve": 2, "clients": 1}
+"""engines/ in wings: ``serve/`` (the ``saorl serve`` stack) above ``clients/`` (clients of servers)
+above the seam and the local engine at the top of the package (base, request, sampling, kv, prefix,
+local). ``kinds.py``, the table of engine kinds, joins the clients to their config sections."""
+
+
+def _engine_floor(module: str) -> int | None:
+    if module == "saorl.engines.kinds":
+        return None  # the table: reads clients/, read by the trainer and the workers
+    rest = module.removeprefix("saorl.engines").lstrip(".")
+    return ENGINE_FLOORS.get(rest.split(".")[0], 0) if module.startswith("saorl.engines") else None
+
+
+def test_engine_wings_never_import_a_floor_above():
+    graph = _module_graph()
+    for module in sorted(m for m in graph if m.startswith("saorl.engines.")):
+        floor = _engine_floor(module)
+        if floor is None:
+            continue
+        up = sorted(m for m in graph[module] if (m != "saorl.engines"
+                    and (_engine_floor(m) or 0) > floor) or m == "saorl.engines.kinds")
+        assert not up, f"{module} (floor {floor}) imports {up}, a floor above it"

@@ -2,7 +2,7 @@
 
 ``saorl serve --model tiny-moe --port 8000`` builds (or loads, for a directory path or a Hub id) a
 causal LM, wraps it in :class:`~saorl.engines.local.LocalEngine` and serves it with
-:mod:`saorl.engines.server` (FastAPI on uvicorn; vLLM 0.32's OpenAI API) until interrupted. It binds
+:mod:`saorl.engines.serve.server` (FastAPI on uvicorn; vLLM 0.32's OpenAI API) until interrupted. It binds
 127.0.0.1 unless ``--host`` says otherwise. ``--port 0`` picks a free port; the first line printed on
 stdout is ``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
 
@@ -11,7 +11,7 @@ stdout is ``saorl serve: listening on http://HOST:PORT`` (scripts and tests read
 As in vLLM: ``--served-model-name NAME [NAME ...]`` (default: ``--model`` as given) are the names
 requests may use, ``--max-model-len`` the context (default: the model's
 ``max_position_embeddings``), ``--generation-config auto|vllm|DIR`` where the sampling defaults come
-from (:mod:`saorl.engines.served`; a default the engine cannot apply is refused at start-up).
+from (:mod:`saorl.engines.serve.served`; a default the engine cannot apply is refused at start-up).
 
 ``--enable-return-routed-experts`` records every request's MoE routes, for routing replay (saorl's
 ``return_routed_experts`` field, and the SGLang / vLLM emulations' ``routed_experts``);
@@ -19,7 +19,7 @@ from (:mod:`saorl.engines.served`; a default the engine cannot apply is refused 
 remote engine brings, made dialable). ``--weights-dir DIR`` enables weight updates from files under
 DIR (off by default);
 ``--emulate vllm|sglang`` adds the routes of those servers that saorl's vLLM / SGLang clients use
-(:mod:`saorl.engines.emulation`), for tests and CPU runs of those code paths.
+(:mod:`saorl.engines.serve.emulation`), for tests and CPU runs of those code paths.
 """
 
 from __future__ import annotations
@@ -152,9 +152,9 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def _served(args: argparse.Namespace, source: str, model, tokenizer):
-    """The :class:`~saorl.engines.served.ServedModel` of the options; ValueError for a context past
+    """The :class:`~saorl.engines.serve.served.ServedModel` of the options; ValueError for a context past
     the model's or defaults the engine cannot apply."""
-    from saorl.engines.served import ServedModel, generation_defaults, unhonoured_default
+    from saorl.engines.serve.served import ServedModel, generation_defaults, unhonoured_default
     from saorl.models.hub import resolve_source
     from saorl.models.tiny import TINY_KINDS
 
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"saorl serve: {problem}", file=sys.stderr)
         return 2
     from saorl.engines.local import LocalEngine
-    from saorl.engines.server import ServerLimits, bind, create_app, make_server
+    from saorl.engines.serve.server import ServerLimits, bind, create_app, make_server
     from saorl.models.codec import check_vocab
 
     try:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from saorl.engines.base import InferenceEngine
-from saorl.engines.remote import ServerAdmin
-from saorl.engines.routes import RouteLayout
-from saorl.engines.transport import HttpTransport
+from saorl.engines.clients.remote import ServerAdmin
+from saorl.engines.clients.routes import RouteLayout
+from saorl.engines.clients.transport import HttpTransport
 
 if TYPE_CHECKING:
     from saorl.config.engines import ServerEngineConfig
@@ -48,7 +48,7 @@ class EngineKind:
 
 
 def _http(c: ServerEngineConfig, o: ClientOptions) -> InferenceEngine:
-    from saorl.engines.http_client import HttpEngine
+    from saorl.engines.clients.http_client import HttpEngine
 
     # model: one of the server's --served-model-name; none: whatever it serves
     return HttpEngine(c.urls, model=c.model, routing=c.routing, return_routes=o.return_routes,
@@ -56,26 +56,26 @@ def _http(c: ServerEngineConfig, o: ClientOptions) -> InferenceEngine:
 
 
 def _vllm(c: ServerEngineConfig, o: ClientOptions) -> InferenceEngine:
-    from saorl.engines.vllm_client import VllmEngine
+    from saorl.engines.clients.vllm_client import VllmEngine
 
     return VllmEngine(c.urls, model=c.model, routing=c.routing, return_routes=o.return_routes,
                       route_layout=o.route_layout)
 
 
 def _vllm_admin(url: str, transport: HttpTransport, c: ServerEngineConfig) -> ServerAdmin:
-    from saorl.engines.vllm_client import VllmAdmin
+    from saorl.engines.clients.vllm_client import VllmAdmin
 
     return VllmAdmin(url, transport)
 
 
 def _sglang(c: ServerEngineConfig, o: ClientOptions) -> InferenceEngine:
-    from saorl.engines.sglang_client import SglangEngine
+    from saorl.engines.clients.sglang_client import SglangEngine
 
     return SglangEngine(c.urls, routing=c.routing, return_routes=o.return_routes, route_layout=o.route_layout)
 
 
 def _sglang_admin(url: str, transport: HttpTransport, c: ServerEngineConfig) -> ServerAdmin:
-    from saorl.engines.sglang_client import SglangAdmin
+    from saorl.engines.clients.sglang_client import SglangAdmin
 
     return SglangAdmin(url, transport, c.pause_mode)
 

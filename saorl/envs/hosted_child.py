@@ -2,7 +2,7 @@
 
 Started as ``python -c BOOT SYS_PATH FD PARENT_PID`` (:data:`BOOT`): with the parent's ``sys.path``,
 so it imports what the parent can (the env's module, the reward function's), and the fd of its end
-of a socket pair. It dies with its parent (:func:`saorl.runtime.backends.parent_death.die_with_parent`, whose
+of a socket pair. It dies with its parent (:func:`saorl.parent_death.die_with_parent`, whose
 kernel parent-death signal also ends a child stuck in code that never yields) and exits when the
 parent closes the socket. Frames are pickled, in ``multiprocessing.connection``'s framing::
 
@@ -31,7 +31,7 @@ _STATE_HINT = ("an env whose calls run under env.call_timeout_s crosses a proces
 
 
 def main(fd: int, parent_pid: int) -> None:
-    from saorl.runtime.backends.parent_death import die_with_parent
+    from saorl.parent_death import die_with_parent
 
     die_with_parent(parent_pid, kernel_signal=True)
     conn = Connection(fd)

@@ -21,8 +21,8 @@ from saorl.config.sections import LORA_TARGETS
 from saorl.data.task import Task
 from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
+from saorl.engines.clients.routes import RouteLayout
 from saorl.engines.kinds import ClientOptions, server_kind, updated_in_place
-from saorl.engines.routes import RouteLayout
 from saorl.envs.registry import EnvFactory, env_factory_for
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
@@ -228,7 +228,7 @@ def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer,
     e = cfg.rollout.engine
     if not updated_in_place(e.kind):
         return files
-    from saorl.engines.transport import HttpTransport
+    from saorl.engines.clients.transport import HttpTransport
     from saorl.runtime.weights.servers import ServerPublisher
 
     check = server_check(cfg, tokenizer, preset)

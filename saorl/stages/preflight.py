@@ -31,7 +31,7 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
 :func:`check_servers` (called by :func:`saorl.training.train` after these, before the warm start:
 SFT and value pretraining do not need the servers) checks that with ``rollout.engine: vllm`` every
 server answers and none is one the run could not train on
-(:func:`saorl.engines.vllm_client.incompatibility`); :func:`check_ray`, next, that with
+(:func:`saorl.engines.clients.vllm_client.incompatibility`); :func:`check_ray`, next, that with
 ``runtime.backend: ray`` the cluster at ``ray.address`` answers within seconds and that the cluster
 (or, for the private one, this machine) has the CPUs and GPUs the rollout workers and the trainer
 ask for (:mod:`saorl.runtime.backends.ray_check`).
@@ -85,11 +85,11 @@ def check_servers(cfg: SaorlConfig, infos: list | None = None) -> None:
     """With ``rollout.engine`` of kind ``vllm``: each server of ``rollout.engine.urls`` answers
     (:func:`describe_servers`, unless its ``infos`` are given), and can train ``model.policy``
     under the run's sampling and dtype, and with ``model.lora`` load its adapters
-    (:func:`saorl.engines.vllm_client.incompatibility`)."""
+    (:func:`saorl.engines.clients.vllm_client.incompatibility`)."""
     r, e = cfg.rollout, cfg.rollout.engine
     if not isinstance(e, VllmEngineConfig):
         return
-    from saorl.engines.vllm_client import incompatibility
+    from saorl.engines.clients.vllm_client import incompatibility
     from saorl.models.loading import moe_layout, policy_source
 
     infos = describe_servers(cfg) if infos is None else infos
@@ -118,8 +118,8 @@ def describe_servers(cfg: SaorlConfig) -> list:
     all at once; a server still starting is waited for about 12 s, one that never answers a
     connection 7 tries of 3 s; every one that does not answer is named in one StartupError."""
     from saorl.engines.base import EngineError
-    from saorl.engines.transport import HttpTransport
-    from saorl.engines.vllm_client import VllmAdmin
+    from saorl.engines.clients.transport import HttpTransport
+    from saorl.engines.clients.vllm_client import VllmAdmin
 
     urls = cfg.rollout.engine.urls
     transport = HttpTransport(urls, timeout_s=60.0, retries=6, backoff_s=0.2, connect_timeout_s=3.0)

@@ -96,8 +96,8 @@ def test_serve_with_a_chat_template_answers_the_openai_client(tmp_path):
 @pytest.mark.slow
 def test_serve_returns_the_routes_of_its_perturbed_routing_to_the_sglang_client(tmp_path):
     from saorl.engines import SamplingParams
-    from saorl.engines.routes import RouteLayout
-    from saorl.engines.sglang_client import SglangEngine
+    from saorl.engines.clients.routes import RouteLayout
+    from saorl.engines.clients.sglang_client import SglangEngine
 
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "saorl.cli", "serve", "--port", "0", "--emulate", "sglang",

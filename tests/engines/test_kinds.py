@@ -3,12 +3,12 @@
 import pytest
 
 from saorl.config.engines import ENGINE_CONFIGS
-from saorl.engines.http_client import HttpEngine
+from saorl.engines.clients.http_client import HttpEngine
+from saorl.engines.clients.routes import RouteLayout
+from saorl.engines.clients.sglang_client import SglangAdmin, SglangEngine
+from saorl.engines.clients.transport import HttpTransport
+from saorl.engines.clients.vllm_client import VllmAdmin, VllmEngine
 from saorl.engines.kinds import KINDS, ClientOptions, server_kind, updated_in_place
-from saorl.engines.routes import RouteLayout
-from saorl.engines.sglang_client import SglangAdmin, SglangEngine
-from saorl.engines.transport import HttpTransport
-from saorl.engines.vllm_client import VllmAdmin, VllmEngine
 
 
 @pytest.mark.parametrize(("name", "client", "admin", "server"), [

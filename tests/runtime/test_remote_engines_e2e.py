@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from saorl.config import load_config
 from saorl.engines.local import LocalEngine
-from saorl.engines.server import serve_in_thread
+from saorl.engines.serve.server import serve_in_thread
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer

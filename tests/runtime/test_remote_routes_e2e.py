@@ -12,7 +12,7 @@ from runtime_helpers import SYNC_MISMATCH_BASE as BASE
 from saorl.config import load_config
 from saorl.data.jsonl import read_jsonl
 from saorl.engines.local import LocalEngine
-from saorl.engines.server import serve_in_thread
+from saorl.engines.serve.server import serve_in_thread
 from saorl.models.routing import perturb_routing
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer

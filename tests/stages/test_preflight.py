@@ -238,7 +238,7 @@ def test_a_server_that_says_nothing_of_itself_is_not_refused(tmp_path):
     """saorl's emulation (like an older vLLM) has no /version or /server_info: nothing is refused
     at start-up; the check after the publications still verifies its log-probs."""
     from saorl.engines.local import LocalEngine
-    from saorl.engines.server import serve_in_thread
+    from saorl.engines.serve.server import serve_in_thread
 
     tok = load_tokenizer()
     eng = LocalEngine(build_tiny("tiny-moe", seed=0), tok, max_batch_size=2)
@@ -264,7 +264,7 @@ def test_a_server_that_says_nothing_of_itself_is_not_refused(tmp_path):
      "VLLM_SERVER_DEV_MODE=1"),
 ])
 def test_which_vllm_servers_a_run_refuses(info, moe, processed, refused):
-    from saorl.engines.vllm_client import ServerInfo, incompatibility
+    from saorl.engines.clients.vllm_client import ServerInfo, incompatibility
 
     problem = incompatibility(ServerInfo("http://s:1", "0.32.0", dtype="float32", **info), moe=moe,
                               processed=processed, dtype="float32")
@@ -274,7 +274,7 @@ def test_which_vllm_servers_a_run_refuses(info, moe, processed, refused):
 
 
 def test_a_vllm_server_in_another_dtype_is_refused_unless_a_tolerance_is_given():
-    from saorl.engines.vllm_client import ServerInfo, incompatibility
+    from saorl.engines.clients.vllm_client import ServerInfo, incompatibility
 
     info = ServerInfo("http://s:1", "0.32.0", "cuda", "bfloat16", "processed_logprobs", False, dev_mode=True)
     assert "--dtype float32" in incompatibility(info, moe=False, processed=True, dtype="float32")
@@ -291,7 +291,7 @@ def test_a_vllm_server_in_another_dtype_is_refused_unless_a_tolerance_is_given()
     (dict(), 8, None),  # a server that says nothing of its LoRA: the first load tells
 ])
 def test_which_vllm_servers_a_lora_run_refuses(lora, rank, refused):
-    from saorl.engines.vllm_client import ServerInfo, incompatibility
+    from saorl.engines.clients.vllm_client import ServerInfo, incompatibility
 
     info = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", False, dev_mode=True,
                       **lora)
@@ -303,7 +303,7 @@ def test_which_vllm_servers_a_lora_run_refuses(lora, rank, refused):
 
 
 def test_the_lora_flags_named_are_ones_vllm_accepts():
-    from saorl.engines.vllm_client import ServerInfo, incompatibility, lora_rank_flag
+    from saorl.engines.clients.vllm_client import ServerInfo, incompatibility, lora_rank_flag
 
     assert [lora_rank_flag(r) for r in (1, 4, 8, 9, 33, 512)] == [1, 8, 8, 16, 64, 512]
     info = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", False, dev_mode=True,
@@ -315,7 +315,7 @@ def test_the_lora_flags_named_are_ones_vllm_accepts():
 def test_a_lora_moe_run_is_refused_on_a_cpu_server_not_on_a_gpu_one():
     """vLLM's CPU build dies on the first request of a LoRA-enabled MoE model; on a GPU the
     adapters are loaded beside the base, never reloaded into it, so the reload plugin is not asked."""
-    from saorl.engines.vllm_client import ServerInfo, incompatibility
+    from saorl.engines.clients.vllm_client import ServerInfo, incompatibility
 
     lora = dict(max_lora_rank=8, lora_updates=True, dev_mode=True)
     cpu = ServerInfo("http://s:1", "0.32.0", "cpu", "float32", "processed_logprobs", True, **lora)

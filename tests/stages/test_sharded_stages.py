@@ -3,7 +3,7 @@
 Rank 0 runs SFT and a fit through :func:`~saorl.runtime.learner.shard_stages.run_sharded` as a sharded
 run's stages do; rank 1 serves them (:func:`~saorl.runtime.learner.shard_stages.serve_stages`). The
 single-process stage runs on the same data in this process. Tolerances as in
-tests/runtime/test_sharded.py: the last loss within 1e-5 relative, every weight within 1e-6 after
+tests/runtime/learner/test_sharded.py: the last loss within 1e-5 relative, every weight within 1e-6 after
 the steps at lr 1e-5 (Adam turns another summation order into weight differences that scale with
 the learning rate).
 """

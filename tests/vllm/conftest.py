@@ -74,8 +74,8 @@ def dense_server(vllm_python, models, tmp_path_factory):
 def dense(dense_server, tmp_path):
     """The dense server, put back on the weights it started with (tiny-dense, seed 0) before the
     test: the tests do not depend on what an earlier test published."""
-    from saorl.engines.transport import HttpTransport
-    from saorl.engines.vllm_client import VllmAdmin
+    from saorl.engines.clients.transport import HttpTransport
+    from saorl.engines.clients.vllm_client import VllmAdmin
     from saorl.runtime.weights.files import FilePublisher
     from saorl.runtime.weights.servers import ServerPublisher
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from saorl.engines import SamplingParams
-from saorl.engines.transport import HttpTransport
-from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+from saorl.engines.clients.transport import HttpTransport
+from saorl.engines.clients.vllm_client import VllmAdmin, VllmEngine
 from saorl.models import hf_format
 from saorl.models.tiny import build_tiny
 from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames

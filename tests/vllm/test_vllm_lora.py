@@ -19,10 +19,10 @@ from train_runs import GAP_MAX, assert_exact, killed_and_resumed, overrides, ste
 from saorl.config import load_config
 from saorl.config.sections import LORA_TARGETS
 from saorl.engines import SamplingParams
-from saorl.engines.adapters import adapter_name, is_missing_adapter
 from saorl.engines.base import EngineError
-from saorl.engines.transport import HttpTransport
-from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+from saorl.engines.clients.adapters import adapter_name, is_missing_adapter
+from saorl.engines.clients.transport import HttpTransport
+from saorl.engines.clients.vllm_client import VllmAdmin, VllmEngine
 from saorl.errors import StartupError
 from saorl.models.adapter import adapter_deltas, read_adapter
 from saorl.models.logprobs import token_logprobs
@@ -110,7 +110,7 @@ def test_each_adapter_is_verified_named_exactly_and_only_the_newest_two_stay_loa
             assert res.versions == [6] * len(res.token_ids) and behind.stats()["adapter_retries"] == 1
         finally:
             behind.close()
-        # the 404 itself, as the real server words it (what saorl.engines.adapters recognises)
+        # the 404 itself, as the real server words it (what saorl.engines.clients.adapters recognises)
         transport = HttpTransport([url], timeout_s=60)
         try:
             body = engine._body(PROMPT, SamplingParams(max_new_tokens=2), 4,

@@ -9,8 +9,8 @@ import pytest
 
 from saorl.config import load_config
 from saorl.engines import SamplingParams
-from saorl.engines.transport import HttpTransport
-from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+from saorl.engines.clients.transport import HttpTransport
+from saorl.engines.clients.vllm_client import VllmAdmin, VllmEngine
 from saorl.errors import StartupError
 from saorl.models.tiny import build_tiny
 from saorl.runtime.weights.files import FilePublisher, FileSource

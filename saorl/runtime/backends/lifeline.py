@@ -1,7 +1,7 @@
 """A rollout worker never outlives its trainer, whatever killed the trainer (``kill -9`` included).
 
 Two mechanisms, because neither covers everything alone, both in
-:func:`~saorl.runtime.backends.parent_death.die_with_parent` (which also ends the child processes that run
+:func:`~saorl.parent_death.die_with_parent` (which also ends the child processes that run
 user code, :mod:`saorl.envs.hosted`):
 
 - on Linux the worker asks the kernel for ``SIGKILL`` when its parent dies
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from saorl.runtime.backends.parent_death import PARENT_CHECK_S, die_with_parent
+from saorl.parent_death import PARENT_CHECK_S, die_with_parent
 
 __all__ = ["PARENT_CHECK_S", "Reaper", "descendants", "die_with_parent", "run_worker", "start_time"]
 

@@ -29,7 +29,7 @@ from typing import Any
 from saorl.config.engines import EngineConfig, LocalEngineConfig
 from saorl.data.trajectory import Trajectory
 from saorl.engines.base import InferenceEngine, SamplingParams
-from saorl.engines.routes import RouteLayout
+from saorl.engines.clients.routes import RouteLayout
 from saorl.envs import pyast
 from saorl.models.codec import TokenizerSpec
 from saorl.runtime.backends.messages import (

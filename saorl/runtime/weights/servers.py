@@ -10,7 +10,7 @@ model's names, under one lock (so two publications never interleave), does:
    :func:`~saorl.models.hf_format.served_names`), atomically: built in a temporary sibling,
    renamed into place, so a server never reads a half-written directory;
 2. on every server at once: pause → load the directory and label the weights ``version`` →
-   resume (:class:`~saorl.engines.remote.ServerAdmin`; the routes are each server's own). Resume
+   resume (:class:`~saorl.engines.clients.remote.ServerAdmin`; the routes are each server's own). Resume
    always runs, also when the pause or the load failed. A watchdog bounds pause + load by
    ``timeout_s``: a hung update becomes a :class:`WeightPublishError` naming the server, never a
    silent stall;
@@ -28,16 +28,16 @@ policy loaded from the directory just published (the sharded policy is not whole
 **LoRA adapters** (``WeightNames.adapter(config)``, a ``model.lora`` run on vLLM or SGLang servers):
 the base weights never change on the servers, so nothing is paused or reloaded. The adapter directory
 ``RUN/weights/v<version>-adapter`` (peft's layout) is written atomically and loaded on every server
-at once under its own name (:func:`saorl.engines.adapters.adapter_name`; ``POST
+at once under its own name (:func:`saorl.engines.clients.adapters.adapter_name`; ``POST
 /v1/load_lora_adapter``, bounded by ``timeout_s``); the check, when due, asks the servers for that
 name and scores the tokens with the trainer's LoRA policy (base + adapter); then the version is
 announced (the workers derive the name from the announced directory and name it in every request,
 so each token's version is exact), and every adapter but the newest
-:data:`~saorl.engines.adapters.KEEP_LOADED` (this one and the one before it, which requests in
+:data:`~saorl.engines.clients.adapters.KEEP_LOADED` (this one and the one before it, which requests in
 flight, or a worker that has not read the announcement yet, may still name) is unloaded (vLLM's
 ``POST /v1/unload_lora_adapter``, SGLang's ``POST /unload_lora_adapter``: new requests for it are
 refused, running ones finish; a worker further behind retries under the newest name,
-:mod:`saorl.engines.adapters`).
+:mod:`saorl.engines.clients.adapters`).
 
 **The check** (:class:`ServerCheck`). DIS divides by the engine's log-probs, so a server that
 samples from other weights than the trainer's — a reload that silently kept a layer, a server
@@ -68,10 +68,10 @@ from pathlib import Path
 
 import torch
 
-from saorl.engines.adapters import KEEP_LOADED, adapter_name
 from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
-from saorl.engines.remote import ServerAdmin
-from saorl.engines.transport import HttpTransport
+from saorl.engines.clients.adapters import KEEP_LOADED, adapter_name
+from saorl.engines.clients.remote import ServerAdmin
+from saorl.engines.clients.transport import HttpTransport
 from saorl.errors import RunFailure
 from saorl.models.hf_format import save_hf_weights
 from saorl.runtime.weights.files import MODEL_NAMES, FilePublisher, WeightNames, merged, write_checkpoint_dir

@@ -24,7 +24,7 @@ import functools
 import jinja2
 import jinja2.meta
 
-from saorl.engines import openai_api as oa
+from saorl.engines.serve import openai_api as oa
 
 _OWN = frozenset({"messages", "add_generation_prompt", "continue_final_message", "tokenize", "chat_template",
                   "tools", "documents", "return_dict", "tokenizer_kwargs"})

@@ -1,25 +1,26 @@
 """``saorl serve``'s HTTP server: an :class:`InferenceEngine` behind vLLM 0.32's OpenAI-compatible API.
 
 FastAPI on uvicorn. Each request is a coroutine that awaits ``engine.agenerate``, so concurrent
-requests meet in the engine's continuous batch. Routes: ``POST /v1/completions`` and
-``POST /v1/chat/completions`` (requests: :mod:`saorl.engines.openai_api`, :mod:`~saorl.engines.chat_prompt`;
-responses, key for key as vLLM's: :mod:`saorl.engines.openai_out`; SSE: :mod:`saorl.engines.streaming`),
-``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, ``GET /metrics``
-(Prometheus), ``GET /health`` (:mod:`saorl.engines.server_info`), and saorl's ``POST /update_weights``;
-with ``emulate="vllm"`` or ``"sglang"`` the routes of those servers that saorl's clients use
-(:mod:`saorl.engines.emulation`). What is served is a :class:`~saorl.engines.served.ServedModel`:
-its names (a request naming another model is a 404, as in vLLM), context length and
-``generation_config.json`` defaults.
+requests meet in the engine's continuous batch. Routes: ``POST /v1/completions`` and ``POST
+/v1/chat/completions`` (requests: :mod:`saorl.engines.serve.openai_api`,
+:mod:`~saorl.engines.serve.chat_prompt`; responses, key for key as vLLM's:
+:mod:`saorl.engines.serve.openai_out`; SSE: :mod:`saorl.engines.serve.streaming`), ``GET
+/v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, ``GET /metrics``
+(Prometheus), ``GET /health`` (:mod:`saorl.engines.serve.server_info`), and saorl's ``POST
+/update_weights``; with ``emulate="vllm"`` or ``"sglang"`` the routes of those servers that saorl's
+clients use (:mod:`saorl.engines.serve.emulation`). What is served is a
+:class:`~saorl.engines.serve.served.ServedModel`: its names (a request naming another model is a
+404, as in vLLM), context length and ``generation_config.json`` defaults.
 
 saorl's extension: each choice carries ``versions`` (the weight version that sampled each token) and
 the response ``saorl: {"versions": <choice 0's>, "engine_version": v}``; emulated servers leave them
 out, as the real ones do. With an engine that records MoE routes (``saorl serve
 --enable-return-routed-experts``), a completion request with ``return_routed_experts: true`` gets
-each choice's ``routed_experts`` (base64 ``.npy``, :mod:`saorl.engines.routes`); an emulated vLLM
+each choice's ``routed_experts`` (base64 ``.npy``, :mod:`saorl.engines.clients.routes`); an emulated vLLM
 server sends them with every choice, as vLLM does.
 
 Holding load: every limit is a :class:`ServerLimits` field and a ``saorl serve`` option, and every
-refusal a JSON error naming its limit (:mod:`saorl.engines.server_limits`: the header and body
+refusal a JSON error naming its limit (:mod:`saorl.engines.serve.server_limits`: the header and body
 deadlines, the body size, the JSON nesting depth). Here: at most ``max_pending`` generations
 admitted at once (running or waiting for an engine slot; a request with ``n`` choices counts ``n``
 per prompt); past it, 503 with ``Retry-After``, unless the request alone asks for more than
@@ -58,15 +59,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from saorl.engines import openai_api as oa
-from saorl.engines import openai_out as out
 from saorl.engines.base import EngineError, InferenceEngine
-from saorl.engines.chat_prompt import chat_prompt, response_role
-from saorl.engines.generation import generate_all, plan, read_json
-from saorl.engines.served import ServedModel
-from saorl.engines.server_info import add_info_routes
-from saorl.engines.server_limits import BodyLimit, HeaderDeadline, Overloaded, ServerLimits, error_response
-from saorl.engines.server_metrics import ServerMetrics
+from saorl.engines.serve import openai_api as oa
+from saorl.engines.serve import openai_out as out
+from saorl.engines.serve.chat_prompt import chat_prompt, response_role
+from saorl.engines.serve.generation import generate_all, plan, read_json
+from saorl.engines.serve.served import ServedModel
+from saorl.engines.serve.server_info import add_info_routes
+from saorl.engines.serve.server_limits import (
+    BodyLimit,
+    HeaderDeadline,
+    Overloaded,
+    ServerLimits,
+    error_response,
+)
+from saorl.engines.serve.server_metrics import ServerMetrics
 
 Emulate = Literal["vllm", "sglang"] | None
 
@@ -91,7 +98,7 @@ class ServerState:
         self.streams = "on_token" in params
         self.route_layout = None
         if getattr(self.engine, "records_routes", False):
-            from saorl.engines.routes import RouteLayout
+            from saorl.engines.clients.routes import RouteLayout
             from saorl.models import routing
 
             model = self.engine.model
@@ -173,7 +180,7 @@ async def handle_generation(state: ServerState, request: Request, chat: bool) ->
     try:
         await state.wait_resumed()
         if req.stream:
-            from saorl.engines.streaming import stream_events
+            from saorl.engines.serve.streaming import stream_events
 
             events = stream_events(state, req, prompts, work, chat, rid, started)
             return StreamingResponse(_released(events, state, need), media_type="text/event-stream")
@@ -245,7 +252,7 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
 
     add_info_routes(app, state)
     if emulate is not None:
-        from saorl.engines.emulation import add_emulated_routes
+        from saorl.engines.serve.emulation import add_emulated_routes
 
         add_emulated_routes(app, state, emulate, **emulation_options)
     app.add_middleware(BodyLimit, limits=limits)

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from saorl.engines import LocalEngine
-from saorl.engines.served import ServedModel, generation_defaults, unhonoured_default
-from saorl.engines.server import serve_in_thread
+from saorl.engines.serve.served import ServedModel, generation_defaults, unhonoured_default
+from saorl.engines.serve.server import serve_in_thread
 from saorl.models.tiny import build_tiny
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"

@@ -18,7 +18,7 @@ Timeout``, ``Request Entity Too Large``, ...). Two layers enforce them:
   ``max_json_depth`` deep (400; counted on the raw bytes, before any parser sees them: Python's
   recursive parsers fail on deep nesting with a ``RecursionError``).
 
-What the routes check themselves: ``max_pending`` (:meth:`~saorl.engines.server.ServerState.admit`:
+What the routes check themselves: ``max_pending`` (:meth:`~saorl.engines.serve.server.ServerState.admit`:
 503 + ``Retry-After`` while others run, 400 for a request larger than the server ever admits) and
 the fields of each request (400 naming the field).
 """

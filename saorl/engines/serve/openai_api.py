@@ -1,4 +1,5 @@
-"""The OpenAI-compatible request schemas of ``saorl serve`` (the responses: :mod:`saorl.engines.openai_out`).
+"""The OpenAI-compatible request schemas of ``saorl serve`` (the responses:
+:mod:`saorl.engines.serve.openai_out`).
 
 Requests are validated field by field (pydantic, strict types, no extra fields, finite numbers
 only): a malformed request gets HTTP 400 whose ``error.param`` and message name the field, never a
@@ -16,13 +17,13 @@ token's log-prob plus the k most likely alternatives per token), ``stop``, ``sto
 ``seed``, ``return_token_ids``, ``return_tokens_as_token_ids``, ``include_stop_str_in_output``,
 ``skip_special_tokens``, ``add_special_tokens``, ``request_id`` (the response's id is
 ``cmpl-<request_id>``), ``cache_salt`` (accepted: the local engine keeps no prefix cache across
-requests), ``model``, ``user``; the fields of :mod:`saorl.engines.openai_fields` at their neutral
+requests), ``model``, ``user``; the fields of :mod:`saorl.engines.serve.openai_fields` at their neutral
 values; saorl's extension ``return_routed_experts`` (non-streaming, on a server started with
 ``--enable-return-routed-experts``): each choice's ``routed_experts``, the MoE routes of every
-position fed (:mod:`saorl.engines.routes`).
+position fed (:mod:`saorl.engines.clients.routes`).
 
 ``POST /v1/chat/completions``: ``messages`` (content a string or a list of text parts) go through
-the tokenizer's chat template (:mod:`saorl.engines.chat_prompt`) with ``add_generation_prompt``,
+the tokenizer's chat template (:mod:`saorl.engines.serve.chat_prompt`) with ``add_generation_prompt``,
 ``continue_final_message`` and ``chat_template_kwargs``; ``max_completion_tokens`` / ``max_tokens``
 (unset: the model's ``generation_config.json`` ``max_new_tokens``, else what the context leaves),
 ``logprobs: true`` with ``top_logprobs: k``; the other sampling fields as above.
@@ -38,7 +39,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from saorl.engines.base import SamplingParams
-from saorl.engines.openai_fields import STRICT, UnhonouredChatFields, UnhonouredFields
+from saorl.engines.serve.openai_fields import STRICT, UnhonouredChatFields, UnhonouredFields
 
 TokenId = Annotated[int, Field(strict=True, ge=0)]
 StopStr = Annotated[str, Field(min_length=1, max_length=256)]
@@ -97,7 +98,7 @@ class _Request(UnhonouredFields):
     def sampling(self, max_tokens: int, top_logprobs: int, seed: int | None, defaults: dict[str, Any],
                  extra_stop_ids: tuple[int, ...] = ()) -> SamplingParams:
         """The engine's parameters: each unset field from ``defaults`` (the model's
-        ``generation_config.json``, :class:`~saorl.engines.served.ServedModel`), else neutral."""
+        ``generation_config.json``, :class:`~saorl.engines.serve.served.ServedModel`), else neutral."""
         def pick(name: str, neutral: Any) -> Any:
             value = getattr(self, name)
             return value if value is not None else defaults.get(name, neutral)
@@ -120,7 +121,7 @@ class CompletionRequest(_Request):
     add_special_tokens: bool = True
     suffix: None = None
     return_routed_experts: bool = False
-    """saorl's extension: each choice carries ``routed_experts`` (see :mod:`saorl.engines.routes`)."""
+    """saorl's extension: each choice carries ``routed_experts`` (see :mod:`saorl.engines.clients.routes`)."""
 
 
 class TextPart(BaseModel):
@@ -228,7 +229,8 @@ def parse(model: type[BaseModel], body: Any) -> Any:
 
 def refuse_unhonoured(req: UnhonouredFields) -> None:
     """:class:`BadRequest` naming the first field set to a value the engine cannot honour
-    (:mod:`saorl.engines.openai_fields`); checked after the model name, as vLLM would answer 404 first."""
+    (:mod:`saorl.engines.serve.openai_fields`); checked after the model name, as vLLM would answer
+    404 first."""
     bad = req.unhonoured()
     if bad is not None:
         name, value, neutral = bad

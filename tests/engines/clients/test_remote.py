@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from saorl.engines import EngineError, LocalEngine, SamplingParams
-from saorl.engines.server import serve_in_thread
-from saorl.engines.sglang_client import SglangAdmin, SglangEngine
-from saorl.engines.transport import HttpTransport
-from saorl.engines.vllm_client import VllmAdmin, VllmEngine
+from saorl.engines.clients.sglang_client import SglangAdmin, SglangEngine
+from saorl.engines.clients.transport import HttpTransport
+from saorl.engines.clients.vllm_client import VllmAdmin, VllmEngine
+from saorl.engines.serve.server import serve_in_thread
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames
@@ -258,7 +258,7 @@ class _AdapterAdmin:
 
 
 def test_adapter_publication_loads_everywhere_announces_and_unloads_all_but_the_newest_two(tmp_path):
-    from saorl.engines.adapters import adapter_name
+    from saorl.engines.clients.adapters import adapter_name
 
     a, b = _AdapterAdmin("http://a:1"), _AdapterAdmin("http://b:1")
     transport = HttpTransport("http://unused:1")
@@ -291,7 +291,7 @@ def test_adapter_publication_to_a_server_without_the_runtime_routes_fails_naming
 
 
 def test_the_vllm_client_names_the_announced_adapter_and_tags_its_version(tmp_path):
-    from saorl.engines.adapters import adapter_name
+    from saorl.engines.clients.adapters import adapter_name
     from saorl.models.adapter import write_adapter_dir
 
     path = write_adapter_dir({"base_model.model.x.lora_A.weight": torch.zeros(2, 3)}, {"r": 2},

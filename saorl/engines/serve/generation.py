@@ -1,6 +1,6 @@
-"""One generation request's work, shared by the routes of ``saorl serve`` (:mod:`saorl.engines.server`),
-its streaming responses (:mod:`saorl.engines.streaming`) and the emulated vLLM / SGLang routes
-(:mod:`saorl.engines.emulation`): the request body read as JSON, each prompt's token budget, every
+"""One generation request's work, shared by the routes of ``saorl serve`` (:mod:`saorl.engines.serve.server`),
+its streaming responses (:mod:`saorl.engines.serve.streaming`) and the emulated vLLM / SGLang routes
+(:mod:`saorl.engines.serve.emulation`): the request body read as JSON, each prompt's token budget, every
 choice of every prompt generated on the server's engine, and the engine's own validation turned into
 a 400. Kept below those three modules, so none of them imports another to reach these.
 
@@ -22,8 +22,8 @@ from typing import Any
 
 from fastapi import Request
 
-from saorl.engines import openai_api as oa
 from saorl.engines.base import GenerationResult, SamplingParams
+from saorl.engines.serve import openai_api as oa
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -100,7 +100,7 @@ def plan(state, req: oa._Request, prompts: list[list[int]], top: int) -> Work:
 async def generate_all(state, work: Work,
                        on_token: Callable[[int], Any] | None = None) -> list[GenerationResult]:
     """The choices of ``work`` (:func:`plan`), on ``state``'s engine (a
-    :class:`~saorl.engines.server.ServerState`: ``engine``, ``streams``, ``running``)."""
+    :class:`~saorl.engines.serve.server.ServerState`: ``engine``, ``streams``, ``running``)."""
     calls = []
     for prompt, sp in work:
         kw = {"on_token": on_token(len(calls))} if on_token is not None and state.streams else {}

@@ -1,6 +1,6 @@
 """One pooled async HTTP client for the engines that talk to inference servers.
 
-The HTTP engines (:class:`~saorl.engines.http_client.HttpEngine` for ``saorl serve``, and the
+The HTTP engines (:class:`~saorl.engines.clients.http_client.HttpEngine` for ``saorl serve``, and the
 vLLM / SGLang clients) send every request through a :class:`HttpTransport`: one
 ``httpx.AsyncClient`` (a connection pool of ``max_connections`` keep-alive connections) living on
 a private event-loop thread. Callers on any event loop await :meth:`HttpTransport.call`; blocking

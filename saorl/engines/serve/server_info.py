@@ -12,7 +12,7 @@
 - ``GET /version``: ``{"version": <saorl's version>}`` — not vLLM's, so a client can tell; left out
   of the emulated vLLM (``--emulate vllm``), because saorl's vLLM client reads ``/version`` with
   ``/server_info`` to judge a real vLLM server, and the emulation has no ``/server_info``.
-- ``GET /metrics``: Prometheus text (:mod:`saorl.engines.server_metrics`).
+- ``GET /metrics``: Prometheus text (:mod:`saorl.engines.serve.server_metrics`).
 - ``GET /health``: ``{"status": "ok", "version": <the engine's weight version>}`` (vLLM answers 200
   with an empty body).
 
@@ -27,10 +27,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
 from saorl import __version__
-from saorl.engines import openai_api as oa
-from saorl.engines.chat_prompt import chat_prompt
-from saorl.engines.generation import read_json
-from saorl.engines.server_metrics import CONTENT_TYPE
+from saorl.engines.serve import openai_api as oa
+from saorl.engines.serve.chat_prompt import chat_prompt
+from saorl.engines.serve.generation import read_json
+from saorl.engines.serve.server_metrics import CONTENT_TYPE
 
 
 def _model_card(served, name: str) -> dict:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from saorl.engines import EngineError, HttpEngine, LocalEngine, SamplingParams
-from saorl.engines.server import serve_in_thread
+from saorl.engines.serve.server import serve_in_thread
 from saorl.models.serialize import save_safetensors_atomic
 from saorl.models.tiny import build_tiny
 from tests.engines.conftest import PROMPTS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

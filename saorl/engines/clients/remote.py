@@ -7,7 +7,7 @@ load from disk → label → resume) *before* it announces the version to the ro
 ``update_weights(path, version)`` on a worker only records that the servers now run ``version``
 (the fallback tag for tokens of a server that reports no version). A LoRA run announces adapter
 directories: the client then names the newest one in every request, and a request naming one the
-server has unloaded is sent again under the newest it has (:mod:`saorl.engines.adapters`).
+server has unloaded is sent again under the newest it has (:mod:`saorl.engines.clients.adapters`).
 
 :class:`ServerAdmin` is one server's side of that publication; each client module implements it
 with its server's own routes.
@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import torch
 
-from saorl.engines.adapters import adapter_name, is_missing_adapter, newest_loaded
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
-from saorl.engines.transport import HttpTransport, Routing
+from saorl.engines.clients.adapters import adapter_name, is_missing_adapter, newest_loaded
+from saorl.engines.clients.transport import HttpTransport, Routing
 from saorl.models.adapter import is_adapter_dir
 
 
@@ -108,7 +108,8 @@ class RemoteEngine:
     async def _newer_adapter(self, error: EngineError, url: str, name: str) -> tuple[int, str]:
         """After ``error`` for a request naming the adapter ``name`` at ``url``: the newest adapter
         of this run that server has, now named by later requests too; ``error`` itself again when
-        it was not a missing adapter or the server has no newer one (:mod:`saorl.engines.adapters`)."""
+        it was not a missing adapter or the server has no newer one
+        (:mod:`saorl.engines.clients.adapters`)."""
         if not is_missing_adapter(error):
             raise error
         found = await newest_loaded(self.transport, url, name)

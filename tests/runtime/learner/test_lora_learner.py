@@ -24,7 +24,7 @@ from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
 from saorl.runtime.learner.single import Learner, OptimConfig
 from saorl.runtime.weights.files import FilePublisher, FileSource
-from tests.runtime.test_learner import PAD, _matched_trajs, _opt_state, _trajs
+from tests.runtime.learner.test_learner import PAD, _matched_trajs, _opt_state, _trajs
 
 
 def _lora_learner(kind="tiny-dense", seed=0, lr=1e-2, **over) -> Learner:

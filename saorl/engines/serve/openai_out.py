@@ -124,7 +124,7 @@ def completion_choice(state, req, i: int, res: GenerationResult, prompt: list[in
         state.tokenizer, res, bool(req.return_tokens_as_token_ids))
     routes = None
     if state.route_layout is not None and (req.return_routed_experts or state.emulate == "vllm"):
-        from saorl.engines.routes import encode_npy
+        from saorl.engines.clients.routes import encode_npy
 
         routes = encode_npy(res.routes, state.route_layout.layers, state.route_layout.experts)
     choice = dict(index=i, text=response_text(state.tokenizer, res, req.include_stop_str_in_output,

@@ -1,11 +1,11 @@
 """An :class:`InferenceEngine` that drives ``saorl serve`` over HTTP (pooled, async).
 
-Requests go through one :class:`~saorl.engines.transport.HttpTransport` (an ``httpx`` connection
+Requests go through one :class:`~saorl.engines.clients.transport.HttpTransport` (an ``httpx`` connection
 pool on a private event loop), so a worker's hundreds of concurrent episodes are hundreds of
 requests in flight, not a thread each. Several server URLs are spread round-robin or by least
 load.
 
-Wire format: ``POST /v1/completions`` (:mod:`saorl.engines.openai_api`) with ``prompt`` as token
+Wire format: ``POST /v1/completions`` (:mod:`saorl.engines.serve.openai_api`) with ``prompt`` as token
 ids, ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` (-1 when off), ``stop``,
 ``stop_token_ids``, ``seed``, ``logprobs: 0`` (the sampled token's log-prob only) and
 ``return_token_ids: true``. Read from ``choices[0]``: ``token_ids``, ``logprobs.token_logprobs``,
@@ -14,15 +14,15 @@ ids, ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` (-1 when off), ``stop
 
 Routing replay (``return_routes=True``): the request adds saorl's ``return_routed_experts: true``
 and each choice answers ``routed_experts``, the MoE routes of every position the server fed (base64
-of a ``.npy`` array ``[positions, layers, k]``, as vLLM sends them; :mod:`saorl.engines.routes`). The
+of a ``.npy`` array ``[positions, layers, k]``, as vLLM sends them; :mod:`saorl.engines.clients.routes`). The
 server must run with ``--enable-return-routed-experts``.
 
 ``update_weights(path, version)`` asks every server to load a safetensors file
 (``POST /update_weights``): the server must have been started with ``--weights-dir`` at or above
 that path on a disk it shares with this client. A state dict cannot be sent over HTTP.
 
-vLLM and SGLang servers have clients of their own (:mod:`saorl.engines.vllm_client`,
-:mod:`saorl.engines.sglang_client`); failures are :class:`EngineError` (see the transport).
+vLLM and SGLang servers have clients of their own (:mod:`saorl.engines.clients.vllm_client`,
+:mod:`saorl.engines.clients.sglang_client`); failures are :class:`EngineError` (see the transport).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 import torch
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
-from saorl.engines.remote import RemoteEngine
-from saorl.engines.routes import RouteLayout, decode_routes
-from saorl.engines.transport import Routing
+from saorl.engines.clients.remote import RemoteEngine
+from saorl.engines.clients.routes import RouteLayout, decode_routes
+from saorl.engines.clients.transport import Routing
 
 
 class HttpEngine(RemoteEngine):

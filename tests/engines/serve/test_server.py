@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from saorl.engines import LocalEngine, SamplingParams
-from saorl.engines.server import ServerLimits, serve_in_thread
+from saorl.engines.serve.server import ServerLimits, serve_in_thread
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from saorl.engines import LocalEngine
-from saorl.engines.server import ServerLimits, serve_in_thread
-from saorl.engines.server_limits import json_depth
+from saorl.engines.serve.server import ServerLimits, serve_in_thread
+from saorl.engines.serve.server_limits import json_depth
 from saorl.models.hf_format import save_hf_weights
 from saorl.models.serialize import save_safetensors_atomic
 from saorl.models.tiny import build_tiny

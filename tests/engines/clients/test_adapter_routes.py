@@ -14,7 +14,7 @@ following requested LoRA adapters are not loaded: …", and for unloading a name
 The vLLM fake answers as vLLM 0.32 does for a ``model`` it does not serve (HTTP 404, "The model
 `…` does not exist."; tests/vllm/test_vllm_lora.py meets that answer on the real server) and lists
 its adapters in ``/v1/models`` as vLLM does. SGLang has no CPU build: as for its other paths
-(tests/engines/test_remote.py), the test against a real server is marked ``vllm`` and ``gpu`` and
+(tests/engines/clients/test_remote.py), the test against a real server is marked ``vllm`` and ``gpu`` and
 skipped here, and these run against the fake.
 """
 
@@ -28,10 +28,10 @@ import pytest
 import torch
 
 from saorl.engines import EngineError, SamplingParams
-from saorl.engines.adapters import KEEP_LOADED, adapter_name, adapter_version
-from saorl.engines.sglang_client import SglangAdmin, SglangEngine
-from saorl.engines.transport import HttpTransport
-from saorl.engines.vllm_client import VllmEngine
+from saorl.engines.clients.adapters import KEEP_LOADED, adapter_name, adapter_version
+from saorl.engines.clients.sglang_client import SglangAdmin, SglangEngine
+from saorl.engines.clients.transport import HttpTransport
+from saorl.engines.clients.vllm_client import VllmEngine
 from saorl.models.adapter import write_adapter_dir
 from saorl.models.tiny import build_tiny
 from saorl.runtime.weights.files import FilePublisher, FileSource, WeightNames

@@ -28,12 +28,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from saorl.engines import openai_api as oa
-from saorl.engines import openai_out as out
 from saorl.engines.base import EngineError, GenerationResult
-from saorl.engines.chat_prompt import response_role
-from saorl.engines.generation import generate_all
-from saorl.engines.server_limits import error_body
+from saorl.engines.serve import openai_api as oa
+from saorl.engines.serve import openai_out as out
+from saorl.engines.serve.chat_prompt import response_role
+from saorl.engines.serve.generation import generate_all
+from saorl.engines.serve.server_limits import error_body
 
 
 def _sse(obj: Any) -> str:

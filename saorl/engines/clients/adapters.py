@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 
 from saorl.engines.base import EngineError
-from saorl.engines.transport import HttpTransport
+from saorl.engines.clients.transport import HttpTransport
 
 KEEP_LOADED = 2
 """Adapters left loaded on each server: the newest and the one before it, which requests in flight

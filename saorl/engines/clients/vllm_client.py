@@ -24,20 +24,20 @@ tokens after the update are the new version's (``tests/vllm/test_vllm_train.py``
 by token).
 
 LoRA adapters (a ``model.lora`` run): the publisher loads each version's adapter directory on
-every server under its own name (:func:`saorl.engines.adapters.adapter_name`, ``POST
+every server under its own name (:func:`saorl.engines.clients.adapters.adapter_name`, ``POST
 /v1/load_lora_adapter``; a server started with ``--enable-lora`` and
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``) before it announces the version. The announcement hands the
 workers the directory, so ``update_weights`` knows the name; each request then names the newest
 adapter as its ``model`` and its tokens carry that adapter's version, exactly: the server's weight
 label is neither asked nor needed. A request naming an adapter the server has unloaded (a worker
 two or more versions behind: HTTP 404, "does not exist") is sent once more under the newest adapter
-of the run that ``GET /v1/models`` lists (:mod:`saorl.engines.adapters`).
+of the run that ``GET /v1/models`` lists (:mod:`saorl.engines.clients.adapters`).
 
 Routing replay (``return_routes=True``): a server started with ``--enable-return-routed-experts``
 (vLLM 0.32 needs Model Runner V2 and prefix caching for it; there is no per-request switch) answers
 every choice with ``routed_experts``: base64 of a ``.npy`` array ``[positions, layers, k]`` over
 the prompt and the output but its last token (``CompletionResponseChoice.routed_experts`` in
-``vllm/entrypoints/openai/completion/protocol.py``; :mod:`saorl.engines.routes`, encoding ``npy``).
+``vllm/entrypoints/openai/completion/protocol.py``; :mod:`saorl.engines.clients.routes`, encoding ``npy``).
 
 Weight publication (:class:`VllmAdmin`, dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``):
 ``POST /pause?mode=keep`` (in-flight requests are kept and continue after ``/resume``),
@@ -55,9 +55,9 @@ import contextlib
 from dataclasses import dataclass
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
-from saorl.engines.remote import RemoteEngine
-from saorl.engines.routes import RouteLayout, decode_routes
-from saorl.engines.transport import HttpTransport
+from saorl.engines.clients.remote import RemoteEngine
+from saorl.engines.clients.routes import RouteLayout, decode_routes
+from saorl.engines.clients.transport import HttpTransport
 
 
 class VllmEngine(RemoteEngine):

@@ -19,7 +19,7 @@ import schemathesis
 
 from saorl.engines.base import GenerationResult
 from saorl.engines.request import validate_request
-from saorl.engines.server import ServerLimits, ServerThread, create_app
+from saorl.engines.serve.server import ServerLimits, ServerThread, create_app
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
 

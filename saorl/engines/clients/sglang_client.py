@@ -22,7 +22,7 @@ stop string split across two chunks is not seen by the server (each chunk checks
 Routing replay (``return_routes=True``; the server runs with ``--enable-return-routed-experts``):
 the request adds ``return_routed_experts: true`` and the answer's ``meta_info.routed_experts`` is
 base64 of int32 ids ``[positions, layers, k]`` over every position the server fed, prompt and
-output but the last token (:mod:`saorl.engines.routes`, encoding ``flat``). A continued request
+output but the last token (:mod:`saorl.engines.clients.routes`, encoding ``flat``). A continued request
 feeds the whole context again, so its last chunk's routes cover the whole result.
 
 Weight publication (:class:`SglangAdmin`): ``POST /pause_generation {"mode"}`` →
@@ -33,18 +33,18 @@ LoRA adapters (a ``model.lora`` run; the server started with ``--enable-lora``, 
 at least ``model.lora.rank``, ``--lora-target-modules`` covering the adapter's targets, and
 ``--max-loaded-loras`` unset or at least 3: the two kept plus the one being loaded). Nothing is
 paused: the publisher loads each version's adapter directory under its own name
-(:func:`saorl.engines.adapters.adapter_name`) with ``POST /load_lora_adapter {"lora_name",
+(:func:`saorl.engines.clients.adapters.adapter_name`) with ``POST /load_lora_adapter {"lora_name",
 "lora_path"}`` and unloads old ones with ``POST /unload_lora_adapter {"lora_name"}``; both answer
 ``{"success", "error_message", "loaded_adapters"}`` (HTTP 400 when ``success`` is false). A worker
 told of an adapter directory sends ``"lora_path": <name>`` with every ``/generate`` (SGLang
 resolves it by name among the loaded adapters) and tags every token with that adapter's version,
 exactly, whatever ``meta_info`` says. A request naming an unloaded adapter (HTTP 400, "The
 following requested LoRA adapters are not loaded") is sent once more under the newest one ``GET
-/v1/models`` lists (:mod:`saorl.engines.adapters`). Written against SGLang 0.5's
+/v1/models`` lists (:mod:`saorl.engines.clients.adapters`). Written against SGLang 0.5's
 ``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``
 (``LoadLoRAAdapterReqInput``, ``UnloadLoRAAdapterReqInput``, ``GenerateReqInput.lora_path``) and
 ``lora/lora_registry.py``; not run against a real server here (no CPU build), only against a fake
-of those routes (``tests/engines/test_adapter_routes.py``).
+of those routes (``tests/engines/clients/test_adapter_routes.py``).
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
-from saorl.engines.remote import RemoteEngine
-from saorl.engines.routes import RouteLayout, decode_routes
-from saorl.engines.transport import HttpTransport
+from saorl.engines.clients.remote import RemoteEngine
+from saorl.engines.clients.routes import RouteLayout, decode_routes
+from saorl.engines.clients.transport import HttpTransport
 
 PauseMode = Literal["abort", "retract", "in_place"]
 

@@ -15,7 +15,7 @@ defaults of a request that leaves the field unset; ``max_new_tokens`` is chat's 
 EOS stop every request too, reported as ``stop_reason: <id>`` (the tokenizer's EOS stops with
 ``stop_reason: null``). ``--generation-config vllm`` ignores the file; ``--generation-config DIR``
 reads ``DIR/generation_config.json`` instead. A default the engine cannot apply (a penalty,
-``min_p``; :mod:`saorl.engines.openai_fields`) is refused when the server starts
+``min_p``; :mod:`saorl.engines.serve.openai_fields`) is refused when the server starts
 (:func:`unhonoured_default`), not silently dropped.
 """
 
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from saorl import __version__
-from saorl.engines.openai_api import ModelNotFound
-from saorl.engines.openai_fields import UNHONOURED
+from saorl.engines.serve.openai_api import ModelNotFound
+from saorl.engines.serve.openai_fields import UNHONOURED
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "max_new_tokens")
@@ -67,7 +67,7 @@ class ServedModel:
         return f"saorl-{__version__}-{digest.hexdigest()[:8]}"
 
     def check(self, model: str | None) -> None:
-        """:class:`~saorl.engines.openai_api.ModelNotFound` (a 404) when ``model`` names none of
+        """:class:`~saorl.engines.serve.openai_api.ModelNotFound` (a 404) when ``model`` names none of
         the served names; no model at all is the served one, as in vLLM."""
         if model and model not in self.names:
             names = ", ".join(self.names)

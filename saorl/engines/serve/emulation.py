@@ -1,9 +1,10 @@
 """Emulations of the vLLM and SGLang routes that saorl's clients use, driven by a local engine.
 
-They exist so that :mod:`saorl.engines.vllm_client` and :mod:`saorl.engines.sglang_client` (and a
-whole run with ``rollout.engine: vllm | sglang``) are tested end to end on a CPU, against the same
-request and response schemas as the real servers (the versions pinned in docs/engines.md). The
-engine must be a :class:`~saorl.engines.local.LocalEngine`.
+They exist so that :mod:`saorl.engines.clients.vllm_client` and
+:mod:`saorl.engines.clients.sglang_client` (and a whole run with ``rollout.engine: vllm | sglang``)
+are tested end to end on a CPU, against the same request and response schemas as the real servers
+(the versions pinned in docs/engines.md). The engine must be a
+:class:`~saorl.engines.local.LocalEngine`.
 
 vLLM (``emulate="vllm"``; vLLM 0.32, dev-mode RL routes, ``VLLM_SERVER_DEV_MODE=1``):
 
@@ -49,11 +50,11 @@ import torch
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from saorl.engines import openai_api as oa
-from saorl.engines import openai_out as out
 from saorl.engines.base import GenerationResult, SamplingParams
-from saorl.engines.generation import read_json
-from saorl.engines.routes import encode_flat
+from saorl.engines.clients.routes import encode_flat
+from saorl.engines.serve import openai_api as oa
+from saorl.engines.serve import openai_out as out
+from saorl.engines.serve.generation import read_json
 
 
 class _Labels:

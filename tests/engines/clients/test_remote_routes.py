@@ -1,7 +1,7 @@
 """MoE routes through the servers: saorl serve's ``return_routed_experts``, SGLang's
 ``meta_info.routed_experts`` and vLLM's ``choices[].routed_experts``, each decoded by its client over
 real loopback HTTP and compared with the routes a local engine records for the same request; the
-wire formats (:mod:`saorl.engines.routes`) against hand-made payloads."""
+wire formats (:mod:`saorl.engines.clients.routes`) against hand-made payloads."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from saorl.engines import EngineError, LocalEngine, SamplingParams
-from saorl.engines.http_client import HttpEngine
-from saorl.engines.routes import RouteLayout, decode_routes, encode_flat, encode_npy
-from saorl.engines.server import serve_in_thread
-from saorl.engines.sglang_client import SglangEngine
-from saorl.engines.vllm_client import VllmEngine
+from saorl.engines.clients.http_client import HttpEngine
+from saorl.engines.clients.routes import RouteLayout, decode_routes, encode_flat, encode_npy
+from saorl.engines.clients.sglang_client import SglangEngine
+from saorl.engines.clients.vllm_client import VllmEngine
+from saorl.engines.serve.server import serve_in_thread
 from saorl.models.routing import perturb_routing
 from saorl.models.tiny import build_tiny
 
