@@ -233,11 +233,12 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
             t.add("weight load + apply (worker side)", time.perf_counter() - t0)
         journal = Journal(f"{d}/j")
         for rid, traj in enumerate(batches[0]):
+            traj.episode.rid = rid
             t0 = time.perf_counter()
             pickle.loads(pickle.dumps(traj))
             t.add("transport (pickle round trip)", time.perf_counter() - t0)
             t0 = time.perf_counter()
-            journal.append(rid, traj)
+            journal.append(traj)
             t.add("journal append (fsync)", time.perf_counter() - t0)
         journal.close()
     for k in ("transport (pickle round trip)", "journal append (fsync)"):  # per batch of bs, × repeats

@@ -56,6 +56,9 @@ class Episode:
     ``style_shift`` line matched); runs log their batch means as ``env/<key>``."""
     rid: int = -1
     """Rollout id (``-1`` outside a training run)."""
+    group: int = -1
+    """The group of rollouts of one task that an update takes together (GRPO's group; with SAO's
+    groups of one, its own), given by the trainer with the request; ``-1`` outside a training run."""
     worker: int | None = None
     """Rollout worker that played it."""
     t_start: float | None = None

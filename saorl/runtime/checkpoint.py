@@ -54,7 +54,7 @@ from saorl.atomic import fsync_path, write_text
 from saorl.data.trajectory import Trajectory
 from saorl.models.serialize import load_safetensors, save_safetensors_atomic
 from saorl.run_paths import RunPaths
-from saorl.runtime.journal import Journal, decode_entry, encode_entry
+from saorl.runtime.journal import Journal, decode_entry, write_entries
 from saorl.runtime.rundir import CorruptionError, sha256_file
 
 MANIFEST = "manifest.json"
@@ -71,7 +71,7 @@ def _manifest_checksum(manifest: dict[str, Any]) -> str:
 
 
 def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
-                    pending: list[tuple[int, Trajectory]], keep: int = 2) -> Path:
+                    pending: list[Trajectory], keep: int = 2) -> Path:
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:08d}"
     final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}-{os.getpid()}"
@@ -80,10 +80,7 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
     learner_meta = learner.save_state(tmp)
     save_safetensors_atomic({"torch": torch.get_rng_state()}, tmp / "rng.safetensors")
     with open(tmp / "pending.jsonl", "w", encoding="utf-8") as f:
-        for rid, traj in pending:
-            f.write(encode_entry(rid, traj) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        write_entries(f, pending)
     manifest = {
         "step": step, **learner.counters.state(),
         **learner_meta, "python_rng": _py_rng_to_json(random.getstate()), **extra,
@@ -217,7 +214,7 @@ def restart_problem(run_dir: Path, journal: Journal | None) -> str | None:
     steps = [r for r in effective_rows(read_jsonl(paths.metrics)) if r["step"] > 0]
     base = max((int(r["resume"].get("version", 0)) for r in rows if "resume" in r), default=0)
     published = _published_versions(paths.weights)
-    journalled = {rid for rid, _ in journal.read_from(0)} if journal is not None else set()
+    journalled = {t.episode.rid for t in journal.read_from(0)} if journal is not None else set()
     rids = {rid for r in trained for rid in r["rids"]}
     if not rids - journalled and (journalled or not (steps or published > base)):
         return None
@@ -326,7 +323,7 @@ def _aside_name(ckpt_root: Path, name: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------ load
-def load_checkpoint(ckpt_dir: Path, learner, manifest: dict[str, Any]) -> list[tuple[int, Trajectory]]:
+def load_checkpoint(ckpt_dir: Path, learner, manifest: dict[str, Any]) -> list[Trajectory]:
     """Restore the learner in place from a checkpoint :func:`verify` passed (``manifest`` is what
     it returned); return the pending trajectories."""
     learner.load_state(ckpt_dir, manifest)  # weights, optimizers and the learner's counters

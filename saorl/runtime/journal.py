@@ -123,14 +123,25 @@ class RolloutCursor:
             heapq.heappush(self._requeued, rid)
 
 
-def encode_entry(rid: int, traj: Trajectory) -> str:
-    """One journal line (no newline): the entry's JSON with the CRC-32 of that JSON appended."""
-    body = json.dumps({"rid": rid, "traj": traj.to_dict()}, separators=(",", ":"))
+def encode_entry(traj: Trajectory) -> str:
+    """One journal line (no newline): the entry's JSON (its rollout id, ``traj.episode.rid``, and the
+    trajectory) with the CRC-32 of that JSON appended."""
+    body = json.dumps({"rid": traj.episode.rid, "traj": traj.to_dict()}, separators=(",", ":"))
     return f'{body[:-1]},"crc":"{zlib.crc32(body.encode()):08x}"}}'
 
 
-def decode_entry(line: str) -> tuple[int, Trajectory]:
-    """The ``(rid, trajectory)`` of a journal line; ``ValueError`` saying why when it is damaged."""
+def write_entries(f, trajs: Iterable[Trajectory]) -> None:
+    """Write one line per trajectory to the open text file ``f``, then flush and fsync it once: the
+    journal's writer, which a checkpoint's ``pending.jsonl`` goes through too."""
+    for traj in trajs:
+        f.write(encode_entry(traj) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def decode_entry(line: str) -> Trajectory:
+    """The trajectory of a journal line, its ``episode.rid`` the line's rollout id; ``ValueError``
+    saying why when the line is damaged."""
     body, tail = line[:-_CRC_TAIL] + "}", line[-_CRC_TAIL:]
     if len(line) <= _CRC_TAIL or not (tail.startswith(',"crc":"') and tail.endswith('"}')):
         raise ValueError("no checksum at the end of the line")
@@ -142,9 +153,11 @@ def decode_entry(line: str) -> tuple[int, Trajectory]:
         raise ValueError("the checksum does not match the line's bytes")
     try:
         d = json.loads(body)
-        return int(d["rid"]), Trajectory.from_dict(d["traj"])
+        rid, traj = int(d["rid"]), Trajectory.from_dict(d["traj"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"the checksum matches but the entry is not a trajectory ({e})") from None
+    traj.episode.rid = rid  # the same, but the line's own id is what the journal promises
+    return traj
 
 
 def _seg_number(path: Path) -> int:
@@ -174,16 +187,13 @@ class Journal:
             self._file = open(self.segment_path(self._seg_index), "a", encoding="utf-8")
         return self._file
 
-    def append(self, rid: int, traj: Trajectory) -> None:
-        self.append_many([(rid, traj)])
+    def append(self, traj: Trajectory) -> None:
+        self.append_many([traj])
 
-    def append_many(self, entries: list[tuple[int, Trajectory]]) -> None:
-        """Write, flush and fsync once (group commit: one fsync per arrival batch)."""
-        f = self._open()
-        for rid, traj in entries:
-            f.write(encode_entry(rid, traj) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    def append_many(self, trajs: list[Trajectory]) -> None:
+        """Write, flush and fsync once (group commit: one fsync per arrival batch); each line's
+        rollout id is ``episode.rid``."""
+        write_entries(self._open(), trajs)
 
     def rotate(self) -> int:
         """Start a new segment; return its index, which the checkpoint manifest stores. Both the
@@ -209,7 +219,7 @@ class Journal:
         newest = max(present | {index, newest})
         return next((self.segment_path(i) for i in range(index, newest + 1) if i not in present), None)
 
-    def read_from(self, segment_index: int) -> list[tuple[int, Trajectory]]:
+    def read_from(self, segment_index: int) -> list[Trajectory]:
         """Entries of segments >= ``segment_index``. A torn last line (no newline: a crash hit
         mid-write) is dropped and its segment noted in :attr:`torn`; any other damaged line is a
         :class:`CorruptionError` naming the file and line."""
@@ -221,7 +231,7 @@ class Journal:
             out += self._read_segment(seg)
         return out
 
-    def _read_segment(self, seg: Path) -> list[tuple[int, Trajectory]]:
+    def _read_segment(self, seg: Path) -> list[Trajectory]:
         data = seg.read_bytes()
         lines = data.split(b"\n")
         if lines[-1]:  # no newline at the end: the last write was cut short

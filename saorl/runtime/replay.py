@@ -94,8 +94,9 @@ def recorded(run_dir: Path, ckpt: Path, manifest: dict) -> Recorded:
     metrics = {int(r["step"]): r for r in effective_rows(read_jsonl(paths.metrics))
                if int(r["step"]) > step0}
     pending = (ckpt / "pending.jsonl").read_text(encoding="utf-8").splitlines()
-    trajs = dict(decode_entry(line) for line in pending)
-    trajs.update(Journal(paths.journal).read_from(int(manifest["journal_segment"])))
+    trajs = {t.episode.rid: t for t in map(decode_entry, pending)}
+    journalled = Journal(paths.journal).read_from(int(manifest["journal_segment"]))
+    trajs.update((t.episode.rid, t) for t in journalled)
     versions = {s: v for s, v in _resume_versions(trained).items() if s >= step0}
     return Recorded(batches, metrics, trajs, versions)
 

@@ -26,7 +26,7 @@ class Start:
     step: int = 0
     finished: RangeSet = field(default_factory=RangeSet)
     """Rollout ids finished (trained, or pending below)."""
-    pending: list[tuple[int, Trajectory]] = field(default_factory=list)
+    pending: list[Trajectory] = field(default_factory=list)
     """``(rid, trajectory)`` finished but not trained yet, in journal order."""
 
 
@@ -46,10 +46,10 @@ def restore(paths: RunPaths, learner, journal: Journal, recorder: RunRecorder, w
         start.finished = RangeSet.from_ranges(manifest["finished"])
         seg = int(manifest["journal_segment"])
     journalled = 0
-    for rid, traj in journal.read_from(seg):
-        if rid not in start.finished:
-            start.finished.add(rid)
-            start.pending.append((rid, traj))
+    for traj in journal.read_from(seg):
+        if traj.episode.rid not in start.finished:
+            start.finished.add(traj.episode.rid)
+            start.pending.append(traj)
             journalled += 1
     for torn in journal.torn:
         log(f"resume: dropped the torn last line of {torn} (a write the crash cut short); that rollout "

@@ -107,18 +107,28 @@ class RolloutFeed:
         self._thread: threading.Thread | None = None
 
     # -------------------------------------------------------------- bookkeeping
+    def group_of(self, rid: int) -> int:
+        """The group of rollout ``rid`` (see :mod:`saorl.runtime.journal`), given to the worker
+        with the request and carried back on ``episode.group``; the one place it is computed."""
+        return rid // self.group_size
+
     def task_for(self, rid: int) -> Task:
-        return self.tasks[(rid // self.group_size) % len(self.tasks)]
+        return self.tasks[self.group_of(rid) % len(self.tasks)]
 
-    def restore_pending(self, pending: list[tuple[int, Trajectory]]) -> None:
+    def _buffer(self, traj: Trajectory) -> None:
+        ep = traj.episode
+        group = ep.group if ep.group >= 0 else self.group_of(ep.rid)  # journalled before episodes had it
+        self.groups.setdefault(group, {})[ep.rid] = traj
+
+    def restore_pending(self, pending: list[Trajectory]) -> None:
         with self._cond:
-            for rid, traj in pending:
-                self.groups.setdefault(rid // self.group_size, {})[rid] = traj
+            for traj in pending:
+                self._buffer(traj)
 
-    def _pending(self) -> list[tuple[int, Trajectory]]:
-        return [(rid, t) for g in self.groups.values() for rid, t in g.items()]
+    def _pending(self) -> list[Trajectory]:
+        return [t for g in self.groups.values() for t in g.values()]
 
-    def checkpoint_state(self) -> tuple[list[list[int]], list[tuple[int, Trajectory]], int]:
+    def checkpoint_state(self) -> tuple[list[list[int]], list[Trajectory], int]:
         """Finished rollout ranges, finished-but-untrained trajectories and the journal segment
         that starts after them, taken together so that a checkpoint is consistent."""
         with self._cond:
@@ -162,7 +172,8 @@ class RolloutFeed:
         progress, min_version = self._progress(), self.policy.min_version(self._version())
         for _ in range(n):
             rid = self.cursor.next()
-            self.backend.submit(RolloutRequest(rid, self.task_for(rid), progress, min_version))
+            self.backend.submit(RolloutRequest(rid, self.task_for(rid), progress, min_version,
+                                               group=self.group_of(rid)))
             self.observer.rollout_dispatched(rid, time.time())
 
     def _apply(self, res: PollResult) -> None:
@@ -178,13 +189,12 @@ class RolloutFeed:
             self.cursor.requeue(rid)
             self.stats.requeued += 1
         if res.finished:  # durable before anything else sees them
-            self.journal.append_many([(t.episode.rid, t) for t in res.finished])
+            self.journal.append_many(res.finished)
             self.observer.rollouts_finished(res.finished)
         for traj in res.finished:
-            rid = traj.episode.rid
-            self.cursor.finish(rid)
+            self.cursor.finish(traj.episode.rid)
             self.stats.finished += 1
-            self.groups.setdefault(rid // self.group_size, {})[rid] = traj
+            self._buffer(traj)
 
     # ----------------------------------------------------------- trainer side
     def raise_if_failed(self) -> None:

@@ -32,9 +32,11 @@ from saorl.runtime.learner.single import Learner, OptimConfig
 from saorl.runtime.rundir import CorruptionError
 
 
-def _traj(tid: str) -> Trajectory:
-    return Trajectory(token_ids=[5, 6, 7], action_mask=[0, 1, 1], rollout_logprobs=[0.0, -0.5, -1.25],
-                      rewards=[0.0, 0.0, 1.0], versions=[-1, 3, 4], prompt_len=1, task_id=tid)
+def _traj(tid: str, rid: int = -1) -> Trajectory:
+    t = Trajectory(token_ids=[5, 6, 7], action_mask=[0, 1, 1], rollout_logprobs=[0.0, -0.5, -1.25],
+                   rewards=[0.0, 0.0, 1.0], versions=[-1, 3, 4], prompt_len=1, task_id=tid)
+    t.episode.rid = rid
+    return t
 
 
 def _learner(seed=0) -> Learner:
@@ -54,15 +56,15 @@ def template(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("run")
     root, journal = tmp_path / "checkpoints", Journal(tmp_path / "journal")
     lrn = _learner()
-    journal.append_many([(0, _traj("a")), (1, _traj("b"))])
+    journal.append_many([_traj("a", 0), _traj("b", 1)])
     save_checkpoint(root, 2, lrn, {"finished": [[0, 2]], "journal_segment": journal.rotate()}, [])
     with torch.no_grad():
         for p in lrn.policy.parameters():
             p.add_(0.5)
     lrn.version = 4
-    journal.append_many([(2, _traj("c")), (3, _traj("d"))])
+    journal.append_many([_traj("c", 2), _traj("d", 3)])
     save_checkpoint(root, 4, lrn, {"finished": [[0, 4]], "journal_segment": journal.rotate()},
-                    [(3, _traj("d"))])
+                    [_traj("d", 3)])
     journal.prune_before(oldest_journal_segment(root))
     journal.close()
     return tmp_path, lrn
@@ -93,7 +95,7 @@ def test_an_intact_checkpoint_restores_exactly_and_keeps_the_journal_of_the_olde
     policy = build_tiny("tiny-dense", seed=1)
     fresh = Learner(policy, Critic.from_policy(policy), get_preset("sao"), OptimConfig(), pad_id=1)
     pending = load_checkpoint(ckpt, fresh, manifest)
-    assert [rid for rid, _ in pending] == [3] and pending[0][1] == _traj("d")
+    assert [t.episode.rid for t in pending] == [3] and pending[0] == _traj("d", 3)
     assert fresh.version == 4
     for a, b in zip(lrn.policy.state_dict().values(), fresh.policy.state_dict().values()):
         assert torch.equal(a, b)
@@ -133,7 +135,8 @@ def test_a_damaged_latest_falls_back_to_the_previous_checkpoint(run, damage):
     assert not bad.exists() and (root / "damaged-step-00000004").is_dir()  # kept, out of the way
     assert (root / "latest").read_text() == "step-00000002"
     # the older checkpoint's journal is there: resuming from it loses nothing
-    assert [rid for rid, _ in Journal(tmp_path / "journal").read_from(manifest["journal_segment"])] == [2, 3]
+    journalled = Journal(tmp_path / "journal").read_from(manifest["journal_segment"])
+    assert [t.episode.rid for t in journalled] == [2, 3]
 
 
 @pytest.mark.parametrize("damage", ["manifest deleted", "policy tensor bit flipped"])
@@ -182,7 +185,7 @@ def test_a_missing_journal_segment_makes_a_checkpoint_unusable(run):
 
 def test_no_checkpoint_resumes_from_zero_only_when_none_was_ever_written(tmp_path):
     journal = Journal(tmp_path / "journal")
-    journal.append(0, _traj("a"))
+    journal.append(_traj("a", 0))
     journal.close()
     assert _resume(tmp_path) == (None, [])  # a crash before the first checkpoint
     journal.rotate()
@@ -238,7 +241,7 @@ def test_other_evidence_of_training_with_an_empty_journal_stops_the_resume(tmp_p
 def test_a_crash_before_the_first_checkpoint_still_resumes_from_zero_from_the_journal(tmp_path):
     """The journal holds every rollout trained.jsonl records: the steps are redone from it."""
     journal = Journal(tmp_path / "journal")
-    journal.append_many([(i, _traj(str(i))) for i in range(7)])  # 3 steps trained, one rollout pending
+    journal.append_many([_traj(str(i), i) for i in range(7)])  # 3 steps trained, one rollout pending
     _record(tmp_path, 3)
     (tmp_path / "weights").mkdir()
     (tmp_path / "weights" / "v00000004.safetensors").write_bytes(b"x")  # killed after publishing step 4

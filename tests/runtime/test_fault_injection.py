@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 
 def _journalled(run_dir) -> set[int]:
-    return {rid for rid, _ in Journal(run_dir / "journal").read_from(0)}
+    return {t.episode.rid for t in Journal(run_dir / "journal").read_from(0)}
 
 
 def _audit(run_dir, steps: int, resumes: int, journalled: set[int], why: str) -> None:
@@ -53,7 +53,7 @@ def _audit(run_dir, steps: int, resumes: int, journalled: set[int], why: str) ->
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert manifest["step"] == steps, why
     finished = set(RangeSet.from_ranges(manifest["finished"]))
-    pending = {decode_entry(line)[0] for line in (ckpt / "pending.jsonl").read_text().splitlines()}
+    pending = {decode_entry(line).episode.rid for line in (ckpt / "pending.jsonl").read_text().splitlines()}
     assert not pending & set(rids), why
     assert finished == set(rids) | pending, f"finished but neither trained nor pending; {why}"
     assert journalled <= finished, f"journalled rollouts lost: {sorted(journalled - finished)}; {why}"

@@ -10,9 +10,11 @@ from saorl.runtime.journal import Journal, RangeSet, RolloutCursor, decode_entry
 from saorl.runtime.rundir import CorruptionError
 
 
-def _traj(tid: str) -> Trajectory:
-    return Trajectory(token_ids=[5, 6, 7], action_mask=[0, 1, 1], rollout_logprobs=[0.0, -0.5, -1.25],
-                      rewards=[0.0, 0.0, 1.0], versions=[-1, 3, 4], prompt_len=1, task_id=tid)
+def _traj(tid: str, rid: int = -1) -> Trajectory:
+    t = Trajectory(token_ids=[5, 6, 7], action_mask=[0, 1, 1], rollout_logprobs=[0.0, -0.5, -1.25],
+                   rewards=[0.0, 0.0, 1.0], versions=[-1, 3, 4], prompt_len=1, task_id=tid)
+    t.episode.rid = rid
+    return t
 
 
 def test_rangeset_matches_python_set():
@@ -52,35 +54,35 @@ def test_cursor_never_repeats_and_requeues_lowest_first():
 
 def test_journal_roundtrip_rotation_and_torn_tail(tmp_path):
     j = Journal(tmp_path)
-    j.append(0, _traj("a"))
-    j.append(1, _traj("b"))
+    j.append(_traj("a", 0))
+    j.append(_traj("b", 1))
     seg = j.rotate()
-    j.append(2, _traj("c"))
+    j.append(_traj("c", 2))
     j.close()
     # a crash mid-write leaves a torn last line: it is dropped, the rest is read
     last = sorted(tmp_path.glob("seg-*.jsonl"))[-1]
     with open(last, "a") as f:
         f.write('{"rid": 3, "traj": {"token_ids": [1, 2')
     j2 = Journal(tmp_path)
-    assert [rid for rid, _ in j2.read_from(0)] == [0, 1, 2]
+    assert [t.episode.rid for t in j2.read_from(0)] == [0, 1, 2]
     after = j2.read_from(seg)
-    assert [(rid, t.task_id) for rid, t in after] == [(2, "c")]
-    assert after[0][1] == _traj("c")
+    assert [(t.episode.rid, t.task_id) for t in after] == [(2, "c")]
+    assert after[0] == _traj("c", 2)
     assert [p.name for p in j2.torn] == [last.name]
     j2.prune_before(seg)
-    assert [rid for rid, _ in j2.read_from(0)] == [2]
+    assert [t.episode.rid for t in j2.read_from(0)] == [2]
     # a reopened journal appends to a fresh segment, never into a torn one
-    j2.append(4, _traj("d"))
+    j2.append(_traj("d", 4))
     j2.close()
-    assert [rid for rid, _ in Journal(tmp_path).read_from(0)] == [2, 4]
+    assert [t.episode.rid for t in Journal(tmp_path).read_from(0)] == [2, 4]
 
 
 def test_each_line_carries_the_crc_of_its_own_bytes():
-    line = encode_entry(7, _traj("a"))
+    line = encode_entry(_traj("a", 7))
     d = json.loads(line)
-    body = json.dumps({"rid": 7, "traj": _traj("a").to_dict()}, separators=(",", ":"))
+    body = json.dumps({"rid": 7, "traj": _traj("a", 7).to_dict()}, separators=(",", ":"))
     assert d["crc"] == f"{zlib.crc32(body.encode()):08x}" and d["rid"] == 7
-    assert decode_entry(line) == (7, _traj("a"))
+    assert decode_entry(line) == _traj("a", 7)
     flipped = line.replace('"task_id":"a"', '"task_id":"b"')
     with pytest.raises(ValueError, match="checksum does not match"):
         decode_entry(flipped)
@@ -90,7 +92,7 @@ def test_each_line_carries_the_crc_of_its_own_bytes():
 
 def _three_lines(tmp_path):
     j = Journal(tmp_path)
-    j.append_many([(0, _traj("a")), (1, _traj("b")), (2, _traj("c"))])
+    j.append_many([_traj("a", 0), _traj("b", 1), _traj("c", 2)])
     j.close()
     return sorted(tmp_path.glob("seg-*.jsonl"))[0]
 

@@ -137,7 +137,7 @@ def test_async_hands_each_rollout_to_the_trainer_once_and_bounds_staleness(tmp_p
             # in flight + waiting never exceeds slots + one batch, so a trajectory is at most that
             # many batches old when it is trained
             assert max(t.staleness(version) for t in trajs) <= (slots + batch) // batch
-        journalled = [rid for rid, _ in h.journal.read_from(0)]
+        journalled = [t.episode.rid for t in h.journal.read_from(0)]
     assert len(trained) == len(set(trained)) == 48
     assert set(trained) <= set(journalled) and len(journalled) == len(set(journalled))
     assert h.feed.stats.requeued == 0
@@ -169,6 +169,7 @@ def test_groups_are_whole_and_share_their_task(tmp_path, tok):
             for seq, members in by_group.items():
                 assert sorted(t.episode.rid for t in members) == [4 * seq + k for k in range(4)]
                 assert {t.task_id for t in members} == {h.tasks[seq % len(h.tasks)].id}
+                assert {t.episode.group for t in members} == {seq}  # the worker carried it back
 
 
 def test_failed_rollouts_are_requeued_then_fail_loudly(tmp_path, tok):
@@ -211,16 +212,16 @@ def test_checkpoint_then_crash_trains_every_finished_rollout_exactly_once(tmp_pa
     # the journal after it
     finished = RangeSet.from_ranges(ranges)
     journal = Journal(tmp_path / "journal")
-    for rid, traj in journal.read_from(seg):
-        if rid not in finished:
-            finished.add(rid)
-            pending.append((rid, traj))
+    for traj in journal.read_from(seg):
+        if traj.episode.rid not in finished:
+            finished.add(traj.episode.rid)
+            pending.append(traj)
     journal.close()
-    assert {rid for rid, _ in pending} >= set(after_ckpt)  # redone, not lost
+    assert {t.episode.rid for t in pending} >= set(after_ckpt)  # redone, not lost
     with Harness(tmp_path, tok, AsyncDispatch(), batch_size=4, slots=8, finished=finished) as h:
         h.feed.restore_pending(pending)
         second = [t.episode.rid for _ in range(6) for t in h.step()[0]]
     trained = first + second
     assert len(trained) == len(set(trained)), "a rollout was trained twice"
     assert set(after_ckpt) <= set(second), "a rollout trained after the checkpoint was lost"
-    assert {rid for rid, _ in pending} <= set(second)  # what was pending goes first
+    assert {t.episode.rid for t in pending} <= set(second)  # what was pending goes first

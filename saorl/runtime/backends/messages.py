@@ -26,6 +26,9 @@ class RolloutRequest:
     """Where training is when the rollout starts (envs whose reward moves with it read it)."""
     min_version: int = 0
     """The oldest policy version the rollout may be sampled with (the sync barrier)."""
+    group: int = -1
+    """The group it belongs to (its rollouts play the same task and are trained on together); the
+    worker copies it onto ``episode.group``."""
 
 
 @dataclass(frozen=True)

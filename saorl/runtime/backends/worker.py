@@ -124,7 +124,7 @@ async def play_rollout(engine: InferenceEngine, env_factory: Callable, tokenizer
                              max_total_tokens=max_total_tokens, progress=req.progress,
                              env_executor=env_executor, sample_index=req.rid)
     ep = traj.episode
-    ep.rid, ep.worker, ep.t_start, ep.t_end = req.rid, worker, t_start, time.time()
+    ep.rid, ep.group, ep.worker, ep.t_start, ep.t_end = req.rid, req.group, worker, t_start, time.time()
     return traj
 
 

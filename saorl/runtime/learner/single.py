@@ -273,7 +273,9 @@ class Learner:
     # ----------------------------------------------------------------- policy
     def _advantages(self, batch: Batch, values: Tensor | None, gids: list[int], empty: bool) -> Tensor:
         """Per-token advantages ``[B, T]``, zero off the action tokens (``empty``: a share with no
-        trajectory, which still joins the running-mean baseline's all-gather)."""
+        trajectory, which still joins the running-mean baseline's all-gather and the whitening's
+        sums: every collective of a full share has its mirror here, which
+        ``tests/runtime/learner/test_empty_share.py`` checks for every preset)."""
         p = self.preset
         gid = torch.tensor(gids, device=batch.input_ids.device)
         with self.timings.span("advantages"):
