@@ -49,8 +49,9 @@ from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs
 from saorl.engines.request import Deliver, OnToken, Request, fed_routes, finish_reason, validate_request
 from saorl.engines.sampling import sample_rows, top_alternatives
+from saorl.engines.updates import update_state
 from saorl.models import routing
-from saorl.models.adapter import AdapterMerger, is_adapter_dir
+from saorl.models.adapter import AdapterMerger
 
 
 class LocalEngine:
@@ -100,27 +101,13 @@ class LocalEngine:
         self._active: list[Request] = []
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None
-        self._stats = dict(
-            decode_steps=0,
-            tokens_generated=0,
-            busy_slot_steps=0,
-            prefills=0,
-            prefill_batches=0,
-            prefill_tokens=0,
-            fed_tokens=0,
-            prefix_hits=0,
-            prefix_tokens_reused=0,
-            weight_updates=0,
-            requests_finished=0,
-            # seconds spent in each phase of the loop (a profile reads these, see stats())
-            prefill_s=0.0,
-            prefill_forward_s=0.0,
-            decode_step_s=0.0,
-            decode_forward_s=0.0,
-            sampling_s=0.0,
-            kv_s=0.0,
-            fed_s=0.0,
-        )
+        counts = ("decode_steps", "tokens_generated", "busy_slot_steps", "prefills", "prefill_batches",
+                  "prefill_tokens", "fed_tokens", "prefix_hits", "prefix_tokens_reused", "weight_updates",
+                  "requests_finished")
+        # seconds spent in each phase of the loop (a profile reads these, see stats())
+        seconds = ("prefill_s", "prefill_forward_s", "decode_step_s", "decode_forward_s", "sampling_s",
+                   "kv_s", "fed_s")
+        self._stats: dict[str, float] = {**dict.fromkeys(counts, 0), **dict.fromkeys(seconds, 0.0)}
         self._thread = threading.Thread(target=self._loop, name="saorl-local-engine", daemon=True)
         self._thread.start()
 
@@ -187,25 +174,9 @@ class LocalEngine:
             raise
 
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
-        """Load weights between decode steps; blocks until applied. ``weights``: a state dict in the
-        model's own names, a safetensors file of one, a Hugging Face directory (checkpoint names,
-        converted by transformers; what the sharded trainer publishes) or a LoRA adapter directory,
-        merged into the base: the weights held when the first adapter came (:mod:`saorl.models.adapter`)."""
-        if isinstance(weights, str) and is_adapter_dir(weights):
-            weights = self._adapter.merged(self.model, weights)
-        elif isinstance(weights, str):
-            from saorl.models.hf_format import read_weights
-
-            weights = read_weights(weights, like=self.model)
-        own = self.model.state_dict()
-        unknown = sorted(set(weights) - set(own))
-        if unknown:
-            raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
-        for name, t in weights.items():
-            if tuple(t.shape) != tuple(own[name].shape):
-                raise ValueError(
-                    f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}"
-                )
+        """Load weights between decode steps; blocks until applied. ``weights``: a state dict, a file,
+        a Hugging Face or a LoRA adapter directory (:func:`saorl.engines.updates.update_state`)."""
+        weights = update_state(self.model, weights, self._adapter)
         done = threading.Event()
         with self._cond:
             if self._closed:

@@ -27,8 +27,7 @@ import torch
 
 from saorl.algo.losses import masked_mean
 from saorl.config import SaorlConfig
-from saorl.data.batch import collate
-from saorl.data.packing import MicroBatch, microbatches
+from saorl.data.packing import MicroBatch
 from saorl.data.task import Task
 from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
@@ -38,7 +37,7 @@ from saorl.models.loading import load_policy, train_dtype
 from saorl.models.logprobs import token_logprobs
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import export_policy
-from saorl.runtime.learner.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.shard_stages import sharded_here
 from saorl.runtime.recorder import CountProgress
 
@@ -107,8 +106,8 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
             order += more
         idx, order = order[:batch_size], order[batch_size:]
         mine = updater.share([demos[i] for i in idx], [len(demos[i]) for i in idx])
-        batch = collate(mine or [no_actions(pad_id)], pad_id).to(device)
-        micro = microbatches(batch, max_tokens_per_microbatch, packing) if mine else []
+        share = prepare_share(updater, mine, pad_id, device, max_tokens_per_microbatch, packing)
+        batch = share.batch
         whole = updater.token_total(batch.action_mask)
 
         def loss_of(mb: MicroBatch, batch=batch, whole=whole) -> torch.Tensor:
@@ -118,8 +117,7 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
 
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup_steps)
-        total, norm = update(updater, params, opt, updater.passes(micro, pad_id, device, packing), loss_of,
-                             grad_clip)
+        total, norm = update(updater, params, opt, share.passes, loss_of, grad_clip)
         skips += norm is None
         loss = updater.sum([float(total)])[0] / updater.world
         metrics = {"sft/loss": loss, "sft/grad_norm": math.nan if norm is None else norm,

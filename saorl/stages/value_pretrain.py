@@ -52,7 +52,7 @@ from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
 from saorl.config.engines import LocalEngineConfig
 from saorl.data.batch import Batch, collate
-from saorl.data.packing import MicroBatch, microbatches
+from saorl.data.packing import MicroBatch
 from saorl.data.tasks import env_sources, load_split
 from saorl.data.trajectory import Trajectory
 from saorl.envs.registry import env_factory_for, env_version_key
@@ -62,7 +62,7 @@ from saorl.models.loading import load_policy, train_dtype
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
 from saorl.runtime.backends.messages import RolloutRequest
-from saorl.runtime.learner.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.shard_stages import sharded_here
 from saorl.runtime.parts import fitting, lora_critic, sampling_params
 from saorl.runtime.recorder import CountProgress
@@ -245,9 +245,9 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
             gen.shuffle(order)
         idx, order = order[:size], order[size:]
         mine = updater.share([trajs[i] for i in idx], [len(trajs[i]) for i in idx])
-        b = collate(mine or [no_actions(pad_id)], pad_id).to(next(critic.parameters()).device)
-        returns, mask = chain_targets(b, preset)
-        micro = microbatches(b, max_tokens_per_microbatch, packing) if mine else []
+        device = next(critic.parameters()).device
+        share = prepare_share(updater, mine, pad_id, device, max_tokens_per_microbatch, packing)
+        returns, mask = chain_targets(share.batch, preset)
         whole = updater.token_total(mask)
 
         def loss_of(mb: MicroBatch, returns=returns, mask=mask, whole=whole) -> torch.Tensor:
@@ -255,8 +255,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
             values = critic(mb.input_ids, **mb.model_args())
             return value_loss(values, mb.gather(returns), m)[0] * share_of(m, whole)
 
-        passes = updater.passes(micro, pad_id, b.input_ids.device, packing)
-        total, norm = update(updater, params, opt, passes, loss_of, grad_clip)
+        total, norm = update(updater, params, opt, share.passes, loss_of, grad_clip)
         skips += norm is None
         metrics = {"critic/value_loss": updater.sum([float(total)])[0] / updater.world,
                    "critic/nonfinite_skips": skips}

@@ -13,10 +13,11 @@ their optimizer steps through :func:`update`:
    returned in place of the gradient norm.
 
 An :class:`Updater` says how those pieces run in this process. The one here is a single process;
-the sharded trainer's (:class:`~saorl.runtime.learner.sharded.ShardedUpdater`) counts tokens over every
-rank, adds idle passes so every rank runs as many as the busiest, splits minibatches between the
-ranks and decides a skip on every rank at once. A stage written against an ``Updater`` runs
-sharded when it is given the sharded one.
+the sharded trainer's (:class:`~saorl.runtime.learner.shard_update.ShardedUpdater`) counts tokens over
+every rank, adds idle passes so every rank runs as many as the busiest, splits minibatches between
+the ranks and decides a skip on every rank at once. A stage written against an ``Updater`` runs
+sharded when it is given the sharded one. :func:`prepare_share` is how every stage turns its share
+of a minibatch into the passes :func:`update` takes.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-from saorl.data.packing import MicroBatch
+from saorl.data.batch import Batch, collate
+from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.trajectory import Trajectory
 from saorl.runtime.learner.nonfinite import movement, params_finite, roll_back, snapshot
 
@@ -106,6 +109,28 @@ def no_actions(pad_id: int) -> Trajectory:
     """Two prompt tokens, no action: the batch of an empty share (a rank whose passes are all idle)."""
     return Trajectory(token_ids=[pad_id, pad_id], action_mask=[0, 0], rollout_logprobs=[0.0, 0.0],
                       rewards=[0.0, 0.0], versions=[-1, -1], prompt_len=2)
+
+
+@dataclass
+class Share:
+    """This process's share of a minibatch, ready for :func:`update`."""
+
+    batch: Batch
+    """The share collated ``[B, T]`` (an empty share: one action-free row, :func:`no_actions`)."""
+    micro: list[MicroBatch]
+    """Its token-budget micro-batches (none for an empty share)."""
+    passes: list[MicroBatch]
+    """The model passes to run: ``micro`` and the idle ones that make every rank's count equal."""
+
+
+def prepare_share(updater: Updater, items: list[Trajectory], pad_id: int, device: str | torch.device,
+                  max_tokens: int, packing: bool) -> Share:
+    """``items`` (this process's share, maybe empty) collated on ``device``, cut into micro-batches of
+    at most ``max_tokens`` positions (``packing``: packed without padding) and padded with idle
+    passes by ``updater``: what the learner, SFT and value pretraining all run their passes on."""
+    batch = collate(items or [no_actions(pad_id)], pad_id).to(device)
+    micro = microbatches(batch, max_tokens, packing) if items else []
+    return Share(batch, micro, updater.passes(micro, pad_id, device, packing))
 
 
 def share_of(part: Tensor, total: Tensor) -> Tensor:

@@ -12,8 +12,10 @@ control channel; every rank then runs the same ``_all_<name>`` method, so the co
 run in the same order everywhere.
 
 **The step** is the single-process :meth:`~saorl.runtime.learner.single.Learner.step` itself, run by
-every rank on its share; this class overrides only what crosses ranks (the share split, the idle
-passes, the global counts, the backward, the optimizer step and the gather of the step's record).
+every rank on its share with a :class:`~saorl.runtime.learner.shard_update.ShardedUpdater`, which holds
+all that crosses ranks (the share split, the idle passes, the global counts, the backward, the
+optimizer step and the gather of the step's record); this class adds the commands, the baseline
+over every rank's scores, publication and checkpoints.
 It equals a single-process step on the same batch, up to float rounding:
 
 1. rank 0 hands each rank its share: whole groups (GRPO's groups never split), greedily balanced
@@ -24,7 +26,8 @@ It equals a single-process step on the same batch, up to float rounding:
    ``_policy_passes``), so a long batch fits in memory on every rank. Every loss is a token mean
    over the whole batch: a micro-batch's loss is weighted by its tokens over the **global** count
    (all-reduced once per loss), times the world size, because FSDP2 averages gradients over the
-   ranks (:meth:`_token_total`); so the ranks' accumulated gradients add up to the global mean's.
+   ranks (:meth:`ShardedUpdater.token_total`); so the ranks' accumulated gradients add up to the
+   global mean's.
    The counts: action tokens (policy loss, entropy), value-target tokens (critic), tokens of
    positive trajectories (VAPO's LM loss). FSDP2 all-gathers the parameters in every forward and
    reduce-scatters the gradients in every backward, collectives every rank must join, so every

@@ -75,14 +75,14 @@ from saorl.algo.diagnostics import first_action_advantages
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, value_loss
 from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
-from saorl.data.batch import Batch, collate
-from saorl.data.packing import MicroBatch, microbatches
+from saorl.data.batch import Batch
+from saorl.data.packing import MicroBatch
 from saorl.data.trajectory import Trajectory
 from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import adapter_config, adapter_state, is_lora, load_adapter_state
 from saorl.models.packed import use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
-from saorl.runtime.learner.optimize import Updater, no_actions, share_of, update
+from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.state_files import load_learner_files, save_learner_files
 from saorl.runtime.learner.step_record import (
     LearnerCounters,
@@ -380,9 +380,9 @@ class Learner:
         gathered (None elsewhere). An empty share (a rank without trajectories) runs idle passes."""
         p = self.preset
         with self.timings.span("collate"):
-            batch = collate(trajs or [no_actions(self.pad_id)], self.pad_id).to(self.device)
-            micro = microbatches(batch, self.max_tokens, self.packing) if trajs else []
-        passes = self.updater.passes(micro, self.pad_id, self.device, self.packing)
+            share = prepare_share(self.updater, trajs, self.pad_id, self.device, self.max_tokens,
+                                  self.packing)
+        batch, micro, passes = share.batch, share.micro, share.passes
         act = batch.action_mask
         staleness = self.version - batch.versions  # before the update
         self._apply_lr(staleness, act)

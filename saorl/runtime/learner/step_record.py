@@ -129,7 +129,7 @@ class StepTotals:
     microbatches: int
 
 
-def critic_metrics(rec: StepRecord, value_clip: float | None) -> dict[str, float]:
+def critic_step_metrics(rec: StepRecord, value_clip: float | None) -> dict[str, float]:
     """``critic/*``: the loss and explained variance before the step's updates (how well the
     critic predicted unseen data) and after them."""
     mask, targets = rec.value_mask, rec.targets
@@ -149,7 +149,7 @@ def critic_metrics(rec: StepRecord, value_clip: float | None) -> dict[str, float
 def step_metrics(p: AlgoPreset, rec: StepRecord, totals: StepTotals) -> dict[str, Any]:
     """The metrics of a trainer step from the whole batch's record (see the module docstring)."""
     act, adv = rec.action_mask, rec.advantages
-    metrics: dict[str, Any] = critic_metrics(rec, p.value_clip) if rec.value_mask is not None else {}
+    metrics: dict[str, Any] = critic_step_metrics(rec, p.value_clip) if rec.value_mask is not None else {}
     adv_mean = masked_mean(adv, act)
     metrics["advantage/mean"] = float(adv_mean)
     metrics["advantage/std"] = float(masked_mean((adv - adv_mean) ** 2, act).sqrt())
