@@ -31,7 +31,8 @@ from saorl.run_paths import RunPaths
 from saorl.runtime.backends.local import Backend, LocalBackend
 from saorl.runtime.backends.worker import WorkerSpec, build_engine
 from saorl.runtime.learner.single import Learner, OptimConfig
-from saorl.runtime.weights.files import FilePublisher, FileSource, WeightPublisher, WeightSource
+from saorl.runtime.weights.base import WeightPublisher, WeightSource
+from saorl.runtime.weights.files import FilePublisher, FileSource
 
 if TYPE_CHECKING:
     from saorl.runtime.weights.servers import ServerCheck

@@ -16,7 +16,7 @@ from saorl.run_paths import RunPaths
 from saorl.runtime.checkpoint import load_checkpoint, resume_checkpoint
 from saorl.runtime.journal import Journal, RangeSet
 from saorl.runtime.recorder import RunRecorder
-from saorl.runtime.weights.files import WeightPublisher
+from saorl.runtime.weights.base import WeightPublisher
 
 
 @dataclass

@@ -28,7 +28,7 @@ from saorl.runtime.backends.messages import (
     RolloutRequest,
 )
 from saorl.runtime.backends.worker import WeightFollower, play_rollout, rollout_failed
-from saorl.runtime.weights.files import WeightSource
+from saorl.runtime.weights.base import WeightSource
 
 
 class InProcessBackend:

@@ -77,7 +77,7 @@ from saorl.runtime.backends.worker import (
     prepare_worker_process,
     rollout_failed,
 )
-from saorl.runtime.weights.files import WeightSource
+from saorl.runtime.weights.base import WeightSource
 
 TEMP_PREFIX = "saorl-ray-"
 """Session directories saorl makes for private clusters: ``/tmp/saorl-ray-*``."""

@@ -39,7 +39,8 @@ from saorl.runtime.backends.messages import (
     RolloutRequest,
     WorkerCrashed,
 )
-from saorl.runtime.weights.files import FileSource, WeightSource
+from saorl.runtime.weights.base import WeightSource
+from saorl.runtime.weights.files import FileSource
 
 STATS_EVERY_S = 1.0
 

@@ -94,7 +94,7 @@ from saorl.runtime.learner.shard_update import ShardedUpdater, split_groups
 from saorl.runtime.learner.single import Learner, OptimConfig
 from saorl.runtime.learner.state_files import SHARDS, load_learner_files, save_learner_files
 from saorl.runtime.learner.step_record import StepResult
-from saorl.runtime.weights.files import WeightNames, WeightPublisher
+from saorl.runtime.weights.base import WeightNames, WeightPublisher
 
 
 class GlobalBaseline(RunningMeanBaseline):

@@ -92,7 +92,7 @@ from saorl.runtime.learner.step_record import (
     step_metrics,
 )
 from saorl.runtime.learner.timings import Timings
-from saorl.runtime.weights.files import MODEL_NAMES, WeightNames, WeightPublisher
+from saorl.runtime.weights.base import MODEL_NAMES, WeightNames, WeightPublisher
 
 Tensor = torch.Tensor
 

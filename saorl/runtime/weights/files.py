@@ -1,8 +1,9 @@
 """Versioned weight publication from the trainer to rollout workers, through files.
 
-Weight publication has two sides: the trainer's :class:`WeightPublisher` and a reader's
-:class:`WeightSource`. Both learners publish the same way, ``publish(buckets, version, names)``,
-and :class:`WeightNames` says which of three forms the version takes in ``RUN/weights``:
+Weight publication has two sides (the seam, :mod:`saorl.runtime.weights.base`): the trainer's
+:class:`WeightPublisher` and a reader's :class:`WeightSource`; here are their file forms. Both
+learners publish the same way, ``publish(buckets, version, names)``, and :class:`WeightNames` says
+which of three forms the version takes in ``RUN/weights``:
 
 - the model's in-memory names: one ``v{version:08d}.safetensors`` (the single-process trainer:
   trainer and engine hold the same model class);
@@ -41,9 +42,8 @@ import os
 import re
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -52,73 +52,10 @@ from saorl.atomic import atomic_dir, write_json
 from saorl.models.adapter import is_adapter_dir, read_adapter, write_adapter_dir
 from saorl.models.hf_format import INDEX, write_index
 from saorl.models.serialize import save_safetensors_atomic
+from saorl.runtime.weights.base import MODEL_NAMES, WeightNames, WeightPublisher, WeightSource, merged
 
-
-@dataclass(frozen=True)
-class WeightNames:
-    """How a publication's tensors are named, and so the form its version takes on disk:
-    ``model`` (the model's in-memory names: one ``v{N:08d}.safetensors``; the single-process
-    trainer, whose engine holds the same model class), ``checkpoint`` (Hugging Face checkpoint
-    names: a model directory, ``config`` its ``PretrainedConfig``; the sharded trainer) or
-    ``adapter`` (a LoRA adapter in peft's names, ``config`` its ``adapter_config.json`` content)."""
-
-    form: Literal["model", "checkpoint", "adapter"] = "model"
-    config: Any = None
-
-    @classmethod
-    def checkpoint(cls, config: Any) -> WeightNames:
-        return cls("checkpoint", config)
-
-    @classmethod
-    def adapter(cls, config: dict) -> WeightNames:
-        return cls("adapter", config)
-
-
-MODEL_NAMES = WeightNames()
-"""A publication in the model's in-memory names (the default)."""
-
-
-class WeightPublisher(Protocol):
-    """The trainer's side of weight publication."""
-
-    def publish(self, buckets: Iterable[dict[str, torch.Tensor]], version: int,
-                names: WeightNames = MODEL_NAMES) -> None:
-        """Make the tensors of ``buckets`` (each consumed before the next is drawn) the newest
-        weights, tagged ``version``, named as ``names`` says."""
-        ...
-
-    def published_version(self) -> int | None:
-        """The newest version on record (this publisher's or an earlier process's), or None."""
-        ...
-
-    def metrics(self) -> dict[str, float]:
-        """What the publications since the last call measured (a server check's gap), else {}."""
-        ...
-
-    def close(self) -> None:
-        """Release what publishing holds (a server client's connections); the files stay."""
-        ...
-
-
-class WeightSource(Protocol):
-    """A reader's side (a rollout worker's engine): where the newest weights are."""
-
-    def latest(self) -> tuple[int, Any] | None:
-        """``(version, source)`` of the newest weights, or None; ``source`` is what
-        ``InferenceEngine.update_weights`` takes (a path, or a state dict in in-memory names)."""
-        ...
-
-    def load(self, version: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest (or ``version``'s) weights as tensors, or None."""
-        ...
-
-
-def merged(buckets: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """One state dict of every bucket's tensors."""
-    out: dict[str, torch.Tensor] = {}
-    for bucket in buckets:
-        out |= bucket
-    return out
+__all__ = ["MODEL_NAMES", "FilePublisher", "FileSource", "WeightNames", "WeightPublisher", "WeightSource",
+           "merged", "read_pointer", "write_checkpoint_dir"]
 
 
 POINTER = "latest.json"

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import torch
 
-from saorl.runtime.weights.files import MODEL_NAMES, WeightNames, merged
+from saorl.runtime.weights.base import MODEL_NAMES, WeightNames, merged
 
 
 @ray.remote(num_cpus=0)

@@ -74,7 +74,8 @@ from saorl.engines.clients.remote import ServerAdmin
 from saorl.engines.clients.transport import HttpTransport
 from saorl.errors import RunFailure
 from saorl.models.hf_format import save_hf_weights
-from saorl.runtime.weights.files import MODEL_NAMES, FilePublisher, WeightNames, merged, write_checkpoint_dir
+from saorl.runtime.weights.base import MODEL_NAMES, WeightNames, merged
+from saorl.runtime.weights.files import FilePublisher, write_checkpoint_dir
 
 DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
 """The largest per-token log-prob gap a check accepts, by the trainer's dtype (``rollout.engine.verify_tol``
