@@ -114,6 +114,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
 
     x, y = series(steps, "mismatch/kl")
     _curve(ax_kl, x, y, "mismatch/kl", "KL trainer vs sampler / update size", smooth=True)
+    ax_kl.set_ylabel("KL")
     x2, y2 = series(steps, "policy/update_rel")
     if x2:
         twin = ax_kl.twinx()
@@ -138,9 +139,9 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         twin = ax_tp.twinx()
         twin.plot(xi, running_mean(yi), color="tab:orange", linewidth=1.0,
                   label=f"time/trainer_idle_frac (mean of {SMOOTH})")
-        twin.set_ylim(0, 1)
+        twin.set_ylim(-0.02, 1.02)
         twin.set_ylabel("trainer idle fraction", color="tab:orange")
-        twin.legend(loc="upper right", fontsize=8)
+        twin.legend(loc="center right", fontsize=8)
 
     for ax in axes[1]:
         ax.set_xlabel("trainer step")
