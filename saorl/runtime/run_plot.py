@@ -146,7 +146,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     for ax in axes[1]:
         ax.set_xlabel("trainer step")
     for ax in axes.flat:
-        ax.set_xlim(0, last)
+        ax.set_xlim(0, last + max(1, last // 40))  # room for the last point's marker
         ax.grid(alpha=0.3)
     fig.suptitle(f"{Path(run_dir).resolve().name}: {len(steps)} trainer steps, {len(evals)} evaluations")
     fig.tight_layout()
