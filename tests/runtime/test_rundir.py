@@ -22,6 +22,11 @@ def test_a_fresh_run_takes_only_a_new_or_empty_directory(tmp_path):
     msg = str(e.value)
     assert f"saorl train --resume {tmp_path / 'old'}" in msg and "metrics.jsonl" in msg and "\n" not in msg
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["metrics.jsonl"]  # untouched
+    claim_run_dir(tmp_path / "new", resume=False).release()  # a lone .lock (a start killed before it
+    held = claim_run_dir(tmp_path / "new", resume=False)      # wrote anything) counts as empty...
+    with pytest.raises(RunDirError, match="is in use"):      # ...unless a live process holds it
+        claim_run_dir(tmp_path / "new", resume=False)
+    held.release()
 
 
 def test_a_resume_needs_a_run_directory(tmp_path):
