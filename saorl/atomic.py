@@ -56,6 +56,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         yield tmp
+        readable_as_umask_allows(tmp)  # safetensors writes its files 0600
         fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -120,7 +121,7 @@ def readable_as_umask_allows(root: Path) -> None:
     of a shared machine as ``save_pretrained`` into a plain directory leaves it. Never removes a
     permission."""
     mask = umask()
-    for p in [root, *root.rglob("*")]:
+    for p in [root, *(root.rglob("*") if root.is_dir() else ())]:
         if p.is_symlink():
             continue
         mode = p.stat().st_mode & 0o7777

@@ -54,3 +54,21 @@ def test_an_atomic_directory_is_readable_as_a_plain_mkdir_would_be(tmp_path):
     made = [tmp_path / "model", *(tmp_path / "model").rglob("*")]
     mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in made}
     assert mode == {"model": 0o755, "sub": 0o755, "weights.safetensors": 0o644, "run.sh": 0o755}
+
+
+def test_an_atomic_file_is_readable_as_a_plain_open_would_leave_it(tmp_path):
+    import os
+    import stat
+
+    import torch
+    from safetensors.torch import save_file
+
+    from saorl.atomic import atomic_file
+
+    old = os.umask(0o022)
+    try:
+        with atomic_file(tmp_path / "w.safetensors") as tmp:
+            save_file({"x": torch.zeros(2)}, str(tmp))  # safetensors itself writes 0600
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o644
