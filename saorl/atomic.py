@@ -6,8 +6,9 @@ A file is written to a hidden temporary sibling (``.NAME.tmp-<pid>-<random>``), 
 into place; an existing one is first renamed aside, then deleted (:func:`atomic_dir`). A crash or
 an exception midway leaves the previous file or directory intact and nothing half-written at the
 destination; the temporaries are removed on exceptions (a hard kill can leave a hidden
-temporary sibling, never a partial ``NAME``). Directory fsyncs are best effort: not every
-filesystem allows them.
+temporary sibling, never a partial ``NAME``). A directory gets the permissions a plain
+``mkdir`` would give it (:func:`readable_as_umask_allows`), not ``mkdtemp``'s 0700. Directory
+fsyncs are best effort: not every filesystem allows them.
 
 Used by the checkpoints, the published weights, the run directory's ``config.yaml``, the exported
 models and every safetensors file.
@@ -55,6 +56,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         yield tmp
+        readable_as_umask_allows(tmp)  # safetensors writes its files 0600
         fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -86,6 +88,7 @@ def atomic_dir(out_dir: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         yield tmp
+        readable_as_umask_allows(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
                 fsync_path(f)
@@ -94,6 +97,37 @@ def atomic_dir(out_dir: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def umask() -> int:
+    """The process's umask (read from ``/proc/self/status`` where there is one, so no other thread
+    ever sees a changed umask)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def readable_as_umask_allows(root: Path) -> None:
+    """Give ``root`` and everything under it the permissions a plain ``mkdir`` and ``open`` would
+    have (``0o777`` for a directory or an executable, else ``0o666``, less the umask) where they
+    have fewer: ``tempfile.mkdtemp`` makes
+    its directory 0700, and an exported model or cache must be readable by the group and others
+    of a shared machine as ``save_pretrained`` into a plain directory leaves it. Never removes a
+    permission."""
+    mask = umask()
+    for p in [root, *(root.rglob("*") if root.is_dir() else ())]:
+        if p.is_symlink():
+            continue
+        mode = p.stat().st_mode & 0o7777
+        want = (0o777 if p.is_dir() or mode & 0o100 else 0o666) & ~mask  # an executable stays one
+        if mode | want != mode:
+            os.chmod(p, mode | want)
 
 
 def replace_dir(src: Path, dst: Path) -> None:

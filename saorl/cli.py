@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("saorl.commands.eval", "evaluate a run or checkpoint on an env's test split"),
     "sft": ("saorl.commands.sft", "fine-tune a policy on an env's demonstrations; accuracy before/after"),
     "value-pretrain": ("saorl.commands.value_pretrain", "fit a critic on rollouts of a fixed policy"),
+    "plot": ("saorl.commands.plot",
+             "draw one run as a PNG: reward, held-out accuracy, KL, critic EV, staleness, throughput"),
     "serve": ("saorl.commands.serve", "serve the local engine over OpenAI-compatible HTTP"),
     "replay": ("saorl.commands.replay",
                "re-run the learner on a run's recorded batches from a checkpoint, under changed settings"),

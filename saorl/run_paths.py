@@ -100,6 +100,11 @@ class RunPaths:
         return self.final / "adapter"
 
     @property
+    def plot(self) -> Path:
+        """The run's picture (``saorl plot``; ``saorl train`` draws it at the end)."""
+        return self.root / "run.png"
+
+    @property
     def replays(self) -> Path:
         """Where ``saorl replay`` writes its replays by default, one timestamped directory each."""
         return self.root / "replays"

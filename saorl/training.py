@@ -8,13 +8,16 @@
    time: :mod:`saorl.runtime.stopping`).
 
 The run directory is checked first (:func:`~saorl.runtime.rundir.check_run_dir`: a fresh run
-needs a new or empty one, a resume an existing run) and created and locked in step 3, before the
-parts are built (:func:`~saorl.runtime.rundir.claim_run_dir`: one trainer per directory, for
-the run's lifetime); a resumed run's directory exists, so it is locked at once (a second trainer
+needs a new or empty one, a resume an existing run), then created and locked at once, before the
+start-up checks, so the path ``saorl train`` prints first exists while the warm start and value
+pretraining run (their caches are under ``run.out_dir/.cache``)
+(:func:`~saorl.runtime.rundir.claim_run_dir`: one trainer per directory, for
+the run's lifetime); a resumed run's directory exists, so it is locked at once too (a second trainer
 is refused before any slow check), and a resume that would restart from step 0 and lose the
 training on record is refused then too (:func:`~saorl.runtime.checkpoint.check_restart`,
 unless ``restart``). If anything before the loop fails (or is interrupted), a run directory that
-this call created is removed again, so a failed start leaves nothing behind — unless a tracker
+this call created is removed again (with the parents it created, such as ``runs/``), so a failed
+start leaves nothing behind — unless a tracker
 wrote into it: the trackers start last (:mod:`saorl.runtime.trackers`), and when one of them fails
 after another started, the directory is kept with what that one wrote (W&B's offline run, say),
 and the error says so. The config's paths
@@ -70,11 +73,13 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         return None, {}
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     check_run_dir(run_dir, resume=resume)  # before minutes of checks, warm start and pretraining
-    created = not run_dir.exists()
+    created = _first_missing(run_dir)  # what to remove again if the start fails (None: it existed)
     locks: list[RunDirLock] = []
     try:
-        if resume:  # it exists: locked now, before minutes of checks; a lost history is refused now
-            locks.append(claim_run_dir(run_dir, resume=True))
+        # created (a fresh run) and locked now, before minutes of checks, warm start and pretraining:
+        # the path printed first exists while they run, and a second trainer is refused at once
+        locks.append(claim_run_dir(run_dir, resume=resume))
+        if resume:  # a lost history is refused now
             check_restart(run_dir, restart=restart)
             done = finished_at(run_dir, cfg.trainer.steps)
             if done is not None:  # a finished run: nothing to redo, nothing rewritten
@@ -86,13 +91,13 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
                     group.command("close")  # the other ranks wait for the stages or the learner
                     shard_group.leave()
                 return run_dir, {}
-        run = _start(cfg, run_dir, resume, restart, observer, locks)
+        run = _start(cfg, run_dir, resume, restart, observer)
     except BaseException as e:
         for lock in locks:
             lock.release()
         # a failed start leaves no (empty or half-written) run directory behind, nor removes a tracker's files
-        if created and not (isinstance(e, TrackerFailed) and e.started):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if created is not None and not (isinstance(e, TrackerFailed) and e.started):
+            _remove_created(run_dir, created)
         raise
     previous = {sig: signal.signal(sig, run.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -107,6 +112,29 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
             shard_group.leave()
         locks[0].release()
     return run_dir, final
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` that does not exist yet (``runs/`` on a first run), or None."""
+    if path.exists():
+        return None
+    top = path
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    return top
+
+
+def _remove_created(run_dir: Path, top: Path) -> None:
+    """Remove ``run_dir``, then the parents this start created up to ``top`` while they are empty
+    (``runs/`` stays when the warm start cached into ``runs/.cache``)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    d = run_dir.parent
+    while d != top.parent and d != d.parent:
+        try:
+            d.rmdir()
+        except OSError:
+            return  # not empty (a stage's cache), or gone
+        d = d.parent
 
 
 def finished_at(run_dir: Path, steps: int) -> int | None:
@@ -125,10 +153,9 @@ def finished_at(run_dir: Path, steps: int) -> int | None:
     return step if step >= steps else None
 
 
-def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observer: Observer | None,
-           locks: list[RunDirLock]) -> Run:
+def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observer: Observer | None) -> Run:
     """Checks, warm start, value pretraining, parts: a :class:`Run` ready to loop in ``run_dir``
-    (locked: the lock is appended to ``locks`` unless it is there)."""
+    (created and locked by the caller)."""
     check_run(cfg)
     check_servers(cfg)  # before minutes of warm start: a server the run cannot use is refused now
     check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
@@ -136,8 +163,6 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     torch.set_num_threads(trainer_threads(cfg))
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)
-    if not locks:
-        locks.append(claim_run_dir(run_dir, resume=resume))  # before the parts write into it
     parts = build_parts(cfg, cfg.algo.resolve(), run_dir, policy_spec, critic_spec)  # the run's one resolve
     try:
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)

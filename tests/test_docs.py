@@ -156,6 +156,29 @@ def test_readme_lists_exactly_the_cli_commands_and_links_resolve():
         assert (ROOT / link).exists(), f"README links to missing {link}"
 
 
+QUICK_START = [  # CI runs the second verbatim: the README shows exactly these
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints-cpu.txt -e . && saorl train",
+    'python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints-cpu.txt -e ".[dev,ray]" '
+    "&& ruff check . && pytest",
+]
+
+
+def test_readme_is_a_front_page():
+    """Two screens: what saorl is, the Quick start's two commands, what to expect, the commands,
+    links. The rest lives in docs/ (docs/guide.md, docs/fault-tolerance.md)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 90
+    assert _blocks(readme, "bash") == [c + "\n" for c in QUICK_START]
+    expect = next(p for p in readme.split("\n\n") if p.startswith("Expect "))  # what to expect
+    assert all(word in expect for word in (" min ", "accuracy", "dip")), expect
+    for page in ("guide.md", "fault-tolerance.md"):
+        assert f"](docs/{page})" in readme
+    guide = (DOCS / "guide.md").read_text(encoding="utf-8")
+    for moved in ("## What a run produces", "## From Python", "## Configuration", "## Algorithms",
+                  "## Environments", "## Scaling out"):
+        assert moved in guide
+
+
 def test_envs_md_quotes_the_example_reward_module_verbatim():
     text = (DOCS / "envs.md").read_text(encoding="utf-8")
     header = "# examples/prompt_reward/my_rewards.py\n"

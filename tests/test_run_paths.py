@@ -10,7 +10,7 @@ from saorl.run_paths import RunPaths
 
 SAORL = Path(__file__).resolve().parent.parent / "saorl"
 NAMES = {"config.yaml", "algo_resolved.yaml", "metrics.jsonl", "trained.jsonl", "eval.jsonl", "errors.log",
-         "stability.json", "checkpoints", "journal"}
+         "stability.json", "checkpoints", "journal", "run.png"}
 
 
 def test_each_name_of_the_run_directory():
@@ -18,7 +18,8 @@ def test_each_name_of_the_run_directory():
     assert p.root == Path("runs/r1")
     got = {k: getattr(p, k) for k in ("config", "algo_resolved", "metrics", "trained", "eval", "errors",
                                       "stability", "samples", "checkpoints", "journal", "weights", "final",
-                                      "final_policy", "final_critic", "final_adapter", "replays", "lock")}
+                                      "final_policy", "final_critic", "final_adapter", "replays", "lock",
+                                      "plot")}
     root = Path("runs/r1")
     assert got == {"config": root / "config.yaml", "algo_resolved": root / "algo_resolved.yaml",
                    "metrics": root / "metrics.jsonl", "trained": root / "trained.jsonl",
@@ -28,7 +29,7 @@ def test_each_name_of_the_run_directory():
                    "weights": root / "weights", "final": root / "final",
                    "final_policy": root / "final" / "policy", "final_critic": root / "final" / "critic",
                    "final_adapter": root / "final" / "adapter", "replays": root / "replays",
-                   "lock": root / ".lock"}
+                   "lock": root / ".lock", "plot": root / "run.png"}
     assert p.write_dirs == (root, root / "checkpoints", root / "weights", root / "final", root / "journal")
 
 

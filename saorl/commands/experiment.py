@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"experiment {spec.name}: arms {', '.join(sel.arms)}; seeds {sel.seeds} -> {out}")
     for line in cost_lines(spec, sel.arms, sel.seeds, args.quick):
         print(line)
+    weak = weak_start(spec, path, trained[0], sel, cfg) if args.quick else None
+    if weak:
+        print(weak)
     status = 0
     if not args.report:
         try:
@@ -89,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
             f"{each(lambda c: c.trainer.max_wall_s or 'unlimited')} s per run; "
             f"batch {each(lambda c: c.trainer.batch_size)}; "
             f"policy lr {each(lambda c: f'{c.trainer.policy_lr:g}')}; seeds {sel.seeds}.")
+    if weak:
+        note += (" The SFT start of this quick run is too weak to solve the tasks: its accuracies are "
+                 "not meaningful (a smoke test of the pipeline).")
     if left_out:
         note += f" Not finished, left out of the table and plots: {', '.join(left_out)}."
     report = write_report(out, spec.name, spec.description, arms, spec.plots, start_arm=spec.start_arm,
@@ -97,3 +103,25 @@ def run(args: argparse.Namespace) -> int:
     print(report.read_text(encoding="utf-8").split("\n\n![", 1)[0])
     print(f"\nreport: {report}")
     return status
+
+
+def weak_start(spec, path: Path, arm: str, sel, quick_cfg) -> str | None:
+    """With ``--quick``: when the quick settings shrink the SFT warm start (the specs' do: 100 steps
+    on 200 demonstrations), one paragraph saying the accuracies will be meaningless and which
+    overrides give the full warm start — the one ``saorl train`` caches, reused from there."""
+    from saorl.experiments.spec import arm_config
+
+    full = arm_config(spec, path, arm, sel.seeds[0], quick=False, extra=list(sel.extra)).sft.model_dump()
+    quick = quick_cfg.sft.model_dump()
+    if not quick["enabled"]:
+        return None
+    fix = [f"sft.{k}={full[k]}" for k in ("steps", "batch_size", "num_demos", "lr") if quick[k] != full[k]]
+    if not fix:
+        return None
+    return (f"--quick is a smoke test of the pipeline, not a result: its SFT warm start "
+            f"({quick['steps']} steps x {quick['batch_size']} on {quick['num_demos']} demonstrations) is too "
+            "weak to solve these tasks, so expect accuracies of about 0.000 and flat curves. For numbers "
+            "that mean something, keep --quick and add the full warm start: "
+            f"saorl experiment {spec.name} --quick {' '.join(fix)} (it reuses the warm start `saorl train` "
+            "cached with the same settings in runs/.cache, else trains it once into the experiment's"
+            " .cache).")

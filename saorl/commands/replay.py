@@ -45,6 +45,11 @@ def _cell(row: dict, key: str) -> str:
     return f"{v:.6g}" if isinstance(v, (int, float)) else str(v)
 
 
+def _row(cells: list[str], widths: list[int]) -> str:
+    """One line of the table: each cell right-aligned in its column."""
+    return "  ".join(c.rjust(w) for c, w in zip(cells, widths)).rstrip()
+
+
 def run(args: argparse.Namespace) -> int:
     from saorl.atomic import write_text
     from saorl.config import ConfigError, config_to_yaml, load_config
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     head += [f"probe {i}" for i in range(len(args.probe))]
     print(f"replaying {run_dir} from checkpoint {start}"
           + (f" with {' '.join(args.overrides)}" if args.overrides else " with its own settings"))
-    print("  ".join(head))
+    widths = [max(len(h), 12) for h in head]  # a %.6g value is at most 12 characters: columns stay aligned
+    print(_row(head, widths))
 
     out = args.out or RunPaths(run_dir).replays / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             for k in keys:
                 cells += [_cell(row["original"], k), _cell(row["replay"], k)]
             cells += [f"{p:.4g}" for p in row["probes"]]
-            print("  ".join(cells), flush=True)
+            print(_row(cells, widths), flush=True)
             f.write(json.dumps(row) + "\n")
             f.flush()
 

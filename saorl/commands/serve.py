@@ -34,8 +34,9 @@ from saorl.run_paths import RunPaths
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--model", default="tiny-moe",
-                        help="a tiny built-in kind (tiny-moe, tiny-dense), a local HF model directory or "
-                             "a Hub id")
+                        help="a tiny built-in kind (tiny-moe, tiny-dense), a local HF model directory, "
+                             "a Hub id, or a run directory that `saorl train` wrote (it serves the run's "
+                             "final/policy)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer directory or Hub id; none: the model's own (the shipped one for "
                              "tiny kinds)")

@@ -1,10 +1,12 @@
 """``saorl train [CONFIG] [key=value ...] [--resume RUN_DIR [--restart]] [--run-dir DIR]``.
 
-Prints the run directory first (before the start-up checks, the SFT warm start and value
-pretraining), then trains. A start-up problem is one paragraph on stderr and status 2, and leaves
-no run directory behind; a run that starts and then fails exits with status 3 (see
-:mod:`saorl.errors`), and so does a resume that would restart from step 0 while training is on
-record that no checkpoint or journal can bring back, unless ``--restart`` asks for that.
+Prints the run directory first and creates it (before the start-up checks, the SFT warm start
+and value pretraining, whose caches go under ``run.out_dir/.cache``), then trains; the last line
+gives the held-out accuracy of the last step's policy. A start-up problem is one paragraph on
+stderr and status 2, and leaves no run directory behind; a run that starts and then fails exits
+with status 3 (see :mod:`saorl.errors`), and so does a resume that would restart from step 0
+while training is on record that no checkpoint or journal can bring back, unless ``--restart``
+asks for that.
 """
 
 from __future__ import annotations
@@ -58,8 +60,30 @@ def run(args: argparse.Namespace) -> int:
     from saorl.training import train
 
     run_dir, final = train(cfg, run_dir, resume=args.resume is not None, restart=args.restart)
-    acc = final.get("eval/accuracy")
-    if final:
-        print(f"last step {final.get('step')}: reward {final.get('reward/mean', float('nan')):.3f}"
-              + (f", eval accuracy {acc:.3f}" if acc is not None else ""))
+    if final and run_dir is not None:
+        print(last_line(run_dir, final))
     return 0
+
+
+def last_line(run_dir: Path, final: dict) -> str:
+    """The run's last line: the held-out accuracy of the last step's policy (the exported one) and
+    the best evaluation, then the reward of the last training batch (a few trajectories)."""
+    from saorl.runtime.recorder import best_of, evaluations
+
+    step = final.get("step")
+    evals = evaluations(RunPaths(run_dir).eval)
+    best = best_of(evals)
+    acc = final.get("eval/accuracy")
+    if acc is not None:
+        head = f"last step {step}: held-out accuracy {acc:.3f}"
+        if best is not None:
+            head += f" (best {best[0]:.3f} at step {best[1]})"
+    elif evals:
+        head = (f"last step {step}: not evaluated (stopped early); the last evaluation gave accuracy "
+                f"{evals[-1][1]:.3f} at step {evals[-1][0]}")
+    else:
+        head = f"last step {step}: no held-out evaluation (run.eval_tasks=0)"
+    reward = final.get("reward/mean", float("nan"))
+    n = final.get("rollout/trained")
+    batch = f" of its {int(n)} trajectories" if n is not None else ""
+    return f"{head}; training reward{batch} {reward:.3f}"

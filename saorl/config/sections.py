@@ -36,7 +36,9 @@ class RunConfig(Section):
     null = ``<algo.name>-<env>`` (``sao-math_tool``; a ``module.path:ClassName`` env by its class
     name), filled in when the config loads."""
     eval_every: int = Field(25, ge=1)
-    """Evaluate on the test split every this many trainer steps."""
+    """Evaluate on the test split every this many trainer steps, and at the last step (``trainer.steps``
+    reached or ``trainer.max_wall_s`` spent; not after Ctrl-C), so a run ends with the accuracy of
+    the policy it exports."""
     eval_at_start: bool = True
     """Evaluate the starting policy at step 0 (what later evaluations are compared with). The
     experiment runner turns it off for the second and later arms of a seed and copies the step-0

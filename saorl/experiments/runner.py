@@ -9,8 +9,10 @@ with ``--quick``)::
     OUT/.cache/                     the SFT warm starts and value-pretrained critics
 
 Every arm of one seed starts from the same SFT model: the warm start is cached by its settings
-(``saorl.stages.sft``), arms may not change them (``spec.LOCKED_PREFIXES``), and the
-runner checks that the SFT keys of all arms of a seed agree before it trains anything.
+(``saorl.stages.sft``; one that ``saorl train`` with the same settings cached in its
+``run.out_dir/.cache``, ``runs/.cache`` by default, is linked in rather than trained again),
+arms may not change them (``spec.LOCKED_PREFIXES``), and the runner checks that the SFT keys of
+all arms of a seed agree before it trains anything.
 
 A run counts as finished when it did all ``trainer.steps`` or used its wall-clock budget. A run
 that stopped early (Ctrl-C) is not marked: the experiment stops there, and the next invocation
@@ -86,6 +88,7 @@ class ExperimentRunner:
     def __init__(self, spec: ExperimentSpec, spec_path: Path | None, out: Path, selection: Selection,
                  log: Callable[[str], None] = print) -> None:
         self.spec, self.spec_path, self.out, self.sel, self.log = spec, spec_path, out, selection, log
+        self.train_cache = Path("runs", ".cache").absolute()  # set per config by config()
 
     def config(self, arm: str, seed: int) -> SaorlConfig:
         """The arm's run config, with the caches under ``OUT/.cache``. ``OUT`` is made absolute, as
@@ -94,6 +97,7 @@ class ExperimentRunner:
         one the run finds, not a second one under a differently spelled key."""
         cfg = arm_config(self.spec, self.spec_path, arm, seed, quick=self.sel.quick,
                          extra=list(self.sel.extra))
+        self.train_cache = Path(cfg.run.out_dir) / ".cache"  # where `saorl train` of these settings caches
         cfg.run.out_dir = str(self.out.absolute())
         cfg.run.name = f"{arm}-seed{seed}"
         return cfg
@@ -129,7 +133,7 @@ class ExperimentRunner:
 
     # ------------------------------------------------------------------------- trained arms
     def run_one(self, arm: str, seed: int) -> RunResult:
-        from saorl.stages.sft import warm_start
+        from saorl.stages.sft import reuse_cached_sft, warm_start
         from saorl.stages.value_pretrain import initial_critic
         from saorl.training import train
 
@@ -139,6 +143,7 @@ class ExperimentRunner:
             self.log(f"[{arm} seed {seed}] finished earlier ({done['steps']} steps): skipped")
             return RunResult(arm, seed, str(run_dir), "skipped", done["steps"], done["wall_s"])
         cfg = self.config(arm, seed)
+        reuse_cached_sft(cfg, self.train_cache, self.log)  # the same SFT from `saorl train`: not again
         initial_critic(cfg, warm_start(cfg, self.log), self.log)  # cached: train() reuses them
         start_row = self._start_row(seed, exclude=arm) if cfg.run.eval_tasks else None
         if start_row is not None:  # the same policy, tasks and sampling seed: evaluated once per seed
@@ -229,9 +234,10 @@ class ExperimentRunner:
         from saorl.models.codec import run_tokenizer
         from saorl.models.loading import load_policy
         from saorl.stages.evaluate import evaluate_config
-        from saorl.stages.sft import warm_start
+        from saorl.stages.sft import reuse_cached_sft, warm_start
 
         cfg = self.config(next(iter(self.spec.arms)), seed)
+        reuse_cached_sft(cfg, self.train_cache, self.log)
         spec = warm_start(cfg, self.log)
         self.log(f"[{self.spec.start_arm} seed {seed}] evaluating the starting policy {spec}")
         policy = load_policy(spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed).eval()

@@ -71,14 +71,13 @@ class RunRecorder:
         self.trackers = trackers
         self._progress = None
         if progress and sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                      MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TextColumn("{task.fields[info]}"))
+            self._progress = step_progress()
             self._task = self._progress.add_task("train", total=total_steps, info="")
             self._progress.start()
         self.last_eval: dict[str, float] = {}
+        self.last_eval_step: int | None = None
+        self.best_eval: tuple[float, int] | None = None  # (accuracy, step) of the best evaluation
+        self._read_best()
 
     # --------------------------------------------------------------------------- metrics
     def log_step(self, metrics: dict[str, Any]) -> None:
@@ -94,22 +93,40 @@ class RunRecorder:
         self._show(metrics)
 
     def log_eval(self, step: int, version: int, metrics: dict[str, float]) -> None:
-        """One evaluation: a line of ``eval.jsonl``."""
+        """One evaluation: a line of ``eval.jsonl``, and one kept line on the console,
+        ``step N eval: accuracy X (best Y at step Z)`` (the live line above it is redrawn; this one stays)."""
         with open(self.paths.eval, "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, "policy/version": version, **metrics}) + "\n")
+        acc = metrics.get("eval/accuracy")
+        self.last_eval_step = step
+        if acc is None or not math.isfinite(acc):
+            return
+        if self.best_eval is None or acc > self.best_eval[0]:
+            self.best_eval = (acc, step)
+        self.message(eval_line(step, acc, self.best_eval))
+
+    def _read_best(self) -> None:
+        """A resumed run's best evaluation so far, from its ``eval.jsonl``."""
+        self.best_eval = best_of(evaluations(self.paths.eval))
 
     def _show(self, m: dict[str, Any]) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=int(m["step"]), info=self.info(m))
+        else:
+            print(f"step {int(m['step'])} | {self.info(m)}", file=sys.stderr, flush=True)
+
+    def info(self, m: dict[str, Any]) -> str:
+        """The stats of the progress line, most telling first (a narrow terminal cuts the end):
+        the latest evaluation and the step it was at, the batch's reward, staleness, trainer idle
+        time, throughput."""
         acc = self.last_eval.get("eval/accuracy")
         reward = m.get("reward/mean")
-        info = (f"reward {'-' if reward is None else f'{reward:.3f}'} | "
-                f"eval acc {'-' if acc is None else f'{acc:.3f}'} | "
+        at = "" if self.last_eval_step is None else f" @{self.last_eval_step}"
+        return (f"eval acc {'-' if acc is None else f'{acc:.3f}{at}'} | "
+                f"reward {'-' if reward is None else f'{reward:.3f}'} | "
                 f"stale {m.get('rollout/staleness_mean', 0):.2f} | "
                 f"idle {m.get('time/trainer_idle_frac', 0):.0%} | "
                 f"{m.get('throughput/action_tokens_per_s', 0):.0f} tok/s")
-        if self._progress is not None:
-            self._progress.update(self._task, completed=int(m["step"]), info=info)
-        else:
-            print(f"step {int(m['step'])} | {info}", file=sys.stderr, flush=True)
 
     def message(self, text: str) -> None:
         if self._progress is not None:
@@ -188,6 +205,54 @@ class RunRecorder:
             self.trackers.close()
         self._metrics.close()
         self._trained.close()
+
+
+def evaluations(path: Path) -> list[tuple[int, float]]:
+    """The ``(step, accuracy)`` of each evaluation in an ``eval.jsonl`` (none when it is missing)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            acc, step = float(row["eval/accuracy"]), int(row["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if math.isfinite(acc):
+            out.append((step, acc))
+    return out
+
+
+def best_of(evals: list[tuple[int, float]]) -> tuple[float, int] | None:
+    """``(accuracy, step)`` of the best evaluation (the earliest of equals), or None."""
+    best = None
+    for step, acc in evals:
+        if best is None or acc > best[0]:
+            best = (acc, step)
+    return best
+
+
+def eval_line(step: int, accuracy: float, best: tuple[float, int]) -> str:
+    """The kept console line of one evaluation."""
+    return f"step {step} eval: accuracy {accuracy:.3f} (best {best[0]:.3f} at step {best[1]})"
+
+
+def step_progress(*, console: Any = None) -> Any:
+    """The live progress display of a run: ``train <bar> N/M 0:01:23 <stats>``. The label, the
+    step counter and the elapsed time keep their width at any terminal width; the bar narrows and
+    the stats (the last column) are cut with an ellipsis first."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Column
+
+    fixed = Column(no_wrap=True)
+    return Progress(TextColumn("[bold]{task.description}", table_column=fixed),
+                    BarColumn(bar_width=12), MofNCompleteColumn(table_column=fixed),
+                    TimeElapsedColumn(table_column=fixed),
+                    TextColumn("{task.fields[info]}",
+                               table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis", min_width=1)),
+                    expand=True, console=console)
 
 
 PROGRESS_EVERY_S = 10.0

@@ -102,7 +102,6 @@ class Run:
             if self.step == 0 and s.eval_tasks and s.eval_at_start:  # step 0: what later evals compare with
                 start = self._evaluate()
                 if start:  # not when a stop dropped it
-                    self.recorder.message(f"step 0 eval: accuracy {start.get('eval/accuracy', math.nan):.3f}")
                     self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
             self._wait_until_ready()
             self.clock.start()
@@ -194,7 +193,10 @@ class Run:
         return {"rollout/slot_util": busy / total} if total else {}
 
     def _periodic(self, metrics: dict, trajs: list[Trajectory]) -> None:
-        if self.step % self.settings.eval_every == 0:
+        # every run.eval_every steps, and the last step (trainer.steps reached or the wall-clock
+        # budget spent), so the run ends with the held-out accuracy of the policy it exports
+        last = self.step >= self.settings.steps or self.clock.expired()
+        if self.step % self.settings.eval_every == 0 or (last and not self._stop):
             metrics |= self._evaluate()
         if self.step % self.settings.samples_every == 0:
             self.recorder.samples(self.step, trajs)
@@ -257,8 +259,21 @@ class Run:
                 finally:
                     self.journal.close()
                     self._stability()
+                    self._plot()
                     self.recorder.close()
                     self.observer.run_finished()
+
+    def _plot(self) -> None:
+        """The run's picture into ``run.png`` (:mod:`saorl.runtime.run_plot`); a failure here
+        never fails the run."""
+        if self.step == 0:
+            return
+        from saorl.runtime.run_plot import plot_run
+
+        try:
+            self.recorder.message(f"plot of the run: {plot_run(self.paths.root)}")
+        except Exception as e:  # a picture of files on disk: the run itself is done
+            self.recorder.message(f"run.png not drawn: {type(e).__name__}: {e}")
 
     def _stability(self) -> None:
         """The run's stability signals into ``stability.json``, one line on the console

@@ -4,7 +4,8 @@ errors a run directory can stop a run with.
 A run directory belongs to one run. :func:`check_run_dir` runs first (before the start-up checks
 and the warm start), :func:`claim_run_dir` checks again and creates and locks the directory:
 
-- a **fresh** run needs a directory that is new or empty. Training into an old run's directory
+- a **fresh** run needs a directory that is new or empty (a lone ``.lock``, left by a start killed
+  with ``kill -9`` before it wrote anything, counts as empty). Training into an old run's directory
   would mix the two runs' logs, journals, checkpoints and weights (and prune the old run's
   files); that is refused with :class:`RunDirError`, pointing at ``--resume``;
 - a **resumed** run needs the directory to hold a run (its ``config.yaml``);
@@ -134,7 +135,9 @@ def check_run_dir(run_dir: Path, *, resume: bool) -> None:
         if not run_dir.is_dir():
             raise RunDirError(f"--run-dir {run_dir} exists and is not a directory; give a new or empty "
                               "directory.")
-        entries = sorted(p.name for p in run_dir.iterdir())
+        # a lone .lock: a start killed (kill -9) before it wrote anything; a live holder is refused
+        # when the directory is claimed
+        entries = sorted(p.name for p in run_dir.iterdir() if p.name != RunPaths(run_dir).lock.name)
         if entries:
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
             raise RunDirError(

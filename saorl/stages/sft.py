@@ -18,7 +18,9 @@ import asyncio
 import hashlib
 import json
 import math
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +48,10 @@ WARMUP_STEPS = 20
 
 
 def demonstrations(env_factory: Callable, tasks: list[Task], tokenizer, seed: int,
-                   concurrency: int = 8) -> list[Trajectory]:
-    """One demonstration trajectory per task (deterministic in ``seed``)."""
+                   concurrency: int = 8,
+                   on_done: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+    """One demonstration trajectory per task (deterministic in ``seed``); ``on_done(done, total)``
+    as they finish."""
     from saorl.agent.scripted import demonstration_trajectory
 
     rngs = [random.Random(f"{seed}:{t.id}") for t in tasks]  # independent of completion order
@@ -55,9 +59,16 @@ def demonstrations(env_factory: Callable, tasks: list[Task], tokenizer, seed: in
     async def _all() -> list[Trajectory]:
         sem = asyncio.Semaphore(concurrency)
 
+        done = 0
+
         async def one(task: Task, rng: random.Random) -> Trajectory:
+            nonlocal done
             async with sem:
-                return await demonstration_trajectory(env_factory(), task, tokenizer, rng)
+                traj = await demonstration_trajectory(env_factory(), task, tokenizer, rng)
+            done += 1
+            if on_done is not None:
+                on_done(done, len(tasks))
+            return traj
 
         return list(await asyncio.gather(*(one(t, r) for t, r in zip(tasks, rngs))))
 
@@ -156,7 +167,9 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
     env_factory = env_factory_for(cfg.env, deadline=False)
     tasks = load_split(env_factory(), cfg.env, "train", cfg.sft.num_demos, seed + 7919)
     log(f"sft: generating {len(tasks)} demonstrations of {cfg.env.type}")
-    demos = demonstrations(env_factory, tasks, tokenizer, seed)
+    # a bar on a terminal, else a line every 10 s: on a loaded machine this takes minutes
+    with CountProgress("sft: demonstrations", enabled=cfg.run.progress, log=log) as count:
+        demos = demonstrations(env_factory, tasks, tokenizer, seed, on_done=count)
     success = sum(d.episode.success for d in demos) / len(demos)
     s = cfg.sft
 
@@ -193,6 +206,33 @@ def warm_start(cfg: SaorlConfig, log: Callable[[str], None] = print) -> str:
         return str(out)
     run_sft(cfg, out, log)
     return str(out)
+
+
+def reuse_cached_sft(cfg: SaorlConfig, elsewhere: Path, log: Callable[[str], None] = print) -> bool:
+    """Link the SFT warm start of ``cfg`` from the cache directory ``elsewhere`` (another
+    ``run.out_dir/.cache``, such as ``saorl train``'s ``runs/.cache``) into ``cfg``'s own cache when
+    it has the same key there and not here: the same settings give the same model, so it is not
+    trained again. Files are hard-linked where the filesystem allows (no copy), else copied; never
+    written in place afterwards (every write replaces a file whole). Returns whether it did."""
+    from saorl.atomic import atomic_dir
+
+    here = cached_sft_dir(cfg)
+    there = Path(elsewhere) / here.name
+    if (here / "config.json").exists() or not (there / "config.json").exists() or here == there:
+        return False
+    with atomic_dir(here) as tmp:
+        for f in there.rglob("*"):
+            dst = tmp / f.relative_to(there)
+            if f.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(f, dst)
+            except OSError:
+                shutil.copy2(f, dst)
+    log(f"sft: reusing the warm start with the same settings from {there}")
+    return True
 
 
 def cached_sft_dir(cfg: SaorlConfig) -> Path:

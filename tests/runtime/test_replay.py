@@ -42,6 +42,8 @@ def test_an_unchanged_replay_reproduces_the_logged_losses_and_kl(run_dir, tmp_pa
         assert 0.0 < r["probes"][0] <= 1.0
     out = capsys.readouterr().out
     assert "replaying" in out and "policy/loss run" in out  # the side-by-side table
+    table = [line for line in out.splitlines() if line.lstrip().startswith(("step", "3 ", "4 ", "5 ", "6 "))]
+    assert len(table) == 5 and len({len(line) for line in table}) == 1, table  # columns aligned
 
 
 def test_a_changed_learning_rate_departs_after_the_first_replayed_step(run_dir, tmp_path):

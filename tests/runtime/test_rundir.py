@@ -22,6 +22,11 @@ def test_a_fresh_run_takes_only_a_new_or_empty_directory(tmp_path):
     msg = str(e.value)
     assert f"saorl train --resume {tmp_path / 'old'}" in msg and "metrics.jsonl" in msg and "\n" not in msg
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["metrics.jsonl"]  # untouched
+    claim_run_dir(tmp_path / "new", resume=False).release()  # a lone .lock (a start killed before it
+    held = claim_run_dir(tmp_path / "new", resume=False)      # wrote anything) counts as empty...
+    with pytest.raises(RunDirError, match="is in use"):      # ...unless a live process holds it
+        claim_run_dir(tmp_path / "new", resume=False)
+    held.release()
 
 
 def test_a_resume_needs_a_run_directory(tmp_path):
@@ -90,3 +95,31 @@ def test_effective_rows_drop_the_steps_a_resume_redid():
             {"resume": {"from_step": 3}}, {"step": 4, "rids": [2]}]
     assert [(r["step"], r["rids"]) for r in effective_rows(json.loads(json.dumps(rows)))] == [
         (1, [0]), (2, [3]), (3, [1]), (4, [2])]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_run_directory_exists_during_the_warm_start_and_a_failed_start_removes_it(tmp_path, monkeypatch,
+                                                                                       cached):
+    """``saorl train`` prints the run directory first: it exists (and is locked) while the warm start
+    runs; a start that fails then removes it, and the ``runs/`` it created unless a stage cached
+    something there."""
+    import saorl.training as training
+    from saorl.config import load_config
+
+    out = tmp_path / "runs"
+    run_dir = out / "sao-x"
+    seen = []
+
+    def warm_start(cfg, log=print):
+        seen.append((run_dir.is_dir(), (run_dir / ".lock").is_file()))
+        if cached:
+            (out / ".cache" / "sft-key").mkdir(parents=True)
+        raise KeyboardInterrupt  # Ctrl-C during the warm start
+
+    monkeypatch.setattr(training, "warm_start", warm_start)
+    cfg = load_config(None, [f"run.out_dir={out}", "runtime.backend=inprocess"])
+    with pytest.raises(KeyboardInterrupt):
+        training.train(cfg, run_dir)
+    assert seen == [(True, True)]
+    assert not run_dir.exists()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ([".cache", "runs", "sft-key"] if cached else [])

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import stat
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_async_sao_trains_with_stale_multi_version_batches(tmp_path):
-    cfg = load_config(None, [*BASE, "trainer.steps=12", "run.checkpoint_every=6", "run.eval_every=6",
+    cfg = load_config(None, [*BASE, "trainer.steps=12", "run.checkpoint_every=6", "run.eval_every=5",
                              "run.samples_every=6"])
     run_dir, _ = train(cfg, tmp_path / "run")
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -46,14 +48,20 @@ def test_async_sao_trains_with_stale_multi_version_batches(tmp_path):
     assert (run_dir / "final" / "policy" / "config.json").exists()
     assert (run_dir / "final" / "critic" / "critic.json").exists()
     tb = EventAccumulator(str(run_dir / "tb"), size_guidance={"histograms": 0, "scalars": 0}).Reload()
-    assert [e.step for e in tb.Scalars("eval/accuracy")] == [0, 6, 12]
+    assert [e.step for e in tb.Scalars("eval/accuracy")] == [0, 5, 10, 12]  # and the last step, always
     ratios = tb.Histograms("policy/ratio_hist")  # the DIS ratio histogram, every step
     assert [h.step for h in ratios] == list(range(1, 13))
     assert all(h.histogram_value.num == sum(r["policy/ratio_hist"]) for h, r in zip(ratios, rows))
     evals = read_jsonl(run_dir / "eval.jsonl")
-    assert [e["step"] for e in evals] == [0, 6, 12] and all("eval/accuracy" in e for e in evals)
+    assert [e["step"] for e in evals] == [0, 5, 10, 12] and all("eval/accuracy" in e for e in evals)
+    assert "eval/accuracy" in rows[-1]  # the last step's row: the exported policy's accuracy
     assert (run_dir / "samples" / "step-00000006.txt").read_text().count("[act 1]") >= 1
     assert (run_dir / "config.yaml").exists() and (run_dir / "algo_resolved.yaml").exists()
+    assert (run_dir / "run.png").read_bytes()[:4] == b"\x89PNG"  # the run's picture (saorl plot)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for p in [run_dir / "final" / "policy", *(run_dir / "final" / "policy").iterdir()]:  # as a plain
+        assert stat.S_IMODE(p.stat().st_mode) & 0o444 == 0o444 & ~umask, p               # mkdir leaves it
     stab = json.loads((run_dir / "stability.json").read_text())  # the run's continuous signals
     kl = [r["mismatch/kl"] for r in rows]
     assert stab["steps"] == 12 and stab["drift bursts"] == sum(v > stab["drift_kl"] for v in kl) / 12

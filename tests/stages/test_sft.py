@@ -140,3 +140,12 @@ def test_an_sft_step_with_non_finite_weights_is_rolled_back():
     assert m["sft/nonfinite_skips"] == 2  # an infinite learning rate makes every update non-finite
     for k, v in policy.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_demonstrations_report_their_progress():
+    tok = load_tokenizer()
+    factory = make_env_factory("math_tool", {"demo_error_rate": 0.0})
+    tasks = load_tasks(factory(), "train", 5, seed=3)
+    seen = []
+    demonstrations(factory, tasks, tok, seed=1, on_done=lambda done, total: seen.append((done, total)))
+    assert seen == [(i, 5) for i in range(1, 6)]

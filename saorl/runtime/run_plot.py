@@ -1,0 +1,174 @@
+"""One run as one picture: ``saorl plot RUN_DIR`` (and the end of ``saorl train``, into ``run.png``).
+
+Six panels over trainer steps, read from the run directory's ``metrics.jsonl`` (resume markers
+applied: :func:`~saorl.runtime.recorder.effective_rows`) and ``eval.jsonl``:
+
+- **reward**: the training batch's mean reward (``reward/mean``; a few trajectories, so noisy)
+  and its running mean over :data:`SMOOTH` steps;
+- **held-out accuracy**: every evaluation (``eval/accuracy``), the best one marked;
+- **KL / drift**: the trainer-vs-sampler KL of the trained tokens (``mismatch/kl``) and the
+  relative size of each policy update (``policy/update_rel``, right axis);
+- **critic EV**: the critic's explained variance before the step's updates (``critic/explained_var``);
+- **staleness**: policy versions between sampling and training, mean and max over the batch;
+- **throughput**: action tokens trained per second, and the trainer's idle fraction (right axis).
+
+A panel whose metric the run did not log (GRPO has no critic) says so instead of a curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from saorl.errors import StartupError
+from saorl.run_paths import RunPaths
+from saorl.runtime.recorder import effective_rows
+
+SMOOTH = 10
+"""Steps in the running mean drawn over a noisy per-step curve."""
+
+
+class NotARunError(StartupError):
+    """The directory holds no run to draw (exit 2); one paragraph."""
+
+
+def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The trainer-step rows of ``metrics.jsonl`` (resume markers applied; the step-0 evaluation
+    row left out) and the rows of ``eval.jsonl``; :class:`NotARunError` when ``run_dir`` is no run."""
+    paths = RunPaths(run_dir)
+    if not run_dir.is_dir():
+        raise NotARunError(f"{run_dir} is not a directory; give a run directory that `saorl train` "
+                           "wrote (runs/NAME-TIMESTAMP).")
+    if not paths.metrics.is_file():
+        raise NotARunError(
+            f"{run_dir} has no metrics.jsonl, so it is not a saorl run directory (or its run has not "
+            "reached its first evaluation yet). Give the directory `saorl train` printed first "
+            "(runs/NAME-TIMESTAMP); an experiment's runs are in its runs/ subdirectory.")
+    rows = effective_rows(_jsonl(paths.metrics))
+    steps = [r for r in rows if r.get("step", 0) > 0]
+    evals = _jsonl(paths.eval) if paths.eval.is_file() else []
+    if not steps and not evals:
+        raise NotARunError(f"{paths.metrics} has no trainer step and {run_dir} no evaluation yet: "
+                           "nothing to draw. Try again once the run has trained a step.")
+    return steps, evals
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if isinstance(row, dict):
+            out.append(row)
+    return out
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of the rows that logged a finite ``key``."""
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v) and "step" in r:
+            xs.append(int(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def running_mean(ys: list[float], n: int = SMOOTH) -> list[float]:
+    """The mean of each value and the ``n - 1`` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y - (ys[i - n] if i >= n else 0.0)
+        out.append(total / min(i + 1, n))
+    return out
+
+
+def plot_run(run_dir: Path, out: Path | None = None) -> Path:
+    """Draw the run in ``run_dir`` (see the module docstring) into ``out`` (default
+    ``RUN_DIR/run.png``); return the path written."""
+    steps, evals = read_run(run_dir)
+    out = RunPaths(run_dir).plot if out is None else out
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    (ax_r, ax_acc, ax_kl), (ax_ev, ax_st, ax_tp) = axes
+    last = max([int(r["step"]) for r in steps] + [int(r.get("step", 0)) for r in evals] + [1])
+
+    x, y = series(steps, "reward/mean")
+    _curve(ax_r, x, y, "reward/mean", "training reward (batch mean)", smooth=True)
+
+    x, y = series(evals, "eval/accuracy")
+    if _curve(ax_acc, x, y, "eval/accuracy", "held-out accuracy", marker="o"):
+        best = max(range(len(y)), key=lambda i: (y[i], -x[i]))
+        ax_acc.plot([x[best]], [y[best]], "*", color="tab:red", markersize=14,
+                    label=f"best {y[best]:.3f} at step {x[best]}")
+        ax_acc.annotate(f"last {y[-1]:.3f}", (x[-1], y[-1]), textcoords="offset points", xytext=(-40, -14))
+        ax_acc.legend(loc="lower right", fontsize=8)
+
+    x, y = series(steps, "mismatch/kl")
+    _curve(ax_kl, x, y, "mismatch/kl", "KL trainer vs sampler / update size", smooth=True)
+    ax_kl.set_ylabel("KL")
+    x2, y2 = series(steps, "policy/update_rel")
+    if x2:
+        twin = ax_kl.twinx()
+        twin.plot(x2, running_mean(y2), color="tab:purple", linewidth=1.2,
+                  label=f"policy/update_rel (mean of {SMOOTH})")
+        twin.set_ylabel("relative update size", color="tab:purple")
+        twin.legend(loc="upper right", fontsize=8)
+
+    x, y = series(steps, "critic/explained_var")
+    _curve(ax_ev, x, y, "critic/explained_var", "critic explained variance", smooth=True)
+
+    x, y = series(steps, "rollout/staleness_mean")
+    if _curve(ax_st, x, y, "rollout/staleness_mean", "staleness (policy versions)", smooth=True):
+        xm, ym = series(steps, "rollout/staleness_max")
+        ax_st.plot(xm, ym, color="tab:gray", linewidth=0.6, alpha=0.6, label="rollout/staleness_max")
+        ax_st.legend(loc="upper left", fontsize=8)
+
+    x, y = series(steps, "throughput/action_tokens_per_s")
+    _curve(ax_tp, x, y, "throughput/action_tokens_per_s", "throughput (action tokens/s)", smooth=True)
+    xi, yi = series(steps, "time/trainer_idle_frac")
+    if xi:
+        twin = ax_tp.twinx()
+        twin.plot(xi, running_mean(yi), color="tab:orange", linewidth=1.0,
+                  label=f"time/trainer_idle_frac (mean of {SMOOTH})")
+        twin.set_ylim(-0.02, 1.02)
+        twin.set_ylabel("trainer idle fraction", color="tab:orange")
+        twin.legend(loc="center right", fontsize=8)
+
+    for ax in axes[1]:
+        ax.set_xlabel("trainer step")
+    for ax in axes.flat:
+        ax.set_xlim(0, last + max(1, last // 40))  # room for the last point's marker
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{Path(run_dir).resolve().name}: {len(steps)} trainer steps, {len(evals)} evaluations")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _curve(ax: Any, x: list[int], y: list[float], key: str, title: str, *, smooth: bool = False,
+           marker: str | None = None) -> bool:
+    """Draw one metric on ``ax`` (raw, and its running mean when ``smooth``); False, with a note on
+    the panel, when the run did not log it."""
+    ax.set_title(title)
+    if not x:
+        ax.text(0.5, 0.5, f"{key}\nnot logged by this run", ha="center", va="center",
+                transform=ax.transAxes, color="tab:gray")
+        return False
+    if smooth:
+        ax.plot(x, y, color="tab:blue", linewidth=0.6, alpha=0.35, label=key)
+        ax.plot(x, running_mean(y), color="tab:blue", linewidth=1.6, label=f"mean of {SMOOTH} steps")
+        ax.legend(loc="upper left", fontsize=8)
+    else:
+        ax.plot(x, y, color="tab:blue", linewidth=1.4, marker=marker, markersize=4, label=key)
+    return True
