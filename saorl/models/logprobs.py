@@ -19,10 +19,16 @@ the engine computed it from its own), so a DIS ratio compares like with like. A 
 the kept set has probability 0: its log-probability is ``LOGPROB_FLOOR`` (``exp`` of it is 0, its
 gradient 0), never ``-inf``.
 
-Memory. Beyond the model's own ``[B, T, V]`` logits, the log-probability is ``x_t``'s logit minus
-the row's logsumexp (``[B, T]`` results), not a gathered full ``log_softmax``. A temperature other
-than 1 and a low-precision model each cost one scaled/upcast ``[B, T, V]`` copy; the entropy costs
-one softmax ``[B, T, V]``.
+Memory. The log-probability is ``x_t``'s logit minus the row's logsumexp (``[B, T]`` results), not a
+gathered full ``log_softmax``. When the float32 logits of the whole input would exceed
+:data:`LOGITS_CHUNK_BYTES` (a real vocabulary: SmolLM2's 49,152 entries over 800 positions are 157 MB)
+and the model is a plain decoder under an output projection (``get_decoder()`` and
+``get_output_embeddings()``, no logit soft-capping or scaling), the projection, log-softmax and
+entropy run on chunks of positions under activation checkpointing: one chunk's ``[n, V]`` logits are
+alive at a time, in the forward and again in the backward, which recomputes them. Per position the
+arithmetic is the same; only the matrix products' blocking differs (float rounding). Otherwise
+(small vocabularies, other heads) the model's own ``[B, T, V]`` logits are used: a temperature other
+than 1 and a low-precision model each cost one scaled/upcast copy, the entropy one softmax.
 """
 
 from __future__ import annotations
@@ -76,8 +82,50 @@ def token_logprobs(
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     temperature = 1.0 if temperature == 0 else float(temperature)
-    out = model(**kwargs)
-    logits = out.logits[:, :-1]  # [B, T-1, V]: logits[:, t-1] predicts x_t
+    targets = input_ids[:, 1:].long()
+    parts = _decoder_and_head(model)
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    if parts is not None and targets.numel() * vocab * 4 > LOGITS_CHUNK_BYTES:
+        decoder, head = parts
+        hidden = decoder(**kwargs).last_hidden_state[:, :-1]
+        picked, entropy = _chunked(hidden, targets, head, vocab, temperature, top_k, top_p, return_entropy)
+    else:
+        logits = model(**kwargs).logits[:, :-1]  # [B, T-1, V]: logits[:, t-1] predicts x_t
+        picked, entropy = _scored(logits, targets, temperature, top_k, top_p, return_entropy)
+    zero = picked.new_zeros(())
+    first = picked.new_zeros(input_ids.shape[0], 1)
+    # where, not multiply: a fully masked (left-padding) row may hold non-finite values.
+    logprobs = torch.where(keep, torch.cat([first, picked], dim=1), zero)
+    if not return_entropy:
+        return logprobs
+    return logprobs, torch.where(keep, torch.cat([first, entropy], dim=1), zero)
+
+
+LOGITS_CHUNK_BYTES = 64 * 2**20
+"""The float32 logits one chunk of positions may hold (and the size past which an input is chunked)."""
+
+
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """The decoder (hidden states) and output projection of a plain causal LM, or None when its
+    logits are more than ``head(decoder(x))`` or it does not say what its parts are."""
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None):
+        return None
+    if getattr(config, "logit_scale", None) not in (None, 1.0):
+        return None
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError, ValueError):
+        return None
+    if decoder is None or not isinstance(head, nn.Linear) or decoder is model:
+        return None
+    return decoder, head
+
+
+def _scored(logits: Tensor, targets: Tensor, temperature: float, top_k: int, top_p: float,
+            want_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """``targets``' log-probabilities under ``logits`` ``[..., V]`` (tempered, truncated like the
+    sampler) and, with ``want_entropy``, each row's entropy; both float32 ``[...]``."""
     if logits.dtype != torch.float32:
         logits = logits.float()
     if temperature != 1.0:
@@ -86,18 +134,36 @@ def token_logprobs(
     if top_k > 0 or top_p < 1.0:
         kept = truncation_mask(logits, top_k, top_p)
         logits = logits.masked_fill(~kept, float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)  # [B, T-1]
-    picked = logits.gather(-1, input_ids[:, 1:].long().unsqueeze(-1)).squeeze(-1) - lse
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if kept is not None:
         picked = torch.clamp(picked, min=LOGPROB_FLOOR)
-    zero = logits.new_zeros(())
-    logprobs = torch.cat([logits.new_zeros(input_ids.shape[0], 1), picked], dim=1)
-    # where, not multiply: a fully masked (left-padding) row may hold non-finite values.
-    logprobs = torch.where(keep, logprobs, zero)
-    if not return_entropy:
-        return logprobs
+    if not want_entropy:
+        return picked, None
     probs = torch.softmax(logits, dim=-1)
-    plogp = probs * logits if kept is None else torch.where(kept, probs * logits, zero)
-    entropy = lse - plogp.sum(-1)
-    entropy = torch.cat([logits.new_zeros(input_ids.shape[0], 1), entropy], dim=1)
-    return logprobs, torch.where(keep, entropy, zero)
+    if kept is None:
+        plogp = probs * logits
+    else:  # -inf off the kept set would send 0 * inf = NaN into the gradient, even under where
+        plogp = torch.where(kept, probs * logits.masked_fill(~kept, 0.0), logits.new_zeros(()))
+    return picked, lse - plogp.sum(-1)
+
+
+def _chunked(hidden: Tensor, targets: Tensor, head: nn.Linear, vocab: int, temperature: float, top_k: int,
+             top_p: float, want_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """:func:`_scored` of ``head(hidden)`` ``[B, T, H]``, a chunk of positions at a time, each chunk's
+    logits recomputed in the backward rather than kept (see "Memory")."""
+    from torch.utils.checkpoint import checkpoint
+
+    shape = targets.shape
+    flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    n = max(1, LOGITS_CHUNK_BYTES // (4 * vocab))
+
+    def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        picked, entropy = _scored(head(h), t, temperature, top_k, top_p, want_entropy)
+        return picked, entropy if entropy is not None else picked.new_zeros(())
+
+    parts = [checkpoint(score, flat_h[i:i + n], flat_t[i:i + n], use_reentrant=False)
+             for i in range(0, flat_t.numel(), n)]
+    picked = torch.cat([p for p, _ in parts]).reshape(shape)
+    entropy = torch.cat([e for _, e in parts]).reshape(shape) if want_entropy else None
+    return picked, entropy
