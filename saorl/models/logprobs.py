@@ -21,7 +21,7 @@ gradient 0), never ``-inf``.
 
 Memory. The log-probability is ``x_t``'s logit minus the row's logsumexp (``[B, T]`` results), not a
 gathered full ``log_softmax``. When the float32 logits of the whole input would exceed
-:data:`LOGITS_CHUNK_BYTES` (a real vocabulary: SmolLM2's 49,152 entries over 800 positions are 157 MB)
+:data:`CHUNK_ABOVE_BYTES` (a real vocabulary: SmolLM2's 49,152 entries over 4,096 positions are 805 MB)
 and the model is a plain decoder under an output projection (``get_decoder()`` and
 ``get_output_embeddings()``, no logit soft-capping or scaling), the projection, log-softmax and
 entropy run on chunks of positions under activation checkpointing: one chunk's ``[n, V]`` logits are
@@ -85,7 +85,7 @@ def token_logprobs(
     targets = input_ids[:, 1:].long()
     parts = _decoder_and_head(model)
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
-    if parts is not None and targets.numel() * vocab * 4 > LOGITS_CHUNK_BYTES:
+    if parts is not None and targets.numel() * vocab * 4 > CHUNK_ABOVE_BYTES:
         decoder, head = parts
         hidden = decoder(**kwargs).last_hidden_state[:, :-1]
         picked, entropy = _chunked(hidden, targets, head, vocab, temperature, top_k, top_p, return_entropy)
@@ -102,7 +102,11 @@ def token_logprobs(
 
 
 LOGITS_CHUNK_BYTES = 64 * 2**20
-"""The float32 logits one chunk of positions may hold (and the size past which an input is chunked)."""
+"""The float32 logits one chunk of positions may hold."""
+CHUNK_ABOVE_BYTES = 256 * 2**20
+"""Inputs whose whole float32 logits would pass this are scored in chunks. Below it the plain path
+is kept: chunking recomputes the projection in the backward (on SmolLM2-135M, 21% of a forward's
+FLOPs) for a saving that is small next to the decoder's own activations (docs/performance.md)."""
 
 
 def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:

@@ -27,6 +27,7 @@ def _batch(seed: int = 0):
 
 def _run(model, inputs: dict, chunk_bytes: int, monkeypatch, **kw):
     monkeypatch.setattr(lp, "LOGITS_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(lp, "CHUNK_ABOVE_BYTES", chunk_bytes)
     model.zero_grad(set_to_none=True)
     logprobs, entropy = lp.token_logprobs(model, return_entropy=True, **inputs, **kw)
     (logprobs.sum() + 0.3 * entropy.sum()).backward()
