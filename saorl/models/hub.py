@@ -1,6 +1,9 @@
-"""Where a model or tokenizer named in the config lives: a local directory or a Hugging Face Hub id.
+"""Where a model or tokenizer named in the config lives: a local directory, a GGUF file, a short
+name of a model on the package index, or a Hugging Face Hub id.
 
-``resolve_source("path/to/dir")`` is that directory when it exists. Anything else of the form
+``resolve_source("path/to/dir")`` is that directory when it exists. A ``.gguf`` file and a short
+name (``smollm2-135m-instruct``) resolve to a plain Hugging Face directory converted once into
+saorl's cache (:mod:`saorl.models.gguf_source`). Anything else of the form
 ``org/name`` is a Hub model id: its snapshot (config, safetensors weights, tokenizer files, chat
 template) is found in the local Hugging Face cache or downloaded into it with
 ``huggingface_hub.snapshot_download`` (the resolution ``from_pretrained`` does, once per process
@@ -20,6 +23,8 @@ import os
 import re
 from pathlib import Path
 
+from saorl.models.gguf_source import REGISTRY_MODELS, ModelSourceError, gguf_dir, registry_dir
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 """A Hub model id: ``org/name`` (letters, digits, ``_``, ``.``, ``-``)."""
 
@@ -28,8 +33,7 @@ SNAPSHOT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.t
 (never ``*.bin`` / ``*.pth`` weights, which saorl does not load)."""
 
 
-class ModelSourceError(FileNotFoundError):
-    """A model or tokenizer source that is neither a local directory nor a reachable Hub model."""
+__all__ = ["REGISTRY_MODELS", "ModelSourceError", "is_hub_id", "resolve_source"]
 
 
 def is_hub_id(spec: str) -> bool:
@@ -39,18 +43,26 @@ def is_hub_id(spec: str) -> bool:
 
 def resolve_source(spec: str, what: str = "model.policy") -> Path:
     """The local directory of ``spec``: itself when it exists, else its Hub snapshot (see the module
-    docstring). ``what`` names the config field in errors. Resolved once per process."""
+    docstring). ``what`` names the config field in errors. A Hub id is resolved once per process; a
+    GGUF file or a short name is converted once into saorl's cache (later: a directory check)."""
     path = Path(spec).expanduser()
     if path.exists():
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            return gguf_dir(spec, path, what)
         if not path.is_dir():
             raise NotADirectoryError(f"{what} {spec!r} is a file; expected a directory holding a Hugging "
-                                     "Face model or tokenizer, or a Hub model id such as Qwen/Qwen3-0.6B")
+                                     "Face model or tokenizer, a .gguf file, a short name ("
+                                     f"{', '.join(REGISTRY_MODELS)}) or a Hub model id such as "
+                                     "Qwen/Qwen3-0.6B")
         return path
+    if spec in REGISTRY_MODELS:
+        return registry_dir(spec, what)
     if not is_hub_id(spec):
         raise ModelSourceError(
             f"{what} {spec!r} does not exist (relative to {os.getcwd()}) and is not a Hugging Face Hub model "
-            "id (org/name, e.g. Qwen/Qwen3-0.6B); give a local model directory (config.json + *.safetensors "
-            "+ tokenizer files) or a Hub id")
+            "id (org/name, e.g. Qwen/Qwen3-0.6B) nor a short name saorl knows "
+            f"({', '.join(REGISTRY_MODELS)}); give a local model directory (config.json + *.safetensors "
+            "+ tokenizer files), a .gguf file, a short name or a Hub id")
     return _snapshot(spec, what)
 
 
