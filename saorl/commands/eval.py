@@ -16,7 +16,10 @@ and prints accuracy, mean reward, mean turns and mean action tokens as a small t
   of ``saorl sft``): settings from the defaults plus overrides (default env: math_tool);
 - a LoRA adapter directory (``adapter_config.json``, e.g. ``RUN/final/adapter``): the adapter
   merged into the base its ``saorl_base.json`` names; settings as for an HF directory;
-- a tiny kind (``tiny-moe``, ``tiny-dense``): a freshly initialised model (from ``seed``).
+- a tiny kind (``tiny-moe``, ``tiny-dense``): a freshly initialised model (from ``seed``);
+- a ``.gguf`` file, a short model name (``smollm2-135m-instruct``) or a Hugging Face Hub id: the
+  model :func:`~saorl.models.hub.resolve_source` makes of it (a GGUF converted once into saorl's
+  cache); settings as for an HF directory.
 
 The evaluation is the trainer's (:func:`saorl.stages.evaluate.evaluate_config`); the test tasks
 are the first ``--tasks`` of the run's test split, so numbers compare with the run's ``eval/*``.
@@ -62,7 +65,8 @@ class Target:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT",
                    help="a run directory, a checkpoint directory, an HF policy directory, a LoRA adapter "
-                        "directory or a tiny kind")
+                        "directory, a tiny kind, a .gguf file, a short model name (smollm2-135m-instruct) "
+                        "or a Hugging Face Hub id")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides, e.g. env.type=code_repair rollout.max_new_tokens=64")
     p.add_argument("--tasks", type=int, metavar="N",
@@ -122,6 +126,15 @@ def _run_target(run_dir: Path, overrides: list[str], ckpt: Path | None = None) -
                   _policy_loader(spec, cfg, ckpt / "policy.safetensors"))
 
 
+def _is_model_source(target: str, path: Path) -> bool:
+    """A ``.gguf`` file, or (not an existing path) a short model name or a Hub id."""
+    from saorl.models.hub import REGISTRY_MODELS, is_hub_id
+
+    if path.exists():
+        return path.is_file() and path.suffix.lower() == ".gguf"
+    return target in REGISTRY_MODELS or is_hub_id(target)
+
+
 def resolve_target(target: str, overrides: list[str]) -> Target:
     """Config and policy loader for ``target`` (see the module docstring); ``TargetError`` if none fits."""
     from saorl.models.tiny import TINY_KINDS
@@ -131,8 +144,19 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
         cfg.model.policy = target
         return Target(cfg, f"{target} (freshly initialised, seed {cfg.seed})", _policy_loader(target, cfg))
     path = Path(target).expanduser()
+    if _is_model_source(target, path):  # a GGUF file, a short name, a Hub id: one local directory
+        from saorl.models.hub import ModelSourceError, resolve_source
+
+        cfg = load_config(None, overrides)
+        cfg.model.policy = str(path.resolve()) if path.exists() else target
+        try:
+            local = resolve_source(cfg.model.policy, "the eval target")
+        except ModelSourceError as e:
+            raise TargetError(str(e)) from None
+        return Target(cfg, f"{target} ({local})", _policy_loader(cfg.model.policy, cfg))
     if not path.exists():
-        raise TargetError(f"{target!r} does not exist and is not a tiny kind ({', '.join(TINY_KINDS)})")
+        raise TargetError(f"{target!r} does not exist and is not a tiny kind ({', '.join(TINY_KINDS)}), a "
+                          "short model name (smollm2-135m-instruct) or a Hugging Face Hub id (org/name)")
     if not path.is_dir():
         raise TargetError(f"{target!r} is a file; expected a run directory, a checkpoint directory, "
                           "an HF policy directory or a tiny kind")

@@ -1,9 +1,10 @@
 """``saorl serve``: the local engine behind the OpenAI-compatible HTTP server.
 
-``saorl serve --model tiny-moe --port 8000`` builds (or loads, for a directory path or a Hub id) a
-causal LM, wraps it in :class:`~saorl.engines.local.LocalEngine` and serves it with
-:mod:`saorl.engines.serve.server` (FastAPI on uvicorn; vLLM 0.32's OpenAI API) until interrupted. It binds
-127.0.0.1 unless ``--host`` says otherwise. ``--port 0`` picks a free port; the first line printed on
+``saorl serve --model tiny-moe --port 8000`` builds (or loads, for a directory path, a ``.gguf``
+file, a short model name such as ``smollm2-135m-instruct`` or a Hub id) a causal LM, wraps it in
+:class:`~saorl.engines.local.LocalEngine` and serves it with :mod:`saorl.engines.serve.server`
+(FastAPI on uvicorn; vLLM 0.32's OpenAI API) until interrupted. It binds 127.0.0.1 unless
+``--host`` says otherwise. ``--port 0`` picks a free port; the first line printed on
 stdout is ``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
 
 ``--model RUN_DIR`` (a directory holding a run's ``config.yaml``) serves the run's final policy,
@@ -35,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--model", default="tiny-moe",
                         help="a tiny built-in kind (tiny-moe, tiny-dense), a local HF model directory, "
-                             "a Hub id, or a run directory that `saorl train` wrote (it serves the run's "
-                             "final/policy)")
+                             "a .gguf file, a short model name (smollm2-135m-instruct), a Hub id, or a run "
+                             "directory that `saorl train` wrote (it serves the run's final/policy)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer directory or Hub id; none: the model's own (the shipped one for "
                              "tiny kinds)")
