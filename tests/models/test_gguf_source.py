@@ -242,3 +242,17 @@ def test_model_critic_may_be_a_gguf_file_whose_trunk_starts_the_critic(cache, ti
     (tmp_path / "empty").mkdir()
     with pytest.raises(StartupError, match=r"holds neither critic\.json nor config\.json.*\.gguf file"):
         check_critic(str(tmp_path / "empty"))
+
+
+def test_saorl_eval_takes_a_gguf_file_as_its_target(cache, tiny_gguf):
+    from saorl.commands.eval import TargetError, resolve_target
+
+    model, path = tiny_gguf
+    target = resolve_target(str(path), ["env.type=math_tool"])
+    assert target.cfg.model.policy == str(path.resolve()) and str(cache / "models") in target.description
+    loaded = target.load()
+    x = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, model(x).logits)
+    with pytest.raises(TargetError, match=r"is not a tiny kind .* short model name \(smollm2-135m-instruct\)"):
+        resolve_target("smollm2-135m", [])
