@@ -254,5 +254,5 @@ def test_saorl_eval_takes_a_gguf_file_as_its_target(cache, tiny_gguf):
     x = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
-    with pytest.raises(TargetError, match=r"is not a tiny kind .* short model name \(smollm2-135m-instruct\)"):
+    with pytest.raises(TargetError, match=r"not a tiny kind .* short model name \(smollm2-135m-instruct\)"):
         resolve_target("smollm2-135m", [])
