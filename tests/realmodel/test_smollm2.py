@@ -27,7 +27,8 @@ def _greedy(model_dir, messages, n: int) -> str:
 
 
 def test_saorl_eval_runs_the_real_model(smollm2, tmp_path):
-    out = saorl("eval", NAME, "--tasks", "2", "--json", "rollout.max_new_tokens=16", cwd=tmp_path)
+    out = saorl("eval", NAME, "--tasks", "2", "--json", "rollout.max_new_tokens=16",
+                "env.options.max_turns=2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(out.stdout)
     assert metrics["eval/episodes"] == 2 and 0.0 <= metrics["eval/accuracy"] <= 1.0
@@ -57,6 +58,7 @@ def test_two_sao_steps_train_the_real_model_and_final_policy_loads_in_transforme
     out = saorl("train", f"model.policy={NAME}", "sft.enabled=false", "value_pretrain.enabled=false",
                 "trainer.steps=2", "trainer.batch_size=2", "trainer.policy_lr=1e-6", "trainer.critic_lr=5e-6",
                 "rollout.concurrent_episodes=2", "rollout.engine.slots=2", "rollout.max_new_tokens=16",
+                "env.options.max_turns=2",
                 "run.eval_at_start=false", "run.eval_tasks=2", "run.report_to=[]", "run.progress=false",
                 "run.out_dir=runs", "run.name=smollm2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
