@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+import stat
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -54,12 +55,43 @@ def record_row(record: Any, where: str) -> dict[str, Any]:
     return dict(record)
 
 
+MAX_LINE_CHARS = 16 * 2**20
+"""The longest task line read (16 Mi characters): a longer one is an error, not a read that grows
+until memory runs out (``/dev/zero``, a file with no newline)."""
+
+
+def _lines(f: Any, path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """``(number, line)`` of each line of ``f``, each read with a bounded length."""
+    lineno = 0
+    while True:
+        line = f.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+            raise TaskFileError(f"{path}:{lineno}: a line longer than {MAX_LINE_CHARS // 2**20} Mi "
+                                "characters; a task file holds one JSON object per line")
+        yield lineno, line
+
+
+def check_regular_file(path: str | os.PathLike) -> None:
+    """A :class:`TaskFileError` unless ``path`` is a regular file: a FIFO with no writer would block
+    the read forever, and a device (``/dev/zero``) never ends."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode)
+                or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise TaskFileError(f"{path}: {kind}; a task source is a regular file (JSONL or parquet) or a "
+                            "dataset directory")
+
+
 def load_tasks_jsonl(path: str | os.PathLike, id_column: str | None = None) -> list[Task]:
     """Read tasks from a JSONL file (format in the module docstring), in file order."""
     names, rows, lineno = [], [], 0
     try:
+        check_regular_file(path)
         with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):  # line by line: never the whole file at once
+            for lineno, line in _lines(f, path):  # line by line: never the whole file at once
                 if not line.strip():
                     continue
                 where = f"{path}:{lineno}"
@@ -118,6 +150,7 @@ def read_tasks(path: str | os.PathLike, split: str | None = None, id_column: str
         return tables.load_tasks_parquet(files, id_column, where=f"{path} [{split}]")
     if split is not None:
         raise TaskFileError(f"{path}: split {split!r} asked of a file; splits are parts of a directory")
+    check_regular_file(p)
     if p.suffix == ".parquet":
         return tables.load_tasks_parquet(p, id_column)
     return load_tasks_jsonl(p, id_column)

@@ -99,7 +99,14 @@ def _bad_payload(d: Path) -> list[str]:
     return [f"env.tasks_file={_tasks(d / 't.jsonl', rows)}"]
 
 
+def _fifo(d: Path) -> list[str]:
+    os.mkfifo(d / "pipe.jsonl")  # no writer: an open() for reading would block forever
+    return [f"env.tasks_file={d / 'pipe.jsonl'}"]
+
+
 CASES = {
+    "tasks file is a FIFO with no writer": (_fifo, ["pipe.jsonl: a FIFO (named pipe)", "regular file"]),
+    "tasks file is /dev/zero": (lambda d: ["env.tasks_file=/dev/zero"], ["/dev/zero: a device"]),
     "missing tasks file": (lambda d: [f"env.tasks_file={d / 'missing.jsonl'}"],
                            ["missing.jsonl: task file not found", "env.tasks_file"]),
     "malformed tasks file": (_malformed, ["t.jsonl:2: malformed JSON"]),

@@ -107,6 +107,30 @@ def test_missing_and_empty_files(tmp_path):
         load_tasks_jsonl(_file(tmp_path, ["", ""]))
 
 
+def test_an_endless_line_is_an_error_not_a_read_of_everything(tmp_path, monkeypatch):
+    import saorl.data.tasks as tasks
+
+    monkeypatch.setattr(tasks, "MAX_LINE_CHARS", 1000)
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"id": "a"}\n' + "x" * 5000)  # a second line with no end, over the bound
+    with pytest.raises(TaskFileError, match=r"t.jsonl:2: a line longer than"):
+        load_tasks_jsonl(path)
+    path.write_text('{"id": "a", "q": "' + "y" * 900 + '"}\n')  # under the bound: read
+    assert [t.id for t in load_tasks_jsonl(path)] == ["a"]
+
+
+def test_a_fifo_or_a_device_is_refused_before_it_is_opened(tmp_path):
+    import os
+
+    from saorl.data.tasks import read_tasks
+
+    os.mkfifo(tmp_path / "p.jsonl")
+    with pytest.raises(TaskFileError, match="a FIFO"):
+        read_tasks(tmp_path / "p.jsonl")
+    with pytest.raises(TaskFileError, match="a device"):
+        read_tasks("/dev/zero")
+
+
 def _write_tasks(path, ids):
     path.write_text("".join(json.dumps({"id": i, "question": "1+1", "answer": 2}) + "\n" for i in ids))
     return path
