@@ -190,8 +190,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2
-    tokenizer = _load_tokenizer(args, source)
-    model = load_model(source, args.seed, args.device)
+    try:
+        tokenizer = _load_tokenizer(args, source)
+        model = load_model(source, args.seed, args.device)
+    except (FileNotFoundError, NotADirectoryError) as e:  # not a model: a file, a directory of other things
+        print(f"saorl serve: {e}", file=sys.stderr)
+        return 2
     check_vocab(tokenizer, model, "--model")
     try:
         served = _served(args, source, model, tokenizer)

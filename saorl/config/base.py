@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+MAX_NAME_BYTES = 200
+"""The longest name (UTF-8 bytes) that names a directory: file systems stop at 255, and a run
+directory's name adds ``-<timestamp>[-n]`` to it."""
+
 
 def plain_name(v: str) -> str:
-    """``v`` if it can name a directory (non-empty, no path separators, not ``.``/``..``)."""
+    """``v`` if it can name a directory (non-empty, no path separators, not ``.``/``..``, at most
+    :data:`MAX_NAME_BYTES` bytes)."""
     if not v or "/" in v or "\\" in v or v in (".", ".."):
         raise ValueError(f"must be a non-empty name without path separators, got {v!r}")
+    if len(v.encode("utf-8")) > MAX_NAME_BYTES:
+        raise ValueError(f"must be at most {MAX_NAME_BYTES} bytes (it names a directory), got "
+                         f"{len(v.encode('utf-8'))}: {v[:40]!r}...")
     return v
 
 

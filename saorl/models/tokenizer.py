@@ -86,9 +86,10 @@ def load_tokenizer(path: str | Path | None = None, what: str = "model.tokenizer"
 
     source = ASSET_DIR if path is None else resolve_source(str(path), what)
     if not any((source / name).is_file() for name in TOKENIZER_FILES):
+        field = "--tokenizer" if what.startswith("--") else "model.tokenizer"  # serve: the flag
         raise FileNotFoundError(
             f"{what} {str(path)!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); set "
-            "model.tokenizer to the directory (or Hub id) of the tokenizer the policy was trained with")
+            f"{field} to the directory (or Hub id) of the tokenizer the policy was trained with")
     return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
 
 

@@ -174,8 +174,17 @@ def verify(ckpt_dir: Path, journal: Journal, newest_segment: int = 0) -> dict[st
         if sha256_file(f) != digest:
             raise CorruptionError(f"{f} does not match the SHA-256 in its manifest (its bytes were changed "
                                   "or cut short)")
-    gone = journal.first_missing(int(manifest["journal_segment"]), newest_segment)
+    own = int(manifest["journal_segment"])
+    gone = journal.first_missing(own, newest_segment)
     if gone is not None:
+        later = journal.next_present(gone)
+        if later is not None and int(gone.stem[4:]) > max(own, newest_segment):
+            # needed only because a later segment is there, that no checkpoint ever named
+            raise CorruptionError(
+                f"journal segment {later} follows a gap: {gone.name} (and any up to it) was never there "
+                f"or was deleted, and no checkpoint names a segment past {max(own, newest_segment)}. "
+                f"A run numbers its segments without gaps, so {later.name} is a stray file or its "
+                f"predecessors were deleted; move {later} away if it is not this run's and resume again")
         raise CorruptionError(f"journal segment {gone}, which checkpoint {ckpt_dir.name} continues from, "
                               "is missing")
     return manifest

@@ -26,6 +26,7 @@ import bisect
 import heapq
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -160,6 +161,9 @@ def decode_entry(line: str) -> Trajectory:
     return traj
 
 
+_SEGMENT = re.compile(r"seg-\d{8}\.jsonl")
+
+
 def _seg_number(path: Path) -> int:
     return int(path.stem.split("-")[1])
 
@@ -177,7 +181,8 @@ class Journal:
         """Segments whose torn last line the last :meth:`read_from` dropped."""
 
     def segments(self) -> list[Path]:
-        return sorted(self.dir.glob("seg-*.jsonl"))
+        """The segment files, in order (other names in the directory are not the journal's)."""
+        return sorted(p for p in self.dir.glob("seg-*.jsonl") if _SEGMENT.fullmatch(p.name))
 
     def segment_path(self, index: int) -> Path:
         return self.dir / f"seg-{index:08d}.jsonl"
@@ -219,6 +224,10 @@ class Journal:
         newest = max(present | {index, newest})
         return next((self.segment_path(i) for i in range(index, newest + 1) if i not in present), None)
 
+    def next_present(self, path: Path) -> Path | None:
+        """The first segment after ``path`` that is there (what made a missing ``path`` needed)."""
+        return next((p for p in self.segments() if _seg_number(p) > _seg_number(path)), None)
+
     def read_from(self, segment_index: int) -> list[Trajectory]:
         """Entries of segments >= ``segment_index``. A torn last line (no newline: a crash hit
         mid-write) is dropped and its segment noted in :attr:`torn`; any other damaged line is a
@@ -232,6 +241,12 @@ class Journal:
         return out
 
     def _read_segment(self, seg: Path) -> list[Trajectory]:
+        if not seg.is_file():
+            raise CorruptionError(
+                f"journal segment {seg} is not a file (a directory or another kind of file has its name); "
+                "the run wrote a file there, so this is damage. The run stops rather than guess at its "
+                "rollouts: restore the file if you have a copy, or move the thing away and resume again "
+                "(the rollouts it held are sampled again).")
         data = seg.read_bytes()
         lines = data.split(b"\n")
         if lines[-1]:  # no newline at the end: the last write was cut short

@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from saorl.cli import main
+from saorl.models.tokenizer import ASSET_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,6 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
     (["--max-model-len", "99999"], "--max-model-len 99999 is past the model's max_position_embeddings"),
     (["--generation-config", "/nonexistent"], "'/nonexistent' is neither auto, vllm nor a directory"),
     (["--served-model-name", ""], "--served-model-name: every name must be non-empty"),
+    (["--model", "/etc"], "--model '/etc' holds no tokenizer (none of tokenizer.json"),
+    (["--model", "/etc"], "set --tokenizer to the directory"),
+    (["--model", "/etc/passwd"], "--model '/etc/passwd' is a file; expected a directory"),
+    (["--model", "/etc", "--tokenizer", str(ASSET_DIR)], "policy directory '/etc' has no config.json"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, message):
     assert main(["serve", *args]) == 2

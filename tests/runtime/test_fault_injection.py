@@ -174,6 +174,22 @@ def test_damage_with_no_way_around_stops_with_one_paragraph(finished_run, tmp_pa
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # nothing appended
 
 
+def test_a_stray_segment_or_a_directory_segment_is_named_as_it_is(finished_run, tmp_path, capsys):
+    run_dir, _ = _copy(finished_run, tmp_path)
+    journal = run_dir / "journal"
+    newest = max(journal.glob("seg-*.jsonl"))
+    (journal / "seg-00000099.jsonl").write_bytes(b"\x00garbage\n" * 10)  # past a gap, named by no checkpoint
+    msg = _resume_fails(run_dir, capsys, "trainer.steps=6")
+    assert f"journal segment {journal / 'seg-00000099.jsonl'} follows a gap" in msg, msg
+    assert "stray file" in msg and "is missing" not in msg
+    (journal / "seg-00000099.jsonl").unlink()
+    newest.unlink()
+    newest.mkdir()  # a segment replaced by a directory: damage named, not a bug (status 1)
+    msg = _resume_fails(run_dir, capsys, "trainer.steps=6")
+    assert f"journal segment {newest} is not a file" in msg, msg
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2, 3, 4]  # nothing appended
+
+
 def _files(run_dir) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
             if p.is_file() and p.name != ".lock"}  # (.lock holds the pid of its last holder)
