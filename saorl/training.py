@@ -35,14 +35,16 @@ from pathlib import Path
 import torch
 
 from saorl.config import SaorlConfig, absolute_paths
+from saorl.errors import RunFailure, StartupError
 from saorl.run_paths import RunPaths
 from saorl.runtime.assemble import build_run
 from saorl.runtime.checkpoint import check_restart
+from saorl.runtime.disk import checkpoint_bytes, disk_errno, disk_failure, probe_run_dir
 from saorl.runtime.learner import shard_group
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
-from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_run_dir
+from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_run_dir, remove_temporaries
 from saorl.runtime.trackers import TrackerFailed
 from saorl.stages.evaluate import TestEvaluator
 from saorl.stages.preflight import check_ray, check_run, check_servers
@@ -73,6 +75,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         return None, {}
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     check_run_dir(run_dir, resume=resume)  # before minutes of checks, warm start and pretraining
+    probe_run_dir(run_dir)  # and a read-only or full disk too
     created = _first_missing(run_dir)  # what to remove again if the start fails (None: it existed)
     locks: list[RunDirLock] = []
     try:
@@ -98,10 +101,17 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         # a failed start leaves no (empty or half-written) run directory behind, nor removes a tracker's files
         if created is not None and not (isinstance(e, TrackerFailed) and e.started):
             _remove_created(run_dir, created)
+        if disk_errno(e) is not None and not isinstance(e, (StartupError, RunFailure)):
+            raise disk_failure(e, run_dir, None, []) from e
         raise
     previous = {sig: signal.signal(sig, run.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         final = run.loop()
+    except Exception as e:
+        if disk_errno(e) is None or isinstance(e, RunFailure):
+            raise
+        # the run holds the lock: what the failed write left half-written goes now, not at the resume
+        raise disk_failure(e, run_dir, checkpoint_bytes(run.learner), remove_temporaries(run_dir)) from e
     finally:
         run.stop.done()  # the stop, if one was asked for, is done: no forced one now
         for sig, handler in previous.items():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from saorl.config import SaorlConfig, config_to_dict, save_resolved
 from saorl.run_paths import RunPaths
+from saorl.runtime.disk import check_room, checkpoint_bytes
 from saorl.runtime.journal import Journal
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import RunParts, build_learner
@@ -40,6 +41,7 @@ def build_run(cfg: SaorlConfig, run_dir: Path, parts: RunParts, evaluate: Evalua
                            total_steps=settings.steps)
     try:
         removed = remove_temporaries(paths.root)  # the caller holds the run directory's lock
+        check_room(paths.root, checkpoint_bytes(learner))  # a disk too small for one checkpoint: now
         if removed:
             recorder.message(f"removed what a crash left half-written: {', '.join(removed)}")
         start = Start()

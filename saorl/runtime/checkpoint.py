@@ -77,6 +77,21 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
     final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    try:
+        _write(tmp, step, learner, extra, pending)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk: never leave the half-written copy on it
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _point_latest(ckpt_root, name)
+    _prune(ckpt_root, keep)
+    return final
+
+
+def _write(tmp: Path, step: int, learner, extra: dict[str, Any],
+           pending: list[tuple[int, Trajectory]]) -> None:
     learner_meta = learner.save_state(tmp)
     save_safetensors_atomic({"torch": torch.get_rng_state()}, tmp / "rng.safetensors")
     with open(tmp / "pending.jsonl", "w", encoding="utf-8") as f:
@@ -93,12 +108,6 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
         f.flush()
         os.fsync(f.fileno())
     fsync_path(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _point_latest(ckpt_root, name)
-    _prune(ckpt_root, keep)
-    return final
 
 
 def _point_latest(ckpt_root: Path, name: str) -> None:
