@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from saorl.config import SaorlConfig, absolute_paths
+from saorl.envs.escapees import kill_run_escapees, run_mark
 from saorl.errors import RunFailure, StartupError
 from saorl.run_paths import RunPaths
 from saorl.runtime.assemble import build_run
@@ -73,6 +74,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         torch.set_num_threads(trainer_threads(cfg))
         serve_rank(cfg)
         return None, {}
+    run_mark()  # before any worker starts: their user code's processes carry it (saorl.envs.escapees)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     check_run_dir(run_dir, resume=resume)  # before minutes of checks, warm start and pretraining
     probe_run_dir(run_dir)  # and a read-only or full disk too
@@ -117,6 +119,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         run.parts.env_factory.close()  # the processes of user code: idle ones, and any still stuck
+        kill_run_escapees()  # and what it detached, in the workers' pools too (saorl.envs.escapees)
         if group is not None:
             run.learner.close()
             shard_group.leave()

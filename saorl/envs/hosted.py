@@ -16,6 +16,10 @@ as many children as there are calls at once (not episodes), and a killed child t
 that ran past its deadline with it. What a call costs on top of running in-process:
 ``benchmarks/bench_env_calls.py`` (docs/performance.md).
 
+What a child starts outside its process group (a ``setsid``) is killed by the mark in its
+environment (:mod:`saorl.envs.escapees`): one child's on its deadline, every child's when the pool
+closes.
+
 Children are started from one long-lived thread of the pool: the kernel's parent-death signal,
 which ends a child stuck where nothing else can reach it once its parent is gone, follows the
 thread that started it (see :mod:`saorl.runtime.backends.lifeline`).
@@ -23,6 +27,7 @@ thread that started it (see :mod:`saorl.runtime.backends.lifeline`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
@@ -36,8 +41,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from saorl.envs.base import Env, Progress, Split, StepResult, Task
+from saorl.envs.escapees import MARK, kill_marked, run_mark
 from saorl.envs.hosted_child import BOOT
 from saorl.envs.sandbox import kill_group
+
+_POOLS = itertools.count()
 
 HOST_START_TIMEOUT_S = 120.0
 """Seconds a new child may take to start and build one env (imports included) before it is given
@@ -67,10 +75,11 @@ def child_traceback(error: BaseException) -> str | None:
 
 
 class _Host:
-    """One child process and its end of the socket pair."""
+    """One child process and its end of the socket pair; ``mark``: its environment's mark
+    (:mod:`saorl.envs.escapees`), which whatever it starts inherits."""
 
-    def __init__(self, proc: subprocess.Popen, conn: Connection) -> None:
-        self.proc, self.conn = proc, conn
+    def __init__(self, proc: subprocess.Popen, conn: Connection, mark: str) -> None:
+        self.proc, self.conn, self.mark = proc, conn, mark
         self._code: int | None = None
         self._killed = False
         self._lock = threading.Lock()  # a call's thread and close() may both end it
@@ -105,14 +114,17 @@ class _Host:
                               "process was killed")
         return pickle.loads(reply)
 
-    def kill(self, close: bool = True) -> int | None:
+    def kill(self, close: bool = True, escapees: bool = True) -> int | None:
         """Kill the child's process group and reap it, once (a reaped pid may name another process
         later); its exit code. ``close=False`` leaves our end of the socket open for a call that
-        another thread is waiting in: it reads the end of the stream and closes it."""
+        another thread is waiting in: it reads the end of the stream and closes it. ``escapees``:
+        also what it started outside its group (a ``setsid``), found by its mark."""
         with self._lock:
             if not self._killed:
                 self._killed = True
                 kill_group(self.proc)
+                if escapees:
+                    kill_marked(self.mark)
                 try:
                     self._code = self.proc.wait(timeout=5.0)
                 except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL of a live process
@@ -141,6 +153,8 @@ class HostPool:
         self._lock = threading.Lock()
         self._closed = False
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="saorl-env-host")
+        self.mark = f"{run_mark()}/{os.getpid()}.{next(_POOLS)}"
+        """The prefix of its children's marks (:mod:`saorl.envs.escapees`)."""
         self.started = 0
         """Children started so far (replacements of killed ones included)."""
 
@@ -182,19 +196,22 @@ class HostPool:
 
     def _start(self) -> _Host:
         ours, theirs = socket.socketpair()
+        with self._lock:
+            mark = f"{self.mark}/{self.started}"
+            self.started += 1
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-c", BOOT, json.dumps(sys.path), str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, MARK: mark})
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-        host = _Host(proc, Connection(ours.detach()))
+        host = _Host(proc, Connection(ours.detach()), mark)
         with self._lock:
             self._live.add(host)
-            self.started += 1
             closed = self._closed
         if closed:  # close() ran while this one started
             self._drop(host)
@@ -228,7 +245,8 @@ class HostPool:
             self._live.clear()
             self._idle.clear()
         for host in hosts:
-            host.kill(close=host in idle)
+            host.kill(close=host in idle, escapees=False)
+        kill_marked(self.mark)  # what any child started outside its group, in one pass
         self._starter.shutdown(wait=False)
 
 

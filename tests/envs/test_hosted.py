@@ -145,6 +145,64 @@ def test_the_killed_child_is_gone_and_the_pool_goes_on(user_code, tmp_path):
         assert _gone(int((tmp_path / "pid").read_text()))
 
 
+ESCAPE = """
+def _detach(pids_dir):
+    # fork, setsid, fork again: a process out of the child's group, re-parented to init
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            open(os.path.join(pids_dir, str(os.getpid())), "w").close()
+            time.sleep(10**6)
+        os._exit(0)
+    os.wait()
+
+def escape(prompt, completion, **row):
+    for _ in range(3):
+        _detach(row["pids"])
+    return 0.0
+
+def escape_and_hang(prompt, completion, **row):
+    _detach(row["pids"])
+    while True:
+        pass
+"""
+
+
+def _escapees(tmp_path, fn: str, timeout_s: float, n: int) -> list[int]:
+    """The pids of the ``n`` processes ``fn`` detached, each checked alive or gone as it should be."""
+    (tmp_path / "hosted_user_code.py").write_text(USER_CODE + ESCAPE)
+    sys.modules.pop("hosted_user_code", None)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    task = Task("t9", {"prompt": "p", "pids": str(pids)})
+
+    def found() -> list[int]:
+        deadline = time.monotonic() + 5.0
+        while len(list(pids.iterdir())) < n and time.monotonic() < deadline:
+            time.sleep(0.02)  # the detached ones write their pid on their own time
+        return [int(p.name) for p in pids.iterdir()]
+
+    with _reward_env(fn, timeout_s=timeout_s) as factory:
+        env = factory()
+        env.reset(task)
+        try:
+            env.step("x")
+            assert not any(_gone(p) for p in found())  # alive while the pool is open
+        except CallTimeout:  # on the deadline, the detached one is gone with the child at once
+            assert found() and all(_gone(p) for p in found()), found()
+    return found()
+
+
+def test_processes_a_reward_function_detaches_are_killed_when_the_pool_closes(user_code, tmp_path):
+    pids = _escapees(tmp_path, "escape", timeout_s=30.0, n=3)
+    assert len(pids) == 3 and all(_gone(p) for p in pids), pids
+
+
+def test_a_process_detached_by_a_call_past_its_deadline_is_killed_with_it(user_code, tmp_path):
+    pids = _escapees(tmp_path, "escape_and_hang", timeout_s=1.0, n=1)
+    assert len(pids) == 1 and all(_gone(p) for p in pids), pids
+
+
 def test_an_exception_in_user_code_comes_back_as_itself_with_the_childs_traceback(user_code):
     with _reward_env("boom") as factory:
         env = factory()
