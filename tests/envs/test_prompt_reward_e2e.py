@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,54 @@ def test_train_on_conversations_with_weighted_trl_reward_functions(tmp_path):
     evals = read_jsonl(run_dir / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 2] and "eval/env/reward/correct" in evals[-1]
     assert not (run_dir / "tb").exists()  # report_to=none: no tracker
+
+
+ESCAPING_REWARD = '''
+import os, time
+
+def escape(prompt, completion, answer, pids, **row):
+    """Forks, setsids and forks again: a process outside the child's group, re-parented to init."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            open(os.path.join(pids, str(os.getpid())), "w").close()
+            time.sleep(10**6)
+        os._exit(0)
+    os.wait()
+    return 0.0
+'''
+
+
+def test_nothing_a_reward_function_detaches_outlives_the_run(tmp_path):
+    """The issue's reward (fork, setsid, fork) in rollout workers' children: after ``saorl train``
+    exits 0, none of the detached processes is alive."""
+    import json
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    (tmp_path / "escaping.py").write_text(ESCAPING_REWARD)
+    rows = [{"prompt": f"{i}+1=", "answer": i + 1, "pids": str(pids)} for i in range(40)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "saorl.cli", "train", "env.type=prompt_reward",
+           f"env.tasks_file={tmp_path / 't.jsonl'}", "env.num_test_tasks=4",
+           "env.options.reward_fn=escaping:escape",
+           "sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-dense", "trainer.steps=2",
+           "trainer.batch_size=4",
+           "run.eval_tasks=2", "run.progress=false", "run.report_to=none", "rollout.max_new_tokens=4",
+           "rollout.max_total_tokens=32", "rollout.concurrent_episodes=4", "rollout.engine.slots=4",
+           "--run-dir", str(tmp_path / "run")]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    detached = [int(p.name) for p in pids.iterdir()]
+    assert len(detached) >= 8, detached  # every rewarded episode detached one
+    time.sleep(0.5)
+    alive = [p for p in detached if _alive(p)]
+    assert not alive, f"{len(alive)} of {len(detached)} detached processes outlived the run"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
