@@ -171,6 +171,10 @@ class RuntimeConfig(Section):
     worker (at least 1). Oversubscribing cores makes OpenMP spin and everything crawl."""
     worker_threads: int = Field(1, ge=1)
     """Torch threads of each rollout worker process."""
+    worker_stall_s: float = Field(60.0, gt=0.0)
+    """A local rollout worker that has sent nothing (it sends a heartbeat each second) for this
+    many seconds — stopped, deadlocked, stuck in a call that never returns — is killed and
+    restarted like one that died, its rollouts re-queued (counted in the restart budget)."""
 
     @field_validator("backend")
     @classmethod

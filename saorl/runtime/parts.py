@@ -225,7 +225,7 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
                                 max_total_tokens=r.max_total_tokens,
                                 concurrency=r.num_workers * r.concurrent_episodes, weights=weights,
                                 owns_engine=True)
-    return LocalBackend(spec, r.num_workers, r.concurrent_episodes)
+    return LocalBackend(spec, r.num_workers, r.concurrent_episodes, stall_s=cfg.runtime.worker_stall_s)
 
 
 def build_weight_sync(cfg: SaorlConfig, run_dir: Path, policy, tokenizer,

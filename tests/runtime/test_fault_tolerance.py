@@ -35,6 +35,37 @@ def test_killed_rollout_worker_is_restarted_and_its_episodes_requeued(tmp_path):
     assert len(rids) == len(set(rids))
 
 
+def test_a_stopped_rollout_worker_is_named_killed_and_restarted_within_the_stall_bound(tmp_path):
+    """SIGSTOP of the worker: its heartbeat stops, and within runtime.worker_stall_s (here 3 s) it
+    is named, killed and restarted as a dead one is; the run trains every step, nothing twice."""
+    import time
+
+    run_dir, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = start_train(run_dir, "trainer.steps=6", "runtime.worker_stall_s=3", log=log)
+    try:
+        wait_for_steps(proc, run_dir, 2, log)
+        workers = rollout_worker_pids(proc.pid)
+        assert len(workers) == 1, workers
+        os.kill(workers[0], signal.SIGSTOP)
+        t0 = time.monotonic()
+        while "sent nothing for" not in log.read_text() and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        named = time.monotonic() - t0
+        assert named < 3 + 5, (named, log.read_text()[-3000:])  # the bound, and a poll or two
+        assert not os.path.exists(f"/proc/{workers[0]}") or "Z" in open(f"/proc/{workers[0]}/stat").read()
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "rollout worker 0 sent nothing for" in text and "runtime.worker_stall_s=3" in text, text[-3000:]
+    assert "killed; restarted" in text
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(7)) and rows[-1]["rollout/worker_restarts"] == 1
+    rids = [rid for r in read_jsonl(run_dir / "trained.jsonl") for rid in r["rids"]]
+    assert len(rids) == len(set(rids))
+
+
 def test_ctrl_c_checkpoints_and_exits_cleanly(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
     proc = start_train(run_dir, "trainer.steps=1000", log=log)

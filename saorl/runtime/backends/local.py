@@ -2,8 +2,11 @@
 
 A backend takes :class:`~saorl.runtime.backends.messages.RolloutRequest` s, returns finished trajectories
 as they arrive, and keeps its workers alive: a worker that dies is restarted and the rollout ids
-it held are reported as lost, so the feed re-queues them (nothing in flight is skipped). Past
-``max_restarts`` restarts it raises :class:`WorkerFailure`.
+it held are reported as lost, so the feed re-queues them (nothing in flight is skipped). A worker
+that is alive but silent — stopped (``SIGSTOP``), deadlocked, stuck in a call that never returns —
+is found by its heartbeat: every worker sends its engine's stats each second, and one whose last
+message is older than ``stall_s`` (``runtime.worker_stall_s``, 60 s) is killed and restarted the
+same way. Past ``max_restarts`` restarts it raises :class:`WorkerFailure`.
 
 Implementations: :class:`LocalBackend` (one spawned OS process per worker, typed messages over
 ``multiprocessing`` queues; a worker dies with the trainer, see :mod:`saorl.runtime.backends.lifeline`),
@@ -95,9 +98,12 @@ def _main_script_hidden():
 class LocalBackend:
     """Rollout workers as spawned processes on this machine."""
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, concurrency: int, max_restarts: int = 5) -> None:
+    def __init__(self, spec: WorkerSpec, num_workers: int, concurrency: int, max_restarts: int = 5,
+                 stall_s: float = 60.0) -> None:
         self.spec, self.num_workers, self.concurrency = spec, num_workers, concurrency
-        self.max_restarts = max_restarts
+        self.max_restarts, self.stall_s = max_restarts, stall_s
+        self._seen: list[float | None] = [None] * num_workers
+        """When each worker's last message was read (None: it has not sent its first yet)."""
         self._ctx = mp.get_context("spawn")
         self._results = self._ctx.Queue()
         self._procs: list = [None] * num_workers
@@ -116,7 +122,7 @@ class LocalBackend:
         p = self._ctx.Process(target=run_worker, args=args, name=f"saorl-rollout-{i}", daemon=True)
         with _main_script_hidden():
             p.start()
-        self._procs[i], self._queues[i] = p, q
+        self._procs[i], self._queues[i], self._seen[i] = p, q, None
 
     def start(self) -> None:
         for i in range(self.num_workers):
@@ -129,19 +135,32 @@ class LocalBackend:
         return [p.pid for p in self._procs]
 
     def _check_alive(self, out: PollResult) -> None:
+        now = time.monotonic()
         for i, p in enumerate(self._procs):
-            if p is not None and not p.is_alive():
-                if self.restarts >= self.max_restarts:  # restarts counts those done, not this death
-                    raise WorkerFailure(f"rollout worker {i} died (exit code {p.exitcode}); the workers "
-                                        f"were restarted {self.restarts} times already (at most "
-                                        f"{self.max_restarts} per run), giving up; see the log above "
-                                        "for why it died, then continue with saorl train --resume RUN_DIR")
-                self.restarts += 1
-                out.errors.append(f"rollout worker {i} died (exit code {p.exitcode}); restarted, "
-                                  f"{len(self._assigned[i])} rollouts re-queued")
-                out.lost.extend(sorted(self._assigned[i]))
-                self._assigned[i].clear()
-                self._spawn(i)
+            if p is None:
+                continue
+            seen = self._seen[i]
+            if p.is_alive() and seen is not None and now - seen > self.stall_s:
+                # a heartbeat a second (the worker's engine stats) missed for stall_s: stopped,
+                # deadlocked, or stuck in a call that never returns; it is killed and restarted
+                p.kill()
+                p.join(5.0)
+                self._restart(i, out, f"sent nothing for {now - seen:.0f} s (runtime.worker_stall_s="
+                                      f"{self.stall_s:g}: stopped, deadlocked or stuck); killed")
+            elif not p.is_alive():
+                self._restart(i, out, f"died (exit code {p.exitcode})")
+
+    def _restart(self, i: int, out: PollResult, what: str) -> None:
+        if self.restarts >= self.max_restarts:  # restarts counts those done, not this death
+            raise WorkerFailure(f"rollout worker {i} {what}; the workers were restarted {self.restarts} "
+                                f"times already (at most {self.max_restarts} per run), giving up; see the "
+                                "log above for why, then continue with saorl train --resume RUN_DIR")
+        self.restarts += 1
+        n = len(self._assigned[i])
+        out.errors.append(f"rollout worker {i} {what}; restarted, {n} rollouts re-queued")
+        out.lost.extend(sorted(self._assigned[i]))
+        self._assigned[i].clear()
+        self._spawn(i)
 
     # --------------------------------------------------------------- requests
     def free_slots(self) -> int:
@@ -156,7 +175,7 @@ class LocalBackend:
 
     def poll(self, timeout_s: float) -> PollResult:
         out = PollResult()
-        drain(self._results, timeout_s, out, self._assigned, self._stats)
+        drain(self._results, timeout_s, out, self._assigned, self._stats, self._seen)
         self._check_alive(out)
         return out
 
@@ -177,9 +196,10 @@ class LocalBackend:
 
 
 def drain(results, timeout_s: float, out: PollResult, assigned: list[set[int]],
-          stats: dict[int, dict]) -> None:
+          stats: dict[int, dict], seen: list[float | None] | None = None) -> None:
     """Wait up to ``timeout_s`` for a first message on the ``results`` queue, then take every
-    message already there without waiting, folding each into ``out`` (:func:`collect`)."""
+    message already there without waiting, folding each into ``out`` (:func:`collect`); ``seen``:
+    when each worker's last message was read."""
     deadline = time.monotonic() + timeout_s
     block = True
     while True:
@@ -190,6 +210,8 @@ def drain(results, timeout_s: float, out: PollResult, assigned: list[set[int]],
             return
         block = False
         collect(msg, out, assigned, stats)
+        if seen is not None:
+            seen[msg.worker] = time.monotonic()
 
 
 def collect(msg, out: PollResult, assigned: list[set[int]], stats: dict[int, dict]) -> None:
