@@ -56,10 +56,15 @@ def run(args: argparse.Namespace) -> int:
     run_dir = given or new_run_dir(cfg)
     if rank0:
         print(f"run directory: {run_dir}", flush=True)
-    check_env_or_exit("saorl train", cfg)  # before torch is imported: a typo costs well under a second
-    from saorl.training import train
+    try:
+        check_env_or_exit("saorl train", cfg)  # before torch is imported: a typo costs well under a second
+        from saorl.training import train
 
-    run_dir, final = train(cfg, run_dir, resume=args.resume is not None, restart=args.restart)
+        run_dir, final = train(cfg, run_dir, resume=args.resume is not None, restart=args.restart)
+    except BaseException:
+        if rank0 and args.resume is None and not Path(run_dir).exists():  # announced, then not kept
+            print(f"run directory: {run_dir} not kept (the run did not start)", flush=True)
+        raise
     if final and run_dir is not None:
         print(last_line(run_dir, final))
     return 0

@@ -143,9 +143,15 @@ class RewardFn:
             return None
         if getattr(item, "shape", None) == () and hasattr(item, "item"):  # a 0-d array or tensor
             item = item.item()
-        if not isinstance(item, numbers.Real) or not math.isfinite(item):  # bools count as 0 / 1
+        if not isinstance(item, numbers.Real):  # bools count as 0 / 1
             self._wrong(value, where, expected)
-        return float(item)
+        try:
+            number = float(item)
+        except OverflowError:  # an int past float's range (10**400)
+            self._wrong(value, where, f"{expected} (it is past a float's range)")
+        if not math.isfinite(number):
+            self._wrong(value, where, expected)
+        return number
 
     def _wrong(self, value: Any, where: str, expected: str) -> None:
         if self.batched:

@@ -38,6 +38,11 @@ from saorl.runtime.backends.messages import PollResult, RolloutRequest
 from saorl.runtime.journal import Journal, RolloutCursor
 from saorl.runtime.observe import Observer
 
+TIMEOUTS_IN_A_ROW = 8
+"""Rollouts past ``env.call_timeout_s`` in a row, none finished in between, that stop the run: user
+code that hangs on every call stops it after a wave or two of deadlines, not after each rollout's
+four tries (minutes each)."""
+
 
 class DispatchPolicy(Protocol):
     def to_dispatch(self, free_slots: int, in_flight: int, buffered: int, batch_size: int,
@@ -100,6 +105,7 @@ class RolloutFeed:
         self.groups: OrderedDict[int, dict[int, Trajectory]] = OrderedDict()  # seq -> {rid: traj}
         self.stats = FeedStats()
         self._failures: dict[int, int] = {}
+        self._timeouts_in_a_row = 0  # rollouts past env.call_timeout_s since one last finished
         self._cond = threading.Condition()
         self._waiting = False
         self._error: BaseException | None = None
@@ -179,6 +185,15 @@ class RolloutFeed:
     def _apply(self, res: PollResult) -> None:
         for msg in res.errors:
             self.log_error(f"[rollout] {msg}")
+        if res.finished:
+            self._timeouts_in_a_row = 0
+        self._timeouts_in_a_row += len(res.timeouts)
+        if self._timeouts_in_a_row >= TIMEOUTS_IN_A_ROW:
+            last = res.timeouts[max(res.timeouts)]
+            raise RunFailure(f"the last {self._timeouts_in_a_row} rollouts all ran past env.call_timeout_s "
+                             f"and none finished in between, so user code seems to hang on every call: "
+                             f"{last}. Fix the function (or the env), or raise env.call_timeout_s if it "
+                             "needs longer")
         for rid in res.lost:
             self._failures[rid] = self._failures.get(rid, 0) + 1
             if self._failures[rid] > 3:

@@ -144,7 +144,8 @@ def test_start_up_errors_are_one_paragraph_exit_2_and_leave_no_run_directory(cas
         assert text in err, err
     assert _no_run_directory(tmp_path)
     if case not in NOT_LOADED:  # the config loaded, so the run directory was announced before any check
-        assert out.startswith("run directory: ")
+        assert out.startswith("run directory: ")  # and then said not kept
+        assert out.strip().splitlines()[-1].endswith(" not kept (the run did not start)"), out
 
 
 def test_cuda_without_cuda(tmp_path, capsys):

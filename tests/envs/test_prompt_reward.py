@@ -81,7 +81,7 @@ def test_unusable_reward_functions_fail_when_the_env_is_built(rewards, spec, mes
         make_env_factory("prompt_reward", {} if spec is None else {"reward_fn": spec})
 
 
-@pytest.mark.parametrize("value", [None, "1.0", float("nan"), float("inf"), [1.0]])
+@pytest.mark.parametrize("value", [None, "1.0", float("nan"), float("inf"), [1.0], 10**400])
 def test_a_return_that_is_not_a_finite_number_names_the_function_and_the_row(rewards, value):
     env = PromptRewardEnv(reward_fn="my_rewards:returns")
     task = Task("row-9", {"prompt": "p", "value": value})

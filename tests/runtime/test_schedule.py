@@ -18,8 +18,9 @@ from saorl.engines.base import GenerationResult, SamplingParams
 from saorl.envs.base import Env, Progress, StepResult
 from saorl.models.tokenizer import load_tokenizer
 from saorl.runtime.backends.inprocess import InProcessBackend
+from saorl.runtime.backends.messages import PollResult
 from saorl.runtime.journal import Journal, RangeSet, RolloutCursor
-from saorl.runtime.schedule import AsyncDispatch, RolloutFeed, SyncDispatch
+from saorl.runtime.schedule import TIMEOUTS_IN_A_ROW, AsyncDispatch, RolloutFeed, SyncDispatch
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +226,40 @@ def test_checkpoint_then_crash_trains_every_finished_rollout_exactly_once(tmp_pa
     assert len(trained) == len(set(trained)), "a rollout was trained twice"
     assert set(after_ckpt) <= set(second), "a rollout trained after the checkpoint was lost"
     assert {t.episode.rid for t in pending} <= set(second)  # what was pending goes first
+
+
+class EveryCallTimesOut:
+    """A backend whose every rollout runs past its deadline (user code that always hangs)."""
+
+    restarts = 0
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+
+    def start(self) -> None: ...
+    def ready(self) -> bool: return True
+    def free_slots(self) -> int: return 4 - len(self.pending)
+    def submit(self, req) -> None: self.pending.append(req.rid)
+    def engine_stats(self) -> dict: return {}
+    def shutdown(self) -> None: ...
+
+    def poll(self, timeout_s: float) -> PollResult:
+        lost, self.pending = self.pending, []
+        return PollResult(lost=lost, timeouts={rid: f"EpisodeTimeout: reward function 'r:hang' on rollout "
+                                                    f"{rid} did not return within 60 s" for rid in lost})
+
+
+def test_user_code_that_hangs_on_every_call_stops_the_run_after_a_wave_or_two(tmp_path, tok):
+    tasks = OneTurnEnv().generate_tasks("train", 50, 0)
+    feed = RolloutFeed(EveryCallTimesOut(), tasks, RolloutCursor(), Journal(tmp_path / "j"), AsyncDispatch(),
+                       group_size=1, batch_size=4, version=lambda: 0, progress=Progress, log=lambda m: None)
+    feed.start()
+    try:
+        with pytest.raises(RuntimeError) as info:
+            feed.next_batch(0)
+    finally:
+        feed.stop()
+    msg = str(info.value)
+    assert f"the last {TIMEOUTS_IN_A_ROW} rollouts all ran past env.call_timeout_s" in msg, msg
+    assert "seems to hang on every call" in msg and "reward function 'r:hang'" in msg
+    assert "failed 4 times" not in msg  # two waves of 4, not four tries of one rollout
