@@ -91,7 +91,7 @@ def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
 
 
 def _write(tmp: Path, step: int, learner, extra: dict[str, Any],
-           pending: list[tuple[int, Trajectory]]) -> None:
+           pending: list[Trajectory]) -> None:
     learner_meta = learner.save_state(tmp)
     save_safetensors_atomic({"torch": torch.get_rng_state()}, tmp / "rng.safetensors")
     with open(tmp / "pending.jsonl", "w", encoding="utf-8") as f:
