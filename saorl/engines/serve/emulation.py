@@ -54,7 +54,7 @@ from saorl.engines.base import GenerationResult, SamplingParams
 from saorl.engines.clients.routes import encode_flat
 from saorl.engines.serve import openai_api as oa
 from saorl.engines.serve import openai_out as out
-from saorl.engines.serve.generation import read_json
+from saorl.engines.serve.generation import read_json, unless_gone
 
 
 class _Labels:
@@ -258,7 +258,7 @@ def _sglang_routes(app: FastAPI, state) -> None:
             await state.wait_resumed()
             state.running += 1
             try:
-                res = await state.engine.agenerate(req.input_ids, params)
+                res = await unless_gone(request, state.engine.agenerate(req.input_ids, params))
             except ValueError as e:
                 raise oa.BadRequest(f"input_ids: {e}", "input_ids") from None
             finally:

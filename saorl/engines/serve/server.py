@@ -63,7 +63,16 @@ from saorl.engines.base import EngineError, InferenceEngine
 from saorl.engines.serve import openai_api as oa
 from saorl.engines.serve import openai_out as out
 from saorl.engines.serve.chat_prompt import chat_prompt, response_role
-from saorl.engines.serve.generation import generate_all, plan, read_json
+from saorl.engines.serve.generation import (
+    ClientGone,
+    encode_texts,
+    generate_all,
+    json_response,
+    off_loop,
+    plan,
+    read_json,
+    unless_gone,
+)
 from saorl.engines.serve.served import ServedModel
 from saorl.engines.serve.server_info import add_info_routes
 from saorl.engines.serve.server_limits import (
@@ -139,13 +148,13 @@ class ServerState:
 
 
 # ------------------------------------------------------------------------------------- generation
-def _prompts(state: ServerState, req: oa.CompletionRequest) -> list[list[int]]:
+async def _prompts(state: ServerState, req: oa.CompletionRequest) -> list[list[int]]:
     p = req.prompt
     if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], str)):
         if state.tokenizer is None:
             raise oa.BadRequest("prompt: this server takes token ids (no tokenizer loaded)", "prompt")
-        return [list(state.tokenizer.encode(s, add_special_tokens=req.add_special_tokens))
-                for s in ([p] if isinstance(p, str) else p)]
+        texts = [p] if isinstance(p, str) else p
+        return await off_loop(sum(map(len, texts)), encode_texts, state, texts, req.add_special_tokens)
     return [p] if isinstance(p[0], int) else [list(x) for x in p]
 
 
@@ -171,7 +180,11 @@ async def handle_generation(state: ServerState, request: Request, chat: bool) ->
     oa.refuse_unhonoured(req)
     if not chat:
         _check_routes_request(state, req)
-    prompts = [chat_prompt(state.tokenizer, req)] if chat else _prompts(state, req)
+    if chat:  # the template and its tokenizing, off the event loop when the body is large
+        size = len(await request.body())
+        prompts = [await off_loop(size, chat_prompt, state.tokenizer, req)]
+    else:
+        prompts = await _prompts(state, req)
     top = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
     work = plan(state, req, prompts, top)
     rid = out.new_id("chatcmpl" if chat else "cmpl", request.headers.get("X-Request-Id") or req.request_id)
@@ -184,7 +197,7 @@ async def handle_generation(state: ServerState, request: Request, chat: bool) ->
 
             events = stream_events(state, req, prompts, work, chat, rid, started)
             return StreamingResponse(_released(events, state, need), media_type="text/event-stream")
-        results = await generate_all(state, work)
+        results = await unless_gone(request, generate_all(state, work))  # cancelled if the client left
         results = await state.extras.get("postprocess", _same)(state, prompts, req, results)
     except BaseException:
         state.release(need)
@@ -201,7 +214,8 @@ async def handle_generation(state: ServerState, request: Request, chat: bool) ->
         choices = [out.completion_choice(state, req, i, r, prompts[i // req.n])
                    for i, r in enumerate(results)]
         body = out.response(state, False, rid, choices, use)
-    return out.with_extension(state, body, results)
+    return await json_response(out.with_extension(state, body, results),
+                               8 * (plen + sum(len(r.token_ids) for r in results)))
 
 
 async def _same(state, prompts, req, results):
@@ -275,6 +289,11 @@ def _add_handlers(app: FastAPI, state: ServerState) -> None:
         state.metrics.refused_busy += 1
         return error_response(503, f"server busy: {e}; retry after {limits.retry_after_s}s",
                               headers={"Retry-After": str(limits.retry_after_s)})
+
+    @app.exception_handler(ClientGone)  # nobody reads it: the connection is closed
+    async def _gone(_r, e: ClientGone):
+        state.metrics.cancelled += 1
+        return error_response(499, "client closed the request; its generation was cancelled")
 
     @app.exception_handler(EngineError)
     async def _engine(_r, e: EngineError):

@@ -29,7 +29,7 @@ from fastapi.responses import PlainTextResponse
 from saorl import __version__
 from saorl.engines.serve import openai_api as oa
 from saorl.engines.serve.chat_prompt import chat_prompt
-from saorl.engines.serve.generation import read_json
+from saorl.engines.serve.generation import json_response, off_loop, read_json
 from saorl.engines.serve.server_metrics import CONTENT_TYPE
 
 
@@ -46,6 +46,12 @@ def _model_card(served, name: str) -> dict:
 def _need_tokenizer(state) -> None:
     if state.tokenizer is None:
         raise oa.BadRequest("this server has no tokenizer (it takes and returns token ids only)")
+
+
+def _tokenize(tok, req, chat: bool) -> tuple[list[int], list[str] | None]:
+    ids = chat_prompt(tok, req) if chat else list(tok.encode(req.prompt,
+                                                             add_special_tokens=req.add_special_tokens))
+    return ids, (list(tok.convert_ids_to_tokens(ids)) if req.return_token_strs else None)
 
 
 def add_info_routes(app: FastAPI, state) -> None:
@@ -77,11 +83,10 @@ def add_info_routes(app: FastAPI, state) -> None:
         req = oa.parse(oa.TokenizeChat if chat else oa.TokenizeCompletion, body)
         served.check(req.model)
         _need_tokenizer(state)
-        tok = state.tokenizer
-        ids = chat_prompt(tok, req) if chat else list(
-            tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
-        strs = list(tok.convert_ids_to_tokens(ids)) if req.return_token_strs else None
-        return {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids, "token_strs": strs}
+        size = len(await request.body())  # seconds of tokenizing for megabytes: off the event loop
+        ids, strs = await off_loop(size, _tokenize, state.tokenizer, req, chat)
+        return await json_response({"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids,
+                                    "token_strs": strs}, 8 * len(ids))
 
     @app.post("/detokenize", openapi_extra=oa.request_body(oa.Detokenize))
     async def detokenize(request: Request):

@@ -45,6 +45,8 @@ class ServerMetrics:
         self.latency_sum = 0.0
         self.latency_count = 0
         self.refused_busy = 0
+        self.cancelled = 0
+        """Requests whose client left before the response (their generations were cancelled)."""
 
     def record(self, prompt_tokens: int, results: list[GenerationResult], seconds: float) -> None:
         self.prompt_tokens += prompt_tokens
