@@ -71,7 +71,8 @@ class ServedModel:
         the served names; no model at all is the served one, as in vLLM."""
         if model and model not in self.names:
             names = ", ".join(self.names)
-            raise ModelNotFound(f"The model `{model}` does not exist. Valid aliases: {names}.")
+            shown = model if len(model) <= 200 else f"{model[:200]}... ({len(model)} characters)"
+            raise ModelNotFound(f"The model `{shown}` does not exist. Valid aliases: {names}.")
 
 
 def generation_defaults(model_dir: str | Path | None,

@@ -113,7 +113,11 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         lim = self.limits
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None and b"transfer-encoding" in headers:  # RFC 9112 6.3: a smuggling vector
+            return await self._refuse(scope, receive, send, 400, "a request may not have both Content-Length "
+                                      "and Transfer-Encoding")
         if declared is not None and (not declared.isdigit() or int(declared) > lim.max_body_bytes):
             return await self._refuse(scope, receive, send, 413 if declared.isdigit() else 400,
                                       f"request body over the limit of {lim.max_body_bytes} bytes"

@@ -240,3 +240,25 @@ def test_an_unexpected_exception_is_a_json_500(tok):
         assert _get(url + "/health").json()["status"] == "ok"
     finally:
         srv.shutdown()
+
+
+def test_a_request_with_both_content_length_and_chunked_encoding_is_a_400(served):
+    _, url, _ = served
+    body = b'{"prompt": [1, 2], "max_tokens": 2}'
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+    with socket.create_connection(_address(url), timeout=30) as s:
+        s.sendall(req)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert "both Content-Length and Transfer-Encoding" in _error(answer)["message"]
+
+
+def test_an_unknown_model_name_of_a_megabyte_is_not_echoed_whole(served):
+    _, url, _ = served
+    r = _post(f"{url}/v1/completions", json={"model": "m" * 1_000_000, "prompt": [1], "max_tokens": 1})
+    assert r.status_code == 404 and len(r.content) < 2000, len(r.content)
+    assert "(1000000 characters)" in r.json()["error"]["message"]
