@@ -202,7 +202,8 @@ class RayConfig(Section):
     temp_dir: str | None = None
     """Session directory of the private local cluster; None makes a short one,
     ``/tmp/saorl-ray-*`` (Ray's Unix socket paths must stay under 107 bytes), which is removed at
-    shutdown (after ``kill -9`` of the whole process group: when the next private cluster starts).
+    shutdown (after ``kill -9`` of the trainer or of its whole process group: by the watchdog, a
+    process of its own session; were that killed too, when the next private cluster starts).
     A directory given here is left in place."""
     worker_cpus: float = Field(1.0, gt=0.0)
     """CPUs reserved for each rollout worker actor (fractions allowed)."""

@@ -150,8 +150,9 @@ class Reaper:
 
     def __init__(self) -> None:
         r, self._w = os.pipe()  # not inheritable: only this process holds the write end
+        # a session of its own: `kill -9 -PGID` of the trainer's job must not take the reaper along
         self._proc = subprocess.Popen([sys.executable, "-m", "saorl.runtime.backends.lifeline", str(r)],
-                                      pass_fds=(r,), stdin=subprocess.DEVNULL)
+                                      pass_fds=(r,), stdin=subprocess.DEVNULL, start_new_session=True)
         os.close(r)
 
     def _send(self, line: str) -> None:

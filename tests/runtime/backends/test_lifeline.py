@@ -62,3 +62,32 @@ def test_a_reaper_closed_in_order_kills_nothing():
         assert _alive(watched) and _alive(reused)
     finally:
         _stop(watched, reused)
+
+
+GROUP = """
+import os, sys, time
+from saorl.runtime.backends.lifeline import Reaper
+reaper = Reaper()
+reaper.remove_dir(sys.argv[1])
+print(reaper._proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_kill_9_of_the_whole_process_group_still_removes_the_private_clusters_directory(tmp_path):
+    """A Ray run's ``saorl-ray-*`` directory: the reaper is outside the trainer's process group, so
+    ``kill -9 -PGID`` (a terminal's or a scheduler's kill of the job) does not take it along."""
+    import os
+    import signal
+
+    session = tmp_path / "saorl-ray-x"
+    (session / "logs").mkdir(parents=True)
+    trainer = subprocess.Popen([sys.executable, "-c", GROUP, str(session)], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)  # a group of its own, as a job has
+    reaper = int(trainer.stdout.readline())
+    os.killpg(trainer.pid, signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 5
+    while session.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not session.exists() and not _alive(reaper)
