@@ -4,7 +4,8 @@ Each test starts its own cluster through the run's config (``ray.num_cpus=4`` lo
 the trainer and two workers, a short session directory under /tmp: Unix socket paths must stay
 under 107 bytes, and a pytest path is longer) with token auth off, and checks at the end that
 none of that cluster's processes is left. One lets saorl make the session directory
-(``/tmp/saorl-ray-*``), kills the whole process group and checks that the next run removes it.
+(``/tmp/saorl-ray-*``), kills the whole process group and checks that the reaper removes it (and
+that the next run removes one a killed reaper would leave).
 """
 
 from __future__ import annotations
@@ -200,10 +201,10 @@ def _mine(pattern: str = "/tmp/saorl-ray-*") -> list[Path]:
             if (d / OWNER).is_file() and (d / OWNER).read_text().split()[1:2] == [str(os.getpid())]]
 
 
-def test_a_killed_process_group_leaves_a_session_directory_the_next_run_removes(tmp_path, ray_dir):
-    """``kill -9`` of the whole process group kills the reaper with the trainer, so the session
-    directory saorl made is left (marked with its dead owner); the next private cluster's start
-    removes it. Neither cluster runs Ray's ``dashboard.py``."""
+def test_a_killed_process_group_leaves_no_session_directory_and_orphans_are_removed(tmp_path, ray_dir):
+    """``kill -9`` of the whole process group: the reaper, in a session of its own, removes the
+    session directory saorl made; one left by a reaper killed too (marked with its dead owner) is
+    removed when the next private cluster starts. Neither cluster runs Ray's ``dashboard.py``."""
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
     args = [a for a in ray_args(ray_dir, "rollout.num_workers=1", "trainer.steps=1000")[len(BASE):]
             if not a.startswith("ray.temp_dir=")]
@@ -211,18 +212,25 @@ def test_a_killed_process_group_leaves_a_session_directory_the_next_run_removes(
     try:
         wait_for_steps(proc, run_dir, 2, log)
         commands = [_cmdline(p) for p in session_pids(proc.pid)]
+        session = {m.group(0) for c in commands for m in [re.search(r"/tmp/saorl-ray-[a-z0-9_]+", c)] if m}
+        owner = (Path(next(iter(session))) / OWNER).read_text() if len(session) == 1 else None
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    session = {m.group(0) for c in commands for m in [re.search(r"/tmp/saorl-ray-[a-z0-9_]+", c)] if m}
-    assert len(session) == 1, commands
+    assert len(session) == 1 and owner is not None, commands
     temp = Path(session.pop())
     assert any("raylet" in c for c in commands) and any("dashboard/agent.py" in c for c in commands)
     assert not [c for c in commands if "dashboard/dashboard.py" in c]  # the agent is not the dashboard
     assert not wait_until_gone(proc.pid, 10.0)
-    assert temp.is_dir() and (temp / OWNER).is_file()  # nothing was left alive to delete it
+    deadline = time.monotonic() + 10
+    while temp.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not temp.exists()  # the reaper outlived the group's kill and removed it
+    temp = Path(f"{temp}-orphan")  # what a reaper killed too would leave: marked, its owner dead
+    temp.mkdir()
+    (temp / OWNER).write_text(owner)
 
     cfg = load_config(None, [a for a in ray_args(ray_dir, "rollout.num_workers=1", "trainer.steps=1")
                              if not a.startswith("ray.temp_dir=")])
