@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from saorl.engines.base import EngineError, InferenceEngine
@@ -290,10 +290,10 @@ def _add_handlers(app: FastAPI, state: ServerState) -> None:
         return error_response(503, f"server busy: {e}; retry after {limits.retry_after_s}s",
                               headers={"Retry-After": str(limits.retry_after_s)})
 
-    @app.exception_handler(ClientGone)  # nobody reads it: the connection is closed
+    @app.exception_handler(ClientGone)  # nginx's 499, with no body: nobody reads it, the connection is closed
     async def _gone(_r, e: ClientGone):
         state.metrics.cancelled += 1
-        return error_response(499, "client closed the request; its generation was cancelled")
+        return Response(status_code=499)
 
     @app.exception_handler(EngineError)
     async def _engine(_r, e: EngineError):

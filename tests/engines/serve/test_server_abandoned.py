@@ -5,6 +5,7 @@ request whose client disconnects is cancelled within about a second on every gen
 
 import functools
 import json
+import logging
 import re
 import socket
 import threading
@@ -72,6 +73,18 @@ def _send_and_leave(url: str, path: str, body: dict, after_s: float) -> None:
         time.sleep(after_s)
 
 
+@pytest.fixture()
+def server_errors():
+    """What the server logs as errors (an exception in a route, its handler included)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
 def _cancelled_within(url: str, left_at: float, bound_s: float) -> float:
     while _running(url) > 0:
         assert time.monotonic() - left_at < bound_s, f"{_running(url)} still running {bound_s} s on"
@@ -89,7 +102,7 @@ ROUTES = {
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
-def test_a_request_whose_client_left_is_cancelled_within_a_second(served, route):
+def test_a_request_whose_client_left_is_cancelled_within_a_second(served, route, server_errors):
     _, url = served
     path, body = ROUTES[route]
     _send_and_leave(url, path, body, 1.0)
@@ -99,13 +112,15 @@ def test_a_request_whose_client_left_is_cancelled_within_a_second(served, route)
     t0 = time.monotonic()  # and the engine is free for the next one at once
     r = _post(f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 4})
     assert r.status_code == 200 and time.monotonic() - t0 < 5.0
+    assert not server_errors, server_errors  # its answer (a 499 nobody reads) raised nothing
 
 
-def test_an_sglang_generate_whose_client_left_is_cancelled(served_sglang):
+def test_an_sglang_generate_whose_client_left_is_cancelled(served_sglang, server_errors):
     _, url = served_sglang
     body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4000, "temperature": 1.0}}
     _send_and_leave(url, "/generate", body, 1.0)
     assert _cancelled_within(url, time.monotonic(), 3.0) < 1.5
+    assert not server_errors, server_errors
 
 
 def _health_latencies(url: str, stop: threading.Event, out: list[float]) -> None:
