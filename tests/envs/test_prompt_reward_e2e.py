@@ -154,3 +154,32 @@ def _alive(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_reward_that_hangs_on_every_call_stops_the_run_saying_so(tmp_path):
+    """Every call runs past env.call_timeout_s: the run stops after 8 deadlines in a row, naming the
+    function and why, not after four tries of each rollout; the worker, whose env calls all hang,
+    keeps its heartbeat (it is not taken for a stalled worker and restarted, though its env calls
+    block longer than runtime.worker_stall_s and can fill the default thread pool)."""
+    import json
+
+    (tmp_path / "hanging.py").write_text("import time\n\ndef hang(prompt, completion, **row):\n"
+                                         "    time.sleep(10**6)\n")
+    rows = [{"prompt": f"{i}+1=", "answer": i + 1} for i in range(40)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "saorl.cli", "train", "env.type=prompt_reward",
+           f"env.tasks_file={tmp_path / 't.jsonl'}", "env.num_test_tasks=4",
+           "env.options.reward_fn=hanging:hang", "env.call_timeout_s=6", "runtime.worker_stall_s=3",
+           "sft.enabled=false", "value_pretrain.enabled=false", "model.policy=tiny-dense", "trainer.steps=2",
+           "trainer.batch_size=4",
+           "run.eval_tasks=2", "run.progress=false", "run.report_to=none", "rollout.max_new_tokens=4",
+           "rollout.max_total_tokens=32", "--run-dir", str(tmp_path / "run")]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 3, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "the last 8 rollouts all ran past env.call_timeout_s" in last, last
+    assert "seems to hang on every call" in last and "hanging:hang" in last, last
+    assert "sent nothing for" not in out.stdout + out.stderr  # the worker's heartbeat went on
+    assert time.monotonic() - t0 < 120

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,10 +214,13 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
 
     stopping = False
     last_stats = time.monotonic()
+    # a thread of its own for the request queue: env calls (a reward that hangs until its deadline)
+    # can fill the default executor, and the heartbeat below must not wait for them
+    inbox = ThreadPoolExecutor(1, thread_name_prefix="saorl-inbox")
     while not stopping or running:
         follower.refresh()
         try:
-            msg = await loop.run_in_executor(None, requests.get, True, 0.05)
+            msg = await loop.run_in_executor(inbox, requests.get, True, 0.05)
         except queue.Empty:
             msg = "idle"
         if msg is None:
@@ -231,6 +234,7 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
             last_stats = time.monotonic()
         await asyncio.sleep(0)
     results.put(EngineStats(worker_id, engine.stats()))
+    inbox.shutdown(wait=False)
     engine.close()
     stack.env_factory.close()
 
