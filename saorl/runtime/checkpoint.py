@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from saorl.atomic import fsync_path, write_text
+from saorl.atomic import atomic_dir, write_text
 from saorl.data.trajectory import Trajectory
 from saorl.models.serialize import load_safetensors, save_safetensors_atomic
 from saorl.run_paths import RunPaths
@@ -72,19 +72,12 @@ def _manifest_checksum(manifest: dict[str, Any]) -> str:
 
 def save_checkpoint(ckpt_root: Path, step: int, learner, extra: dict[str, Any],
                     pending: list[Trajectory], keep: int = 2) -> Path:
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:08d}"
-    final, tmp = ckpt_root / name, ckpt_root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    # written into a temporary sibling, fsynced and renamed into place; on an error (a full disk)
+    # the half-written copy is removed, never left on the disk
+    with atomic_dir(ckpt_root / name) as tmp:
         _write(tmp, step, learner, extra, pending)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a full disk: never leave the half-written copy on it
-        raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    final = ckpt_root / name
     _point_latest(ckpt_root, name)
     _prune(ckpt_root, keep)
     return final
@@ -105,9 +98,6 @@ def _write(tmp: Path, step: int, learner, extra: dict[str, Any],
     manifest["checksum"] = _manifest_checksum(manifest)
     with open(tmp / MANIFEST, "w") as f:
         json.dump(manifest, f)
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_path(tmp)
 
 
 def _point_latest(ckpt_root: Path, name: str) -> None:
