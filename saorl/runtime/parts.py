@@ -28,7 +28,8 @@ from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
 from saorl.run_paths import RunPaths
-from saorl.runtime.backends.local import Backend, LocalBackend
+from saorl.runtime.backends.base import Backend
+from saorl.runtime.backends.local import LocalBackend
 from saorl.runtime.backends.worker import WorkerSpec, build_engine
 from saorl.runtime.learner.single import Learner, OptimConfig
 from saorl.runtime.weights.base import WeightPublisher, WeightSource

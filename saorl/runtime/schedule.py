@@ -33,7 +33,7 @@ from saorl.data.task import Task
 from saorl.data.trajectory import Trajectory
 from saorl.envs.base import Progress
 from saorl.errors import RunFailure
-from saorl.runtime.backends.local import Backend
+from saorl.runtime.backends.base import Backend
 from saorl.runtime.backends.messages import PollResult, RolloutRequest
 from saorl.runtime.journal import Journal, RolloutCursor
 from saorl.runtime.observe import Observer

@@ -1,6 +1,6 @@
 """The in-process backend: episodes on one engine, in an event loop thread of this process.
 
-Same :class:`~saorl.runtime.backends.local.Backend` protocol as the worker processes, without any: a
+Same :class:`~saorl.runtime.backends.base.Backend` protocol as the worker processes, without any: a
 request becomes an asyncio task on a private event loop (one background thread), which plays it
 with :func:`~saorl.runtime.backends.worker.play_rollout` on the given engine and puts the result on a
 queue that :meth:`InProcessBackend.poll` drains. An episode that raises is reported as a lost
@@ -20,7 +20,7 @@ from typing import Any
 
 from saorl.engines.base import InferenceEngine, SamplingParams
 from saorl.errors import RunFailure
-from saorl.runtime.backends.local import collect, drain
+from saorl.runtime.backends.base import collect, drain
 from saorl.runtime.backends.messages import (
     EngineStats,
     PollResult,

@@ -1,4 +1,5 @@
-"""Where rollout workers run: the :class:`Backend` protocol and the local backend (processes).
+"""Where rollout workers run: the local backend, worker processes on this machine (the seam,
+:class:`~saorl.runtime.backends.base.Backend`, and its message folding are in ``base.py``).
 
 A backend takes :class:`~saorl.runtime.backends.messages.RolloutRequest` s, returns finished trajectories
 as they arrive, and keeps its workers alive: a worker that dies is restarted and the rollout ids
@@ -21,56 +22,17 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import sys
 import threading
 import time
-from typing import Protocol
 
-from saorl.errors import RunFailure
+from saorl.runtime.backends.base import Backend, WorkerFailure, collect, drain
 from saorl.runtime.backends.lifeline import run_worker
 from saorl.runtime.backends.messages import (
-    EngineStats,
     PollResult,
-    RolloutFailed,
-    RolloutFinished,
     RolloutRequest,
-    WorkerCrashed,
 )
 from saorl.runtime.backends.worker import WorkerSpec
-
-
-class Backend(Protocol):
-    restarts: int
-    """Workers restarted after dying, so far."""
-
-    def start(self) -> None:
-        """Start the workers (returns at once; :meth:`ready` tells when they can sample)."""
-        ...
-
-    def ready(self) -> bool:
-        """Whether every worker has built its engine (the run's wall-clock budget starts then)."""
-        ...
-
-    def free_slots(self) -> int:
-        """Rollouts that can be submitted now."""
-        ...
-
-    def submit(self, req: RolloutRequest) -> None: ...
-
-    def poll(self, timeout_s: float) -> PollResult:
-        """What arrived within ``timeout_s`` (returns at the first arrival, with all that is there)."""
-        ...
-
-    def engine_stats(self) -> dict[int, dict]:
-        """The latest ``InferenceEngine.stats()`` of each worker, by worker index."""
-        ...
-
-    def shutdown(self) -> None: ...
-
-
-class WorkerFailure(RunFailure):
-    """A worker keeps crashing; restarting it again would only hide the bug."""
 
 
 @contextlib.contextmanager
@@ -195,39 +157,4 @@ class LocalBackend:
                     p.join(1.0)
 
 
-def drain(results, timeout_s: float, out: PollResult, assigned: list[set[int]],
-          stats: dict[int, dict], seen: list[float | None] | None = None) -> None:
-    """Wait up to ``timeout_s`` for a first message on the ``results`` queue, then take every
-    message already there without waiting, folding each into ``out`` (:func:`collect`); ``seen``:
-    when each worker's last message was read."""
-    deadline = time.monotonic() + timeout_s
-    block = True
-    while True:
-        try:
-            remaining = max(0.0, deadline - time.monotonic())
-            msg = results.get(True, remaining) if block else results.get_nowait()
-        except queue.Empty:
-            return
-        block = False
-        collect(msg, out, assigned, stats)
-        if seen is not None:
-            seen[msg.worker] = time.monotonic()
-
-
-def collect(msg, out: PollResult, assigned: list[set[int]], stats: dict[int, dict]) -> None:
-    """Fold one worker message into ``out``, the per-worker rollout sets and the engine stats."""
-    if isinstance(msg, RolloutFinished):
-        assigned[msg.worker].discard(msg.rid)
-        out.finished.append(msg.trajectory)
-    elif isinstance(msg, RolloutFailed):
-        assigned[msg.worker].discard(msg.rid)
-        out.lost.append(msg.rid)
-        out.errors.append(f"rollout {msg.rid} on worker {msg.worker} failed: {msg.error}")
-        if msg.timed_out:
-            out.timeouts[msg.rid] = msg.error.split("\n", 1)[0]
-    elif isinstance(msg, EngineStats):
-        stats[msg.worker] = msg.stats
-    elif isinstance(msg, WorkerCrashed):
-        out.errors.append(f"rollout worker {msg.worker} crashed: {msg.error}")
-    else:
-        raise TypeError(f"unexpected worker message {type(msg).__name__}")
+__all__ = ["Backend", "LocalBackend", "WorkerFailure", "collect", "drain"]

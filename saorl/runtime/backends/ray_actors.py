@@ -1,6 +1,6 @@
 """Rollout workers as Ray actors: the Ray backend (``runtime.backend: ray``).
 
-The same :class:`~saorl.runtime.backends.local.Backend` contract as the local worker processes, with Ray
+The same :class:`~saorl.runtime.backends.base.Backend` contract as the local worker processes, with Ray
 placing and restarting the workers; the run loop, feed, journal and checkpoints stay in this
 process (the Ray driver), unchanged.
 
@@ -38,7 +38,7 @@ process (the Ray driver), unchanged.
   Until the restarted actor answers a ``stats`` call (calls to a restarting actor fail at once;
   the call is repeated every :data:`RETRY_S`), it gets no rollouts and holds no slots. Past
   ``ray.max_restarts`` deaths, or when Ray gives the actor up,
-  :class:`~saorl.runtime.backends.local.WorkerFailure`;
+  :class:`~saorl.runtime.backends.base.WorkerFailure`;
   a placement group not granted within ``ray.ready_timeout_s`` (its resources exist, the start-up
   checks saw to that, but other jobs hold them) is a :class:`~saorl.errors.RunFailure`.
 """
@@ -59,8 +59,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from saorl.config import RayConfig
 from saorl.errors import RunFailure
+from saorl.runtime.backends.base import WorkerFailure, collect
 from saorl.runtime.backends.lifeline import Reaper, descendants, mark_owner, remove_orphans
-from saorl.runtime.backends.local import WorkerFailure, collect
 from saorl.runtime.backends.messages import (
     EngineStats,
     PollResult,
