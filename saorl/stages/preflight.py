@@ -205,7 +205,7 @@ def check_learning_rates(cfg: SaorlConfig, log: Callable[[str], None] | None) ->
         said = ", ".join(f"trainer.{k}={v:g}" for k, v in high.items())
         log(f"warning: {said} for a pretrained model ({cfg.model.policy}): rates sized for the tiny built-in "
             f"models; measured on SmolLM2-135M-Instruct, policy 1e-4 / critic 1e-3 broke the policy within "
-            f"5 steps. The real-model recipes use policy 1e-5 / critic 5e-5 (configs/recipes/, "
+            f"5 steps. The real-model recipes use policy 3e-5 / critic 5e-5 (configs/recipes/, "
             f"docs/real-model.md); watch rollout/action_tokens_mean and mismatch/kl in metrics.jsonl")
 
 
