@@ -186,7 +186,7 @@ def check_models(m: ModelConfig, *, use_critic: bool, log: Callable[[str], None]
                                "model.critic=null to initialise the critic from the policy")
 
 
-PRETRAINED_LR_LIMITS = {"policy_lr": 3e-5, "critic_lr": 1e-4}
+PRETRAINED_LR_LIMITS = {"policy_lr": 1e-5, "critic_lr": 1e-4}
 """Learning rates above which a pretrained policy gets a warning at start-up (docs/real-model.md):
 the shipped defaults (1e-4 / 1e-3) are the tiny models'; on SmolLM2-135M-Instruct they turned the
 policy into one that ends every answer at once within 5 steps."""
@@ -205,7 +205,7 @@ def check_learning_rates(cfg: SaorlConfig, log: Callable[[str], None] | None) ->
         said = ", ".join(f"trainer.{k}={v:g}" for k, v in high.items())
         log(f"warning: {said} for a pretrained model ({cfg.model.policy}): rates sized for the tiny built-in "
             f"models; measured on SmolLM2-135M-Instruct, policy 1e-4 / critic 1e-3 broke the policy within "
-            f"5 steps. The real-model recipes use policy 3e-5 / critic 5e-5 (configs/recipes/, "
+            f"5 steps. The real-model recipes use policy 1e-5 / critic 5e-5 (configs/recipes/, "
             f"docs/real-model.md); watch rollout/action_tokens_mean and mismatch/kl in metrics.jsonl")
 
 
