@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from saorl.config import load_config
+from saorl.envs.base import Task
 from saorl.envs.registry import BUILTIN_ENVS, make_env_factory
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs" / "recipes"
@@ -23,3 +24,51 @@ def test_qwen3_gsm8k_recipe_loads_and_validates():
     assert cfg.rollout.max_new_tokens < cfg.rollout.max_total_tokens
     env = make_env_factory(cfg.env.type, cfg.env.options)()  # imports and checks the reward function
     assert env.name == "prompt_reward"
+
+
+def test_smollm2_sums_recipe_loads_its_data_and_fits_the_pretrained_limits(tmp_path, monkeypatch):
+    """The TRL-style recipe: the data script's splits are disjoint, every prompt states the format,
+    and the recipe's sizes are the measured ones (rates under the pretrained limits, a short value
+    pretraining without the curve, replies of up to 24 tokens)."""
+    import json
+    import subprocess
+    import sys
+
+    from saorl.stages.preflight import PRETRAINED_LR_LIMITS
+
+    root = RECIPES.parents[1]
+    out = tmp_path / "data" / "smollm2_sums"
+    subprocess.run([sys.executable, str(root / "examples/smollm2/make_data.py"), str(out)], check=True)
+    rows = {name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+            for name in ("train", "test")}
+    assert (len(rows["train"]), len(rows["test"])) == (176, 64)
+    questions = {name: {r["prompt"][0]["content"] for r in split} for name, split in rows.items()}
+    assert not questions["train"] & questions["test"]
+    assert all(q.endswith("Answer with just the number.") for q in questions["test"])
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(RECIPES / "smollm2_135m_sums.yaml")
+    assert cfg.env.type == "prompt_reward"
+    assert cfg.env.options["reward_fn"] == "saorl.envs.rewards:number_answer"
+    assert cfg.trainer.policy_lr <= PRETRAINED_LR_LIMITS["policy_lr"]
+    assert cfg.trainer.critic_lr <= PRETRAINED_LR_LIMITS["critic_lr"]
+    assert (cfg.value_pretrain.curve, cfg.sft.enabled, cfg.rollout.max_new_tokens) == (False, False, 24)
+    env = make_env_factory(cfg.env.type, cfg.env.options)()
+    row = rows["test"][0]
+    assert env.reset(Task("t", row)) == row["prompt"]
+    assert env.step(f"The sum is {row['answer']}.").reward == 1.0
+
+
+def test_smollm2_math_tool_recipe_states_the_protocol_in_a_system_message():
+    from saorl.stages.preflight import PRETRAINED_LR_LIMITS
+
+    cfg = load_config(RECIPES / "smollm2_135m_math_tool.yaml")
+    assert cfg.env.type == "math_tool"
+    assert (cfg.env.observation_format, cfg.env.observation_role) == ("chat", "user")
+    assert cfg.trainer.policy_lr <= PRETRAINED_LR_LIMITS["policy_lr"]
+    assert cfg.trainer.critic_lr <= PRETRAINED_LR_LIMITS["critic_lr"]
+    env = make_env_factory(cfg.env.type, cfg.env.options)()
+    task = env.generate_tasks("test", 1, 0)[0]
+    system, user = env.reset(task)
+    assert system["role"] == "system" and "<tool>" in system["content"] and "<answer>" in system["content"]
+    assert user == {"role": "user", "content": f"Compute {task.data['expr']}."}
+    assert env.step(f"<answer>{task.data['answer']}</answer>").reward == 1.0

@@ -257,6 +257,11 @@ class ValuePretrainConfig(Section):
     too few for the explained variance to mean anything)."""
     steps: int = Field(100, ge=1)
     """Critic optimizer steps of each fit (one fit per data fraction: 25%, 50%, 100%)."""
+    curve: bool = True
+    """Fit on 25% and 50% of the rollouts too, each fit from the same initial critic, for the
+    scaling curve (how much the critic gains from more rollouts); false: the 100% fit only, a
+    third of the fitting time (the critic kept is the same either way; a real model's fits take
+    minutes each on a CPU)."""
     batch_size: int = Field(16, ge=1)
     """Rollouts per critic step."""
     lr: float = Field(1e-3, gt=0.0)

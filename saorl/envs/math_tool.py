@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from saorl.envs import pyast
-from saorl.envs.base import Env, Progress, Split, StepResult, Task
+from saorl.envs.base import Env, Progress, Prompt, Split, StepResult, Task
 from saorl.envs.splits import content_hash, distinct_tasks
 from saorl.envs.tags import parse_action
 
@@ -209,12 +209,15 @@ class MathToolEnv(Env):
         tool_timeout_s: float = 5.0,
         demo_error_rate: float = 0.5,
         hint: bool = False,
+        system: str | None = None,
         **options: Any,
     ) -> None:
         """Options: ``family`` (arith | countdown | mix), ``difficulty`` (1..3), ``max_turns``
         (actions per episode, >= 1), ``tool_timeout_s``, ``demo_error_rate`` (probability that a
         demonstration is a failing one), ``hint`` (prepend a one-line format instruction, for
-        pretrained models that have not seen demonstrations)."""
+        pretrained models that have not seen demonstrations), ``system`` (a system message stating
+        the protocol for a chat model: the prompt is then a conversation, that message and the
+        problem as the user's, rendered by the policy's chat template)."""
         super().__init__(**options)
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
@@ -224,10 +227,13 @@ class MathToolEnv(Env):
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if not tool_timeout_s > 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}")
+        if system is not None and (not isinstance(system, str) or not system.strip()):
+            raise ValueError(f"system must be a non-empty string or null, got {system!r}")
         if not 0.0 <= demo_error_rate <= 1.0:
             raise ValueError(f"demo_error_rate must be in [0, 1], got {demo_error_rate!r}")
         self.family, self.difficulty, self.max_turns = family, difficulty, max_turns
         self.tool_timeout_s, self.demo_error_rate, self.hint = float(tool_timeout_s), demo_error_rate, hint
+        self.system = system
         self._task: Task | None = None
         self._turn = 0
         self._tool_calls = 0
@@ -260,12 +266,15 @@ class MathToolEnv(Env):
 
     # ---------------------------------------------------------------- episode
 
-    def reset(self, task: Task, progress: Progress | None = None) -> str:
+    def reset(self, task: Task, progress: Progress | None = None) -> Prompt:
         family = task.data.get("family")
         if family not in ("arith", "countdown"):
             raise ValueError(f"task {task.id!r} is not a math_tool task (family={family!r})")
         self._task, self._turn, self._tool_calls, self._done = task, 0, 0, False
-        return self.prompt(task)
+        if self.system is None:
+            return self.prompt(task)
+        user = self.prompt(task).strip()
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
     def step(self, action: str) -> StepResult:
         if self._task is None:

@@ -72,6 +72,7 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
         raise StartupError(str(e)) from None
     factory = check_env(cfg)
     check_models(cfg.model, use_critic=cfg.algo.resolve().use_critic, log=log)
+    check_learning_rates(cfg, log)
     check_device(cfg.model.device)
     check_observations(cfg, factory)
     check_tasks(cfg, factory)
@@ -203,6 +204,29 @@ def check_critic(spec: str) -> None:
         check_model_dir(resolve_source(spec, "model.critic"), "model.critic")
     except (FileNotFoundError, NotADirectoryError) as e:  # ModelSourceError included: says what to do
         raise StartupError(str(e)) from None
+
+
+PRETRAINED_LR_LIMITS = {"policy_lr": 1e-5, "critic_lr": 1e-4}
+"""Learning rates above which a pretrained policy gets a warning at start-up (docs/real-model.md):
+the shipped defaults (1e-4 / 1e-3) are the tiny models'; on SmolLM2-135M-Instruct they turned the
+policy into one that ends every answer at once within 5 steps."""
+
+
+def check_learning_rates(cfg: SaorlConfig, log: Callable[[str], None] | None) -> None:
+    """A warning (not an error: a user may know better) when a pretrained policy is trained at
+    learning rates sized for the tiny built-in models."""
+    from saorl.models.tiny import TINY_KINDS
+
+    if log is None or cfg.model.policy in TINY_KINDS:
+        return
+    high = {k: getattr(cfg.trainer, k) for k, limit in PRETRAINED_LR_LIMITS.items()
+            if getattr(cfg.trainer, k) > limit}
+    if high:
+        said = ", ".join(f"trainer.{k}={v:g}" for k, v in high.items())
+        log(f"warning: {said} for a pretrained model ({cfg.model.policy}): rates sized for the tiny built-in "
+            f"models; measured on SmolLM2-135M-Instruct, policy 1e-4 / critic 1e-3 broke the policy within "
+            f"5 steps. The real-model recipes use policy 1e-5 / critic 5e-5 (configs/recipes/, "
+            f"docs/real-model.md); watch rollout/action_tokens_mean and mismatch/kl in metrics.jsonl")
 
 
 def check_lora_targets(m: ModelConfig) -> None:

@@ -41,7 +41,7 @@ from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import export_policy
 from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.shard_stages import sharded_here
-from saorl.runtime.recorder import CountProgress
+from saorl.runtime.recorder import PROGRESS_EVERY_S, CountProgress
 
 WARMUP_STEPS = 20
 """Linear learning-rate warm-up of SFT, then cosine decay to 0."""
@@ -173,9 +173,12 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
     success = sum(d.episode.success for d in demos) / len(demos)
     s = cfg.sft
 
+    last_line = [0.0]  # elapsed_s of the last line: one every 50 steps, or every 10 s on a real model
+
     def on_step(step: int, m: dict) -> None:
         bar(step, s.steps)
-        if step % 50 == 0 or step == s.steps:
+        if step % 50 == 0 or step == s.steps or m["sft/elapsed_s"] - last_line[0] >= PROGRESS_EVERY_S:
+            last_line[0] = m["sft/elapsed_s"]
             log(f"sft: step {step}/{s.steps} loss {m['sft/loss']:.4f} ({m['sft/elapsed_s']:.0f}s)")
 
     # a bar on a terminal; the lines above are the progress otherwise

@@ -11,8 +11,9 @@ returns, so the first RL updates would use near-random advantages. Instead, befo
    (``R_k = Σ_{j≥k} γ^{j−k} r_{a_j}``, GAE with λ = 1, independent of V);
 3. fit a critic initialised from the policy (frozen attention when the preset says so; with
    ``model.lora.critic`` a LoRA adapter and the head, saved merged into the plain layout) with
-   ``0.5 · (V − R)²`` over the chain tokens, on 25%, 50% and 100% of the remaining rollouts,
-   ``value_pretrain.steps`` minibatch steps each, every fit starting from the same initial critic;
+   ``0.5 · (V − R)²`` over the chain tokens, on 25%, 50% and 100% of the remaining rollouts
+   (only 100% with ``value_pretrain.curve: false``), ``value_pretrain.steps`` minibatch steps
+   each, every fit starting from the same initial critic;
 4. report the held-out value loss and explained variance per fit (the scaling curve: how much
    the critic gains from more rollouts) and keep the 100% fit.
 
@@ -84,7 +85,7 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         "env": cfg.env.model_dump(exclude=_unused_env_fields(cfg), exclude_defaults=True), "seed": cfg.seed,
         "rollout": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
                     "max_new_tokens": r.max_new_tokens, "max_total_tokens": r.max_total_tokens},
-        "value_pretrain": cfg.value_pretrain.model_dump(exclude={"enabled"}),
+        "value_pretrain": cfg.value_pretrain.model_dump(exclude={"enabled", "curve"}),
         "gamma": p.gamma, "freeze_critic_attention": p.freeze_critic_attention,
         "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
         **prompt_format_key(cfg.model), **env_version_key(cfg.env.type),
@@ -215,7 +216,8 @@ def critic_metrics(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPres
 def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, *, steps: int,
                batch_size: int, lr: float, grad_clip: float, pad_id: int, seed: int,
                device: str = "cpu", max_tokens_per_microbatch: int = 4096, packing: bool = True,
-               updater: Updater | None = None) -> dict[str, float]:
+               updater: Updater | None = None,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Train ``critic`` in place on ``trajs`` for ``steps`` minibatch steps; last step's metrics.
 
     Frozen attention per ``preset.freeze_critic_attention`` (frozen parameters never change).
@@ -223,7 +225,9 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     step is the trainer's optimizer routine (:func:`saorl.runtime.learner.optimize.update`): token-budget
     micro-batches as in RL, the minibatch's token-mean value loss, and a step whose loss, gradient
     or updated weights are not finite rolled back (``critic/nonfinite_skips``). With the sharded
-    trainer's ``updater`` every rank trains its share of each minibatch.
+    trainer's ``updater`` every rank trains its share of each minibatch. ``progress`` is called
+    with ``(steps done, steps)`` after every step (a :class:`CountProgress` prints a line at most
+    every 10 s: a real model's fit takes minutes).
     """
     if not trajs:
         raise ValueError("fit_critic needs at least one trajectory")
@@ -239,7 +243,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     metrics: dict[str, float] = {}
     skips = 0
     critic.train()
-    for _ in range(steps):
+    for step in range(steps):
         if len(order) < size:  # a new epoch; a short remainder is dropped
             order = list(range(len(trajs)))
             gen.shuffle(order)
@@ -259,6 +263,8 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
         skips += norm is None
         metrics = {"critic/value_loss": updater.sum([float(total)])[0] / updater.world,
                    "critic/nonfinite_skips": skips}
+        if progress is not None:
+            progress(step + 1, steps)
     critic.eval()
     return metrics
 
@@ -303,7 +309,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
         return lora_critic(cfg, Critic.from_policy(policy, dtype=train_dtype(cfg.model.dtype), seed=cfg.seed))
 
     rows = [_row(0.0, 0, critic_metrics(fresh(), val, preset, batch_size=vp.batch_size, **kw), None)]
-    sizes = sorted({max(1, round(f * len(train))) for f in FRACTIONS})
+    sizes = sorted({max(1, round(f * len(train))) for f in (FRACTIONS if vp.curve else (1.0,))})
     critic = None
     fit_kw = dict(steps=vp.steps, batch_size=vp.batch_size, lr=vp.lr, grad_clip=cfg.trainer.grad_clip,
                   seed=cfg.seed, packing=cfg.trainer.packing,
@@ -315,7 +321,9 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
 
             critic, fit = run_sharded(fit_critic, critic, train[:n], preset, which="critic", **fit_kw)
         else:
-            fit = fit_critic(critic, train[:n], preset, **fit_kw)
+            with CountProgress(f"value pretraining fit on {n} rollouts", enabled=cfg.run.progress,
+                               log=log) as count:
+                fit = fit_critic(critic, train[:n], preset, progress=count, **fit_kw)
         val_m = critic_metrics(critic, val, preset, batch_size=vp.batch_size, **kw)
         rows.append(_row(n / len(train), n, val_m, fit["critic/value_loss"]))
         log(f"value pretraining: {n} rollouts: val loss {val_m['loss']:.4f}, "

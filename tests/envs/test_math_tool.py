@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from saorl.envs.base import Task
 from saorl.envs.math_tool import (
+    HINT,
     ExpressionError,
     MathToolEnv,
     _content_key,
@@ -147,13 +148,23 @@ def test_out_of_turns():
 def test_bad_options_and_tasks():
     for kwargs, field in [({"family": "algebra"}, "family"), ({"difficulty": 0}, "difficulty"),
                           ({"max_turns": 0}, "max_turns"), ({"tool_timeout_s": 0}, "tool_timeout_s"),
-                          ({"demo_error_rate": 1.5}, "demo_error_rate")]:
+                          ({"demo_error_rate": 1.5}, "demo_error_rate"), ({"system": " "}, "system"),
+                          ({"system": 3}, "system")]:
         with pytest.raises(ValueError, match=field):
             MathToolEnv(**kwargs)
     with pytest.raises(TypeError, match="colour"):
         MathToolEnv(colour=1)
     with pytest.raises(ValueError, match="not a math_tool task"):
         MathToolEnv().reset(Task("x", {"topic": "moon"}))
+
+
+def test_system_message_makes_the_prompt_a_conversation_with_the_problem_as_the_user_turn():
+    system = "Use <tool>code</tool>, then <answer>number</answer>."
+    env = MathToolEnv(system=system, hint=True)
+    assert env.reset(ARITH) == [{"role": "system", "content": system},
+                                {"role": "user", "content": HINT + "Compute 123*457+89."}]
+    assert env.step("<answer>56300</answer>").reward == 1.0
+    assert MathToolEnv().reset(ARITH) == "Compute 123*457+89.\n"
 
 
 # ---------------------------------------------------------------- tasks

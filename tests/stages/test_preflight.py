@@ -380,3 +380,20 @@ def test_chat_observations_need_a_template_that_adds_them_as_turns(tmp_path, env
                                      "env.observation_format=text"]))  # the run's setting wins
     finally:
         del env_module.Counting.observation_format
+
+
+def test_a_pretrained_policy_at_the_tiny_models_learning_rates_gets_a_warning():
+    from saorl.stages.preflight import check_learning_rates
+
+    def said(*overrides):
+        lines = []
+        check_learning_rates(load_config(None, list(overrides)), lines.append)
+        return lines
+
+    assert said() == []  # the tiny kinds keep their rates
+    (line,) = said("model.policy=/models/smollm2")
+    assert line.startswith("warning: trainer.policy_lr=0.0001, trainer.critic_lr=0.001 for a pretrained")
+    assert "docs/real-model.md" in line
+    (line,) = said("model.policy=/models/smollm2", "trainer.policy_lr=1e-5")
+    assert line.startswith("warning: trainer.critic_lr=0.001 for a pretrained model")
+    assert said("model.policy=/models/smollm2", "trainer.policy_lr=1e-5", "trainer.critic_lr=5e-5") == []

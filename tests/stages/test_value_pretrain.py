@@ -90,6 +90,20 @@ def test_cli_fits_a_critic_and_reports_the_scaling_curve(tmp_path, capsys):
     assert moved and any("self_attn" in n for n in frozen) and "embed_tokens.weight" in frozen
 
 
+@pytest.mark.slow
+def test_without_the_curve_only_the_full_fit_runs_under_the_same_cache_key(tmp_path, capsys):
+    out = tmp_path / "critic"
+    rc = main(["value-pretrain", *TINY, "seed=1", "value_pretrain.curve=false", f"run.out_dir={tmp_path}",
+               "--out", str(out), "--policy", "tiny-dense"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert ": 13 rollouts: val loss" in printed and ": 3 rollouts: val loss" not in printed
+    curve = json.loads((out / vp.METRICS_FILE).read_text())["curve"]
+    assert [r["rollouts"] for r in curve] == [0, 13]
+    assert vp.value_pretrain_key(_cfg(tmp_path, "value_pretrain.curve=false"), "tiny-dense") == \
+        vp.value_pretrain_key(_cfg(tmp_path), "tiny-dense")  # the kept critic is the same fit
+
+
 def _fake_pretrain(calls):
     def fake(cfg, policy_spec, out_dir, log=print):
         calls.append(policy_spec)
@@ -200,6 +214,15 @@ def test_fit_critic_moves_only_what_the_preset_trains(frozen):
     assert "value_head.weight" in changed and any(".mlp." in n for n in changed)
     attn = {n for n in before if "self_attn" in n or "embed_tokens" in n}
     assert (changed & attn == set()) if frozen else attn <= changed
+
+
+def test_fit_critic_reports_progress_after_every_step():
+    preset = load_config(None, []).algo.resolve()
+    critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
+    calls = []
+    vp.fit_critic(critic, [_traj() for _ in range(4)], preset, steps=3, batch_size=2, lr=1e-3, grad_clip=1.0,
+                  pad_id=1, seed=0, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(1, 3), (2, 3), (3, 3)]
 
 
 def test_critic_key_follows_the_env_version(tmp_path, monkeypatch):

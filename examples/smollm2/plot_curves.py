@@ -1,0 +1,65 @@
+"""Plot held-out accuracy against minutes of training for runs of the real-model recipes.
+
+Reads each RUN_DIR's ``metrics.jsonl``: the ``eval/accuracy`` records (step 0 = the pretrained
+model) and, for the wall clock, the ``time/elapsed_s`` of the step each evaluation followed (the
+seconds since the first step began: the step-0 evaluation and value pretraining before it are not
+counted, later evaluations are). One line per run, labelled by its directory name.
+
+    python examples/smollm2/plot_curves.py OUT.png RUN_DIR [RUN_DIR ...] [--labels A B ...] [--title TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def curve(run_dir: Path) -> list[tuple[int, float, float]]:
+    """(step, minutes of training, held-out accuracy) of each evaluation of the run."""
+    elapsed: dict[int, float] = {0: 0.0}
+    evals: list[tuple[int, float]] = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "time/elapsed_s" in r:
+            elapsed[r["step"]] = r["time/elapsed_s"]
+        if "eval/accuracy" in r:
+            evals.append((r["step"], r["eval/accuracy"]))
+    return [(s, elapsed.get(s, float("nan")) / 60, acc) for s, acc in evals]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("runs", type=Path, nargs="+")
+    p.add_argument("--title", default="held-out accuracy")
+    p.add_argument("--labels", nargs="+", help="one per run (default: the run directories' names)")
+    args = p.parse_args()
+    labels = args.labels or [run.name for run in args.runs]
+    if len(labels) != len(args.runs):
+        p.error(f"--labels names {len(labels)} runs, {len(args.runs)} were given")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    for run, label in zip(args.runs, labels):
+        points = curve(run)
+        ax.plot([m for _, m, _ in points], [a for _, _, a in points], marker="o", label=label)
+        for step, m, a in points:
+            ax.annotate(f"step {step}", (m, a), textcoords="offset points", xytext=(3, 4), fontsize=7)
+        print(label, " ".join(f"step {s}: {a:.3f} ({m:.1f} min)" for s, m, a in points))
+    ax.set_xlabel("minutes since step 1 began (2 shared CPU cores)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(args.title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
