@@ -55,9 +55,10 @@ def record_row(record: Any, where: str) -> dict[str, Any]:
     return dict(record)
 
 
-MAX_LINE_CHARS = 16 * 2**20
-"""The longest task line read (16 Mi characters): a longer one is an error, not a read that grows
-until memory runs out (``/dev/zero``, a file with no newline)."""
+MAX_LINE_CHARS = 64 * 2**20
+"""The longest task line read (64 Mi characters; a 20 MB prompt is still read, and left out as
+overlong at start-up): a longer one is an error, not a read that grows until memory runs out (a
+file with no newline)."""
 
 
 def _lines(f: Any, path: str | os.PathLike) -> Iterator[tuple[int, str]]:
