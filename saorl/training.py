@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from saorl.config import SaorlConfig, absolute_paths
-from saorl.envs.escapees import kill_run_escapees, run_mark
+from saorl.envs.escapees import kill_run_escapees, new_run_mark
 from saorl.errors import RunFailure, StartupError
 from saorl.run_paths import RunPaths
 from saorl.runtime.assemble import build_run
@@ -74,7 +74,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         torch.set_num_threads(trainer_threads(cfg))
         serve_rank(cfg)
         return None, {}
-    run_mark()  # before any worker starts: their user code's processes carry it (saorl.envs.escapees)
+    new_run_mark()  # before any worker starts: their user code's processes carry it (saorl.envs.escapees)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     check_run_dir(run_dir, resume=resume)  # before minutes of checks, warm start and pretraining
     probe_run_dir(run_dir)  # and a read-only or full disk too

@@ -32,6 +32,14 @@ def run_mark() -> str:
     return os.environ.setdefault(RUN_MARK, f"r{os.getpid()}-{time.time_ns()}")
 
 
+def new_run_mark() -> str:
+    """A fresh mark for the run this process starts now, replacing any it inherited: a run started by
+    another saorl process (an experiment's arms, a test) must not share that process's mark, or its
+    end would kill what the other runs' user code started."""
+    os.environ[RUN_MARK] = f"r{os.getpid()}-{time.time_ns()}"
+    return os.environ[RUN_MARK]
+
+
 def marked(prefix: str) -> list[int]:
     """Pids (not this process's) whose environment has ``SAORL_USER_CODE`` equal to ``prefix`` or
     under ``prefix/``."""

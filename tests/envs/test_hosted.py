@@ -326,3 +326,15 @@ def test_a_hosted_env_carries_the_runs_observation_format():
         env = factory()  # built without starting a child: only reset and step go there
         assert isinstance(env, HostedEnv)
         assert (env.observation_format, env.observation_role) == ("chat", "user")
+
+
+def test_a_run_never_keeps_a_mark_it_inherited(monkeypatch):
+    """A run started by another saorl process (an experiment's arm, a test) gets a mark of its own, so
+    its end kills only what its own user code detached."""
+    from saorl.envs import escapees
+
+    monkeypatch.setenv(escapees.RUN_MARK, "inherited-from-a-parent-run")
+    assert escapees.run_mark() == "inherited-from-a-parent-run"  # pools inside one run share it
+    fresh = escapees.new_run_mark()
+    assert fresh != "inherited-from-a-parent-run" and os.environ[escapees.RUN_MARK] == fresh
+    assert escapees.new_run_mark() != fresh  # the next run in this process gets another
