@@ -51,8 +51,18 @@ def test_a_stopped_rollout_worker_is_named_killed_and_restarted_within_the_stall
         while "sent nothing for" not in log.read_text() and time.monotonic() - t0 < 60:
             time.sleep(0.1)
         named = time.monotonic() - t0
-        assert named < 3 + 5, (named, log.read_text()[-3000:])  # the bound, and a poll or two
-        assert not os.path.exists(f"/proc/{workers[0]}") or "Z" in open(f"/proc/{workers[0]}/stat").read()
+        # the bound, a poll or two, and a loaded 2-core machine's scheduling delays
+        assert named < 3 + 15, (named, log.read_text()[-3000:])
+
+        def gone(pid: int) -> bool:
+            try:
+                return "Z" in open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+            except OSError:
+                return True
+        t1 = time.monotonic()  # the kill follows the message: give it a moment to land
+        while not gone(workers[0]) and time.monotonic() - t1 < 15:
+            time.sleep(0.1)
+        assert gone(workers[0]), "the stalled worker was named but not killed"
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
