@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -179,7 +180,9 @@ def test_a_reward_that_hangs_on_every_call_stops_the_run_saying_so(tmp_path):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 3, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
-    assert "the last 8 rollouts all ran past env.call_timeout_s" in last, last
+    # one poll can bring several deadlines at once (4 rollouts in flight), so the count may pass 8
+    n = re.search(r"the last (\d+) rollouts all ran past env.call_timeout_s", last)
+    assert n and 8 <= int(n.group(1)) <= 8 + 4, last
     assert "seems to hang on every call" in last and "hanging:hang" in last, last
     assert "sent nothing for" not in out.stdout + out.stderr  # the worker's heartbeat went on
     assert time.monotonic() - t0 < 120
