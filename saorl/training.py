@@ -47,6 +47,7 @@ from saorl.runtime.parts import build_learner, build_parts, trainer_threads
 from saorl.runtime.run import Run
 from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_run_dir, remove_temporaries
 from saorl.runtime.trackers import TrackerFailed
+from saorl.stages.estimate import start_up_estimate
 from saorl.stages.evaluate import TestEvaluator
 from saorl.stages.preflight import check_ray, check_run, check_servers
 from saorl.stages.sft import warm_start
@@ -174,6 +175,7 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(trainer_threads(cfg))
+    start_up_estimate(cfg, run_dir)  # what each phase below will take, timed on this machine
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)
     parts = build_parts(cfg, cfg.algo.resolve(), run_dir, policy_spec, critic_spec)  # the run's one resolve

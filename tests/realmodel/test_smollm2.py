@@ -63,6 +63,10 @@ def test_two_sao_steps_train_the_real_model_and_final_policy_loads_in_transforme
                 "run.out_dir=runs", "run.name=smollm2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
+    # a real model: the start-up estimate, timed here, of every phase the run has
+    assert "start-up estimate, from a " in out.stdout, out.stdout[-3000:]
+    phases = json.loads((run / "estimate.json").read_text())["phases"]
+    assert [p["phase"] for p in phases] == ["evaluation", "sao"] and phases[1]["each"] > 0
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 2
     final = run / "final" / "policy"
