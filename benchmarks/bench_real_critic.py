@@ -1,6 +1,8 @@
-"""What one critic step costs on a real model: frozen attention (the SAO default) vs all weights.
+"""What one critic step costs on a real model: frozen attention (the SAO default), all weights, or
+a LoRA adapter in the trunk (``model.lora.critic``: the trunk frozen whole, the adapter and the
+value head trained).
 
-    python benchmarks/bench_real_critic.py MODEL_DIR frozen     # then: ... MODEL_DIR all
+    python benchmarks/bench_real_critic.py MODEL_DIR frozen     # then: ... all, ... lora
 
 One process per design, so its peak RSS is its own. The critic is copied from the policy
 (:meth:`saorl.models.critic.Critic.from_policy`), the policy dropped, and ``--steps`` AdamW steps
@@ -24,7 +26,8 @@ from saorl.models.loading import load_policy
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
-    p.add_argument("design", choices=["frozen", "all"])
+    p.add_argument("design", choices=["frozen", "all", "lora"])
+    p.add_argument("--rank", type=int, default=8, help="the LoRA rank (design lora)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
@@ -35,7 +38,14 @@ def main() -> None:
     vocab = policy.config.vocab_size
     critic = Critic.from_policy(policy, seed=0)
     del policy
-    critic.set_frozen_attention(args.design == "frozen")
+    if args.design == "lora":
+        from saorl.config.sections import LORA_TARGETS
+        from saorl.models.lora import attach_critic_lora
+
+        attach_critic_lora(critic, rank=args.rank, alpha=2.0 * args.rank, dropout=0.0,
+                           targets=list(LORA_TARGETS), optional=tuple(LORA_TARGETS))
+    else:
+        critic.set_frozen_attention(args.design == "frozen")
     params = critic.trainable_parameters()
     trainable, total = sum(p.numel() for p in params), sum(p.numel() for p in critic.parameters())
     opt = torch.optim.AdamW(params, lr=1e-5)
