@@ -23,6 +23,7 @@ from saorl.config.sections import (
     RunConfig,
     Section,
 )
+from saorl.config.sizing import fill_sized
 
 if TYPE_CHECKING:
     from saorl.algo.presets import AlgoPreset
@@ -105,10 +106,11 @@ class TrainerConfig(Section):
     once, as a second Ctrl-C or SIGTERM makes it do at any time: the step in progress is abandoned,
     nothing more is written, the last checkpoint written before is intact (``saorl train --resume``
     continues from it) and the exit status is 130."""
-    policy_lr: float = Field(1e-4, gt=0.0)
-    """AdamW learning rate of the policy."""
-    critic_lr: float = Field(1e-3, gt=0.0)
-    """AdamW learning rate of the critic."""
+    policy_lr: float | None = Field(None, gt=0.0)
+    """AdamW learning rate of the policy; null: 1e-4 for a small model (the tiny built-ins), 1e-5
+    for a pretrained one (:mod:`saorl.config.sizing`; 1e-4 broke SmolLM2-135M within 5 steps)."""
+    critic_lr: float | None = Field(None, gt=0.0)
+    """AdamW learning rate of the critic; null: 1e-3 for a small model, 5e-5 for a pretrained one."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay (policy and critic)."""
     grad_clip: float = Field(1.0, gt=0.0)
@@ -233,15 +235,18 @@ class SFTConfig(Section):
     """Before RL, fine-tune the initial policy on the env's demonstrations (loss on action tokens
     only): the "SFT model" RL starts from. Cached under ``run.out_dir/.cache``, so runs with the
     same policy, env, seed and SFT settings share one."""
-    steps: int = Field(1000, ge=1)
-    """Optimizer steps of supervised fine-tuning."""
-    batch_size: int = Field(32, ge=1)
-    """Demonstrations per SFT step."""
-    lr: float = Field(3e-3, gt=0.0)
-    """Peak AdamW learning rate (linear warm-up, cosine decay)."""
-    num_demos: int = Field(2000, ge=1)
+    steps: int | None = Field(None, ge=1)
+    """Optimizer steps of supervised fine-tuning; null: 1000 for a small model (the tiny
+    built-ins), 40 for a pretrained one (:mod:`saorl.config.sizing`)."""
+    batch_size: int | None = Field(None, ge=1)
+    """Demonstrations per SFT step; null: 32 for a small model, 8 for a pretrained one."""
+    lr: float | None = Field(None, gt=0.0)
+    """Peak AdamW learning rate (linear warm-up, cosine decay); null: 3e-3 for a small model,
+    5e-5 for a pretrained one."""
+    num_demos: int | None = Field(None, ge=1)
     """Demonstrations generated from training tasks (the env's ``demo_error_rate`` option says
-    how many of them are deliberately wrong)."""
+    how many of them are deliberately wrong); null: 2000 for a small model, 320 for a pretrained
+    one."""
     seed: int | None = None
     """Seed of the demonstrations and of SFT; null = the run's ``seed``. Fix it to start runs of
     different seeds from one SFT model (as the experiments do)."""
@@ -251,21 +256,24 @@ class ValuePretrainConfig(Section):
     enabled: bool = True
     """Before RL, fit the critic on Monte-Carlo returns of rollouts of the initial policy, when the
     algorithm preset asks for it (``algo.value_pretrain``). Cached under ``run.out_dir/.cache``."""
-    rollouts: int = Field(512, ge=2)
+    rollouts: int | None = Field(None, ge=2)
     """Rollouts of the initial policy sampled (one per training task); 20% are held out for the
     validation loss and explained variance (512: ~100 held out; measured on math_tool, 128 left 26,
-    too few for the explained variance to mean anything)."""
-    steps: int = Field(100, ge=1)
-    """Critic optimizer steps of each fit (one fit per data fraction: 25%, 50%, 100%)."""
-    curve: bool = True
+    too few for the explained variance to mean anything); null: 512 for a small model (the tiny
+    built-ins), 32 for a pretrained one (:mod:`saorl.config.sizing`: minutes, not hours, on a CPU)."""
+    steps: int | None = Field(None, ge=1)
+    """Critic optimizer steps of each fit (one fit per data fraction: 25%, 50%, 100%); null: 100
+    for a small model, 8 for a pretrained one."""
+    curve: bool | None = None
     """Fit on 25% and 50% of the rollouts too, each fit from the same initial critic, for the
     scaling curve (how much the critic gains from more rollouts); false: the 100% fit only, a
     third of the fitting time (the critic kept is the same either way; a real model's fits take
-    minutes each on a CPU)."""
-    batch_size: int = Field(16, ge=1)
-    """Rollouts per critic step."""
-    lr: float = Field(1e-3, gt=0.0)
-    """AdamW learning rate of the critic during value pretraining."""
+    minutes each on a CPU); null: true for a small model, false for a pretrained one."""
+    batch_size: int | None = Field(None, ge=1)
+    """Rollouts per critic step; null: 16 for a small model, 8 for a pretrained one."""
+    lr: float | None = Field(None, gt=0.0)
+    """AdamW learning rate of the critic during value pretraining; null: 1e-3 for a small model,
+    5e-5 for a pretrained one."""
 
 
 class SaorlConfig(Section):
@@ -296,6 +304,7 @@ class SaorlConfig(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> SaorlConfig:
+        fill_sized(self)  # the learning rates and stage sizes left null, by the policy's size
         if self.run.name is None:  # what the run is: <algo>-<env>
             env = self.env.type.rpartition(":")[2].rpartition(".")[2]
             self.run.name = f"{self.algo.name}-{env}"

@@ -43,11 +43,12 @@ class RunConfig(Section):
     """Evaluate the starting policy at step 0 (what later evaluations are compared with). The
     experiment runner turns it off for the second and later arms of a seed and copies the step-0
     row of an arm of that seed that ran it (the same policy, tasks and sampling seed)."""
-    eval_tasks: int = Field(128, ge=0)
+    eval_tasks: int | None = Field(None, ge=0)
     """Test tasks per evaluation (at most ``env.num_test_tasks`` are available). 0: no evaluation
     during the run, not even at step 0 — for models too big to evaluate on the trainer (a sharded
     trainer evaluates a full copy of the policy on rank 0's CPU); evaluate exported checkpoints with
-    ``saorl eval`` instead."""
+    ``saorl eval`` instead. null: 128 for a small model (the tiny built-ins), 64 for a pretrained
+    one (:mod:`saorl.config.sizing`)."""
     eval_temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of evaluation episodes: 1.0 measures the policy RL trains (mean
     success of sampled episodes, seeded so every evaluation sees the same random stream);

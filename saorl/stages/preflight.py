@@ -208,8 +208,8 @@ def check_critic(spec: str) -> None:
 
 PRETRAINED_LR_LIMITS = {"policy_lr": 1e-5, "critic_lr": 1e-4}
 """Learning rates above which a pretrained policy gets a warning at start-up (docs/real-model.md):
-the shipped defaults (1e-4 / 1e-3) are the tiny models'; on SmolLM2-135M-Instruct they turned the
-policy into one that ends every answer at once within 5 steps."""
+the tiny models' defaults (1e-4 / 1e-3), set by hand for a pretrained model, turned SmolLM2-135M-
+Instruct into a policy that ends every answer at once within 5 steps."""
 
 
 def check_learning_rates(cfg: SaorlConfig, log: Callable[[str], None] | None) -> None:
@@ -225,8 +225,9 @@ def check_learning_rates(cfg: SaorlConfig, log: Callable[[str], None] | None) ->
         said = ", ".join(f"trainer.{k}={v:g}" for k, v in high.items())
         log(f"warning: {said} for a pretrained model ({cfg.model.policy}): rates sized for the tiny built-in "
             f"models; measured on SmolLM2-135M-Instruct, policy 1e-4 / critic 1e-3 broke the policy within "
-            f"5 steps. The real-model recipes use policy 1e-5 / critic 5e-5 (configs/recipes/, "
-            f"docs/real-model.md); watch rollout/action_tokens_mean and mismatch/kl in metrics.jsonl")
+            f"5 steps. A pretrained model's defaults (the rates left unset) are policy 1e-5 / critic "
+            f"5e-5, as the real-model recipes use (docs/real-model.md); watch rollout/action_tokens_mean "
+            f"and mismatch/kl in metrics.jsonl")
 
 
 def check_lora_targets(m: ModelConfig) -> None:

@@ -391,9 +391,10 @@ def test_a_pretrained_policy_at_the_tiny_models_learning_rates_gets_a_warning():
         return lines
 
     assert said() == []  # the tiny kinds keep their rates
-    (line,) = said("model.policy=/models/smollm2")
+    assert said("model.policy=/models/smollm2") == []  # left unset: a pretrained model's (1e-5 / 5e-5)
+    (line,) = said("model.policy=/models/smollm2", "trainer.policy_lr=1e-4", "trainer.critic_lr=1e-3")
     assert line.startswith("warning: trainer.policy_lr=0.0001, trainer.critic_lr=0.001 for a pretrained")
     assert "docs/real-model.md" in line
-    (line,) = said("model.policy=/models/smollm2", "trainer.policy_lr=1e-5")
+    (line,) = said("model.policy=/models/smollm2", "trainer.critic_lr=1e-3")
     assert line.startswith("warning: trainer.critic_lr=0.001 for a pretrained model")
     assert said("model.policy=/models/smollm2", "trainer.policy_lr=1e-5", "trainer.critic_lr=5e-5") == []

@@ -1,0 +1,80 @@
+"""Defaults sized by the model in hand: the learning rates and the sizes of SFT, value
+pretraining and evaluation that a config leaves unset (null) are filled in when it loads, one set
+for a small model (the tiny built-ins, and any saved model under :data:`SMALL_PARAMS` parameters:
+its SFT warm start, say) and one for a pretrained one (everything else: a Hub id, a short name, a
+GGUF file, a directory of a larger model).
+
+The small set is what the tiny models were tuned with. The pretrained set was measured on
+SmolLM2-135M-Instruct on a 2-core CPU (docs/real-model.md): the tiny learning rates (policy 1e-4,
+critic 1e-3) broke that policy within 5 steps (every reply cut to the end-of-turn token), 3e-5
+learned and then lost half of its gain on one seed of three, 1e-5 / 5e-5 learned on every seed; and
+value pretraining, SFT and evaluation at the tiny sizes would take hours on it. Values set in a
+config or an override are never changed; the run's saved ``config.yaml`` holds the filled ones,
+so a resume trains with what the run started with.
+
+Reading only ``config.json`` (no tensor library): the parameter count of a directory is estimated
+from its sizes (embeddings plus 12·hidden² a layer), close enough to tell 2M from 100M.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SMALL_PARAMS = 20_000_000
+"""A model directory with fewer (estimated) parameters gets the small set."""
+
+TINY_NAMES = ("tiny-moe", "tiny-dense")
+"""The built-in tiny kinds (as :data:`saorl.models.tiny.TINY_KINDS`, without importing torch)."""
+
+SIZED: dict[tuple[str, str], tuple[Any, Any]] = {
+    ("trainer", "policy_lr"): (1e-4, 1e-5),
+    ("trainer", "critic_lr"): (1e-3, 5e-5),
+    ("sft", "steps"): (1000, 40),
+    ("sft", "batch_size"): (32, 8),
+    ("sft", "lr"): (3e-3, 5e-5),
+    ("sft", "num_demos"): (2000, 320),
+    ("value_pretrain", "rollouts"): (512, 32),
+    ("value_pretrain", "steps"): (100, 8),
+    ("value_pretrain", "batch_size"): (16, 8),
+    ("value_pretrain", "curve"): (True, False),
+    ("value_pretrain", "lr"): (1e-3, 5e-5),
+    ("run", "eval_tasks"): (128, 64),
+}
+"""``(section, field): (small model's value, pretrained model's value)``."""
+
+
+def estimated_params(config: dict) -> int | None:
+    """Parameters of a transformers ``config.json`` (dict), roughly; None without its sizes."""
+    text = config.get("text_config") or config
+    try:
+        hidden, layers = int(text["hidden_size"]), int(text["num_hidden_layers"])
+        vocab = int(text.get("vocab_size") or 0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return vocab * hidden + layers * 12 * hidden * hidden
+
+
+def is_small(policy: str) -> bool:
+    """Whether ``policy`` (``model.policy``) gets the small set: a tiny kind, or a local
+    directory whose ``config.json`` estimates under :data:`SMALL_PARAMS` parameters."""
+    if policy in TINY_NAMES:
+        return True
+    config = Path(policy).expanduser() / "config.json"
+    try:
+        params = estimated_params(json.loads(config.read_text()))
+    except (OSError, ValueError):
+        return False  # a Hub id, a short name, a GGUF file, or no readable config: pretrained
+    return params is not None and params < SMALL_PARAMS
+
+
+def fill_sized(cfg) -> None:
+    """Fill every field of :data:`SIZED` that ``cfg`` (a :class:`~saorl.config.SaorlConfig`)
+    leaves null, by :func:`is_small` of its policy, in place."""
+    which = 0 if is_small(cfg.model.policy) else 1
+    for (section, name), values in SIZED.items():
+        part = getattr(cfg, section)
+        if getattr(part, name) is None:
+            setattr(part, name, values[which])
+
