@@ -119,7 +119,15 @@ class TrainerConfig(Section):
     """Drop trajectories whose oldest action token is more than this many versions old (counted
     in the metrics); None = no limit."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear learning-rate warm-up over this many steps (0 = none)."""
+    """Linear learning-rate warm-up over this many steps (0 = none); the policy's counts from its
+    first update, after ``critic_warmup_steps``."""
+    critic_warmup_steps: int = Field(0, ge=0)
+    """The first this many trainer steps train the critic alone (algorithms with a critic): each
+    takes a batch of trajectories as any step does (journalled, trained, checkpointed; a resume
+    continues the count), makes the critic's K updates on it, and leaves the policy as it is (its
+    version does not advance, nothing new is published; its log-probs are still computed for the
+    metrics, ``critic/warmup`` is 1). The SAO paper warms the critic up for 10 steps at the start
+    of RL."""
     staleness_lr_ref: float | None = Field(None, gt=0.0)
     """A staleness-aware learning rate: each step's policy learning rate is ``policy_lr`` times
     ``min(1, staleness_lr_ref / s)``, ``s`` the batch's mean staleness over its action tokens
@@ -316,6 +324,11 @@ class SaorlConfig(Section):
                 f"({group}, algo {self.algo.name!r}): every update takes whole groups; set "
                 f"trainer.batch_size to a multiple of {group} (e.g. trainer.batch_size={group})"
             )
+        if self.trainer.critic_warmup_steps and not self.algo.resolve().use_critic:
+            raise FieldError("trainer.critic_warmup_steps",
+                             f"algo {self.algo.name!r} trains no critic, so there is nothing to warm "
+                             "up; set trainer.critic_warmup_steps=0, or pick an algorithm with a critic "
+                             "(sao, vapo)")
         if self.trainer.shard == "fsdp2" and self.model.device == "mps":
             raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")

@@ -133,7 +133,8 @@ class Run:
             self.recorder.message(f"step {self.step + 1}: a non-finite loss, gradient or updated weight; "
                                   f"that update was rolled back ({self.learner.nonfinite_skips} so far)")
         self.step += 1
-        self.learner.publish(self.parts.weights)
+        if not result.frozen:  # a critic warm-up step leaves the published policy as it is
+            self.learner.publish(self.parts.weights)
         metrics |= self.parts.weights.metrics()  # e.g. the server check's weights/verify_max_gap
         metrics |= self.clock.step_finished(wait_s, trajs) | self._step_metrics(trajs, version)
         for key in NOT_APPLICABLE:  # e.g. no critic in GRPO: logged as null, never as 0

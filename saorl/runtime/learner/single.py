@@ -107,7 +107,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     warmup_steps: int = 0
-    """Linear learning-rate warm-up (policy and critic) over this many trainer steps."""
+    """Linear learning-rate warm-up (policy and critic) over this many trainer steps (the
+    policy's counted from its first update, after any critic warm-up)."""
+    critic_warmup_steps: int = 0
+    """The first this many trainer steps train the critic alone: the policy is scored (its
+    log-probs and entropy, for the metrics) but not updated, so its version does not advance."""
     staleness_lr_ref: float | None = None
     """The policy's rate is scaled by ``min(1, ref / mean staleness of the batch)`` (None: off)."""
 
@@ -185,8 +189,10 @@ class Learner:
         ``staleness_lr_ref``, the policy's staleness scale from the whole batch's mean
         ``staleness`` over its action tokens ``act`` (summed across ranks, so every rank steps
         with the same rate)."""
-        scale = min(1.0, (self.steps_done + 1) / self.optim.warmup_steps) if self.optim.warmup_steps else 1.0
-        policy_scale = scale
+        warm = self.optim.warmup_steps
+        scale = min(1.0, (self.steps_done + 1) / warm) if warm else 1.0
+        policy_steps = max(0, self.steps_done - self.optim.critic_warmup_steps)  # its own updates so far
+        policy_scale = min(1.0, (policy_steps + 1) / warm) if warm else 1.0
         if self.optim.staleness_lr_ref is not None:
             stale, count = self.updater.sum([float((staleness * act).sum()), float(act.sum())])
             if stale > 0:  # mean staleness stale / count; none (all fresh): the rate unchanged
@@ -334,6 +340,20 @@ class Learner:
         layers = num_moe_layers(self.policy)
         return replay_routes(self.policy, routes.reshape(*routes.shape[:2], layers, -1))
 
+    def _policy_scores(self, batch: Batch, micro: list[MicroBatch]) -> tuple[Tensor, Tensor]:
+        """The policy's log-probs and entropies ``[B, T]`` over ``micro``, no gradient (a critic
+        warm-up step: the metrics' DIS ratios and mismatch, with the policy left as it is)."""
+        logprobs, entropy = torch.zeros_like(batch.rewards), torch.zeros_like(batch.rewards)
+        with torch.no_grad():
+            for mb in micro:
+                with self.timings.span("policy forward"), self._replayed(batch, mb):
+                    lp, ent = token_logprobs(self.policy, mb.input_ids, temperature=self.temperature,
+                                             top_k=self.top_k, top_p=self.top_p, return_entropy=True,
+                                             **mb.model_args())
+                mb.scatter(lp, logprobs)
+                mb.scatter(ent, entropy)
+        return logprobs, entropy
+
     def _policy_update(self, batch: Batch, micro: list[MicroBatch], advantages: Tensor,
                        lm_tokens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, float | None]:
         """The policy's forward and backward over ``micro`` and its optimizer step: a new version,
@@ -385,6 +405,7 @@ class Learner:
         batch, micro, passes = share.batch, share.micro, share.passes
         act = batch.action_mask
         staleness = self.version - batch.versions  # before the update
+        frozen = p.use_critic and self.steps_done < self.optim.critic_warmup_steps  # critic warm-up
         self._apply_lr(staleness, act)
         self.counters.steps_done += 1
         skips, lr = self.counters.nonfinite_skips, self.policy_opt.param_groups[0]["lr"]
@@ -394,7 +415,10 @@ class Learner:
         if p.lm_loss_coef:
             positive = torch.tensor([float(t.episode.success) for t in trajs] or [0.0], device=act.device)
             lm_tokens = positive[:, None] * act
-        logprobs, entropy, total, norm = self._policy_update(batch, passes, advantages, lm_tokens)
+        if frozen:  # the critic alone: the policy scored, not updated
+            (logprobs, entropy), total, norm = self._policy_scores(batch, passes), torch.zeros(()), None
+        else:
+            logprobs, entropy, total, norm = self._policy_update(batch, passes, advantages, lm_tokens)
         record = StepRecord(act, logprobs, batch.rollout_logprobs, advantages, entropy, staleness, lm_tokens,
                             *first_action_advantages(advantages, batch.rewards, act), **critic_columns)
         totals = self._totals(float(total), float(act.sum()), float(sum(mb.positions for mb in micro)),
@@ -410,7 +434,9 @@ class Learner:
             metrics["policy/update_rel"] = self.updater.moved  # ‖Δθ‖ / ‖θ‖ of this step
         metrics["policy/version"] = self.version
         metrics["train/nonfinite_skips"] = self.nonfinite_skips
-        return StepResult(metrics, skipped=self.nonfinite_skips > skips, version=self.version)
+        if self.optim.critic_warmup_steps:
+            metrics["critic/warmup"] = float(frozen)
+        return StepResult(metrics, skipped=self.nonfinite_skips > skips, version=self.version, frozen=frozen)
 
     # ------------------------------------------------- weights out, checkpoints
     def policy_state(self) -> dict[str, torch.Tensor]:

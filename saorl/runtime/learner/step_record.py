@@ -56,11 +56,14 @@ class StepResult(dict):
     dict, ``result["policy/loss"]``, written to ``metrics.jsonl`` as is), whether an update of the
     step was rolled back, and the policy version after it."""
 
-    def __init__(self, metrics: Mapping[str, Any], *, skipped: bool, version: int) -> None:
+    def __init__(self, metrics: Mapping[str, Any], *, skipped: bool, version: int,
+                 frozen: bool = False) -> None:
         super().__init__(metrics)
         self.skipped = skipped
         """An optimizer step of this trainer step (critic or policy) was rolled back: non-finite."""
         self.version = version
+        self.frozen = frozen
+        """A critic warm-up step (``trainer.critic_warmup_steps``): the policy was not updated."""
 
 
 @dataclass
