@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from saorl.config import load_config
+from saorl.config import ConfigError, load_config
 from saorl.config.loading import config_from_dict, config_to_dict
 from saorl.config.sizing import SIZED, SMALL_PARAMS, estimated_params, is_small
 
@@ -66,3 +66,14 @@ def test_a_value_set_by_hand_is_kept_and_a_saved_config_keeps_what_the_run_start
     saved["model"]["policy"] = "tiny-moe"
     again = config_from_dict(saved)
     assert (again.trainer.policy_lr, again.trainer.critic_lr, again.run.eval_tasks) == (3e-5, 5e-5, 64)
+
+
+def test_the_critics_rate_as_a_ratio_of_the_policys():
+    cfg = load_config(None, ["model.policy=smollm2-135m-instruct", "trainer.critic_lr_ratio=5"])
+    assert (cfg.trainer.policy_lr, cfg.trainer.critic_lr) == (1e-5, pytest.approx(5e-5))
+    cfg = load_config(None, ["trainer.policy_lr=1e-6", "trainer.critic_lr_ratio=5"])
+    assert cfg.trainer.critic_lr == pytest.approx(5e-6)
+    saved = config_from_dict(config_to_dict(cfg))  # a resume loads the rate filled from the ratio
+    assert saved.trainer.critic_lr == cfg.trainer.critic_lr
+    with pytest.raises(ConfigError, match=r"trainer\.critic_lr_ratio: set with trainer\.critic_lr=0\.001"):
+        load_config(None, ["trainer.critic_lr=1e-3", "trainer.critic_lr_ratio=5"])

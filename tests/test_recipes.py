@@ -20,7 +20,9 @@ def test_qwen3_gsm8k_recipe_loads_and_validates():
     assert m.chat_template_kwargs == {"enable_thinking": False}
     assert cfg.env.type == "prompt_reward" and cfg.env.dataset.path == "data/gsm8k"
     assert cfg.env.options["reward_fn"] == "saorl.envs.rewards:number_answer"
-    assert (cfg.algo.name, cfg.resolved_mode(), cfg.sft.enabled) == ("sao", "async", False)
+    assert (cfg.algo.name, cfg.resolved_mode(), cfg.sft.enabled) == ("sao_paper", "async", False)
+    t = cfg.trainer  # the paper's rates (critic 5x the policy) and critic warm-up
+    assert (t.policy_lr, t.critic_lr, t.critic_warmup_steps) == (1e-6, pytest.approx(5e-6), 10)
     assert cfg.rollout.max_new_tokens < cfg.rollout.max_total_tokens
     env = make_env_factory(cfg.env.type, cfg.env.options)()  # imports and checks the reward function
     assert env.name == "prompt_reward"

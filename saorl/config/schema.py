@@ -110,7 +110,11 @@ class TrainerConfig(Section):
     """AdamW learning rate of the policy; null: 1e-4 for a small model (the tiny built-ins), 1e-5
     for a pretrained one (:mod:`saorl.config.sizing`; 1e-4 broke SmolLM2-135M within 5 steps)."""
     critic_lr: float | None = Field(None, gt=0.0)
-    """AdamW learning rate of the critic; null: 1e-3 for a small model, 5e-5 for a pretrained one."""
+    """AdamW learning rate of the critic; null: ``critic_lr_ratio × policy_lr`` when that ratio
+    is set, else 1e-3 for a small model, 5e-5 for a pretrained one."""
+    critic_lr_ratio: float | None = Field(None, gt=0.0)
+    """The critic's learning rate as a multiple of the policy's (the SAO paper: 5, critic 5e-6 for
+    policy 1e-6); null: ``critic_lr`` as it is. Setting both is refused."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay (policy and critic)."""
     grad_clip: float = Field(1.0, gt=0.0)

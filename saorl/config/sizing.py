@@ -71,8 +71,20 @@ def is_small(policy: str) -> bool:
 
 def fill_sized(cfg) -> None:
     """Fill every field of :data:`SIZED` that ``cfg`` (a :class:`~saorl.config.SaorlConfig`)
-    leaves null, by :func:`is_small` of its policy, in place."""
+    leaves null, by :func:`is_small` of its policy, in place; ``trainer.critic_lr`` from
+    ``trainer.critic_lr_ratio`` when that is set (and the critic's rate is not)."""
+    from saorl.config.sections import FieldError
+
     which = 0 if is_small(cfg.model.policy) else 1
+    t = cfg.trainer
+    if t.critic_lr_ratio is not None:
+        t.policy_lr = SIZED[("trainer", "policy_lr")][which] if t.policy_lr is None else t.policy_lr
+        rate = t.critic_lr_ratio * t.policy_lr
+        # a saved config.yaml holds both, the rate filled from the ratio: that one agrees
+        if t.critic_lr is not None and abs(t.critic_lr - rate) > 1e-9 * rate:
+            raise FieldError("trainer.critic_lr_ratio", f"set with trainer.critic_lr={t.critic_lr:g}: "
+                             "give the critic's rate one way, the ratio or the rate")
+        t.critic_lr = rate
     for (section, name), values in SIZED.items():
         part = getattr(cfg, section)
         if getattr(part, name) is None:

@@ -29,7 +29,7 @@ FIELDS = [
 
 
 def test_presets_exist_validate_and_dispatch():
-    assert list_presets() == ["grpo", "grpo_dis", "ppo", "reinforce_rm", "sao", "vapo"]
+    assert list_presets() == ["grpo", "grpo_dis", "ppo", "reinforce_rm", "sao", "sao_paper", "vapo"]
     assert [f.name for f in dataclasses.fields(AlgoPreset)] == FIELDS
     for name, preset in PRESETS.items():
         assert preset.name == name and get_preset(name) is preset
@@ -43,6 +43,9 @@ def test_preset_contents():
     assert sao.use_critic and sao.critic_updates == 2 and sao.freeze_critic_attention
     assert sao.skip_observation and sao.value_pretrain and sao.lam_critic == 1.0 and sao.gamma == 1.0
     assert (sao.eps_low, sao.eps_high) == (0.3, 5.0)
+    paper = get_preset("sao_paper")  # sao with the paper's length-adaptive λ_policy, nothing else
+    assert {f for f in FIELDS if getattr(sao, f) != getattr(paper, f)} == {"name", "vapo_alpha"}
+    assert paper.vapo_alpha == 1.5
     grpo, grpo_dis = get_preset("grpo"), get_preset("grpo_dis")
     assert (grpo.advantage, grpo.policy_loss, grpo.group_size, grpo.use_critic) == ("grpo", "ppo", 8, False)
     assert (grpo.eps_low, grpo.eps_high) == (0.2, 0.2)
