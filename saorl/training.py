@@ -175,7 +175,7 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(trainer_threads(cfg))
-    start_up_estimate(cfg, run_dir)  # what each phase below will take, timed on this machine
+    start_up_estimate(cfg, run_dir, resume=resume)  # what each phase below will take, timed here
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)
     parts = build_parts(cfg, cfg.algo.resolve(), run_dir, policy_spec, critic_spec)  # the run's one resolve

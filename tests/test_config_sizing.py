@@ -53,6 +53,9 @@ def test_a_directory_is_sized_by_its_parameters(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
     assert not is_small(str(tmp_path / "broken"))  # unreadable: a pretrained model's safer rates
+    assert estimated_params([1, 2]) is None and estimated_params({"text_config": {}, **TINY_DIR}) > 0
+    (tmp_path / "broken" / "config.json").write_text("[1, 2]")
+    assert not is_small(str(tmp_path / "broken"))
 
 
 def test_a_value_set_by_hand_is_kept_and_a_saved_config_keeps_what_the_run_started_with():
@@ -73,7 +76,10 @@ def test_the_critics_rate_as_a_ratio_of_the_policys():
     assert (cfg.trainer.policy_lr, cfg.trainer.critic_lr) == (1e-5, pytest.approx(5e-5))
     cfg = load_config(None, ["trainer.policy_lr=1e-6", "trainer.critic_lr_ratio=5"])
     assert cfg.trainer.critic_lr == pytest.approx(5e-6)
-    saved = config_from_dict(config_to_dict(cfg))  # a resume loads the rate filled from the ratio
-    assert saved.trainer.critic_lr == cfg.trainer.critic_lr
+    data = config_to_dict(cfg)  # saved with the ratio alone: the rate follows the policy's on a reload
+    assert data["trainer"]["critic_lr"] is None and data["trainer"]["critic_lr_ratio"] == 5
+    assert config_from_dict(data).trainer.critic_lr == cfg.trainer.critic_lr
+    data["trainer"]["policy_lr"] = 3e-6  # a resume or replay with another policy rate
+    assert config_from_dict(data).trainer.critic_lr == pytest.approx(1.5e-5)
     with pytest.raises(ConfigError, match=r"trainer\.critic_lr_ratio: set with trainer\.critic_lr=0\.001"):
         load_config(None, ["trainer.critic_lr=1e-3", "trainer.critic_lr_ratio=5"])

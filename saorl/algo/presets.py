@@ -225,7 +225,7 @@ PRESETS: dict[str, AlgoPreset] = {
         _SAO,
         # the paper's values where it states them (docs/method.md, "Fidelity to the paper"): the
         # length-adaptive λ_policy = 1 − 1/(1.5·l); its trainer knobs (critic warm-up, learning
-        # rates, batch) live in the config: configs/sao_paper.yaml
+        # rates, batch) are trainer settings: the GPU configs set them (configs/recipes/qwen3_0.6b_gsm8k.yaml)
         _SAO.with_overrides(name="sao_paper", vapo_alpha=1.5),
         _GRPO,
         _GRPO.with_overrides(name="grpo_dis", policy_loss="dis", eps_low=0.3, eps_high=5.0),

@@ -15,10 +15,11 @@ What it measures, in one process, with the trainer's threads:
    on the step's positions (the part a 49k-token vocabulary adds).
 
 FLOPs are counted, not measured: a forward pass costs ``2·N`` a position (``N`` the parameters the
-pass multiplies by: the layers, plus the vocabulary projection for the policy) plus the causal
-attention's ``2·layers·T·hidden`` (``T`` the trajectory's tokens); a policy backward twice the
-forward (input and weight gradients); a critic backward the input gradients (one forward's
-worth) plus the weight gradients of its trainable parameters (``2·trainable``). Achieved FLOP/s
+pass multiplies by: the layers, the active experts of an MoE, plus the vocabulary projection for
+the policy) plus the causal attention's ``2·layers·T·width`` (``T`` the trajectory's tokens,
+``width`` query heads × head dim); a policy backward twice the forward (input and weight
+gradients); a critic backward the input gradients (``2·layers`` a position, and twice the
+attention's forward) plus the weight gradients of its trainable parameters (``2·trainable``). Achieved FLOP/s
 is the step's FLOPs over its seconds; its fraction of the float32 peak says how far the step is
 from what this machine's matmuls do. Peak memory: the process's peak RSS (the loaded model
 included), and CUDA's peak allocation on a GPU.
@@ -105,19 +106,39 @@ def params(module: torch.nn.Module, trainable: bool = False) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable)
 
 
+def active_expert_share(model: torch.nn.Module) -> tuple[int, float]:
+    """``(parameters of the MoE experts, the share of them a token passes through)``: top-k of
+    the experts (``num_experts_per_tok / num_experts``); ``(0, 1.0)`` for a dense model."""
+    cfg = model.config
+    n, k = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None), \
+        getattr(cfg, "num_experts_per_tok", None)
+    if not n or not k:
+        return 0, 1.0
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in f".{name}.")
+    return experts, k / n
+
+
 def step_flops(policy, critic: Critic, batch: int, tokens: int, k: int) -> dict[str, float]:
     """FLOPs of one SAO step (see the module docstring): the policy's pass, the critic's K passes
-    with gradients and its forward without."""
+    with gradients and its forward without. An MoE model counts the experts a token passes
+    through (top-k of them), not all."""
     cfg = policy.config
     positions = batch * tokens
     embed = cfg.vocab_size * cfg.hidden_size
     head = embed  # the vocabulary projection, tied or not, multiplies by vocab × hidden
-    layers = params(policy) - embed - (0 if cfg.tie_word_embeddings else head)
-    attention = 2 * cfg.num_hidden_layers * tokens * cfg.hidden_size  # a position: 2 matmuls over T/2
-    policy_fwd = positions * (2 * (layers + head) + attention)
+    experts, share = active_expert_share(policy)
+    layers = params(policy) - embed - (0 if cfg.tie_word_embeddings else head) - experts * (1 - share)
+    width = (getattr(cfg, "num_attention_heads", None) or 0) * (getattr(cfg, "head_dim", None) or 0)
+    width = width or cfg.hidden_size  # query heads × head_dim (Qwen3-0.6B: 2048 at hidden 1024)
+    attention = 2 * cfg.num_hidden_layers * tokens * width  # a position: QKᵀ and AV over T/2 on average
+    policy_fwd = positions * (2 * (layers + head) + attention)  # its backward: twice that
     critic_fwd = positions * (2 * layers + attention)
-    critic_train = params(critic, trainable=True)
-    critic_pass = 2 * critic_fwd + positions * 2 * critic_train
+    trained_experts = sum(p.numel() for name, p in critic.named_parameters()
+                          if p.requires_grad and ".experts." in f".{name}.")
+    critic_train = params(critic, trainable=True) - trained_experts * (1 - share)
+    # the critic's backward: input gradients through the layers, the attention's (twice its
+    # forward: scores have no weights), and weight gradients of what it trains
+    critic_pass = critic_fwd + positions * (2 * layers + 2 * attention + 2 * critic_train)
     return {"policy": 3 * policy_fwd, "critic": k * critic_pass + critic_fwd,
             "vocab": 3 * positions * 2 * head}
 

@@ -140,15 +140,13 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
     from saorl.models.tiny import TINY_KINDS
 
     if target in TINY_KINDS:
-        cfg = load_config(None, overrides)
-        cfg.model.policy = target
+        cfg = load_config(None, overrides, policy=target)
         return Target(cfg, f"{target} (freshly initialised, seed {cfg.seed})", _policy_loader(target, cfg))
     path = Path(target).expanduser()
     if _is_model_source(target, path):  # a GGUF file, a short name, a Hub id: one local directory
         from saorl.models.hub import ModelSourceError, resolve_source
 
-        cfg = load_config(None, overrides)
-        cfg.model.policy = str(path.resolve()) if path.exists() else target
+        cfg = load_config(None, overrides, policy=str(path.resolve()) if path.exists() else target)
         try:
             local = resolve_source(cfg.model.policy, "the eval target")
         except ModelSourceError as e:
@@ -175,8 +173,7 @@ def resolve_target(target: str, overrides: list[str]) -> Target:
         from saorl.models.loading import check_model_dir
 
         check_model_dir(path)
-        cfg = load_config(None, overrides)
-        cfg.model.policy = str(path)
+        cfg = load_config(None, overrides, policy=str(path))
         return Target(cfg, str(path), _policy_loader(str(path), cfg))
     raise TargetError(f"{target!r} is not a run directory (no config.yaml), a checkpoint (no manifest.json "
                       "+ policy.safetensors), an HF policy directory (no config.json) or a LoRA adapter "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from saorl.commands.common import config_or_exit, fail
+from saorl.commands.common import config_or_exit, fail, split_config_args
+from saorl.config import ConfigError, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,13 @@ def run(args: argparse.Namespace) -> int:
     from saorl.stages.value_pretrain import run_value_pretrain
 
     cfg = config_or_exit("saorl value-pretrain", list(args.args))
+    if args.policy is not None:  # sized by the policy rolled out (saorl.config.sizing), not the config's
+        path, overrides = split_config_args("saorl value-pretrain", list(args.args))
+        try:
+            sized = load_config(path, overrides, policy=args.policy)
+        except ConfigError as e:
+            fail(str(e))
+        cfg = sized.model_copy(update={"model": cfg.model})  # the run's model settings (its tokenizer) kept
     if not cfg.algo.resolve().use_critic:
         fail(f"saorl value-pretrain: algorithm {cfg.algo.name!r} trains no critic")
     check_run(cfg, demonstrations=cfg.sft.enabled and args.policy is None)  # SFT runs only without --policy

@@ -214,9 +214,12 @@ def find_config(name: str | os.PathLike) -> Path:
                       f"with saorl; presets: {', '.join(preset_names())})")
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = ()) -> SaorlConfig:
+def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = (), *,
+                policy: str | None = None) -> SaorlConfig:
     """Defaults ← YAML file at ``path`` (None: defaults only; a preset name works, see
-    :func:`find_config`) ← dotted ``overrides``."""
+    :func:`find_config`) ← dotted ``overrides`` ← ``policy`` as ``model.policy`` (a command's own
+    model argument: set before validation, so the defaults sized by the model are its,
+    :mod:`saorl.config.sizing`)."""
     if path is not None:
         path = find_config(path)
     source = str(path) if path is not None else "<defaults>"
@@ -226,6 +229,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
         data = apply_overrides(data, overrides)
     except ConfigError as e:
         raise ConfigError(f"config error in {source}: {e}") from None
+    if policy is not None:
+        data = {**data, "model": {**(data.get("model") or {}), "policy": policy}}
     return config_from_dict(data, source + (" with overrides" if overrides else ""))
 
 
@@ -297,8 +302,13 @@ def _one_line(text: str) -> str:
 
 # ------------------------------------------------------------------------------------- output
 def config_to_dict(cfg: SaorlConfig) -> dict[str, Any]:
-    """Plain, YAML/JSON-safe dict of the config, in field order."""
-    return cfg.model_dump(mode="json")
+    """Plain, YAML/JSON-safe dict of the config, in field order. With ``trainer.critic_lr_ratio``
+    the critic's rate is left null (the ratio says it), so a reload that changes the policy's
+    rate (``--resume RUN trainer.policy_lr=...``, ``saorl replay``) moves the critic's with it."""
+    data = cfg.model_dump(mode="json")
+    if cfg.trainer.critic_lr_ratio is not None:
+        data["trainer"]["critic_lr"] = None
+    return data
 
 
 def config_to_yaml(cfg: SaorlConfig) -> str:

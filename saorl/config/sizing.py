@@ -47,13 +47,18 @@ SIZED: dict[tuple[str, str], tuple[Any, Any]] = {
 
 def estimated_params(config: dict) -> int | None:
     """Parameters of a transformers ``config.json`` (dict), roughly; None without its sizes."""
-    text = config.get("text_config") or config
-    try:
-        hidden, layers = int(text["hidden_size"]), int(text["num_hidden_layers"])
-        vocab = int(text.get("vocab_size") or 0)
-    except (KeyError, TypeError, ValueError):
+    if not isinstance(config, dict):
         return None
-    return vocab * hidden + layers * 12 * hidden * hidden
+    for part in (config.get("text_config"), config):  # a multimodal config's sizes, else the top's
+        if not isinstance(part, dict):
+            continue
+        try:
+            hidden, layers = int(part["hidden_size"]), int(part["num_hidden_layers"])
+            vocab = int(part.get("vocab_size") or 0)
+        except (KeyError, TypeError, ValueError):
+            continue
+        return vocab * hidden + layers * 12 * hidden * hidden
+    return None
 
 
 def is_small(policy: str) -> bool:

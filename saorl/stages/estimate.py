@@ -11,8 +11,10 @@ model on a CPU):
   a pass counts as much as its cost a token; for a large one (a pass over one trajectory of
   :data:`CHEAP_PASS_S` or more) one trajectory is timed and scaled by the tokens of the batch;
 - one AdamW step over the policy's weights (``opt``);
-- one decode step of ``slots`` rows with a KV cache (``decode``), and the prefill per token,
-  for the local engine (a server's generation is not timed: it runs elsewhere).
+- one decode step of ``slots`` rows with a KV cache (``decode``), and the prefill per token:
+  the trainer's local engine, which evaluations and value pretraining decode with whatever
+  ``rollout.engine`` is, and the rollouts too when it is ``local`` (a server's generation is not
+  timed: it runs elsewhere).
 
 :func:`phase_estimates` turns them into seconds per phase with the run's sizes and a trajectory
 shape read from the env (the mean prompt tokens of a few training tasks, its turns, the token
@@ -85,11 +87,13 @@ class Calibration:
     """... over one rollout, a token (what the passes of a large model are scaled from)."""
     opt: float
     """One AdamW step over every policy weight."""
-    decode: float | None
-    """One decode step of ``slots`` rows (None: generation runs on servers, not timed)."""
-    prefill_per_token: float | None
+    decode: float
+    """One decode step of ``slots`` rows on the trainer's local engine."""
+    prefill_per_token: float
     slots: int
     took_s: float
+    rl_generation: bool = True
+    """The rollouts decode on a local engine (False: on servers, not timed)."""
 
 
 @dataclass(frozen=True)
@@ -132,10 +136,11 @@ def trajectory_shape(cfg: SaorlConfig) -> Shape:
 
 def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
     """Time a forward + backward pass, an AdamW step and (local engine) decode steps of the policy
-    ``policy_spec``; the global RNG is left as it was."""
+    ``policy_spec``; the global RNG is left as it was (on a GPU, its generator too)."""
     t0 = time.perf_counter()
     device = cfg.model.device
-    with torch.random.fork_rng(devices=[]):
+    gpu = [torch.device(device).index or 0] if str(device).startswith("cuda") else []
+    with torch.random.fork_rng(devices=gpu):
         torch.manual_seed(cfg.seed)
         model = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
         vocab = model.config.vocab_size
@@ -160,29 +165,39 @@ def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=0.0)
         opt.step()  # the first step allocates the moments
+        _sync(device)
         t = time.perf_counter()
         opt.step()
-        opt_s = time.perf_counter() - t
+        _sync(device)
+        opt_s = 0.0 if cfg.model.lora.enabled else time.perf_counter() - t  # LoRA: an adapter's step
         del opt
         model.zero_grad(set_to_none=True)
         model.eval()
-        decode = prefill = None
-        engine = cfg.rollout.engine
-        local = isinstance(engine, LocalEngineConfig)
-        slots = min(engine.slots, cfg.rollout.concurrent_episodes) if local else 0
-        if slots:
-            decode, prefill = _time_decode(model, slots, max(1, int(shape.prompt)), vocab, device)
+        slots = min(cfg.rollout.local_engine.slots, cfg.rollout.concurrent_episodes)
+        decode, prefill = _time_decode(model, slots, max(1, int(shape.prompt)), vocab, device)
+    model = None  # freed before the phases load their own copies
+    if gpu:
+        torch.cuda.empty_cache()  # the memory back to the rollout workers on this GPU
     return Calibration(sft_pass=sft_pass, fit_pass=fit_pass, rl_pass=rl_pass, per_token=one / n, opt=opt_s,
-                       decode=decode, prefill_per_token=prefill, slots=slots, took_s=time.perf_counter() - t0)
+                       decode=decode, prefill_per_token=prefill, slots=slots, took_s=time.perf_counter() - t0,
+                       rl_generation=isinstance(cfg.rollout.engine, LocalEngineConfig))
 
 
 def _time_pass(model, rows: int, n: int, vocab: int, device) -> float:
     """Seconds of a forward + backward pass of ``model`` on ``rows`` × ``n`` random tokens."""
     ids = torch.randint(0, vocab, (rows, n), device=device)
+    _sync(device)
     t = time.perf_counter()
     logits = model(input_ids=ids).logits
     torch.log_softmax(logits.float(), -1)[..., 0].sum().backward()
+    _sync(device)
     return time.perf_counter() - t
+
+
+def _sync(device) -> None:
+    """Wait for a GPU's queued work, so a timer reads its compute, not its launches."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _time_decode(model, rows: int, prompt: int, vocab: int, device) -> tuple[float, float]:
@@ -194,20 +209,24 @@ def _time_decode(model, rows: int, prompt: int, vocab: int, device) -> tuple[flo
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     kv = {key: DynamicCache(), "use_cache": True}
     with torch.no_grad():
+        _sync(device)
         t = time.perf_counter()
         out = model(input_ids=ids, **kv)
-        prefill = (time.perf_counter() - t) / (rows * prompt)
         nxt = out.logits[:, -1:].argmax(-1)
+        _sync(device)
+        prefill = (time.perf_counter() - t) / (rows * prompt)
         model(input_ids=nxt, **kv)  # the first decode shape
+        _sync(device)
         t = time.perf_counter()
         for _ in range(2):
             nxt = model(input_ids=nxt, **kv).logits[:, -1:].argmax(-1)
+        _sync(device)
         return (time.perf_counter() - t) / 2, prefill
 
 
-def _generation(cal: Calibration, shape: Shape, n: int) -> float | None:
-    if cal.decode is None or n <= 0:
-        return None
+def _generation(cal: Calibration, shape: Shape, n: int) -> float:
+    if n <= 0:
+        return 0.0
     return max(n / cal.slots, 1.0) * shape.generated * cal.decode + n * shape.prompt * cal.prefill_per_token
 
 
@@ -235,25 +254,21 @@ def phase_estimates(cfg: SaorlConfig, cal: Calibration, shape: Shape, *, sft_cac
     if preset.use_critic and preset.value_pretrain and cfg.value_pretrain.enabled and not cfg.model.critic:
         vp = cfg.value_pretrain
         fits = 3 if vp.curve else 1
-        gen = _generation(cal, shape, vp.rollouts)
-        fit = fits * vp.steps * (cal.fit_pass * CRITIC_PASS + cal.opt)
-        secs = None if gen is None else gen + fit
+        secs = _generation(cal, shape, vp.rollouts) + fits * vp.steps * (cal.fit_pass * CRITIC_PASS + cal.opt)
         rows.append(dict(phase="value pretraining",
                          size=f"{vp.rollouts} rollouts, {fits} fit{'s' if fits > 1 else ''} of {vp.steps} "
                               f"steps of {vp.batch_size}",
                          seconds=0.0 if critic_cached else secs, each=None,
-                         note="cached" if critic_cached else ("the fits only: generation on servers"
-                                                              if gen is None else "")))
+                         note="cached" if critic_cached else ""))
     n_eval = evaluations(cfg)
     if n_eval:
         each = _generation(cal, shape, min(cfg.run.eval_tasks, cfg.env.num_test_tasks))
         rows.append(dict(phase="evaluation", size=f"{min(cfg.run.eval_tasks, cfg.env.num_test_tasks)} "
-                         f"episodes, {n_eval} times", seconds=None if each is None else n_eval * each,
-                         each=each, note="" if each is not None else "generation on servers"))
+                         f"episodes, {n_eval} times", seconds=n_eval * each, each=each, note=""))
     b, k = cfg.trainer.batch_size, preset.critic_updates if preset.use_critic else 0
     critic = k * CRITIC_PASS + 2 * CRITIC_FORWARD if preset.use_critic else 0.0
     train = cal.rl_pass * (1 + critic) + (1 + k) * cal.opt
-    gen = _generation(cal, shape, b)
+    gen = _generation(cal, shape, b) if cal.rl_generation else None
     shared = _threads_share_cores(cfg, cores)
     step = train if gen is None else (train + gen if shared else max(train, gen))
     total = cfg.trainer.steps * step
@@ -286,7 +301,7 @@ def _human(s: float) -> str:
 
 def format_estimate(rows: list[dict], cal: Calibration, shape: Shape) -> str:
     """The table ``saorl train`` prints at start-up."""
-    dec = ("" if cal.decode is None else f", a decode step of {cal.slots} rows {cal.decode * 1e3:.0f} ms")
+    dec = f", a decode step of {cal.slots} rows {cal.decode * 1e3:.0f} ms"
     lines = [f"start-up estimate, from a {cal.took_s:.1f} s calibration here (forward+backward "
              f"{cal.per_token * 1e3:.2f} ms a token, AdamW step {cal.opt:.2f} s{dec}), the rollouts' replies "
              f"as long as the budget allows ({shape.generated} tokens after a {shape.prompt:.0f}-token "
@@ -334,17 +349,18 @@ def cached_stages(cfg: SaorlConfig) -> tuple[str, bool, bool]:
     return (spec if sft_cached else cfg.model.policy), sft_cached, (critic / "critic.json").is_file()
 
 
-def start_up_estimate(cfg: SaorlConfig, run_dir: Path,
-                      log: Callable[[str], None] = print) -> list[dict] | None:
+def start_up_estimate(cfg: SaorlConfig, run_dir: Path, log: Callable[[str], None] = print, *,
+                      resume: bool = False) -> list[dict] | None:
     """:func:`estimate_phases` for the run of ``cfg`` in ``run_dir`` as ``saorl train`` starts it
     (``run.estimate``, null: for a policy that is not a tiny kind; never for a sharded trainer,
-    whose model may not fit one process)."""
+    whose model may not fit one process, nor for a resume: the fresh run's stays in
+    ``estimate.json``)."""
     from saorl.models.tiny import TINY_KINDS
 
     wanted = cfg.run.estimate
     if wanted is None:
         wanted = cfg.model.policy not in TINY_KINDS
-    if not wanted or cfg.trainer.shard == "fsdp2":
+    if not wanted or resume or cfg.trainer.shard == "fsdp2":
         return None
     spec, sft_cached, critic_cached = cached_stages(cfg)
     return estimate_phases(cfg, spec, run_dir, sft_cached=sft_cached, critic_cached=critic_cached, log=log)

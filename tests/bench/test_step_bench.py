@@ -27,7 +27,7 @@ def test_flops_are_counted_as_the_docstring_says():
     # 6 positions; layers 60 - 40 = 20; head 40; attention 2 * 1 layer * 3 tokens * 4 hidden = 24
     assert f["policy"] == 3 * 6 * (2 * (20 + 40) + 24)
     critic_fwd = 6 * (2 * 20 + 24)
-    assert f["critic"] == 2 * (2 * critic_fwd + 6 * 2 * 8) + critic_fwd
+    assert f["critic"] == 2 * (critic_fwd + 6 * (2 * 20 + 2 * 24 + 2 * 8)) + critic_fwd
     assert f["vocab"] == 3 * 6 * 2 * 40
     untied = _Toy(tied=False)
     untied.head = nn.Linear(4, 10, bias=False)  # its own 40
@@ -53,3 +53,16 @@ def test_the_command_on_a_tiny_model(tmp_path, capsys):
     assert main(["bench", "step", "tiny-dense", "--tokens", "1"]) == 2
     assert main(["bench", "step", "tiny-dense", "--batch", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_an_moe_counts_the_experts_a_token_passes_through():
+    toy = _Toy(tied=True)
+    toy.experts = nn.ModuleList(nn.Linear(4, 4, bias=False) for _ in range(4))  # 4 × 16: 64
+    toy.config.num_experts, toy.config.num_experts_per_tok = 4, 1
+    critic = nn.Linear(2, 4)
+    critic.bias.requires_grad_(False)
+    f = step_flops(toy, critic, batch=2, tokens=3, k=2)
+    # 124 parameters: 40 embedding, 84 in layers of which 48 are experts no token passes through
+    assert f["policy"] == 3 * 6 * (2 * (84 - 48 + 40) + 24)
+    toy.config.num_attention_heads, toy.config.head_dim = 2, 4  # attention 8 wide, not 4
+    assert step_flops(toy, critic, batch=2, tokens=3, k=2)["policy"] == 3 * 6 * (2 * (36 + 40) + 48)

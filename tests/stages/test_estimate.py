@@ -76,15 +76,16 @@ def test_calibration_on_a_tiny_model_times_every_part_and_leaves_the_rng_alone(t
     assert cal.slots == 2 and cal.took_s > 0
 
 
-def test_a_server_engine_leaves_generation_unestimated():
-    cal = Calibration(sft_pass=None, fit_pass=0.4, rl_pass=1.0, per_token=0.01, opt=0.1, decode=None,
-                      prefill_per_token=None, slots=0, took_s=1.0)
+def test_a_server_engine_leaves_the_rollouts_generation_unestimated_but_not_the_trainers():
+    cal = Calibration(sft_pass=None, fit_pass=0.4, rl_pass=1.0, per_token=0.01, opt=0.1, decode=0.02,
+                      prefill_per_token=0.001, slots=4, took_s=1.0, rl_generation=False)
     cfg = load_config(None, [*SIZES, "sft.enabled=false"])
     rows = {r["phase"]: r for r in phase_estimates(cfg, cal, SHAPE, cores=1)}
-    assert rows["evaluation"]["seconds"] is None and rows["value pretraining"]["seconds"] is None
+    # evaluations and value pretraining decode on the trainer's local engine whatever the rollouts use
+    assert rows["evaluation"]["each"] == pytest.approx(2 * 10 * 0.02 + 8 * 20 * 0.001)
+    assert rows["value pretraining"]["seconds"] > 0
     assert rows["sao"]["note"].startswith("training only")
-    text = est.format_estimate(list(rows.values()), cal, SHAPE)
-    assert "~?" in text and "decode step" not in text
+    assert rows["sao"]["each"] == pytest.approx(1.0 * (1 + 2 * CRITIC_PASS + 2 * CRITIC_FORWARD) + 3 * 0.1)
 
 
 def test_the_run_prints_the_table_and_writes_it_or_says_why_not(tmp_path, monkeypatch):
@@ -105,6 +106,9 @@ def test_the_run_prints_the_table_and_writes_it_or_says_why_not(tmp_path, monkey
     off = cfg.model_copy(update={"run": cfg.run.model_copy(update={"estimate": False})})
     assert est.start_up_estimate(off, tmp_path, log=lines.append) is None
     assert lines == [] and not (tmp_path / "estimate.json").exists()
+
+    assert est.start_up_estimate(cfg, tmp_path, log=lines.append, resume=True) is None  # a resume: none
+    assert lines == []
 
     def broken(*a, **k):
         raise RuntimeError("no memory for the calibration")

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -436,6 +437,8 @@ class Learner:
         metrics["train/nonfinite_skips"] = self.nonfinite_skips
         if self.optim.critic_warmup_steps:
             metrics["critic/warmup"] = float(frozen)
+        if frozen:  # no policy update: its loss and rate do not apply (null, never 0)
+            metrics["policy/loss"] = metrics["policy/lr"] = math.nan
         return StepResult(metrics, skipped=self.nonfinite_skips > skips, version=self.version, frozen=frozen)
 
     # ------------------------------------------------- weights out, checkpoints

@@ -66,10 +66,19 @@ def test_an_algorithm_without_a_critic_refuses_it_and_the_default_is_off():
     torch.testing.assert_close(torch.tensor(result["policy/version"]), torch.tensor(1))
 
 
-def test_a_run_with_a_critic_warm_up_trains_journals_and_publishes_after_it(tmp_path):
+def test_a_run_with_a_critic_warm_up_trains_journals_and_publishes_after_it(tmp_path, monkeypatch):
     import json
 
     from saorl.training import train
+
+    published = []
+    real = Learner.publish
+
+    def publish(self, sync):
+        published.append(self.version)
+        return real(self, sync)
+
+    monkeypatch.setattr(Learner, "publish", publish)
 
     cfg = load_config(None, ["model.policy=tiny-dense", "sft.enabled=false", "value_pretrain.enabled=false",
                              "runtime.backend=inprocess", "env.num_test_tasks=4", "run.eval_tasks=2",
@@ -83,3 +92,4 @@ def test_a_run_with_a_critic_warm_up_trains_journals_and_publishes_after_it(tmp_
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     assert len([t for t in trained if "step" in t]) == 3  # every step's trajectories consumed and recorded
     assert last["policy/version"] == 1
+    assert published[-1:] == [1] and published.count(0) <= 1  # the start's version 0, not once a warm-up step
