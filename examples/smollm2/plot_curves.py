@@ -6,6 +6,7 @@ seconds since the first step began: the step-0 evaluation and value pretraining 
 counted, later evaluations are). One line per run, labelled by its directory name.
 
     python examples/smollm2/plot_curves.py OUT.png RUN_DIR [RUN_DIR ...] [--labels A B ...] [--title TEXT]
+        [--baseline ACC --baseline-label TEXT]   # a dashed line, e.g. the pretrained model before SFT
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main() -> None:
     p.add_argument("runs", type=Path, nargs="+")
     p.add_argument("--title", default="held-out accuracy")
     p.add_argument("--labels", nargs="+", help="one per run (default: the run directories' names)")
+    p.add_argument("--baseline", type=float, help="a held-out accuracy drawn as a dashed line")
+    p.add_argument("--baseline-label", default="before", help="its legend entry")
     args = p.parse_args()
     labels = args.labels or [run.name for run in args.runs]
     if len(labels) != len(args.runs):
@@ -50,9 +53,11 @@ def main() -> None:
         for step, m, a in points:
             ax.annotate(f"step {step}", (m, a), textcoords="offset points", xytext=(3, 4), fontsize=7)
         print(label, " ".join(f"step {s}: {a:.3f} ({m:.1f} min)" for s, m, a in points))
+    if args.baseline is not None:
+        ax.axhline(args.baseline, color="grey", linestyle="--", linewidth=1, label=args.baseline_label)
     ax.set_xlabel("minutes since step 1 began (2 shared CPU cores)")
     ax.set_ylabel("held-out accuracy")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(-0.03, 1.03)  # a line at 0 or 1 stays visible
     ax.set_title(args.title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

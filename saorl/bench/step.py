@@ -23,6 +23,10 @@ attention's forward) plus the weight gradients of its trainable parameters (``2Â
 is the step's FLOPs over its seconds; its fraction of the float32 peak says how far the step is
 from what this machine's matmuls do. Peak memory: the process's peak RSS (the loaded model
 included), and CUDA's peak allocation on a GPU.
+
+The DIS ratios of the first step compare the learner's scoring with the float32 log-probs the
+same weights recorded: numerics alone (the learner's packed attention against a padded pass, or
+bfloat16 autocast against float32); those of the last step include the updates since.
 """
 
 from __future__ import annotations
@@ -204,7 +208,7 @@ def bench_step(spec: StepSpec, log=print) -> dict:
     cast = (torch.autocast(torch.device(spec.device).type, dtype=torch.bfloat16) if spec.autocast
             else contextlib.nullcontext())
     with cast:
-        learner.step(trajs)  # warm-up: kernels, optimizer moments
+        first = learner.step(trajs)  # warm-up (kernels, optimizer moments), on the recording weights
     walls, splits = [], []
     for _ in range(spec.steps):
         learner.timings.reset()
@@ -233,6 +237,8 @@ def bench_step(spec: StepSpec, log=print) -> dict:
         "vocab_s": vocab_s, "flops": flops, "positions_per_s": spec.batch * spec.tokens / wall,
         "action_tokens_per_s": sum(sum(t.action_mask) for t in trajs) / wall,
         "policy_s": policy_s, "critic_s": critic_s, "peak_rss_mib": rss, "autocast": spec.autocast,
+        "ratio_first": {k: first.get(f"policy/ratio_{k}") for k in ("min", "max")},
+        "mismatch_kl_first": first.get("mismatch/kl"),
         "ratio": {k: metrics.get(f"policy/ratio_{k}") for k in ("min", "max")},
         "mismatch_kl": metrics.get("mismatch/kl"),
         "cuda_peak_mib": (torch.cuda.max_memory_allocated() / 2**20
@@ -279,9 +285,12 @@ def format_step(r: dict) -> str:
         split["critic AdamW (2 steps)"] = 2 * opt["critic"]
     for k, v in sorted(split.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {k} | {v:.2f} | {v / r['step_s']:.0%} |")
-    lines += ["", f"{'bfloat16 autocast' if r['autocast'] else 'float32'}: DIS ratios of the last step "
-              f"{r['ratio']['min']:.4f} to {r['ratio']['max']:.4f} (rollout log-probs: float32, one "
-              f"update before), mismatch/kl {r['mismatch_kl']:.2e}"]
+    rf = r["ratio_first"]
+    lines += ["", f"{'bfloat16 autocast' if r['autocast'] else 'float32'} scoring against float32 rollout "
+              f"log-probs: DIS ratios {rf['min']:.4f} to {rf['max']:.4f}, mismatch/kl "
+              f"{r['mismatch_kl_first']:.2e} on the first step (the weights that recorded them: numerics "
+              f"alone); {r['ratio']['min']:.4f} to {r['ratio']['max']:.4f}, {r['mismatch_kl']:.2e} on the "
+              "last (updates since)"]
     lines += ["", f"trained positions/s {r['positions_per_s']:.0f}, action tokens/s "
               f"{r['action_tokens_per_s']:.0f}; step {r['step_s']:.2f} s (best of "
               f"{', '.join(f'{x:.2f}' for x in r['step_s_all'])}); peak RSS {r['peak_rss_mib']:.0f} MiB"
