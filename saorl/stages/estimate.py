@@ -230,12 +230,12 @@ def _generation(cal: Calibration, shape: Shape, n: int) -> float:
     return max(n / cal.slots, 1.0) * shape.generated * cal.decode + n * shape.prompt * cal.prefill_per_token
 
 
-def evaluations(cfg: SaorlConfig) -> int:
-    """Evaluations a run to ``trainer.steps`` makes: step 0 (``run.eval_at_start``), every
-    ``run.eval_every`` steps and the last step."""
+def evaluations(cfg: SaorlConfig, steps: int | None = None) -> int:
+    """Evaluations a run to ``steps`` (``trainer.steps`` when None) makes: step 0
+    (``run.eval_at_start``), every ``run.eval_every`` steps and the last step."""
     if cfg.run.eval_tasks == 0:
         return 0
-    steps, every = cfg.trainer.steps, cfg.run.eval_every
+    steps, every = cfg.trainer.steps if steps is None else steps, cfg.run.eval_every
     return int(cfg.run.eval_at_start) + steps // every + (1 if steps % every else 0)
 
 
@@ -260,20 +260,25 @@ def phase_estimates(cfg: SaorlConfig, cal: Calibration, shape: Shape, *, sft_cac
                               f"steps of {vp.batch_size}",
                          seconds=0.0 if critic_cached else secs, each=None,
                          note="cached" if critic_cached else ""))
-    n_eval = evaluations(cfg)
-    if n_eval:
-        each = _generation(cal, shape, min(cfg.run.eval_tasks, cfg.env.num_test_tasks))
-        rows.append(dict(phase="evaluation", size=f"{min(cfg.run.eval_tasks, cfg.env.num_test_tasks)} "
-                         f"episodes, {n_eval} times", seconds=n_eval * each, each=each, note=""))
     b, k = cfg.trainer.batch_size, preset.critic_updates if preset.use_critic else 0
     critic = k * CRITIC_PASS + 2 * CRITIC_FORWARD if preset.use_critic else 0.0
     train = cal.rl_pass * (1 + critic) + (1 + k) * cal.opt
     gen = _generation(cal, shape, b) if cal.rl_generation else None
     shared = _threads_share_cores(cfg, cores)
     step = train if gen is None else (train + gen if shared else max(train, gen))
+    n_test = min(cfg.run.eval_tasks, cfg.env.num_test_tasks)
+    each = _generation(cal, shape, n_test)
+    steps, cap = cfg.trainer.steps, cfg.trainer.max_wall_s
+    if cap is not None:  # the budget holds the evaluations too: the steps that fit in it
+        per_step = step + (each / cfg.run.eval_every if n_test else 0.0)
+        steps = max(0, min(steps, int(cap // per_step)))
+    n_eval = evaluations(cfg, steps)
+    if n_eval:
+        rows.append(dict(phase="evaluation", size=f"{n_test} episodes, {n_eval} times",
+                         seconds=n_eval * each, each=each, note=""))
     total = cfg.trainer.steps * step
-    cap = cfg.trainer.max_wall_s
-    note = (f"trainer.max_wall_s stops it at {_human(cap)}" if cap is not None and total > cap else "")
+    note = (f"trainer.max_wall_s stops it at {_human(cap)}, about step {steps}"
+            if cap is not None and steps < cfg.trainer.steps else "")
     if gen is None:
         note = "training only: generation on servers" + (f"; {note}" if note else "")
     rows.append(dict(phase=preset.name, size=f"{cfg.trainer.steps} steps of {b} trajectories"

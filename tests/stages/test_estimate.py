@@ -44,8 +44,10 @@ def test_separate_cores_overlap_generation_and_a_wall_clock_cap_bounds_the_rl_ph
     rows = _rows(cores=64)
     train = 1.0 * (1 + 2 * CRITIC_PASS + 2 * CRITIC_FORWARD) + 3 * 0.1
     assert rows["sao"]["each"] == pytest.approx(train)  # the slower stage
-    capped = _rows("trainer.max_wall_s=20")["sao"]
-    assert capped["seconds"] == 20 and "trainer.max_wall_s stops it" in capped["note"]
+    capped = _rows("trainer.max_wall_s=20")
+    assert capped["sao"]["seconds"] == 20 and "trainer.max_wall_s stops it" in capped["sao"]["note"]
+    # 3.28 s a step and a 0.56 s evaluation every 5 steps: 5 steps fit in 20 s, so steps 0 and 5
+    assert "about step 5" in capped["sao"]["note"] and capped["evaluation"]["size"] == "8 episodes, 2 times"
 
 
 def test_what_a_run_skips_costs_nothing():
