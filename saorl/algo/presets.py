@@ -98,7 +98,7 @@ class AlgoPreset:
         "Fit the critic on rollouts of the initial policy before RL."))
     gamma: float = field(metadata=_about("Discount per chain step.", "in [0, 1]", lambda v: 0.0 <= v <= 1.0))
     lam_policy: float = field(metadata=_about(
-        "GAE λ for the policy's advantages (ignored when ``vapo_alpha`` is set).", "in [0, 1]",
+        "GAE λ for the policy's advantages when ``vapo_alpha`` is None (the fixed λ).", "in [0, 1]",
         lambda v: 0.0 <= v <= 1.0))
     lam_critic: float = field(metadata=_about(
         "GAE λ for the critic's targets; 1 = Monte-Carlo returns.", "in [0, 1]", lambda v: 0.0 <= v <= 1.0))

@@ -59,8 +59,24 @@ class _AlgoSection(Section):
         return self
 
     def overrides(self) -> dict[str, Any]:
-        """The fields set here (not None), i.e. what changes relative to the preset."""
-        return {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
+        """The fields set here (not None), i.e. what changes relative to the preset, with
+        ``lam_policy`` translated: ``adaptive`` sets ``vapo_alpha`` (this section's, else the
+        preset's, else the paper's :data:`PAPER_VAPO_ALPHA`); a number switches a preset's
+        adaptive rule off. Setting both a number and ``vapo_alpha`` is refused (one would be
+        ignored)."""
+        from saorl.algo.presets import get_preset
+
+        out = {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
+        lam = out.pop("lam_policy", None)
+        if lam == "adaptive":
+            out.setdefault("vapo_alpha", get_preset(self.name).vapo_alpha or PAPER_VAPO_ALPHA)
+        elif lam is not None:
+            if "vapo_alpha" in out:
+                raise FieldError("lam_policy", f"is the number {lam!r} while algo.vapo_alpha is set too, "
+                                 "and a fixed λ_policy and the length-adaptive one exclude each other: "
+                                 "drop algo.vapo_alpha for a fixed λ, or write algo.lam_policy: adaptive")
+            out.update(lam_policy=lam, vapo_alpha=None)
+        return out
 
     def resolve(self) -> Any:
         """The preset ``name`` with the non-None overrides applied (an ``AlgoPreset``)."""
@@ -68,6 +84,10 @@ class _AlgoSection(Section):
 
         return get_preset(self.name).with_overrides(**self.overrides())
 
+
+PAPER_VAPO_ALPHA = 1.5
+"""α of the length-adaptive λ_policy = 1 − 1/(α·l) as the SAO paper runs it (docs/method.md,
+"Fidelity to the paper"); ``algo.lam_policy: adaptive`` uses it when nothing else sets α."""
 
 NOT_IN_CONFIG = ("name", "mode")
 """Preset fields the ``algo`` section does not override: ``name`` picks the preset, and the
@@ -85,6 +105,10 @@ def _algo_config() -> type[_AlgoSection]:
         if name in NOT_IN_CONFIG:
             continue
         rule = f" Must be {rules[name]}." if rules[name] else ""
+        if name == "lam_policy":  # the config's extra spelling, translated by ``overrides``
+            hint = hint | Literal["adaptive"]
+            rule += (" ``adaptive``: the length-adaptive rule with α = ``vapo_alpha`` (the preset's, "
+                     f"else {PAPER_VAPO_ALPHA}); a number switches a preset's adaptive rule off.")
         fields[name] = (hint | None, Field(None, description=f"{docs[name]}{rule} None: the preset's value."))
     return create_model("AlgoConfig", __base__=_AlgoSection, __module__=__name__, **fields)
 
