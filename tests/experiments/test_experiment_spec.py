@@ -211,3 +211,16 @@ def test_the_help_names_every_shipped_experiment(capsys):
     shipped = sorted(p.stem for p in (Path(__file__).parents[2] / "configs" / "experiments").glob("*.yaml"))
     assert {"claims", "lr_staleness", "levels"} <= set(shipped)
     assert f"an experiment name ({', '.join(shipped)}) or a spec YAML" in out
+
+
+def test_claims_paper_arms_are_sao_with_the_papers_knobs_only():
+    spec = load_spec(find_spec("claims"))
+    sao, paper, warm = (arm_config(spec, find_spec("claims"), a, 0)
+                        for a in ("sao", "sao_paper", "sao_paper_warmup"))
+    assert dataclasses.replace(paper.algo.resolve(), name="sao", vapo_alpha=None) == sao.algo.resolve()
+    assert paper.algo.resolve().vapo_alpha == 1.5
+    warmups = [c.trainer.critic_warmup_steps for c in (sao, paper, warm)]
+    assert warmups == [0, 0, 10]
+    assert warm.model_copy(update={"trainer": paper.trainer, "run": paper.run}) == paper
+    # every experiment pins the staleness-aware rate off, as its recorded results ran
+    assert sao.trainer.staleness_lr_ref is None
