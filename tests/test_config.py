@@ -46,7 +46,7 @@ def test_defaults_match_the_brief():
     assert (cfg.seed, cfg.run.name, cfg.run.eval_every, cfg.model.policy, cfg.model.device) == (
         0, "sao-math_tool", 25, "tiny-moe", "cpu")
     assert (cfg.env.type, cfg.rollout.max_new_tokens, cfg.rollout.max_total_tokens) == ("math_tool", 48, 384)
-    assert (cfg.trainer.batch_size, cfg.trainer.policy_lr, cfg.runtime.mode) == (4, 1e-4, "auto")
+    assert (cfg.trainer.batch_size, cfg.trainer.policy_lr, cfg.runtime.mode) == (4, 3e-5, "auto")
     assert cfg.resolved_mode() == "async"
     assert cfg.algo.resolve() == get_preset("sao")
 

@@ -47,6 +47,12 @@ def test_a_number_and_an_alpha_together_are_refused_in_one_paragraph():
     assert msg.count("algo.lam_policy") >= 1 and "algo.vapo_alpha" in msg and "adaptive" in msg
 
 
+def test_adaptive_without_gae_is_refused():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["algo.name=grpo", "algo.lam_policy=adaptive", "trainer.batch_size=8"])
+    assert "algo.lam_policy" in str(info.value) and "'grpo'" in str(info.value)
+
+
 @pytest.mark.parametrize("bad", ["adaptve", "1.5", "-0.1"])
 def test_a_bad_lam_policy_names_the_field(bad):
     with pytest.raises(ConfigError) as info:

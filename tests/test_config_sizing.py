@@ -30,7 +30,7 @@ def test_the_tiny_kinds_keep_the_tiny_models_values():
         assert _values(load_config(None, [f"model.policy={kind}"])) == {k: v[0] for k, v in SIZED.items()}
     cfg = load_config(None, [])
     assert (cfg.trainer.policy_lr, cfg.trainer.critic_lr, cfg.sft.steps, cfg.value_pretrain.rollouts,
-            cfg.run.eval_tasks) == (1e-4, 1e-3, 1000, 512, 128)
+            cfg.run.eval_tasks) == (3e-5, 1e-3, 1000, 512, 128)
 
 
 @pytest.mark.parametrize("policy", ["smollm2-135m-instruct", "Qwen/Qwen2.5-0.5B-Instruct", "/m/model.gguf"])
@@ -48,7 +48,7 @@ def test_a_directory_is_sized_by_its_parameters(tmp_path):
     small, big = _dir(tmp_path, "sft-of-tiny", TINY_DIR), _dir(tmp_path, "smollm2", SMOLLM2)
     assert is_small(small) and not is_small(big)
     assert estimated_params(TINY_DIR) < SMALL_PARAMS < estimated_params(SMOLLM2)
-    assert load_config(None, [f"model.policy={small}"]).trainer.policy_lr == 1e-4
+    assert load_config(None, [f"model.policy={small}"]).trainer.policy_lr == 3e-5
     assert load_config(None, [f"model.policy={big}"]).trainer.policy_lr == 1e-5
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")

@@ -170,7 +170,7 @@ def test_readme_is_a_front_page():
     assert len(readme.splitlines()) <= 90
     assert _blocks(readme, "bash") == [c + "\n" for c in QUICK_START]
     expect = next(p for p in readme.split("\n\n") if p.startswith("Expect "))  # what to expect
-    assert all(word in expect for word in (" min ", "accuracy", "dip")), expect
+    assert all(word in expect for word in (" min ", "accuracy", "step 200", "runs")), expect
     for page in ("guide.md", "fault-tolerance.md"):
         assert f"](docs/{page})" in readme
     guide = (DOCS / "guide.md").read_text(encoding="utf-8")

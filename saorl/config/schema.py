@@ -69,6 +69,12 @@ class _AlgoSection(Section):
         out = {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
         lam = out.pop("lam_policy", None)
         if lam == "adaptive":
+            advantage = out.get("advantage", get_preset(self.name).advantage)
+            if advantage != "gae":
+                raise FieldError("lam_policy", f"is 'adaptive', a rule for GAE's λ, but algorithm "
+                                 f"{self.name!r} computes its advantages by {advantage!r}, which has no λ: "
+                                 "pick a preset with a critic (sao, sao_paper, vapo, ppo) or drop "
+                                 "algo.lam_policy")
             out.setdefault("vapo_alpha", get_preset(self.name).vapo_alpha or PAPER_VAPO_ALPHA)
         elif lam is not None:
             if "vapo_alpha" in out:
@@ -131,8 +137,9 @@ class TrainerConfig(Section):
     nothing more is written, the last checkpoint written before is intact (``saorl train --resume``
     continues from it) and the exit status is 130."""
     policy_lr: float | None = Field(None, gt=0.0)
-    """AdamW learning rate of the policy; null: 1e-4 for a small model (the tiny built-ins), 1e-5
-    for a pretrained one (:mod:`saorl.config.sizing`; 1e-4 broke SmolLM2-135M within 5 steps)."""
+    """AdamW learning rate of the policy; null: 3e-5 for a small model (the tiny built-ins: 1e-4
+    tipped the Quick start's policy in half of its runs), 1e-5 for a pretrained one
+    (:mod:`saorl.config.sizing`; 1e-4 broke SmolLM2-135M within 5 steps)."""
     critic_lr: float | None = Field(None, gt=0.0)
     """AdamW learning rate of the critic; null: ``critic_lr_ratio × policy_lr`` when that ratio
     is set, else 1e-3 for a small model, 5e-5 for a pretrained one."""
@@ -156,14 +163,12 @@ class TrainerConfig(Section):
     version does not advance, nothing new is published; its log-probs are still computed for the
     metrics, ``critic/warmup`` is 1). The SAO paper warms the critic up for 10 steps at the start
     of RL."""
-    staleness_lr_ref: float | None = Field(3.0, gt=0.0)
+    staleness_lr_ref: float | None = Field(None, gt=0.0)
     """A staleness-aware learning rate: each step's policy learning rate is ``policy_lr`` times
     ``min(1, staleness_lr_ref / s)``, ``s`` the batch's mean staleness over its action tokens
     (versions between each token's sampler and the trainer). At staleness up to the reference
     the rate is unchanged; beyond it ``policy_lr × s`` stays at ``policy_lr × staleness_lr_ref``
-    (docs/method.md, "How far the policy may move"). 3 by default: the Quick start's ~5 versions
-    of staleness at lr 1e-4 tipped its policy in 2 of 4 recorded runs (docs/guide.md); null = off
-    (the experiments of docs/results.md ran with it off)."""
+    (docs/method.md, "How far the policy may move"). None = off."""
     shard: Literal["none", "fsdp2"] = "none"
     """``none``: policy and critic train in one process. ``fsdp2``: torch FSDP2 shards them over
     the ranks of a ``torchrun`` launch (``torchrun --standalone --nproc-per-node N -m saorl.cli

@@ -222,5 +222,3 @@ def test_claims_paper_arms_are_sao_with_the_papers_knobs_only():
     warmups = [c.trainer.critic_warmup_steps for c in (sao, paper, warm)]
     assert warmups == [0, 0, 10]
     assert warm.model_copy(update={"trainer": paper.trainer, "run": paper.run}) == paper
-    # every experiment pins the staleness-aware rate off, as its recorded results ran
-    assert sao.trainer.staleness_lr_ref is None
