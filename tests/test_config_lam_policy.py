@@ -73,3 +73,13 @@ def test_the_rule_gives_the_hand_computed_lambdas():
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 1, 1, 1]], dtype=torch.bool)
     lam = length_adaptive_lambda(mask, _resolve("algo.lam_policy=adaptive").vapo_alpha)
     assert torch.allclose(lam, torch.tensor([1 - 1 / 3.0, 1 - 1 / 6.0]))
+
+
+def test_the_printed_preset_says_adaptive(capsys):
+    from saorl.cli import main as cli_main
+
+    assert cli_main(["config", "algo.name=sao_paper", "--algo"]) == 0
+    out = capsys.readouterr().out
+    assert "#   lam_policy: adaptive" in out and "#   vapo_alpha: 1.5" in out
+    assert cli_main(["config", "--algo"]) == 0
+    assert "#   lam_policy: 0.95" in capsys.readouterr().out

@@ -316,8 +316,12 @@ def config_to_yaml(cfg: SaorlConfig) -> str:
 
 
 def resolved_algo_dict(cfg: SaorlConfig) -> dict[str, Any]:
-    """The resolved algorithm preset as a dict."""
-    return dataclasses.asdict(cfg.algo.resolve())
+    """The resolved algorithm preset as a dict; ``lam_policy`` reads ``adaptive`` where
+    ``vapo_alpha`` sets the length-adaptive rule (its fixed value is then unused)."""
+    out = dataclasses.asdict(cfg.algo.resolve())
+    if out["vapo_alpha"] is not None:
+        out["lam_policy"] = "adaptive"
+    return out
 
 
 def absolute_paths(cfg: SaorlConfig) -> SaorlConfig:
