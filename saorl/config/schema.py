@@ -138,7 +138,7 @@ class TrainerConfig(Section):
     continues from it) and the exit status is 130."""
     policy_lr: float | None = Field(None, gt=0.0)
     """AdamW learning rate of the policy; null: 3e-5 for a small model (the tiny built-ins: 1e-4
-    tipped the Quick start's policy in half of its runs), 1e-5 for a pretrained one
+    tipped the Quick start's policy in 4 of 9 runs, docs/guide.md), 1e-5 for a pretrained one
     (:mod:`saorl.config.sizing`; 1e-4 broke SmolLM2-135M within 5 steps)."""
     critic_lr: float | None = Field(None, gt=0.0)
     """AdamW learning rate of the critic; null: ``critic_lr_ratio × policy_lr`` when that ratio
