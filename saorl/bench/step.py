@@ -43,7 +43,7 @@ from saorl.algo.registry import get_preset
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy
-from saorl.models.logprobs import _chunked, _decoder_and_head, _scored, token_logprobs
+from saorl.models.logprobs import chunked_logprobs, decoder_and_head, scored_logprobs, token_logprobs
 from saorl.runtime.learner.single import Learner, OptimConfig
 
 
@@ -150,7 +150,7 @@ def step_flops(policy, critic: Critic, batch: int, tokens: int, k: int) -> dict[
 def _time_vocab(policy, batch: int, tokens: int) -> float:
     """Seconds of the vocabulary projection + log-softmax (with entropy), forward + backward, on
     ``batch × tokens`` positions, the way the learner scores them."""
-    parts = _decoder_and_head(policy)
+    parts = decoder_and_head(policy)
     if parts is None:
         return float("nan")
     _, head = parts
@@ -163,9 +163,9 @@ def _time_vocab(policy, batch: int, tokens: int) -> float:
         _sync(policy.device.type)
         t = time.perf_counter()
         if targets.numel() * vocab * 4 > 256 * 2**20:
-            picked, ent = _chunked(hidden, targets, head, vocab, 1.0, 0, 1.0, True)
+            picked, ent = chunked_logprobs(hidden, targets, head, vocab, 1.0, 0, 1.0, True)
         else:
-            picked, ent = _scored(head(hidden), targets, 1.0, 0, 1.0, True)
+            picked, ent = scored_logprobs(head(hidden), targets, 1.0, 0, 1.0, True)
         (picked.sum() + ent.sum()).backward()
         _sync(policy.device.type)
         best = min(best, time.perf_counter() - t)

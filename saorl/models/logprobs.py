@@ -83,15 +83,16 @@ def token_logprobs(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     temperature = 1.0 if temperature == 0 else float(temperature)
     targets = input_ids[:, 1:].long()
-    parts = _decoder_and_head(model)
+    parts = decoder_and_head(model)
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
     if parts is not None and targets.numel() * vocab * 4 > CHUNK_ABOVE_BYTES:
         decoder, head = parts
         hidden = decoder(**kwargs).last_hidden_state[:, :-1]
-        picked, entropy = _chunked(hidden, targets, head, vocab, temperature, top_k, top_p, return_entropy)
+        picked, entropy = chunked_logprobs(hidden, targets, head, vocab, temperature, top_k, top_p,
+                                           return_entropy)
     else:
         logits = model(**kwargs).logits[:, :-1]  # [B, T-1, V]: logits[:, t-1] predicts x_t
-        picked, entropy = _scored(logits, targets, temperature, top_k, top_p, return_entropy)
+        picked, entropy = scored_logprobs(logits, targets, temperature, top_k, top_p, return_entropy)
     zero = picked.new_zeros(())
     first = picked.new_zeros(input_ids.shape[0], 1)
     # where, not multiply: a fully masked (left-padding) row may hold non-finite values.
@@ -109,7 +110,7 @@ is kept: chunking recomputes the projection in the backward (on SmolLM2-135M, 21
 FLOPs) for a saving that is small next to the decoder's own activations (docs/performance.md)."""
 
 
-def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     """The decoder (hidden states) and output projection of a plain causal LM, or None when its
     logits are more than ``head(decoder(x))`` or it does not say what its parts are."""
     config = getattr(model, "config", None)
@@ -126,8 +127,8 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return decoder, head
 
 
-def _scored(logits: Tensor, targets: Tensor, temperature: float, top_k: int, top_p: float,
-            want_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def scored_logprobs(logits: Tensor, targets: Tensor, temperature: float, top_k: int, top_p: float,
+                    want_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """``targets``' log-probabilities under ``logits`` ``[..., V]`` (tempered, truncated like the
     sampler) and, with ``want_entropy``, each row's entropy; both float32 ``[...]``."""
     if logits.dtype != torch.float32:
@@ -152,9 +153,9 @@ def _scored(logits: Tensor, targets: Tensor, temperature: float, top_k: int, top
     return picked, lse - plogp.sum(-1)
 
 
-def _chunked(hidden: Tensor, targets: Tensor, head: nn.Linear, vocab: int, temperature: float, top_k: int,
-             top_p: float, want_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """:func:`_scored` of ``head(hidden)`` ``[B, T, H]``, a chunk of positions at a time, each chunk's
+def chunked_logprobs(hidden: Tensor, targets: Tensor, head: nn.Linear, vocab: int, temperature: float,
+                     top_k: int, top_p: float, want_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """:func:`scored_logprobs` of ``head(hidden)`` ``[B, T, H]``, a chunk of positions at a time, each chunk's
     logits recomputed in the backward rather than kept (see "Memory")."""
     from torch.utils.checkpoint import checkpoint
 
@@ -163,7 +164,7 @@ def _chunked(hidden: Tensor, targets: Tensor, head: nn.Linear, vocab: int, tempe
     n = max(1, LOGITS_CHUNK_BYTES // (4 * vocab))
 
     def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        picked, entropy = _scored(head(h), t, temperature, top_k, top_p, want_entropy)
+        picked, entropy = scored_logprobs(head(h), t, temperature, top_k, top_p, want_entropy)
         return picked, entropy if entropy is not None else picked.new_zeros(())
 
     parts = [checkpoint(score, flat_h[i:i + n], flat_t[i:i + n], use_reentrant=False)

@@ -49,8 +49,8 @@ def test_chunked_equals_plain(kw, layout, monkeypatch):
     positions = inputs["input_ids"].numel()
     plain = _run(model, inputs, 10**15, monkeypatch, **kw)  # never chunked
     seen = []
-    real = lp._chunked
-    monkeypatch.setattr(lp, "_chunked", lambda *a, **k: seen.append(1) or real(*a, **k))
+    real = lp.chunked_logprobs
+    monkeypatch.setattr(lp, "chunked_logprobs", lambda *a, **k: seen.append(1) or real(*a, **k))
     chunked = _run(model, inputs, 4 * vocab * 3, monkeypatch, **kw)  # chunks of 3 positions
     assert seen and positions > 3, "the chunked path did not run"
     for a, b in zip(plain[:2], chunked[:2]):
@@ -64,7 +64,7 @@ def test_chunked_equals_plain(kw, layout, monkeypatch):
 def test_a_head_that_is_more_than_a_projection_is_not_chunked(monkeypatch):
     model = build_tiny("tiny-dense", seed=0)
     model.config.final_logit_softcapping = 30.0
-    assert lp._decoder_and_head(model) is None
+    assert lp.decoder_and_head(model) is None
     model.config.final_logit_softcapping = None
-    decoder, head = lp._decoder_and_head(model)
+    decoder, head = lp.decoder_and_head(model)
     assert decoder is model.get_decoder() and head is model.get_output_embeddings()
