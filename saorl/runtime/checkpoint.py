@@ -148,6 +148,11 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 # ---------------------------------------------------------------------------------- verify
+class StraySegmentError(CorruptionError):
+    """A journal segment past a gap that no checkpoint names: a fault of the journal directory,
+    the same whichever checkpoint is tried, so a resume stops on it rather than falling back."""
+
+
 def verify(ckpt_dir: Path, journal: Journal, newest_segment: int = 0) -> dict[str, Any]:
     """The manifest of ``ckpt_dir`` after checking everything a resume from it reads (see the
     module docstring): the journal segments from its own up to ``newest_segment`` or the newest
@@ -179,7 +184,7 @@ def verify(ckpt_dir: Path, journal: Journal, newest_segment: int = 0) -> dict[st
         later = journal.next_present(gone)
         if later is not None and int(gone.stem[4:]) > max(own, newest_segment):
             # needed only because a later segment is there, that no checkpoint ever named
-            raise CorruptionError(
+            raise StraySegmentError(
                 f"journal segment {later} follows a gap: {gone.name} (and any up to it) was never there "
                 f"or was deleted, and no checkpoint names a segment past {max(own, newest_segment)}. "
                 f"A run numbers its segments without gaps, so {later.name} is a stray file or its "
@@ -282,6 +287,8 @@ def resume_checkpoint(ckpt_root: Path, journal: Journal, *, fallback: bool, log:
     else:
         try:
             return ckpt_root / named, verify(ckpt_root / named, journal, newest)
+        except StraySegmentError as e:  # the journal's, not the checkpoint's: no other one is better
+            raise CorruptionError(f"cannot resume: {e}. The checkpoints are not at fault") from None
         except CorruptionError as e:
             problem = str(e)
     return _fall_back(ckpt_root, journal, named, problem, newest, fallback, log)
@@ -297,6 +304,8 @@ def _fall_back(ckpt_root: Path, journal: Journal, named: str | None, problem: st
             continue
         try:
             manifest = verify(d, journal, newest)
+        except StraySegmentError as e:
+            raise CorruptionError(f"cannot resume: {e}. The checkpoints are not at fault") from None
         except CorruptionError as e:
             rejected.append(str(e))
             continue

@@ -182,6 +182,14 @@ def test_a_stray_segment_or_a_directory_segment_is_named_as_it_is(finished_run, 
     msg = _resume_fails(run_dir, capsys, "trainer.steps=6")
     assert f"journal segment {journal / 'seg-00000099.jsonl'} follows a gap" in msg, msg
     assert "stray file" in msg and "is missing" not in msg
+    # said once, and the intact checkpoints are not called damaged
+    assert msg.count("follows a gap") == 1 and "damaged" not in msg and "not at fault" in msg, msg
+    latest = run_dir / "checkpoints" / "latest"
+    pointer = latest.read_text()
+    latest.unlink()  # the fallback's search over the checkpoints says it the same way
+    msg = _resume_fails(run_dir, capsys, "trainer.steps=6")
+    assert msg.count("follows a gap") == 1 and "damaged" not in msg, msg
+    latest.write_text(pointer)
     (journal / "seg-00000099.jsonl").unlink()
     newest.unlink()
     newest.mkdir()  # a segment replaced by a directory: damage named, not a bug (status 1)
