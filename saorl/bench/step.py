@@ -42,7 +42,7 @@ import torch
 from saorl.algo.registry import get_preset
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.models.critic import Critic
-from saorl.models.loading import load_policy
+from saorl.models.loading import load_policy, sync_device
 from saorl.models.logprobs import chunked_logprobs, decoder_and_head, scored_logprobs, token_logprobs
 from saorl.runtime.learner.single import Learner, OptimConfig
 
@@ -72,17 +72,12 @@ def matmul_peak(dtype: torch.dtype, device: str = "cpu", n: int = 1024, reps: in
         return None
     best = float("inf")
     for _ in range(reps):
-        _sync(device)
+        sync_device(device)
         t = time.perf_counter()
         torch.mm(a, b)
-        _sync(device)
+        sync_device(device)
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best
-
-
-def _sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def trajectories(policy, batch: int, tokens: int, action_frac: float, seed: int = 0) -> list[Trajectory]:
@@ -160,14 +155,14 @@ def _time_vocab(policy, batch: int, tokens: int) -> float:
     targets = torch.randint(0, vocab, hidden.shape[:2], device=policy.device)
     best = float("inf")
     for _ in range(2):
-        _sync(policy.device.type)
+        sync_device(policy.device.type)
         t = time.perf_counter()
         if targets.numel() * vocab * 4 > 256 * 2**20:
             picked, ent = chunked_logprobs(hidden, targets, head, vocab, 1.0, 0, 1.0, True)
         else:
             picked, ent = scored_logprobs(head(hidden), targets, 1.0, 0, 1.0, True)
         (picked.sum() + ent.sum()).backward()
-        _sync(policy.device.type)
+        sync_device(policy.device.type)
         best = min(best, time.perf_counter() - t)
         hidden.grad = None
         head.weight.grad = None
@@ -212,11 +207,11 @@ def bench_step(spec: StepSpec, log=print) -> dict:
     walls, splits = [], []
     for _ in range(spec.steps):
         learner.timings.reset()
-        _sync(spec.device)
+        sync_device(spec.device)
         t = time.perf_counter()
         with cast:
             metrics = learner.step(trajs)
-        _sync(spec.device)
+        sync_device(spec.device)
         walls.append(time.perf_counter() - t)
         splits.append(dict(learner.timings.seconds))
     wall = min(walls)

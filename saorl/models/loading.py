@@ -39,6 +39,12 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def sync_device(device) -> None:
+    """Wait for a GPU's queued work, so a timer reads its compute, not its launches (CPU: nothing)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def train_dtype(dtype: str) -> str:
     """The dtype a trainer (RL, SFT, value pretraining) holds weights in for ``model.dtype``:
     float16 trains in float32 (see the module docstring); float32 and bfloat16 as they are."""

@@ -53,7 +53,7 @@ from saorl.data.tasks import load_split
 from saorl.envs.base import Progress
 from saorl.envs.registry import env_factory_for
 from saorl.models.codec import run_tokenizer
-from saorl.models.loading import load_policy, train_dtype
+from saorl.models.loading import load_policy, sync_device, train_dtype
 
 PROMPTS_READ = 4
 """Training tasks whose prompts are tokenized for the mean prompt length."""
@@ -165,10 +165,10 @@ def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=0.0)
         opt.step()  # the first step allocates the moments
-        _sync(device)
+        sync_device(device)
         t = time.perf_counter()
         opt.step()
-        _sync(device)
+        sync_device(device)
         opt_s = 0.0 if cfg.model.lora.enabled else time.perf_counter() - t  # LoRA: an adapter's step
         del opt
         model.zero_grad(set_to_none=True)
@@ -186,18 +186,12 @@ def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
 def _time_pass(model, rows: int, n: int, vocab: int, device) -> float:
     """Seconds of a forward + backward pass of ``model`` on ``rows`` × ``n`` random tokens."""
     ids = torch.randint(0, vocab, (rows, n), device=device)
-    _sync(device)
+    sync_device(device)
     t = time.perf_counter()
     logits = model(input_ids=ids).logits
     torch.log_softmax(logits.float(), -1)[..., 0].sum().backward()
-    _sync(device)
+    sync_device(device)
     return time.perf_counter() - t
-
-
-def _sync(device) -> None:
-    """Wait for a GPU's queued work, so a timer reads its compute, not its launches."""
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def _time_decode(model, rows: int, prompt: int, vocab: int, device) -> tuple[float, float]:
@@ -209,18 +203,18 @@ def _time_decode(model, rows: int, prompt: int, vocab: int, device) -> tuple[flo
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     kv = {key: DynamicCache(), "use_cache": True}
     with torch.no_grad():
-        _sync(device)
+        sync_device(device)
         t = time.perf_counter()
         out = model(input_ids=ids, **kv)
         nxt = out.logits[:, -1:].argmax(-1)
-        _sync(device)
+        sync_device(device)
         prefill = (time.perf_counter() - t) / (rows * prompt)
         model(input_ids=nxt, **kv)  # the first decode shape
-        _sync(device)
+        sync_device(device)
         t = time.perf_counter()
         for _ in range(2):
             nxt = model(input_ids=nxt, **kv).logits[:, -1:].argmax(-1)
-        _sync(device)
+        sync_device(device)
         return (time.perf_counter() - t) / 2, prefill
 
 
