@@ -169,16 +169,20 @@ def test_the_runtime_wings_never_import_the_floor_above(wing):
         assert not up, f"{module} imports {up} (the floor above its wing)"
 
 
-KIND_TABLES = {"engines/kinds.py", "config/engines.py"}
+KIND_TABLES = {"engines/kinds.py", "config/engines.py", "engines/serve/emulated.py"}
+"""The kind table, the config sections, and the server APIs ``saorl serve --emulate`` imitates
+(each named for the in-place kind whose client it serves: a test below)."""
+KIND_NAMES = ("kind", "emulate")
 
 
 def _kind_literal_comparisons(path: Path) -> list[int]:
-    """Lines of ``path`` that compare a kind (``x.kind`` or ``kind``) with the name of an engine kind."""
+    """Lines of ``path`` that compare a kind (``x.kind``, ``kind``, ``x.emulate``, ``emulate``) with the
+    name of an engine kind."""
     from saorl.config.engines import ENGINE_CONFIGS
 
     def is_kind(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Attribute) and node.attr == "kind") or (
-            isinstance(node, ast.Name) and node.id == "kind")
+        return (isinstance(node, ast.Attribute) and node.attr in KIND_NAMES) or (
+            isinstance(node, ast.Name) and node.id in KIND_NAMES)
 
     def is_literal(node: ast.AST) -> bool:
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
@@ -208,8 +212,18 @@ def test_engine_kinds_are_compared_only_in_their_tables():
 
 def test_the_kind_check_finds_a_literal(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text('def f(e, kind):\n    return e.kind != "vllm" or kind in ("local", "x")\n')
-    assert _kind_literal_comparisons(probe) == [2, 2]
+    probe.write_text('def f(e, kind):\n    return e.kind != "vllm" or kind in ("local", "x")\n'
+                     'def g(state):\n    return state.emulate == "sglang"\n')
+    assert sorted(_kind_literal_comparisons(probe)) == [2, 2, 4]
+
+
+def test_emulated_servers_are_the_in_place_kinds():
+    """``saorl serve --emulate NAME`` exists to test the client of the in-place kind NAME."""
+    from saorl.config.engines import IN_PLACE_KINDS
+    from saorl.engines.serve.emulated import EMULATIONS
+
+    assert set(EMULATIONS) == set(IN_PLACE_KINDS)
+    assert all(e.name == name for name, e in EMULATIONS.items())
 
 
 def test_engine_kind_traits():
@@ -238,6 +252,8 @@ def _engine_floor(module: str) -> int | None:
 
 
 def test_engine_wings_never_import_a_floor_above():
+    """``saorl.engines`` itself (its ``__init__``) is the package's front and re-exports public names
+    of any floor; every module under it keeps to its floor."""
     graph = _module_graph()
     for module in sorted(m for m in graph if m.startswith("saorl.engines.")):
         floor = _engine_floor(module)

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", action="append", default=None,
                         help="a server's base URL (repeatable; default: rollout.engine.urls)")
     parser.add_argument("--policy", default=None, help="the policy the servers run (default: model.policy)")
-    parser.add_argument("--engine", choices=("vllm", "sglang"), default=None,
+    parser.add_argument("--engine", default=None, metavar="vllm|sglang",
                         help="the servers' kind (default: rollout.engine.kind, or vllm)")
     parser.add_argument("--reload", action="store_true",
                         help="also publish a perturbed copy and the policy back, checking each")
@@ -69,15 +69,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _servers_config(path: str | None, overrides: list[str], urls: list[str] | None, kind: str | None):
     """The run's config with ``rollout.engine`` the servers to check: of kind ``kind`` (default: the
-    config's when the trainer updates its servers in place, else vllm), at ``urls`` (default: the
-    config's), with the config's knobs that kind has (``model``, ``verify_tol``, ...)."""
+    config's when the trainer updates its servers in place, else the first of ``IN_PLACE_KINDS``),
+    at ``urls`` (default: the config's), with the config's knobs that kind has (``model``,
+    ``verify_tol``, ...)."""
     import json
     import warnings
 
-    from saorl.commands.common import load_file_or_exit
+    from saorl.commands.common import fail, load_file_or_exit
     from saorl.config import ConfigError, load_config
-    from saorl.config.engines import ENGINE_CONFIGS
+    from saorl.config.engines import ENGINE_CONFIGS, IN_PLACE_KINDS
     from saorl.engines.kinds import updated_in_place
+
+    if kind is not None and kind not in IN_PLACE_KINDS:
+        fail(f"saorl check-server: --engine must be one of {', '.join(IN_PLACE_KINDS)} (servers the trainer "
+             f"updates in place), got {kind!r}")
 
     at = [f"rollout.engine.urls=[{', '.join(urls)}]"] if urls else []
     first = None
@@ -90,12 +95,11 @@ def _servers_config(path: str | None, overrides: list[str], urls: list[str] | No
         except ConfigError:
             continue  # e.g. a server's knob on a local engine: loaded again below, as the servers' kind
     engine = first.rollout.engine if first is not None else None
-    kind = kind or (engine.kind if engine is not None and updated_in_place(engine.kind) else "vllm")
+    in_place = engine is not None and updated_in_place(engine.kind)
+    kind = kind or (engine.kind if in_place else IN_PLACE_KINDS[0])
     if engine is not None and engine.kind == kind and (engine.urls == urls or not urls):
         return first
     if engine is not None and not (urls or getattr(engine, "urls", None)):
-        from saorl.commands.common import fail
-
         fail("saorl check-server: no server to check: give --url http://HOST:PORT or "
              "rollout.engine.urls='[http://HOST:PORT]'")
     knobs = ENGINE_CONFIGS[kind].model_fields

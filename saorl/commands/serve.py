@@ -69,8 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-json-depth", type=int, default=32,
                         help="deepest nesting of arrays and objects in a JSON body")
     parser.add_argument("--backlog", type=int, default=2048, help="listen backlog (queued connections)")
-    parser.add_argument("--emulate", choices=["vllm", "sglang"], default=None,
-                        help="also serve the vLLM or SGLang routes saorl's clients use")
+    parser.add_argument("--emulate", default=None, metavar="vllm|sglang",
+                        help="also serve the vLLM or SGLang routes saorl's clients use "
+                        "(saorl.engines.serve.emulated)")
     parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"],
                         default="raw_logprobs", help="with --emulate vllm: which log-probs to return, "
                         "as vLLM's --logprobs-mode")
@@ -182,10 +183,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"saorl serve: {problem}", file=sys.stderr)
         return 2
     from saorl.engines.local import LocalEngine
+    from saorl.engines.serve.emulated import emulation_of
     from saorl.engines.serve.server import ServerLimits, bind, create_app, make_server
     from saorl.models.codec import check_vocab
 
     try:
+        emulation = emulation_of(args.emulate, "--emulate")
         source = resolve_model(args.model)
     except ValueError as e:
         print(f"saorl serve: {e}", file=sys.stderr)
@@ -213,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     limits = ServerLimits(max_pending=args.max_pending, max_body_bytes=args.max_body_bytes,
                           body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout,
                           max_json_depth=args.max_json_depth, backlog=args.backlog)
-    extra = {"logprobs_mode": args.logprobs_mode} if args.emulate == "vllm" else {}
+    extra = {"logprobs_mode": args.logprobs_mode} if emulation and emulation.logprobs_modes else {}
     app = create_app(engine, tokenizer=tokenizer, served=served, limits=limits,
                      weights_dir=args.weights_dir, emulate=args.emulate, **extra)
     try:

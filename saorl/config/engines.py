@@ -158,6 +158,9 @@ ENGINE_CONFIGS: dict[str, type[Section]] = {
 }
 """Each kind's section, by ``kind``."""
 
+IN_PLACE_KINDS: tuple[str, ...] = tuple(k for k, c in ENGINE_CONFIGS.items() if c.IN_PLACE)
+"""The kinds of servers the trainer updates in place, the first the default of ``saorl check-server``."""
+
 EngineConfig = Annotated[
     Union[LocalEngineConfig, HttpEngineConfig, VllmEngineConfig, SglangEngineConfig],  # noqa: UP007
     Field(discriminator="kind"),

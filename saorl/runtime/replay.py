@@ -171,7 +171,10 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
         if step - 1 in data.resume_versions:  # the run resumed here and continued at this version
             learner.version = data.resume_versions[step - 1]
         batch = [data.trajectories[r] for r in data.batches[step]]
-        result = learner.step(batch, [r // group for r in data.batches[step]])
+        # the group each rollout was sampled in, as the run's feed recorded it (older journals: from its id)
+        groups = [t.episode.group if t.episode.group >= 0 else r // group
+                  for r, t in zip(data.batches[step], batch, strict=True)]
+        result = learner.step(batch, groups)
         row = {"step": step, "original": data.metrics.get(step, {}), "replay": dict(result),
                "probes": [_probe(learner.policy, tokenizer, c, t) for c, t in probes]}
         rows.append(row)

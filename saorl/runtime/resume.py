@@ -27,7 +27,8 @@ class Start:
     finished: RangeSet = field(default_factory=RangeSet)
     """Rollout ids finished (trained, or pending below)."""
     pending: list[Trajectory] = field(default_factory=list)
-    """``(rid, trajectory)`` finished but not trained yet, in journal order."""
+    """Trajectories finished but not trained yet (each its rollout id on ``episode.rid``), in journal
+    order."""
 
 
 def restore(paths: RunPaths, learner, journal: Journal, recorder: RunRecorder, weights: WeightPublisher, *,

@@ -37,3 +37,12 @@ def test_no_server_to_check_is_one_paragraph(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "no server to check: give --url http://HOST:PORT or rollout.engine.urls=" in err
+
+
+@pytest.mark.parametrize("kind", ["local", "http", "vlm"])
+def test_a_kind_not_updated_in_place_is_refused_naming_the_ones_that_are(capsys, kind):
+    with pytest.raises(SystemExit) as e:
+        _servers_config(None, [], [A], kind)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--engine must be one of vllm, sglang (servers the trainer updates in place), got {kind!r}" in err

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
     (["--max-model-len", "99999"], "--max-model-len 99999 is past the model's max_position_embeddings"),
     (["--generation-config", "/nonexistent"], "'/nonexistent' is neither auto, vllm nor a directory"),
     (["--served-model-name", ""], "--served-model-name: every name must be non-empty"),
+    (["--emulate", "http"], "--emulate must be one of vllm, sglang, got 'http'"),
     (["--model", "/etc"], "--model '/etc' holds no tokenizer (none of tokenizer.json"),
     (["--model", "/etc"], "set --tokenizer to the directory"),
     (["--model", "/etc/passwd"], "--model '/etc/passwd' is a file; expected a directory"),

@@ -54,6 +54,7 @@ from saorl.engines.base import GenerationResult, SamplingParams
 from saorl.engines.clients.routes import encode_flat
 from saorl.engines.serve import openai_api as oa
 from saorl.engines.serve import openai_out as out
+from saorl.engines.serve.emulated import emulation_of
 from saorl.engines.serve.generation import read_json, unless_gone
 
 
@@ -121,20 +122,16 @@ async def _pause(state, mode: str) -> None:
 
 
 def add_emulated_routes(app: FastAPI, state, emulate: str, *, logprobs_mode: str = "raw_logprobs") -> None:
+    emulation = emulation_of(emulate)
+    if emulation.logprobs_modes and logprobs_mode not in emulation.logprobs_modes:
+        raise ValueError(f"logprobs_mode must be {' or '.join(emulation.logprobs_modes)}, "
+                         f"got {logprobs_mode!r}")
     state.resumed = asyncio.Event()
     state.resumed.set()
     state.extras["labels"] = _Labels(state.engine)
-    if emulate == "vllm":
-        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-            raise ValueError(f"logprobs_mode must be raw_logprobs or processed_logprobs, got "
-                             f"{logprobs_mode!r}")
-        if logprobs_mode == "raw_logprobs":
-            state.extras["postprocess"] = _raw_logprobs
-        _vllm_routes(app, state)
-    elif emulate == "sglang":
-        _sglang_routes(app, state)
-    else:
-        raise ValueError(f"emulate must be 'vllm' or 'sglang', got {emulate!r}")
+    if emulation.logprobs_modes and logprobs_mode == "raw_logprobs":
+        state.extras["postprocess"] = _raw_logprobs
+    {"vllm": _vllm_routes, "sglang": _sglang_routes}[emulation.name](app, state)
 
 
 # ------------------------------------------------------------------------------------- vLLM

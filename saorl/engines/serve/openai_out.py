@@ -123,7 +123,8 @@ def completion_choice(state, req, i: int, res: GenerationResult, prompt: list[in
     lps = None if req.logprobs is None else completion_logprobs(
         state.tokenizer, res, bool(req.return_tokens_as_token_ids))
     routes = None
-    if state.route_layout is not None and (req.return_routed_experts or state.emulate == "vllm"):
+    if state.route_layout is not None and (req.return_routed_experts or (
+            state.emulation is not None and state.emulation.routes_always)):
         from saorl.engines.clients.routes import encode_npy
 
         routes = encode_npy(res.routes, state.route_layout.layers, state.route_layout.experts)

@@ -52,7 +52,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -63,6 +63,7 @@ from saorl.engines.base import EngineError, InferenceEngine
 from saorl.engines.serve import openai_api as oa
 from saorl.engines.serve import openai_out as out
 from saorl.engines.serve.chat_prompt import chat_prompt, response_role
+from saorl.engines.serve.emulated import emulation_of
 from saorl.engines.serve.generation import (
     ClientGone,
     encode_texts,
@@ -84,7 +85,8 @@ from saorl.engines.serve.server_limits import (
 )
 from saorl.engines.serve.server_metrics import ServerMetrics
 
-Emulate = Literal["vllm", "sglang"] | None
+Emulate = str | None
+"""A name of :data:`saorl.engines.serve.emulated.EMULATIONS`, or None."""
 
 
 @dataclass
@@ -103,6 +105,7 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
 
     def __post_init__(self) -> None:
+        self.emulation = emulation_of(self.emulate)
         params = inspect.signature(self.engine.agenerate).parameters
         self.streams = "on_token" in params
         self.route_layout = None
@@ -241,6 +244,7 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
     served = served or ServedModel((model_name,), model_name, getattr(engine, "max_seq_len", None),
                                    eos_token_id=getattr(tokenizer, "eos_token_id", None))
     wdir = Path(os.path.realpath(weights_dir)) if weights_dir is not None else None
+    emulation_of(emulate)  # an unknown name fails here, before anything is built
     state = ServerState(engine, tokenizer, served, limits, wdir, emulate)
     app = FastAPI(title="saorl serve", docs_url=None, redoc_url=None, openapi_url=None)  # see .openapi()
     app.state.saorl = state

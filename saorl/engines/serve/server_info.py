@@ -65,7 +65,7 @@ def add_info_routes(app: FastAPI, state) -> None:
     async def models():
         return {"object": "list", "data": [_model_card(served, n) for n in served.names]}
 
-    if state.emulate != "vllm":
+    if state.emulation is None or not state.emulation.own_version:
         @app.get("/version")
         async def version():
             return {"version": __version__}

@@ -23,11 +23,11 @@ It equals a single-process step on the same batch, up to float rounding:
 2. Each rank cuts its share into token-budget micro-batches (``trainer.max_tokens_per_microbatch``,
    ``trainer.packing``) and runs every model pass on them with gradient accumulation — the very
    code of the single-process learner (its "Micro-batches": ``_values``, ``_critic_pass``,
-   ``_policy_passes``), so a long batch fits in memory on every rank. Every loss is a token mean
-   over the whole batch: a micro-batch's loss is weighted by its tokens over the **global** count
-   (all-reduced once per loss), times the world size, because FSDP2 averages gradients over the
-   ranks (:meth:`ShardedUpdater.token_total`); so the ranks' accumulated gradients add up to the
-   global mean's.
+   ``_policy_scores``, ``_policy_update``), so a long batch fits in memory on every rank. Every loss
+   is a token mean over the whole batch: a micro-batch's loss is weighted by its tokens over the
+   **global** count (all-reduced once per loss), times the world size, because FSDP2 averages
+   gradients over the ranks (:meth:`ShardedUpdater.token_total`); so the ranks' accumulated
+   gradients add up to the global mean's.
    The counts: action tokens (policy loss, entropy), value-target tokens (critic), tokens of
    positive trajectories (VAPO's LM loss). FSDP2 all-gathers the parameters in every forward and
    reduce-scatters the gradients in every backward, collectives every rank must join, so every
