@@ -6,8 +6,10 @@ The rules:
 
 - ``/work/``, ``/root/`` and ``/home/`` never appear (they name one machine's directories);
 - ``/tmp/`` appears only inside code (a fenced block or backticks), where a scratch directory in
-  an example command is legitimate;
-- no ``issue #N`` or ``PR #N``: the docs stand on their own;
+  an example command is legitimate, and never as ``--out /tmp/...`` (where a measurement was
+  written: ``runs/measure/NAME`` instead);
+- no ``issue #N``, ``PR #N``, ``issue N``, ``the NAME issue`` or bare ``#N`` outside code, links
+  and URLs: the docs stand on their own;
 - every link to ``FILE.md#anchor`` or ``#anchor`` names a heading of that file (GitHub's slugs) or
   an explicit ``<a id=...>``, and every linked ``FILE.md`` exists.
 """
@@ -55,18 +57,58 @@ def test_slug_is_githubs():
     assert slug("`prompt_reward` — bring your own dataset") == "prompt_reward--bring-your-own-dataset"
 
 
+def machine_paths(text: str) -> list[str]:
+    """The paths of one machine ``text`` names: ``/work/``, ``/root/``, ``/home/`` anywhere, ``/tmp/``
+    outside code, and ``--out /tmp/...`` (where a measurement was written) even in code."""
+    path = r"[^\s)`'\"]*"
+    return [
+        *re.findall(rf"(?<![\w.~-])/(?:work|root|home)/{path}", text),
+        *re.findall(rf"(?<![\w.~-])/tmp/{path}", _without_code(text)),
+        *re.findall(rf"--out[ =]+/tmp/{path}", text),
+    ]
+
+
+def issue_references(text: str) -> list[str]:
+    """References to an issue tracker in ``text``: ``issue #N``, ``PR #N``, ``issue N``, ``the NAME
+    issue``, and a bare ``#N`` outside code, link targets and URLs (headings, ``(#anchor)`` links
+    and hex colours are not references)."""
+    prose = re.sub(r"\]\([^)\s]*\)|<[^>\n]*>|https?://\S+", "", _without_code(text))
+    return [
+        *re.findall(r"\b(?:[Ii]ssues?|PR|[Pp]ull request)s? ?#\d+", text),
+        *re.findall(r"\b[Tt]he [\w-]+ issue\b", text),
+        *re.findall(r"\b[Ii]ssues? \d+\b", text),
+        *re.findall(r"(?<![\w&#/])#\d+(?![\w-])", prose),
+    ]
+
+
+def test_machine_paths_are_found():
+    assert machine_paths("saved under /work/main/runs") == ["/work/main/runs"]
+    assert machine_paths("written with `saorl bench pipeline --out /tmp/perf/bq3`") == ["--out /tmp/perf/bq3"]
+    assert machine_paths("    saorl bench pipeline --out=/tmp/bq  # 1.5 min\n") == ["--out=/tmp/bq"]
+    assert machine_paths("loose /tmp/x here") == ["/tmp/x"]
+    assert not machine_paths("a session directory (`/tmp/saorl-ray-*`); `--out runs/measure/bq3`")
+
+
+def test_issue_references_are_found():
+    for probe in ("see issue #12", "PR #3", "as in issue 7", "(the real-model issue)", "measured in #5 with"):
+        assert issue_references(probe), probe
+    clean = (
+        "# Performance\n## 2 ranks\nsee [packing](#the-trainer-at-the-speed-of-its-tokens) or "
+        "[a](results.md#1-steps), colour #3a3a3a, `#2`, <a id=\"x-1\">, "
+        "https://github.com/o/r/blob/main/README.md#L12, a known issue, 1,000 issues"
+    )
+    assert not issue_references(clean), issue_references(clean)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=NAMES)
 def test_no_machine_paths(page):
-    text = page.read_text(encoding="utf-8")
-    found = re.findall(r"(?<![\w.~-])/(?:work|root|home)/[^\s)`'\"]*", text)
+    found = machine_paths(page.read_text(encoding="utf-8"))
     assert not found, f"{page.name} names directories of one machine: {found[:5]}"
-    loose = re.findall(r"(?<![\w.~-])/tmp/[^\s)`'\"]*", _without_code(text))
-    assert not loose, f"{page.name} names /tmp paths outside code: {loose[:5]}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=NAMES)
 def test_no_issue_references(page):
-    found = re.findall(r"\b(?:[Ii]ssues?|PR|[Pp]ull request)s? ?#\d+", page.read_text(encoding="utf-8"))
+    found = issue_references(page.read_text(encoding="utf-8"))
     assert not found, f"{page.name} refers to {found[:5]}, which a reader cannot follow"
 
 
