@@ -28,6 +28,9 @@ is there to absorb.
 Stop conditions, checked after each sampled token (which is always kept): a stop token id (EOS
 included unless ``stop_on_eos=False``), a stop string completed by the newly decoded text of the
 response, ``max_new_tokens``, or ``max_seq_len`` (prompt + response).
+
+On a CPU, float32 linear layers compute on oneDNN-packed copies of their weights, repacked after
+each update (:mod:`saorl.engines.packed`; ``pack_weights=False``: the model's own ``nn.Linear``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from transformers import DynamicCache
 
 from saorl.engines import kv
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
+from saorl.engines.packed import PackedLinears, packing_available
 from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs
 from saorl.engines.request import Deliver, OnToken, Request, fed_routes, finish_reason, validate_request
 from saorl.engines.sampling import sample_rows, top_alternatives
@@ -70,6 +74,7 @@ class LocalEngine:
         prefix_cache_tokens: int = 65536,
         prefix_after_update: str = "keep",
         record_routes: bool = False,
+        pack_weights: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -79,6 +84,9 @@ class LocalEngine:
         self._exact_prefix = prefix_after_update == "recompute"
         self._prefixes = PrefixStore(prefix_cache_tokens)
         self.model = model.to(device).eval()
+        # float32 linear layers on oneDNN-packed copies, repacked after each update (engines/packed.py)
+        self._packed = PackedLinears(self.model) if pack_weights and packing_available(self.model) else None
+        self._packing = self._packed.active if self._packed is not None else contextlib.nullcontext
         self._record = record_routes
         if record_routes and not routing.num_moe_layers(self.model):
             raise ValueError(f"record_routes needs an MoE model; {type(model).__name__} routes no tokens")
@@ -258,7 +266,7 @@ class LocalEngine:
                 self._apply_update(weights, version)
                 done.set()
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(), self._packing():
                     if admitted:
                         with self._timed("prefill_s"):
                             self._admit(admitted)
@@ -280,6 +288,8 @@ class LocalEngine:
         with torch.no_grad():
             for name, t in weights.items():
                 own[name].copy_(t.to(own[name].device, own[name].dtype))
+        if self._packed is not None:
+            self._packed.repack()
         self._version = version
         self._stats["weight_updates"] += 1
         if self._exact_prefix:

@@ -36,7 +36,8 @@ def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_token
              progress: Progress | None = None, seed: int = 0,
              on_done: Callable[[int, int], None] | None = None,
              should_stop: Callable[[], bool] | None = None,
-             on_error: Callable[[str], None] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
+             on_error: Callable[[str], None] | None = None,
+             pack_weights: bool = True) -> tuple[dict[str, float], list[Trajectory]]:
     """Run one episode per task; return ``eval/*`` metrics and the trajectories of the episodes
     that finished, in task order. ``should_stop()`` true abandons the evaluation
     (:class:`~saorl.runtime.backends.inprocess.Stopped`); ``on_error`` gets the report of failed episodes."""
@@ -44,7 +45,8 @@ def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_token
     from saorl.runtime.backends.inprocess import InProcessBackend, run_requests
 
     device = next(policy.parameters()).device
-    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, version=0, device=device)
+    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, version=0, device=device,
+                         pack_weights=pack_weights)
     try:
         sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
         backend = InProcessBackend(engine, env_factory, tokenizer, sampling=sampling,
@@ -122,7 +124,8 @@ def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test",
         temp = cfg.run.eval_temperature if temperature is None else temperature
         return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
                         max_total_tokens=r.max_total_tokens, slots=r.local_engine.slots, temperature=temp,
-                        progress=progress, seed=cfg.seed, on_done=on_done, on_error=on_error)
+                        progress=progress, seed=cfg.seed, on_done=on_done, on_error=on_error,
+                        pack_weights=r.local_engine.pack_weights)
 
 
 class TestEvaluator:

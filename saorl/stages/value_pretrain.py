@@ -164,7 +164,8 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
     if not tasks:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
     r, slots = cfg.rollout, cfg.rollout.local_engine.slots
-    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, device=cfg.model.device)
+    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, device=cfg.model.device,
+                         pack_weights=r.local_engine.pack_weights)
     try:  # a call past env.call_timeout_s stops value pretraining (RolloutTimeout, exit status 3)
         backend = InProcessBackend(engine, env_factory, tokenizer,
                                    sampling=replace(sampling_params(cfg), seed=cfg.seed),
