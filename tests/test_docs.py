@@ -171,12 +171,26 @@ def test_readme_is_a_front_page():
     assert _blocks(readme, "bash") == [c + "\n" for c in QUICK_START]
     expect = next(p for p in readme.split("\n\n") if p.startswith("Expect "))  # what to expect
     assert all(word in expect for word in (" min ", "accuracy", "step 200", "runs")), expect
+    _expect_matches_the_guide(expect)
     for page in ("guide.md", "fault-tolerance.md"):
         assert f"](docs/{page})" in readme
     guide = (DOCS / "guide.md").read_text(encoding="utf-8")
     for moved in ("## What a run produces", "## From Python", "## Configuration", "## Algorithms",
                   "## Environments", "## Scaling out"):
         assert moved in guide
+
+
+def _expect_matches_the_guide(expect: str) -> None:
+    """The README's accuracy range at step 200 holds every measured run at the default lr in
+    docs/guide.md's table (rounded to two places), and its step-0 accuracy is theirs."""
+    guide = (DOCS / "guide.md").read_text(encoding="utf-8")
+    lo, hi = map(float, re.search(r"to (0\.\d+)-(0\.\d+) at step 200", expect).groups())
+    start = float(re.search(r"from (0\.\d+) at step 0", expect).group(1))
+    rows = [r for r in guide.splitlines() if re.match(r"\| \d+ \| (\*\*)?3e-5", r)]
+    assert len(rows) >= 5, "guide.md's table of Quick start runs at the default lr"
+    for row in rows:
+        accs = [float(a) for a in re.findall(r"0\.\d{3}", row.split("|")[3])]
+        assert accs[0] == start and lo - 0.005 <= accs[-1] <= hi + 0.005, (row, lo, hi)
 
 
 def test_envs_md_quotes_the_example_reward_module_verbatim():

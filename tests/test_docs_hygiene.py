@@ -124,6 +124,17 @@ def test_links_and_anchors_resolve(page):
             assert anchor in anchors(dest), f"{page.name} links to {target}#{anchor}, not a heading there"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=NAMES)
+def test_every_relative_link_names_a_file_that_exists(page):
+    """Images, scripts, configs and directories too, not only pages (whose anchors the test above
+    checks)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    missing = [t for t in re.findall(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)", text)
+               if not t.startswith(("http://", "https://", "mailto:")) and not (page.parent / t).exists()]
+    assert not missing, f"{page.name} links to files that do not exist: {missing[:5]}"
+
+
 def test_the_prompting_example_of_models_md_runs_on_an_exported_policy(tmp_path, monkeypatch, capsys):
     """The example that prompts ``final/policy`` with transformers alone, on an exported tiny policy
     (untrained: what it writes is not checked, only that the example runs as shown)."""
