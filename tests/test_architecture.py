@@ -221,8 +221,9 @@ def test_emulated_servers_are_the_in_place_kinds():
     """``saorl serve --emulate NAME`` exists to test the client of the in-place kind NAME."""
     from saorl.config.engines import IN_PLACE_KINDS
     from saorl.engines.serve.emulated import EMULATIONS
+    from saorl.engines.serve.emulation import ROUTES
 
-    assert set(EMULATIONS) == set(IN_PLACE_KINDS)
+    assert set(EMULATIONS) == set(IN_PLACE_KINDS) == set(ROUTES)
     assert all(e.name == name for name, e in EMULATIONS.items())
 
 

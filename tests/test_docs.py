@@ -184,7 +184,9 @@ def _expect_matches_the_guide(expect: str) -> None:
     """The README's accuracy range at step 200 holds every measured run at the default lr in
     docs/guide.md's table (rounded to two places), and its step-0 accuracy is theirs."""
     guide = (DOCS / "guide.md").read_text(encoding="utf-8")
-    lo, hi = map(float, re.search(r"to (0\.\d+)-(0\.\d+) at step 200", expect).groups())
+    found = re.search(r"to (0\.\d+)[-–](0\.\d+) at step 200", expect)
+    assert found, f"the README's what-to-expect gives no 'to LO-HI at step 200': {expect}"
+    lo, hi = map(float, found.groups())
     start = float(re.search(r"from (0\.\d+) at step 0", expect).group(1))
     rows = [r for r in guide.splitlines() if re.match(r"\| \d+ \| (\*\*)?3e-5", r)]
     assert len(rows) >= 5, "guide.md's table of Quick start runs at the default lr"

@@ -57,7 +57,7 @@ def _engine_parts(cfg: SaorlConfig):
     model = load_policy(cfg.model.policy, seed=cfg.seed)
     e = cfg.rollout.local_engine
     engine = LocalEngine(model, tok, max_batch_size=e.slots, prefix_cache_tokens=e.prefix_cache_tokens,
-                         prefix_after_update=e.prefix_after_update)
+                         prefix_after_update=e.prefix_after_update, pack_weights=e.pack_weights)
     return engine, tok, env_factory_for(cfg.env, deadline=False)
 
 
@@ -152,8 +152,8 @@ def decode_curve(cfg: SaorlConfig, batches: tuple[int, ...], steps: int = 24) ->
     from saorl.models.loading import load_policy
 
     tok = run_tokenizer(cfg.model)
-    engine = LocalEngine(load_policy(cfg.model.policy, seed=cfg.seed), tok,
-                         max_batch_size=max(batches), stop_on_eos=False)
+    engine = LocalEngine(load_policy(cfg.model.policy, seed=cfg.seed), tok, max_batch_size=max(batches),
+                         stop_on_eos=False, pack_weights=cfg.rollout.local_engine.pack_weights)
     out = []
     try:
         for i, b in enumerate((max(batches), *batches)):
@@ -208,9 +208,11 @@ def time_steps(learner, batches: list[list[Trajectory]], group_size: int,
 
 def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3) -> dict:
     """One trainer step of ``cfg``'s algorithm on ``trainer.batch_size`` of ``trajs`` (see module doc)."""
+    from saorl.engines.packed import PackedLinears, packing_available
     from saorl.runtime.journal import Journal
     from saorl.runtime.weights.files import FilePublisher, FileSource
 
+    pack = cfg.rollout.local_engine.pack_weights
     bs, g = cfg.trainer.batch_size, cfg.algo.resolve().group_size
     if len(trajs) < bs:
         raise ValueError(f"learner_profile needs at least batch_size={bs} trajectories, got {len(trajs)}")
@@ -230,6 +232,8 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
             t0 = time.perf_counter()
             _, state = source.load()
             learner.policy.load_state_dict(state)
+            if pack and packing_available(learner.policy):  # the worker's engine repacks its layers
+                PackedLinears(learner.policy).remove()
             t.add("weight load + apply (worker side)", time.perf_counter() - t0)
         journal = Journal(f"{d}/j")
         for rid, traj in enumerate(batches[0]):

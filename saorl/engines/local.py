@@ -225,6 +225,8 @@ class LocalEngine:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=30)
+        if self._packed is not None:  # the model's own layers back (it may be a trainer's policy)
+            self._packed.remove()
 
     def __enter__(self) -> LocalEngine:
         return self

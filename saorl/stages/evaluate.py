@@ -145,5 +145,6 @@ class TestEvaluator:
                               max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
                               slots=r.local_engine.slots, temperature=self.cfg.run.eval_temperature,
                               progress=progress, seed=self.cfg.seed, on_done=on_done,
-                              should_stop=should_stop, on_error=on_error)
+                              should_stop=should_stop, on_error=on_error,
+                              pack_weights=r.local_engine.pack_weights)
         return metrics

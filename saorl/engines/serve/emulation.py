@@ -131,7 +131,7 @@ def add_emulated_routes(app: FastAPI, state, emulate: str, *, logprobs_mode: str
     state.extras["labels"] = _Labels(state.engine)
     if emulation.logprobs_modes and logprobs_mode == "raw_logprobs":
         state.extras["postprocess"] = _raw_logprobs
-    {"vllm": _vllm_routes, "sglang": _sglang_routes}[emulation.name](app, state)
+    ROUTES[emulation.name](app, state)
 
 
 # ------------------------------------------------------------------------------------- vLLM
@@ -300,3 +300,8 @@ def _sglang_routes(app: FastAPI, state) -> None:
     @app.get("/get_weight_version")
     async def get_weight_version():
         return {"weight_version": labels.current}
+
+
+ROUTES = {"vllm": _vllm_routes, "sglang": _sglang_routes}
+"""The routes each row of :data:`saorl.engines.serve.emulated.EMULATIONS` adds (a test holds the
+two to the same names)."""

@@ -244,7 +244,6 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
     served = served or ServedModel((model_name,), model_name, getattr(engine, "max_seq_len", None),
                                    eos_token_id=getattr(tokenizer, "eos_token_id", None))
     wdir = Path(os.path.realpath(weights_dir)) if weights_dir is not None else None
-    emulation_of(emulate)  # an unknown name fails here, before anything is built
     state = ServerState(engine, tokenizer, served, limits, wdir, emulate)
     app = FastAPI(title="saorl serve", docs_url=None, redoc_url=None, openapi_url=None)  # see .openapi()
     app.state.saorl = state

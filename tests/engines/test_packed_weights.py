@@ -1,6 +1,8 @@
 """The local engine's oneDNN-packed linear layers: equal to ``nn.Linear`` up to float32 rounding,
 repacked after every weight update, active only inside the engine's own forwards."""
 
+import threading
+
 import pytest
 import torch
 
@@ -27,13 +29,62 @@ def test_packed_forward_equals_linear_and_leaves_the_model_as_it_was(kind):
     plain = logits(model, ids)
     packed = PackedLinears(model)
     assert len(packed.layers) == sum(type(m) is torch.nn.Linear for m in model.modules()) > 0
+    assert torch.equal(logits(model, ids), plain)  # outside the block: the layers' own forward
     with packed.active():
-        assert all("forward" in vars(m) for m in packed.layers)
         inside = logits(model, ids)
     torch.testing.assert_close(inside, plain, rtol=1e-4, atol=1e-4)
+    assert torch.equal(logits(model, ids), plain)
+    packed.remove()
     assert all("forward" not in vars(m) for m in packed.layers)
-    assert torch.equal(logits(model, ids), plain)  # its own forward again, bit for bit
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_only_the_thread_inside_the_block_uses_the_packed_copies():
+    """Another thread (a scorer, a trainer) on the same model sees plain layers while the engine's
+    thread is inside ``active()``; gradients flow there as through any ``nn.Linear``."""
+    model = build_tiny("tiny-dense", seed=1)
+    ids = torch.randint(2, 1000, (2, 9), generator=torch.Generator().manual_seed(0))
+    plain = logits(model, ids)
+    packed = PackedLinears(model)
+    seen = {}
+    inside, done = threading.Event(), threading.Event()
+
+    def engine_thread():
+        with packed.active():
+            inside.set()
+            done.wait(10)
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    inside.wait(10)
+    seen["logits"] = logits(model, ids)
+    loss = model(input_ids=ids).logits.square().mean()
+    loss.backward()
+    done.set()
+    t.join()
+    assert torch.equal(seen["logits"], plain)
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in packed.layers)
+
+
+def test_a_linear_with_bias_on_3d_input():
+    layer = torch.nn.Linear(24, 40, bias=True)
+    model = torch.nn.Sequential(layer)
+    x = torch.randn(2, 5, 24)
+    packed = PackedLinears(model)
+    with torch.inference_mode(), packed.active():
+        out = model(x)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias).detach(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_whose_forward_was_replaced_is_left_alone():
+    model = build_tiny("tiny-dense", seed=1)
+    first = next(m for m in model.modules() if type(m) is torch.nn.Linear)
+    first.forward = lambda x: torch.nn.Linear.forward(first, x)
+    packed = PackedLinears(model)
+    assert first not in packed.layers and len(packed.layers) > 0
+    packed.remove()
+    assert "forward" in vars(first)
 
 
 def test_the_packed_copies_are_the_weights_at_packing_time():
@@ -50,6 +101,7 @@ def test_the_packed_copies_are_the_weights_at_packing_time():
     packed.repack()
     with packed.active():
         torch.testing.assert_close(logits(model, ids), changed, rtol=1e-4, atol=1e-4)
+    packed.remove()
 
 
 @pytest.mark.parametrize("kind", ["tiny-dense", "tiny-moe"])
@@ -57,9 +109,11 @@ def test_engine_packed_samples_as_the_plain_engine(kind, tok):
     prompts = [tok.encode(s) for s in PROMPTS]
     out = {}
     for pack in (True, False):
-        with LocalEngine(build_tiny(kind, seed=0), tok, max_batch_size=4, pack_weights=pack) as eng:
+        model = build_tiny(kind, seed=0)
+        with LocalEngine(model, tok, max_batch_size=4, pack_weights=pack) as eng:
             assert (eng._packed is not None) == pack
             out[pack] = eng.generate(prompts, SAMPLED)
+        assert all("forward" not in vars(m) for m in model.modules())  # close() gave the layers back
     for a, b in zip(out[True], out[False], strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-4)
