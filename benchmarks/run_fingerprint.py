@@ -13,6 +13,7 @@ bit-identical weights and metrics.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -52,7 +53,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(None, [*OVERRIDES, f"run.out_dir={tmp}/out"])
-        run_dir, _ = train(cfg, f"{tmp}/run")
+        with contextlib.redirect_stdout(sys.stderr):  # stdout: the fingerprint alone, so two compare
+            run_dir, _ = train(cfg, f"{tmp}/run")
         run_dir = Path(run_dir)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
         metrics = [{k: v for k, v in sorted(r.items()) if not _is_time(k)} for r in rows]
