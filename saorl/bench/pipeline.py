@@ -31,6 +31,7 @@ test), ``summary.md`` and ``timeline.png`` in ``--out``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -52,6 +53,12 @@ from saorl.data.jsonl import read_jsonl
 from saorl.sim import DecodeCurve
 
 SYNTHETIC = "saorl.envs.synthetic:SyntheticLengthEnv"
+
+
+SPEC_FIELDS = {"runtime.trainer_threads": "trainer_threads", "runtime.worker_threads": "worker_threads",
+               "trainer.batch_size": "batch_size", "rollout.engine.slots": "slots",
+               "rollout.concurrent_episodes": "episodes", "algo.group_size": "group_size"}
+"""Config keys whose overrides the spec follows (config key → spec field)."""
 
 
 @dataclass
@@ -84,6 +91,16 @@ class BenchSpec:
     """Seconds of the generation-only measurement."""
     overrides: list[str] = field(default_factory=list)
     """Extra dotted config overrides, applied to both modes last."""
+
+    def __post_init__(self) -> None:
+        """An override of a setting the spec also holds (``runtime.trainer_threads=2``) sets the
+        spec's too, so the stages measured alone and the summary use what the runs used."""
+        for o in self.overrides:
+            key, _, value = o.partition("=")
+            name = SPEC_FIELDS.get(key.strip())
+            if name is not None:
+                with contextlib.suppress(ValueError):  # not an int: the config's load names it
+                    setattr(self, name, int(value))
 
     @classmethod
     def quick(cls, **kw) -> BenchSpec:

@@ -73,3 +73,17 @@ def test_mode_configs():
         mode_config(spec, "fast", Path("/tmp/x"))
     with pytest.raises(ValueError, match="env"):
         mode_config(BenchSpec(env="chess"), "sync", Path("/tmp/x"))
+
+
+
+def test_overrides_of_the_specs_settings_set_the_spec_too():
+    """The stages measured alone (their threads) and the summary's header use what the runs used."""
+    from saorl.bench.pipeline import BenchSpec, mode_config
+
+    spec = BenchSpec(overrides=["runtime.trainer_threads=2", "trainer.batch_size=8",
+                                "rollout.engine.slots=x"])
+    assert (spec.trainer_threads, spec.batch_size, spec.worker_threads, spec.slots) == (2, 8, 1, 16)
+    assert BenchSpec.quick(overrides=["runtime.worker_threads=2"]).worker_threads == 2
+    cfg = mode_config(BenchSpec(overrides=["runtime.trainer_threads=2", "trainer.batch_size=8"]), "async",
+                      Path("/tmp/x"))
+    assert (cfg.runtime.trainer_threads, cfg.trainer.batch_size) == (2, 8)
