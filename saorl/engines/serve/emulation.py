@@ -54,7 +54,6 @@ from saorl.engines.base import GenerationResult, SamplingParams
 from saorl.engines.clients.routes import encode_flat
 from saorl.engines.serve import openai_api as oa
 from saorl.engines.serve import openai_out as out
-from saorl.engines.serve.emulated import emulation_of
 from saorl.engines.serve.generation import read_json, unless_gone
 
 
@@ -121,8 +120,9 @@ async def _pause(state, mode: str) -> None:
             await asyncio.sleep(0.01)
 
 
-def add_emulated_routes(app: FastAPI, state, emulate: str, *, logprobs_mode: str = "raw_logprobs") -> None:
-    emulation = emulation_of(emulate)
+def add_emulated_routes(app: FastAPI, state, *, logprobs_mode: str = "raw_logprobs") -> None:
+    """The routes of the server ``state.emulation`` names (the row its ``emulate`` picked)."""
+    emulation = state.emulation
     if emulation.logprobs_modes and logprobs_mode not in emulation.logprobs_modes:
         raise ValueError(f"logprobs_mode must be {' or '.join(emulation.logprobs_modes)}, "
                          f"got {logprobs_mode!r}")

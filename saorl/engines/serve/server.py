@@ -268,10 +268,10 @@ def create_app(engine: InferenceEngine, *, tokenizer=None, model_name: str = "sa
         return {"status": "ok", "version": engine.version}
 
     add_info_routes(app, state)
-    if emulate is not None:
+    if state.emulation is not None:
         from saorl.engines.serve.emulation import add_emulated_routes
 
-        add_emulated_routes(app, state, emulate, **emulation_options)
+        add_emulated_routes(app, state, **emulation_options)
     app.add_middleware(BodyLimit, limits=limits)
     return app
 
