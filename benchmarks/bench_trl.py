@@ -3,13 +3,18 @@
     pip install -c constraints-cpu.txt -e ".[bench-trl]"   # TRL: for this benchmark only
     python benchmarks/bench_trl.py --budget-s 60 --reps 2 --out /tmp/bench-trl
     python benchmarks/bench_trl.py --quick                  # 1 rep of 20 s per side
+    python benchmarks/bench_trl.py --model smollm2-135m-instruct --max-new 64 --saorl-grpo
 
 Workload (single turn): the prompt ``Write c:`` (c in ``a..e``); the completion is sampled at
 temperature 1 until EOS or 256 tokens; reward = the fraction of the completion's characters equal
 to c (saorl's ``synthetic`` env with one turn; the same function for TRL). Model: the tiny MoE
 (random init, saorl's byte-level tokenizer) with its EOS logit raised so completions end by EOS
 after ≈ ``--mean-len`` tokens on average (geometric-like lengths, CV ≈ 1); it is saved once and
-both sides load the same files. Every side trains at learning rate ``--lr`` = 1e-7: the steps do
+both sides load the same files. ``--model`` names a real model instead (a directory, a ``.gguf``
+file, or a short name such as ``smollm2-135m-instruct``, resolved as ``model.policy`` is): its
+completions end where the model samples its EOS or at ``--max-new`` tokens, and a tokenizer with a
+chat template formats the prompt as one user message on both sides (TRL's conversational prompts,
+saorl's ``model.chat_template``). Every side trains at learning rate ``--lr`` = 1e-7: the steps do
 all their work, but the weights barely move, so the length distribution — which a few steps at
 1e-4 moved from a mean of 65 to 82–176 tokens in a measured run, since the raised EOS logit is
 fragile — stays the workload both sides were given.
@@ -89,28 +94,45 @@ def calibrated_model(out_dir: Path, mean_len: float, seed: int = 0, cap: int = 2
     return path
 
 
-def completion_stats(path: Path, n: int = 64) -> tuple[float, float]:
-    """Mean and CV of completion lengths sampled from the saved model (what both sides will see)."""
+def is_chat(path: Path) -> bool:
+    """Whether the model's tokenizer has a chat template (then both sides use it)."""
+    from saorl.models.tokenizer import load_tokenizer
+
+    return bool(getattr(load_tokenizer(str(path)), "chat_template", None))
+
+
+def prompt_ids(tok, char: str, chat: bool) -> list[int]:
+    if chat:
+        return list(tok.apply_chat_template([{"role": "user", "content": f"Write {char}:"}],
+                                            add_generation_prompt=True, tokenize=True, return_dict=False))
+    return tok.encode(f"Write {char}:")
+
+
+def completion_stats(path: Path, max_new: int = 256, n: int = 64) -> tuple[float, float]:
+    """Mean and CV of completion lengths sampled from the model (what both sides will see)."""
     from saorl.engines import LocalEngine, SamplingParams
     from saorl.models.loading import load_policy
     from saorl.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(path))
+    chat = is_chat(path)
     with LocalEngine(load_policy(str(path)), tok, max_batch_size=16) as eng:
-        res = eng.generate([tok.encode(f"Write {CHARS[i % 5]}:") for i in range(n)],
-                           SamplingParams(temperature=1.0, max_new_tokens=256))  # a seed per request
+        res = eng.generate([prompt_ids(tok, CHARS[i % 5], chat) for i in range(n)],
+                           SamplingParams(temperature=1.0, max_new_tokens=max_new))  # a seed per request
     lengths = [len(r.token_ids) for r in res]
     mean = statistics.fmean(lengths)
     return mean, statistics.pstdev(lengths) / mean
 
 
 # ------------------------------------------------------------------------------------------ trl
-def char_reward(completions: list[str], char: list[str], **_) -> list[float]:
-    """saorl's synthetic env with one turn: the fraction of the completion equal to the target char."""
-    return [c.count(t) / len(c) if c else 0.0 for c, t in zip(completions, char)]
+def char_reward(completions: list, char: list[str], **_) -> list[float]:
+    """saorl's synthetic env with one turn: the fraction of the completion equal to the target char.
+    A conversational completion (TRL: a list of messages) is scored on its content."""
+    texts = [c if isinstance(c, str) else "".join(m.get("content") or "" for m in c) for c in completions]
+    return [c.count(t) / len(c) if c else 0.0 for c, t in zip(texts, char)]
 
 
-def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float) -> dict:
+def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float, max_new: int = 256) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -121,7 +143,11 @@ def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float) -> 
     torch.set_num_threads(threads)
     tok = load_tokenizer(str(path))
     tok.padding_side = "left"
-    data = Dataset.from_list([{"prompt": f"Write {c}:", "char": c} for c in CHARS * 2000])
+    chat = is_chat(path)
+    def prompt(c: str):
+        return [{"role": "user", "content": f"Write {c}:"}] if chat else f"Write {c}:"
+
+    data = Dataset.from_list([{"prompt": prompt(c), "char": c} for c in CHARS * 2000])
     steps: list[dict] = []
 
     class Clock(TrainerCallback):
@@ -137,7 +163,7 @@ def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float) -> 
                 control.should_training_stop = True
 
     cfg = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=16, num_generations=4,
-                     steps_per_generation=1, max_completion_length=256, temperature=1.0, learning_rate=lr,
+                     steps_per_generation=1, max_completion_length=max_new, temperature=1.0, learning_rate=lr,
                      beta=0.0, num_iterations=1, logging_steps=1, save_strategy="no", report_to="none",
                      use_cpu=True, bf16=False, max_steps=10**6, seed=0, disable_tqdm=True,
                      gradient_checkpointing=False)
@@ -154,17 +180,19 @@ def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float) -> 
 
 
 # ---------------------------------------------------------------------------------------- saorl
-def run_saorl(path: Path, budget_s: float, mode: str, out: Path, lr: float) -> dict:
+def run_saorl(path: Path, budget_s: float, mode: str, out: Path, lr: float, max_new: int = 256,
+              trainer_threads: int = 1) -> dict:
     from saorl.bench.pipeline import BenchSpec, common_overrides
     from saorl.bench.runs import analyse, run_once
     from saorl.config import load_config
 
     algo = (["algo.name=sao", "runtime.mode=async"] if mode == "saorl-async"
             else ["algo.name=grpo", "algo.group_size=4", "runtime.mode=sync"])
-    spec = BenchSpec(budget_s=budget_s, batch_size=16)
+    spec = BenchSpec(budget_s=budget_s, batch_size=16, trainer_threads=trainer_threads)
     cfg = load_config(None, [*common_overrides(spec), f"model.policy={path}", f"model.tokenizer={path}",
-                             "env.options={mean_turns: 1, cv: 0, max_turns: 1}", "rollout.max_new_tokens=256",
-                             "rollout.max_total_tokens=300", f"trainer.policy_lr={lr}",
+                             "env.options={mean_turns: 1, cv: 0, max_turns: 1}",
+                             f"rollout.max_new_tokens={max_new}",
+                             f"rollout.max_total_tokens={max_new + 128}", f"trainer.policy_lr={lr}",
                              f"trainer.critic_lr={lr}", *algo, f"run.out_dir={out}", f"run.name={mode}"])
     run_dir = out / mode
     run_once(cfg, run_dir)
@@ -180,12 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=60.0)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="1 rep of 20 s per side")
-    ap.add_argument("--mean-len", type=float, default=50.0, help="target mean completion length")
+    ap.add_argument("--mean-len", type=float, default=50.0,
+                    help="target mean completion length of the calibrated tiny model")
+    ap.add_argument("--model", default=None,
+                    help="a real model for both sides (directory, .gguf or short name such as "
+                         "smollm2-135m-instruct) instead of the calibrated tiny one")
+    ap.add_argument("--max-new", type=int, default=256, help="completion cap in tokens (both sides)")
     ap.add_argument("--lr", type=float, default=1e-7,
                     help="learning rate of every side (tiny by default: the workload stays put, see above)")
     ap.add_argument("--trl-threads", default=f"1,{os.cpu_count() or 1}",
                     help="comma-separated torch thread counts for TRL, each run (default 1 and every core)")
     ap.add_argument("--saorl-grpo", action="store_true", help="also run saorl's sync GRPO")
+    ap.add_argument("--saorl-trainer-threads", type=int, default=1,
+                    help="torch threads of saorl's trainer (its rollout worker has one)")
     ap.add_argument("--out", default="bench-trl")
     args = ap.parse_args(argv)
     if args.quick:
@@ -194,9 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         trl_threads = sorted({int(x) for x in str(args.trl_threads).split(",")})
     except ValueError:
         trl_threads = [0]
-    if args.budget_s <= 0 or args.reps < 1 or args.mean_len < 2 or min(trl_threads) < 1:
-        print("bench_trl: need --budget-s > 0, --reps >= 1, --mean-len >= 2 and --trl-threads a "
-              f"comma-separated list of thread counts >= 1, got {args.trl_threads!r}", file=sys.stderr)
+    if (args.budget_s <= 0 or args.reps < 1 or args.mean_len < 2 or args.max_new < 1 or min(trl_threads) < 1
+            or args.saorl_trainer_threads < 1):
+        print("bench_trl: need --budget-s > 0, --reps >= 1, --mean-len >= 2, --max-new >= 1, "
+              "--saorl-trainer-threads >= 1 and "
+              f"--trl-threads a comma-separated list of thread counts >= 1, got {args.trl_threads!r}",
+              file=sys.stderr)
         return 2
     try:
         import trl  # noqa: F401
@@ -206,8 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = calibrated_model(out, args.mean_len)
-    mean, cv = completion_stats(path)
+    if args.model:
+        from saorl.models.loading import policy_source
+
+        path = Path(policy_source(args.model))
+    else:
+        path = calibrated_model(out, args.mean_len)
+    mean, cv = completion_stats(path, args.max_new)
     print(f"[bench-trl] model {path}: completion length mean {mean:.1f}, CV {cv:.2f} "
           f"(load {load_average():.1f})", flush=True)
     sides = [f"trl-{n}t" for n in trl_threads] + ["saorl-async"]
@@ -220,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             rep_out = out / f"rep{rep}"
             if side.startswith("trl-"):
-                r = run_trl(path, args.budget_s, int(side[4:-1]), rep_out, args.lr)
+                r = run_trl(path, args.budget_s, int(side[4:-1]), rep_out, args.lr, args.max_new)
             else:
-                r = run_saorl(path, args.budget_s, side, rep_out, args.lr)
+                r = run_saorl(path, args.budget_s, side, rep_out, args.lr, args.max_new,
+                              args.saorl_trainer_threads)
             r |= {"side": side, "rep": rep, "load_start": load0, "load_end": load_average()}
             print(f"[bench-trl]   {r['tokens_per_s']:.0f} trained tok/s, {r['steps']} steps, mean length "
                   f"{r['mean_length']:.1f}", flush=True)
@@ -230,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     by = {(r["side"], r["rep"]): r["tokens_per_s"] for r in records}
     ratios = [by[("saorl-async", k)] / max(by[(f"trl-{n}t", k)] for n in trl_threads)
               for k in range(args.reps)]
-    lines = [f"# saorl async SAO vs TRL GRPOTrainer (sync), {os.cpu_count()} cores, completion length mean "
-             f"{mean:.1f} CV {cv:.2f}", "",
+    lines = [f"# saorl async SAO vs TRL GRPOTrainer (sync), {os.cpu_count()} cores, model {path.name}, "
+             f"completion length mean {mean:.1f} CV {cv:.2f} (cap {args.max_new}), saorl trainer threads "
+             f"{args.saorl_trainer_threads}", "",
              "| side | rep | window s | steps | trained tok/s | mean length | load 1 min |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['side']} | {r['rep'] + 1} | {r['window_s']:.1f} | {r['steps']} | "
