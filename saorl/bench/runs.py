@@ -72,14 +72,26 @@ class RolloutRecorder(Observer):
                 f.write(json.dumps({"rid": rid, "t_submit": t, "unfinished": True}) + "\n")
 
 
+def model_files(run_dir: Path) -> list[Path]:
+    """What a run writes that a measurement never reads: the final model, the resume checkpoint, the
+published weight versions (5.8 GB for one SmolLM2 run, three in a ``--sync-sao`` benchmark)."""
+    paths = RunPaths(run_dir)
+    return [paths.final, paths.checkpoints, paths.weights]
+
+
 def run_once(cfg: SaorlConfig, run_dir: Path) -> dict:
     """Run ``cfg`` to its wall-clock budget in ``run_dir`` with the recorder on; the last metrics.
-    A run directory left by an earlier benchmark is replaced: a measurement is one fresh run."""
+    A run directory left by an earlier benchmark is replaced: a measurement is one fresh run.
+    The model files (:func:`model_files`) are deleted once the run ends; the logs stay."""
     from saorl.training import train
 
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    return train(cfg, run_dir, observer=RolloutRecorder(run_dir / "rollouts.jsonl"))[1]
+    try:
+        return train(cfg, run_dir, observer=RolloutRecorder(run_dir / "rollouts.jsonl"))[1]
+    finally:
+        for path in model_files(run_dir):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from saorl.bench.report import RUN_COLUMNS
+from saorl.bench.runs import model_files
 from saorl.cli import main
 
 
@@ -35,6 +36,9 @@ def test_quick_benchmark_writes_summary_and_timeline(tmp_path: Path, capsys):
         assert r["load_start"] >= 0 and r["load_end"] >= 0
         if r["mode"] == "sync":
             assert r["staleness_max"] == 0  # the barrier trains on current-version samples only
+        run_dir = Path(r["run_dir"])  # the logs stay, the model files are gone
+        assert (run_dir / "metrics.jsonl").stat().st_size > 0 and (run_dir / "rollouts.jsonl").exists()
+        assert not [p for p in model_files(run_dir) if p.exists()]
     assert "saorl bench pipeline" in capsys.readouterr().out
 
 
