@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = Path(policy_source(args.model))
     spec = BenchSpec(budget_s=args.budget_s, reps=1, batch_size=args.batch_size)
-    base = [f"model.policy={args.model}", f"trainer.batch_size={args.batch_size}",
-                           *args.overrides]
+    base = [f"model.policy={args.model}", f"trainer.batch_size={args.batch_size}", *args.overrides]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     server, tmp = None, tempfile.TemporaryDirectory()

@@ -73,8 +73,8 @@ class RolloutRecorder(Observer):
 
 
 def model_files(run_dir: Path) -> list[Path]:
-    """What a run writes that a measurement never reads: the final model, the resume checkpoint, the
-published weight versions (5.8 GB for one SmolLM2 run, three in a ``--sync-sao`` benchmark)."""
+    """What a run writes that a measurement never reads: the final model, the resume checkpoint,
+    the published weight versions (5.8 GB for one SmolLM2 run, three in a ``--sync-sao`` bench)."""
     paths = RunPaths(run_dir)
     return [paths.final, paths.checkpoints, paths.weights]
 
