@@ -48,7 +48,7 @@ from saorl.bench.report import write_summary
 from saorl.bench.runs import analyse, run_once
 from saorl.bench.simcheck import predict
 from saorl.bench.timeline import load_timeline, plot_timelines
-from saorl.config import SaorlConfig, load_config
+from saorl.config import ConfigError, LocalEngineConfig, SaorlConfig, load_config
 from saorl.data.jsonl import read_jsonl
 from saorl.sim import DecodeCurve
 
@@ -335,8 +335,24 @@ def in_situ_factors(spec: BenchSpec, records: list[dict], pieces: dict, prefill_
     return out
 
 
+def check_spec(spec: BenchSpec) -> None:
+    """Load every mode's config before anything runs or is written: a bad override fails here
+    (:class:`~saorl.config.ConfigError`), and so does a rollout engine other than the local one,
+    since the stages measured alone (generation, the decode curve, slot use) are the local
+    engine's, and the summary would set a server's runs against them."""
+    modes = ("sync", "async", "sync_sao") if spec.sync_sao else ("sync", "async")
+    for mode in modes:
+        engine = mode_config(spec, mode, Path("runs")).rollout.engine
+        if not isinstance(engine, LocalEngineConfig):
+            raise ConfigError(
+                f"rollout.engine={engine.kind}: saorl bench pipeline measures the local engine (its "
+                "generation alone, decode curve and slots); benchmarks/bench_pipeline_vllm.py runs "
+                "both modes against a vLLM server beside the local engine")
+
+
 def bench(spec: BenchSpec, out: Path, command: str = "", log=print) -> dict:
     """The whole benchmark; returns everything ``summary.md`` shows."""
+    check_spec(spec)
     out.mkdir(parents=True, exist_ok=True)
     t0, load_before = time.monotonic(), machine_load()
     gen_before = generation_alone(spec, out, log)["tokens_per_s"]

@@ -60,7 +60,14 @@ def test_bad_arguments_are_rejected(tmp_path: Path, capsys):
     assert _bench_cli(["pipeline", "--out", str(tmp_path), "nonsense"]) == 2
     assert "section.field=value" in capsys.readouterr().err
     assert _bench_cli([]) == 2
-    assert not any(tmp_path.iterdir())  # nothing ran
+    assert _bench_cli(["pipeline", "--out", str(tmp_path / "b"), "trainer.no_such_field=1"]) == 2
+    assert "no_such_field" in capsys.readouterr().err
+    # a server's runs would be set against the local engine's stages alone: refused, naming the tool
+    assert _bench_cli(["pipeline", "--out", str(tmp_path / "b"), "rollout.engine=vllm",
+                       "rollout.engine.urls=[http://127.0.0.1:9]"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.engine=vllm" in err and "benchmarks/bench_pipeline_vllm.py" in err
+    assert not any(tmp_path.iterdir())  # nothing ran, nothing written
 
 
 def test_mode_configs():
