@@ -20,6 +20,7 @@ average is printed next to every figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -42,8 +43,8 @@ def run_one(spec, base: list[str], mode: str, engine: str, url: str | None, out:
     from saorl.bench.pipeline import load_average, mode_config
     from saorl.bench.runs import analyse, run_once
 
-    spec.overrides = [*base, *engine_overrides(engine, url)]
-    cfg = mode_config(spec, mode, out / "runs")
+    cfg = mode_config(dataclasses.replace(spec, overrides=[*base, *engine_overrides(engine, url)]), mode,
+                      out / "runs")
     run_dir = out / "runs" / f"{engine}-{mode}"
     load0 = load_average()
     run_once(cfg, run_dir)

@@ -94,18 +94,19 @@ def calibrated_model(out_dir: Path, mean_len: float, seed: int = 0, cap: int = 2
     return path
 
 
-def is_chat(path: Path) -> bool:
-    """Whether the model's tokenizer has a chat template (then both sides use it)."""
-    from saorl.models.tokenizer import load_tokenizer
+def is_chat(tok) -> bool:
+    """Whether saorl formats prompts with ``tok``'s chat template (then TRL gets them as messages)."""
+    from saorl.models.codec import as_run_tokenizer
 
-    return bool(getattr(load_tokenizer(str(path)), "chat_template", None))
+    return as_run_tokenizer(tok).applies_chat_template
 
 
-def prompt_ids(tok, char: str, chat: bool) -> list[int]:
-    if chat:
-        return list(tok.apply_chat_template([{"role": "user", "content": f"Write {char}:"}],
-                                            add_generation_prompt=True, tokenize=True, return_dict=False))
-    return tok.encode(f"Write {char}:")
+def prompt_ids(tok, char: str) -> list[int]:
+    """The prompt's ids: saorl's own formatting for a chat model, the plain text's ids otherwise."""
+    from saorl.models.codec import as_run_tokenizer
+
+    text = f"Write {char}:"
+    return as_run_tokenizer(tok).prompt_ids(text) if is_chat(tok) else tok.encode(text)
 
 
 def completion_stats(path: Path, max_new: int = 256, n: int = 64) -> tuple[float, float]:
@@ -115,9 +116,8 @@ def completion_stats(path: Path, max_new: int = 256, n: int = 64) -> tuple[float
     from saorl.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(path))
-    chat = is_chat(path)
     with LocalEngine(load_policy(str(path)), tok, max_batch_size=16) as eng:
-        res = eng.generate([prompt_ids(tok, CHARS[i % 5], chat) for i in range(n)],
+        res = eng.generate([prompt_ids(tok, CHARS[i % 5]) for i in range(n)],
                            SamplingParams(temperature=1.0, max_new_tokens=max_new))  # a seed per request
     lengths = [len(r.token_ids) for r in res]
     mean = statistics.fmean(lengths)
@@ -143,7 +143,8 @@ def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float, max
     torch.set_num_threads(threads)
     tok = load_tokenizer(str(path))
     tok.padding_side = "left"
-    chat = is_chat(path)
+    chat = is_chat(tok)
+
     def prompt(c: str):
         return [{"role": "user", "content": f"Write {c}:"}] if chat else f"Write {c}:"
 

@@ -102,6 +102,11 @@ class BenchSpec:
                 with contextlib.suppress(ValueError):  # not an int: the config's load names it
                     setattr(self, name, int(value))
 
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes a benchmark runs: sync and async, and ``sync_sao`` when asked for."""
+        return ("sync", "async", "sync_sao") if self.sync_sao else ("sync", "async")
+
     @classmethod
     def quick(cls, **kw) -> BenchSpec:
         return cls(**{"budget_s": 20.0, "reps": 1, "profile_s": 4.0, **kw})
@@ -162,7 +167,7 @@ def machine_load() -> str:
 def run_pairs(spec: BenchSpec, out: Path, log=print) -> list[dict]:
     """The interleaved runs; one record per run: mode, rep, stats, run dir."""
     records = []
-    modes = ("sync", "async", "sync_sao") if spec.sync_sao else ("sync", "async")
+    modes = spec.modes
     for rep in range(spec.reps):
         for mode in modes if rep % 2 == 0 else modes[::-1]:
             cfg = mode_config(spec, mode, out / "runs")
@@ -340,8 +345,7 @@ def check_spec(spec: BenchSpec) -> None:
     (:class:`~saorl.config.ConfigError`), and so does a rollout engine other than the local one,
     since the stages measured alone (generation, the decode curve, slot use) are the local
     engine's, and the summary would set a server's runs against them."""
-    modes = ("sync", "async", "sync_sao") if spec.sync_sao else ("sync", "async")
-    for mode in modes:
+    for mode in spec.modes:
         engine = mode_config(spec, mode, Path("runs")).rollout.engine
         if not isinstance(engine, LocalEngineConfig):
             raise ConfigError(

@@ -86,7 +86,6 @@ def test_mode_configs():
         mode_config(BenchSpec(env="chess"), "sync", Path("/tmp/x"))
 
 
-
 def test_overrides_of_the_specs_settings_set_the_spec_too():
     """The stages measured alone (their threads) and the summary's header use what the runs used."""
     from saorl.bench.pipeline import BenchSpec, mode_config

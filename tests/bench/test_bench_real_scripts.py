@@ -29,15 +29,21 @@ def test_char_reward_scores_plain_and_conversational_completions_alike(trl_bench
 
 def test_prompt_ids_use_the_chat_template_only_for_a_chat_model(trl_bench):
     class Tok:
-        def encode(self, text):
+        chat_template = None
+
+        def encode(self, text, add_special_tokens=True):
             return [ord(c) for c in text]
 
-        def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
-            assert add_generation_prompt and tokenize and not return_dict
-            return [0, *self.encode(messages[0]["content"]), 1]
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert add_generation_prompt and not tokenize
+            return f"<{messages[0]['role']}>{messages[0]['content']}<assistant>"
 
-    assert trl_bench.prompt_ids(Tok(), "c", chat=False) == [ord(c) for c in "Write c:"]
-    assert trl_bench.prompt_ids(Tok(), "c", chat=True) == [0, *[ord(c) for c in "Write c:"], 1]
+    class ChatTok(Tok):
+        chat_template = "{{ messages }}"
+
+    assert not trl_bench.is_chat(Tok()) and trl_bench.is_chat(ChatTok())
+    assert trl_bench.prompt_ids(Tok(), "c") == [ord(c) for c in "Write c:"]
+    assert trl_bench.prompt_ids(ChatTok(), "c") == [ord(c) for c in "<user>Write c:<assistant>"]
 
 
 @pytest.mark.parametrize("argv", [["--max-new", "0"], ["--budget-s", "0"], ["--trl-threads", "x"],
