@@ -263,3 +263,17 @@ def test_engine_wings_never_import_a_floor_above():
         up = sorted(m for m in graph[module] if (m != "saorl.engines"
                     and (_engine_floor(m) or 0) > floor) or m == "saorl.engines.kinds")
         assert not up, f"{module} (floor {floor}) imports {up}, a floor above it"
+
+
+def test_the_local_engine_is_built_only_from_its_config_section():
+    """Every site builds the local engine with ``LocalEngine.from_config`` (a rollout worker,
+    evaluation, value pretraining, ``saorl serve``, ``saorl bench``), so a setting of the
+    ``rollout.engine`` section cannot reach one site and not another."""
+    found = []
+    for path in SAORL.rglob("*.py"):
+        if path.relative_to(SAORL).as_posix() == "engines/local.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LocalEngine":
+                found.append(f"saorl/{path.relative_to(SAORL).as_posix()}:{node.lineno}")
+    assert not found, f"LocalEngine(...) called outside LocalEngine.from_config: {found}"

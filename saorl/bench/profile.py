@@ -56,8 +56,7 @@ def _engine_parts(cfg: SaorlConfig):
     tok = run_tokenizer(cfg.model)
     model = load_policy(cfg.model.policy, seed=cfg.seed)
     e = cfg.rollout.local_engine
-    engine = LocalEngine(model, tok, max_batch_size=e.slots, prefix_cache_tokens=e.prefix_cache_tokens,
-                         prefix_after_update=e.prefix_after_update, pack_weights=e.pack_weights)
+    engine = LocalEngine.from_config(e, model, tok)
     return engine, tok, env_factory_for(cfg.env, deadline=False)
 
 
@@ -152,8 +151,9 @@ def decode_curve(cfg: SaorlConfig, batches: tuple[int, ...], steps: int = 24) ->
     from saorl.models.loading import load_policy
 
     tok = run_tokenizer(cfg.model)
-    engine = LocalEngine(load_policy(cfg.model.policy, seed=cfg.seed), tok, max_batch_size=max(batches),
-                         stop_on_eos=False, pack_weights=cfg.rollout.local_engine.pack_weights)
+    section = cfg.rollout.local_engine.model_copy(update={"slots": max(batches)})
+    model = load_policy(cfg.model.policy, seed=cfg.seed)
+    engine = LocalEngine.from_config(section, model, tok, stop_on_eos=False)
     out = []
     try:
         for i, b in enumerate((max(batches), *batches)):

@@ -29,6 +29,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from saorl.config.engines import LocalEngineConfig
 from saorl.run_paths import RunPaths
 
 
@@ -52,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "DIR/generation_config.json")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
-    parser.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
+    parser.add_argument("--max-batch-size", type=int, default=LocalEngineConfig().slots,
+                        help="sequences decoded together (the local engine's slots)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed for tiny models")
     parser.add_argument("--no-stop-on-eos", action="store_true",
@@ -206,10 +208,10 @@ def run(args: argparse.Namespace) -> int:
             from saorl.models.routing import perturb_routing
 
             perturb_routing(model, top_k=args.moe_top_k, noise_std=args.router_noise, seed=args.seed)
-        engine = LocalEngine(model, tokenizer, max_seq_len=served.max_model_len,
-                             max_batch_size=args.max_batch_size, device=args.device,
-                             stop_on_eos=not args.no_stop_on_eos,
-                             record_routes=args.enable_return_routed_experts)
+        engine = LocalEngine.from_config(LocalEngineConfig(slots=args.max_batch_size), model, tokenizer,
+                                         device=args.device, max_seq_len=served.max_model_len,
+                                         stop_on_eos=not args.no_stop_on_eos,
+                                         record_routes=args.enable_return_routed_experts)
     except ValueError as e:  # routing options on a dense model or past its experts; a context, a default
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2

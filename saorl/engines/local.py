@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from saorl.config.engines import LocalEngineConfig
 from saorl.engines import kv
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.packed import PackedLinears, packing_available
@@ -57,24 +58,41 @@ from saorl.engines.updates import update_state
 from saorl.models import routing
 from saorl.models.adapter import AdapterMerger
 
+_DEFAULTS = LocalEngineConfig()
+"""The engine's settings where a caller gives none: the config section's defaults, declared there alone."""
+
 
 class LocalEngine:
     """Continuous-batching engine over an HF causal LM (see the module docstring)."""
+
+    @classmethod
+    def from_config(cls, section: LocalEngineConfig, model, tokenizer, *, device: str | torch.device = "cpu",
+                    version: int = 0, **fixed: Any) -> LocalEngine:
+        """The engine a ``rollout.engine`` section of kind ``local`` describes (its slots, prefix
+        settings and packing) over ``model``: the one way every site of saorl builds it (a rollout
+        worker, evaluation, value pretraining, ``saorl serve``, ``saorl bench``). ``fixed`` are the
+        settings a site sets for its own reason (``stop_on_eos``, ``max_seq_len``, ``record_routes``).
+        The model is taken as it is: its dtype and routing (``section.dtype``, ``moe_top_k``,
+        ``router_noise``) are the caller's to set up."""
+        return cls(model, tokenizer, max_batch_size=section.slots, device=device, version=version,
+                   prefix_cache_tokens=section.prefix_cache_tokens,
+                   prefix_after_update=section.prefix_after_update, pack_weights=section.pack_weights,
+                   **fixed)
 
     def __init__(
         self,
         model,
         tokenizer,
         *,
-        max_batch_size: int = 16,
+        max_batch_size: int = _DEFAULTS.slots,
         device: str = "cpu",
         version: int = 0,
         max_seq_len: int | None = None,
         stop_on_eos: bool = True,
-        prefix_cache_tokens: int = 65536,
-        prefix_after_update: str = "keep",
+        prefix_cache_tokens: int = _DEFAULTS.prefix_cache_tokens,
+        prefix_after_update: str = _DEFAULTS.prefix_after_update,
         record_routes: bool = False,
-        pack_weights: bool = True,
+        pack_weights: bool = _DEFAULTS.pack_weights,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

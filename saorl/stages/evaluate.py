@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from saorl.agent.prompts import fitting_tasks
 from saorl.config import SaorlConfig
+from saorl.config.engines import LocalEngineConfig
 from saorl.data.task import Task
 from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory, env_metric_means
@@ -32,12 +33,12 @@ from saorl.runtime.backends.messages import RolloutRequest
 
 
 def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_tokens: int,
-             max_total_tokens: int, slots: int = 16, concurrency: int = 32, temperature: float = 0.0,
+             max_total_tokens: int, engine: LocalEngineConfig | None = None, concurrency: int = 32,
+             temperature: float = 0.0,
              progress: Progress | None = None, seed: int = 0,
              on_done: Callable[[int, int], None] | None = None,
              should_stop: Callable[[], bool] | None = None,
-             on_error: Callable[[str], None] | None = None,
-             pack_weights: bool = True) -> tuple[dict[str, float], list[Trajectory]]:
+             on_error: Callable[[str], None] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
     """Run one episode per task; return ``eval/*`` metrics and the trajectories of the episodes
     that finished, in task order. ``should_stop()`` true abandons the evaluation
     (:class:`~saorl.runtime.backends.inprocess.Stopped`); ``on_error`` gets the report of failed episodes."""
@@ -45,8 +46,7 @@ def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_token
     from saorl.runtime.backends.inprocess import InProcessBackend, run_requests
 
     device = next(policy.parameters()).device
-    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, version=0, device=device,
-                         pack_weights=pack_weights)
+    engine = LocalEngine.from_config(engine or LocalEngineConfig(), policy, tokenizer, device=device)
     try:
         sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
         backend = InProcessBackend(engine, env_factory, tokenizer, sampling=sampling,
@@ -123,9 +123,8 @@ def evaluate_config(cfg: SaorlConfig, policy, tokenizer, *, split: str = "test",
         r = cfg.rollout
         temp = cfg.run.eval_temperature if temperature is None else temperature
         return evaluate(policy, tokenizer, env_factory, tasks, max_new_tokens=r.max_new_tokens,
-                        max_total_tokens=r.max_total_tokens, slots=r.local_engine.slots, temperature=temp,
-                        progress=progress, seed=cfg.seed, on_done=on_done, on_error=on_error,
-                        pack_weights=r.local_engine.pack_weights)
+                        max_total_tokens=r.max_total_tokens, engine=r.local_engine, temperature=temp,
+                        progress=progress, seed=cfg.seed, on_done=on_done, on_error=on_error)
 
 
 class TestEvaluator:
@@ -143,8 +142,7 @@ class TestEvaluator:
         r = self.cfg.rollout
         metrics, _ = evaluate(policy, self.tokenizer, self.env_factory, self.tasks,
                               max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
-                              slots=r.local_engine.slots, temperature=self.cfg.run.eval_temperature,
+                              engine=r.local_engine, temperature=self.cfg.run.eval_temperature,
                               progress=progress, seed=self.cfg.seed, on_done=on_done,
-                              should_stop=should_stop, on_error=on_error,
-                              pack_weights=r.local_engine.pack_weights)
+                              should_stop=should_stop, on_error=on_error)
         return metrics

@@ -164,8 +164,7 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
     if not tasks:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
     r, slots = cfg.rollout, cfg.rollout.local_engine.slots
-    engine = LocalEngine(policy, tokenizer, max_batch_size=slots, device=cfg.model.device,
-                         pack_weights=r.local_engine.pack_weights)
+    engine = LocalEngine.from_config(r.local_engine, policy, tokenizer, device=cfg.model.device)
     try:  # a call past env.call_timeout_s stops value pretraining (RolloutTimeout, exit status 3)
         backend = InProcessBackend(engine, env_factory, tokenizer,
                                    sampling=replace(sampling_params(cfg), seed=cfg.seed),

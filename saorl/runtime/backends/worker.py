@@ -145,9 +145,7 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
         from saorl.models.routing import perturb_routing
 
         perturb_routing(model, top_k=e.moe_top_k, noise_std=e.router_noise, seed=spec.seed)
-    return LocalEngine(model, tokenizer, max_batch_size=e.slots, version=0, device=spec.device,
-                       prefix_cache_tokens=e.prefix_cache_tokens, prefix_after_update=e.prefix_after_update,
-                       record_routes=spec.record_routes, pack_weights=e.pack_weights)
+    return LocalEngine.from_config(e, model, tokenizer, device=spec.device, record_routes=spec.record_routes)
 
 
 @dataclass
