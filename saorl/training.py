@@ -43,7 +43,7 @@ from saorl.runtime.checkpoint import check_restart
 from saorl.runtime.disk import checkpoint_bytes, disk_errno, disk_failure, probe_run_dir
 from saorl.runtime.learner import shard_group
 from saorl.runtime.observe import Observer
-from saorl.runtime.parts import build_learner, build_parts, trainer_threads
+from saorl.runtime.parts import build_learner, build_parts
 from saorl.runtime.run import Run
 from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_run_dir, remove_temporaries
 from saorl.runtime.trackers import TrackerFailed
@@ -72,7 +72,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
     cfg = absolute_paths(cfg)
     group = shard_group.join(cfg.model.device) if cfg.trainer.shard == "fsdp2" else None
     if group is not None and group.rank > 0:
-        torch.set_num_threads(trainer_threads(cfg))
+        torch.set_num_threads(cfg.trainer_threads())
         serve_rank(cfg)
         return None, {}
     new_run_mark()  # before any worker starts: their user code's processes carry it (saorl.envs.escapees)
@@ -174,7 +174,7 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     check_servers(cfg)  # before minutes of warm start: a server the run cannot use is refused now
     check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(trainer_threads(cfg))
+    torch.set_num_threads(cfg.trainer_threads())
     start_up_estimate(cfg, run_dir, resume=resume)  # what each phase below will take, timed here
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)

@@ -277,3 +277,12 @@ def test_the_local_engine_is_built_only_from_its_config_section():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LocalEngine":
                 found.append(f"saorl/{path.relative_to(SAORL).as_posix()}:{node.lineno}")
     assert not found, f"LocalEngine(...) called outside LocalEngine.from_config: {found}"
+
+
+def test_stages_take_nothing_from_the_runs_assembly():
+    """``runtime/parts.py`` assembles a run; what a stage needs of the config (the sampling settings,
+    the trainer's threads, which prompts fit, the critic's LoRA) has a home below both, so a stage
+    never imports the run's assembly."""
+    bad = [f"{p.relative_to(SAORL)}" for p in _modules("stages")
+           if any(m.startswith("saorl.runtime.parts") for m, _ in _imports(p))]
+    assert not bad, f"stages importing saorl.runtime.parts: {bad}"

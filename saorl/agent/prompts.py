@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from saorl.agent.prompt_cut import can_cut
 from saorl.agent.prompt_size import bytes_bound_holds, bytes_per_token, prompt_bytes
+from saorl.config import SaorlConfig
 from saorl.data.task import Task
 from saorl.envs.base import Env, Progress
 
@@ -82,6 +83,15 @@ def describe_overlong(screened: Screened, total: int, what: str, budget_text: st
     more = f" and {len(screened.overlong) - 3} more" if len(screened.overlong) > 3 else ""
     return (f"{len(screened.overlong)} of {total} {what} have prompts over {budget_text}: "
             f"{shown}{more}")
+
+
+def fitting_for_run(cfg: SaorlConfig, tasks: list[Task], env_factory: Callable[[], Env], tokenizer,
+                    what: str) -> list[Task]:
+    """:func:`fitting_tasks` under a run's settings: its token budget (``rollout``) and
+    ``env.overlong_prompts`` (the training tasks, test tasks and value-pretraining tasks alike)."""
+    r = cfg.rollout
+    return fitting_tasks(tasks, env_factory, tokenizer, max_total_tokens=r.max_total_tokens,
+                         max_new_tokens=r.max_new_tokens, mode=cfg.env.overlong_prompts, what=what)
 
 
 def fitting_tasks(tasks: list[Task], env_factory: Callable[[], Env], tokenizer, *, max_total_tokens: int,

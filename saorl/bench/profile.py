@@ -63,11 +63,12 @@ def _engine_parts(cfg: SaorlConfig):
 async def _stream_for(engine, tok, env_factory, tasks, cfg: SaorlConfig, warmup_s: float,
                       duration_s: float, on_start: Callable[[], None]) -> list[Trajectory]:
     from saorl.agent.loop import stream_episodes
-    from saorl.runtime.parts import sampling_params
+    from saorl.engines.base import SamplingParams
 
     out: list[Trajectory] = []
     gen = stream_episodes(engine, env_factory, itertools.cycle(tasks), tok,
-                          concurrency=cfg.rollout.concurrent_episodes, sampling=sampling_params(cfg),
+                          concurrency=cfg.rollout.concurrent_episodes,
+                          sampling=SamplingParams.of_rollout(cfg.rollout),
                           max_total_tokens=cfg.rollout.max_total_tokens)
     t0, started = time.monotonic(), False
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
@@ -399,6 +400,20 @@ class SaorlConfig(Section):
         if importlib.util.find_spec("peft") is None:
             raise FieldError("model.lora.rank", "LoRA needs the peft package: pip install 'saorl[lora]' "
                              "(or pip install 'peft==0.21.*'); or set model.lora.rank=null")
+
+    @property
+    def worker_processes(self) -> int:
+        """Rollout worker processes the run starts beside the trainer (0 on the in-process backend)."""
+        return 0 if self.runtime.backend == "inprocess" else self.rollout.num_workers
+
+    def trainer_threads(self, cores: int | None = None) -> int:
+        """Torch threads for the trainer (``runtime.trainer_threads``, else what the rollout workers
+        leave of the machine's ``cores``, shared by the trainer ranks of this machine when it is sharded)."""
+        if self.runtime.trainer_threads:
+            return self.runtime.trainer_threads
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.trainer.shard == "fsdp2" else 1
+        free = (cores or os.cpu_count() or 1) - self.worker_processes * self.runtime.worker_threads
+        return max(1, free // ranks)
 
     def resolved_mode(self, preset: AlgoPreset | None = None) -> Literal["async", "sync"]:
         """``runtime.mode``, with ``auto`` replaced by the algorithm preset's mode (``preset``: the

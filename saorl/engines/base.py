@@ -10,9 +10,12 @@ version that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from saorl.config.sections import RolloutConfig
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -49,6 +52,12 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.top_logprobs < 0:
             raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
+
+    @classmethod
+    def of_rollout(cls, rollout: RolloutConfig, temperature: float | None = None) -> SamplingParams:
+        """A run's sampling settings (its ``rollout`` section; ``temperature`` None: the rollout's)."""
+        return cls(temperature=rollout.temperature if temperature is None else temperature,
+                   top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens)
 
 
 @dataclass

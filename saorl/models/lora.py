@@ -39,6 +39,8 @@ import torch
 from torch import Tensor, nn
 
 from saorl.atomic import atomic_dir
+from saorl.config.sections import LORA_TARGETS
+from saorl.config.sections import LoraConfig as LoraConfigSection
 
 BASE_FILE = "saorl_base.json"
 """In ``final/adapter``: ``{"policy": <the base's spec>, "seed": <seed of a tiny kind>}``."""
@@ -107,6 +109,15 @@ def attach_critic_lora(critic, *, rank: int, alpha: float, dropout: float, targe
     critic.lora = True
     critic.set_frozen_attention(True)
     return critic
+
+
+def lora_critic(lora: LoraConfigSection, critic, seed: int):
+    """``critic`` as a run's ``model.lora`` section asks: itself, or (``lora.critic``) with a fresh
+    LoRA adapter in its trunk (``B = 0``: the same values; :func:`attach_critic_lora`)."""
+    if not lora.critic:
+        return critic
+    return attach_critic_lora(critic, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                              targets=lora.target_modules, optional=LORA_TARGETS, seed=seed)
 
 
 def is_lora(model: nn.Module) -> bool:

@@ -6,14 +6,13 @@ as the wiring. The config is unpacked here, at the call sites; nothing the parts
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from saorl.agent.prompts import fitting_tasks
+from saorl.agent.prompts import fitting_for_run
 from saorl.algo.registry import AlgoPreset
 from saorl.config import SaorlConfig
 from saorl.config.engines import LocalEngineConfig
@@ -27,6 +26,7 @@ from saorl.envs.registry import EnvFactory, env_factory_for
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
+from saorl.models.lora import lora_critic
 from saorl.run_paths import RunPaths
 from saorl.runtime.backends.base import Backend
 from saorl.runtime.backends.local import LocalBackend
@@ -55,21 +55,6 @@ class RunParts:
     weights: WeightPublisher
 
 
-def sampling_params(cfg: SaorlConfig, temperature: float | None = None) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature if temperature is None else temperature,
-                          top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
-
-
-def trainer_threads(cfg: SaorlConfig) -> int:
-    """Torch threads for the trainer: what the rollout workers leave of the machine's cores (shared
-    by the trainer ranks of this machine when it is sharded)."""
-    workers = 0 if cfg.runtime.backend == "inprocess" else cfg.rollout.num_workers
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.trainer.shard == "fsdp2" else 1
-    free = (os.cpu_count() or 1) - workers * cfg.runtime.worker_threads
-    return cfg.runtime.trainer_threads or max(1, free // ranks)
-
-
 def build_tasks(cfg: SaorlConfig, env_factory, tokenizer=None) -> tuple[list[Task], list[Task]]:
     """The run's (train, test) task splits; an id in both is an error, never a silent overlap.
     With the run's ``tokenizer``, a task whose prompt cannot fit the token budget is left out (or
@@ -81,16 +66,9 @@ def build_tasks(cfg: SaorlConfig, env_factory, tokenizer=None) -> tuple[list[Tas
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks")
     check_disjoint(train, test, "train split", "test split")
     if tokenizer is not None:
-        train = fitting(cfg, train, env_factory, tokenizer, "training tasks")
-        test = fitting(cfg, test, env_factory, tokenizer, "test tasks")
+        train = fitting_for_run(cfg, train, env_factory, tokenizer, "training tasks")
+        test = fitting_for_run(cfg, test, env_factory, tokenizer, "test tasks")
     return train, test
-
-
-def fitting(cfg: SaorlConfig, tasks: list[Task], env_factory, tokenizer, what: str) -> list[Task]:
-    """``tasks`` whose prompts fit the run's token budget, per ``env.overlong_prompts``."""
-    r = cfg.rollout
-    return fitting_tasks(tasks, env_factory, tokenizer, max_total_tokens=r.max_total_tokens,
-                         max_new_tokens=r.max_new_tokens, mode=cfg.env.overlong_prompts, what=what)
 
 
 def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str | None) -> Critic | None:
@@ -105,22 +83,11 @@ def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str 
 
         p = next(policy.parameters())
         if (Path(critic_spec).expanduser() / "critic.json").is_file():
-            return lora_critic(cfg, load_critic(critic_spec, device=p.device))
+            return lora_critic(cfg.model.lora, load_critic(critic_spec, device=p.device), cfg.seed)
         trunk = str(resolve_source(critic_spec, "model.critic"))
-        return lora_critic(cfg, Critic.from_policy(trunk, dtype=p.dtype, device=p.device, seed=cfg.seed))
-    return lora_critic(cfg, Critic.from_policy(policy, seed=cfg.seed))
-
-
-def lora_critic(cfg: SaorlConfig, critic: Critic) -> Critic:
-    """``critic`` as ``model.lora.critic`` asks: itself, or with a fresh LoRA adapter in its trunk
-    (``B = 0``: the same values; :func:`saorl.models.lora.attach_critic_lora`)."""
-    lora = cfg.model.lora
-    if not lora.critic:
-        return critic
-    from saorl.models.lora import attach_critic_lora
-
-    return attach_critic_lora(critic, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                              targets=lora.target_modules, optional=LORA_TARGETS, seed=cfg.seed)
+        critic = Critic.from_policy(trunk, dtype=p.dtype, device=p.device, seed=cfg.seed)
+        return lora_critic(cfg.model.lora, critic, cfg.seed)
+    return lora_critic(cfg.model.lora, Critic.from_policy(policy, seed=cfg.seed), cfg.seed)
 
 
 def lora_policy(cfg: SaorlConfig, policy, spec: str):
@@ -181,7 +148,8 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
         engine = engine.model_copy(update={"dtype": engine.dtype or cfg.model.dtype})
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
                       env_options=dict(cfg.env.options), weights_dir=str(RunPaths(run_dir).weights),
-                      sampling=sampling_params(cfg), engine=engine, max_total_tokens=r.max_total_tokens,
+                      sampling=SamplingParams.of_rollout(r), engine=engine,
+                      max_total_tokens=r.max_total_tokens,
                       seed=cfg.seed, threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       record_routes=replay, route_layout=layout, env_call_timeout_s=cfg.env.call_timeout_s,
                       env_observation_format=cfg.env.observation_format,
@@ -222,7 +190,7 @@ def build_backend(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: 
         from saorl.runtime.backends.inprocess import InProcessBackend
 
         engine = build_engine(spec, tokenizer)
-        return InProcessBackend(engine, env_factory, tokenizer, sampling=sampling_params(cfg),
+        return InProcessBackend(engine, env_factory, tokenizer, sampling=SamplingParams.of_rollout(r),
                                 max_total_tokens=r.max_total_tokens,
                                 concurrency=r.num_workers * r.concurrent_episodes, weights=weights,
                                 owns_engine=True)
@@ -260,7 +228,8 @@ def server_check(cfg: SaorlConfig, tokenizer, preset: AlgoPreset | None = None) 
     prompt = list(tokenizer.encode("The weight check compares the server with the trainer:"))
     tol = e.verify_tol if e.verify_tol is not None else DEFAULT_TOLERANCE[cfg.model.dtype]
     return ServerCheck(lambda url: kind.client(e.model_copy(update={"urls": [url]}), options), prompt,
-                       check_sampling(sampling_params(cfg), cfg.seed), tol, kind.server_name,
+                       check_sampling(SamplingParams.of_rollout(cfg.rollout), cfg.seed), tol,
+                       kind.server_name,
                        every=e.verify_every, replay=replay)
 
 

@@ -42,7 +42,7 @@ from saorl.run_paths import RunPaths
 from saorl.runtime.checkpoint import checkpoint_dirs, load_checkpoint, verify
 from saorl.runtime.journal import Journal, decode_entry
 from saorl.runtime.learner.state_files import SHARDS
-from saorl.runtime.parts import build_critic, build_learner, lora_policy, trainer_threads
+from saorl.runtime.parts import build_critic, build_learner, lora_policy
 from saorl.runtime.recorder import effective_rows
 
 DEFAULT_KEYS = ("policy/loss", "mismatch/kl", "policy/entropy", "policy/grad_norm", "critic/value_loss",
@@ -148,7 +148,7 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
     todo = sorted(data.batches)[: steps if steps is not None else None]
     if not todo:
         raise ReplayError(f"{run_dir}/trained.jsonl records no step after {from_step}")
-    torch.set_num_threads(trainer_threads(cfg))  # the run's: another count rounds matmuls otherwise
+    torch.set_num_threads(cfg.trainer_threads())  # the run's: another count rounds matmuls otherwise
     tokenizer = run_tokenizer(cfg.model)
     spec = base_policy or cfg.model.policy
     policy = load_policy(spec, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device, seed=cfg.seed)

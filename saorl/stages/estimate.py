@@ -37,7 +37,6 @@ shape and each phase's seconds), where it can be held against what the run then 
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time
@@ -50,6 +49,8 @@ import torch
 from saorl.config import SaorlConfig
 from saorl.config.engines import LocalEngineConfig
 from saorl.data.tasks import load_split
+from saorl.engines.base import SamplingParams
+from saorl.engines.local import LocalEngine
 from saorl.envs.base import Progress
 from saorl.envs.registry import env_factory_for
 from saorl.models.codec import run_tokenizer
@@ -174,7 +175,7 @@ def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
         model.zero_grad(set_to_none=True)
         model.eval()
         slots = min(cfg.rollout.local_engine.slots, cfg.rollout.concurrent_episodes)
-        decode, prefill = _time_decode(model, slots, max(1, int(shape.prompt)), vocab, device)
+        decode, prefill = _time_decode(cfg, model, slots, max(1, int(shape.prompt)), vocab)
     model = None  # freed before the phases load their own copies
     if gpu:
         torch.cuda.empty_cache()  # the memory back to the rollout workers on this GPU
@@ -194,28 +195,26 @@ def _time_pass(model, rows: int, n: int, vocab: int, device) -> float:
     return time.perf_counter() - t
 
 
-def _time_decode(model, rows: int, prompt: int, vocab: int, device) -> tuple[float, float]:
-    """(one decode step of ``rows`` rows, the prefill per token) with transformers' KV cache."""
-    from transformers import DynamicCache
-
-    ids = torch.randint(0, vocab, (rows, prompt), device=device)
-    # transformers 5.x names the argument cache (past_key_values is deprecated there)
-    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    kv = {key: DynamicCache(), "use_cache": True}
-    with torch.no_grad():
-        sync_device(device)
-        t = time.perf_counter()
-        out = model(input_ids=ids, **kv)
-        nxt = out.logits[:, -1:].argmax(-1)
-        sync_device(device)
-        prefill = (time.perf_counter() - t) / (rows * prompt)
-        model(input_ids=nxt, **kv)  # the first decode shape
-        sync_device(device)
-        t = time.perf_counter()
-        for _ in range(2):
-            nxt = model(input_ids=nxt, **kv).logits[:, -1:].argmax(-1)
-        sync_device(device)
-        return (time.perf_counter() - t) / 2, prefill
+def _time_decode(cfg: SaorlConfig, model, rows: int, prompt: int, vocab: int) -> tuple[float, float]:
+    """(one decode step of ``rows`` rows, the prefill per token) of the engine the run decodes with:
+    :meth:`LocalEngine.from_config` of the run's local engine section (packed weights where the run
+    packs them), timed by the engine's own phase counters on its second batch (the first sets up
+    its kernels)."""
+    section = cfg.rollout.local_engine.model_copy(update={"slots": rows})
+    gen = torch.Generator().manual_seed(cfg.seed)
+    prompts = [torch.randint(0, vocab, (prompt,), generator=gen).tolist() for _ in range(rows)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    engine = LocalEngine.from_config(section, model, run_tokenizer(cfg.model), device=cfg.model.device,
+                                     stop_on_eos=False)
+    try:
+        engine.generate(prompts, params)
+        before = engine.stats()
+        engine.generate(prompts, params)
+        after = engine.stats()
+    finally:
+        engine.close()
+    d = {k: after[k] - before[k] for k in ("decode_step_s", "decode_steps", "prefill_s", "prefill_tokens")}
+    return d["decode_step_s"] / max(1, d["decode_steps"]), d["prefill_s"] / max(1, d["prefill_tokens"])
 
 
 def _generation(cal: Calibration, shape: Shape, n: int) -> float:
@@ -282,11 +281,8 @@ def phase_estimates(cfg: SaorlConfig, cal: Calibration, shape: Shape, *, sft_cac
 
 
 def _threads_share_cores(cfg: SaorlConfig, cores: int | None) -> bool:
-    from saorl.runtime.parts import trainer_threads
-
     cores = cores or os.cpu_count() or 1
-    workers = 0 if cfg.runtime.backend == "inprocess" else cfg.rollout.num_workers
-    threads = trainer_threads(cfg) + workers * cfg.runtime.worker_threads
+    threads = cfg.trainer_threads() + cfg.worker_processes * cfg.runtime.worker_threads
     return cfg.runtime.backend == "inprocess" or threads > cores
 
 
@@ -338,14 +334,14 @@ def estimate_phases(cfg: SaorlConfig, policy_spec: str, run_dir: Path, *, sft_ca
 def cached_stages(cfg: SaorlConfig) -> tuple[str, bool, bool]:
     """``(the policy RL will start from, its SFT warm start cached, its pretrained critic cached)``."""
     from saorl.stages.sft import cached_sft_dir
-    from saorl.stages.value_pretrain import value_pretrain_key
+    from saorl.stages.value_pretrain import cached_critic_dir
 
     spec, sft_cached = cfg.model.policy, False
     if cfg.sft.enabled:
         out = cached_sft_dir(cfg)
         spec, sft_cached = str(out), (out / "config.json").is_file()
-    critic = Path(cfg.run.out_dir) / ".cache" / f"critic-{value_pretrain_key(cfg, spec)}"
-    return (spec if sft_cached else cfg.model.policy), sft_cached, (critic / "critic.json").is_file()
+    critic = cached_critic_dir(cfg, spec) / "critic.json"
+    return (spec if sft_cached else cfg.model.policy), sft_cached, critic.is_file()
 
 
 def start_up_estimate(cfg: SaorlConfig, run_dir: Path, log: Callable[[str], None] = print, *,

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from saorl.agent.prompts import fitting_for_run
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import value_loss
 from saorl.algo.registry import AlgoPreset
@@ -56,16 +57,17 @@ from saorl.data.batch import Batch, collate
 from saorl.data.packing import MicroBatch
 from saorl.data.tasks import env_sources, load_split
 from saorl.data.trajectory import Trajectory
+from saorl.engines.base import SamplingParams
 from saorl.envs.registry import env_factory_for, env_version_key
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import load_policy, train_dtype
+from saorl.models.lora import lora_critic
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
 from saorl.runtime.backends.messages import RolloutRequest
 from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.shard_stages import sharded_here
-from saorl.runtime.parts import fitting, lora_critic, sampling_params
 from saorl.runtime.recorder import CountProgress
 
 FRACTIONS: tuple[float, ...] = (0.25, 0.5, 1.0)
@@ -108,6 +110,12 @@ def _unused_env_fields(cfg: SaorlConfig) -> set[str]:
     return {"num_train_tasks"} | (set() if held_out_of_file else {"num_test_tasks"})
 
 
+def cached_critic_dir(cfg: SaorlConfig, policy_spec: str) -> Path:
+    """Where value pretraining keeps the critic it fits for ``policy_spec`` under ``cfg``
+    (``run.out_dir/.cache/critic-<key>``; it holds ``critic.json`` once written)."""
+    return Path(cfg.run.out_dir) / ".cache" / f"critic-{value_pretrain_key(cfg, policy_spec)}"
+
+
 def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None] = print) -> str | None:
     """The critic directory RL starts from, or None for a critic initialised from the policy.
 
@@ -123,7 +131,7 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
         return cfg.model.critic
     if not (preset.value_pretrain and cfg.value_pretrain.enabled):
         return None
-    out = Path(cfg.run.out_dir) / ".cache" / f"critic-{value_pretrain_key(cfg, policy_spec)}"
+    out = cached_critic_dir(cfg, policy_spec)
     if (out / "critic.json").exists():
         log(f"value pretraining: using the cached critic {out}")
         return str(out)
@@ -160,14 +168,14 @@ def sample_rollouts(cfg: SaorlConfig, policy, tokenizer, n: int,
     env_factory = env_factory_for(cfg.env)
     tasks = load_split(env_factory(), cfg.env, "train", n, cfg.seed + _TASK_SEED_OFFSET)
     if tasks:
-        tasks = fitting(cfg, tasks, env_factory, tokenizer, "value-pretraining tasks")
+        tasks = fitting_for_run(cfg, tasks, env_factory, tokenizer, "value-pretraining tasks")
     if not tasks:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks for value pretraining")
     r, slots = cfg.rollout, cfg.rollout.local_engine.slots
     engine = LocalEngine.from_config(r.local_engine, policy, tokenizer, device=cfg.model.device)
     try:  # a call past env.call_timeout_s stops value pretraining (RolloutTimeout, exit status 3)
         backend = InProcessBackend(engine, env_factory, tokenizer,
-                                   sampling=replace(sampling_params(cfg), seed=cfg.seed),
+                                   sampling=replace(SamplingParams.of_rollout(cfg.rollout), seed=cfg.seed),
                                    max_total_tokens=r.max_total_tokens, concurrency=2 * slots)
         done = run_requests(backend, [RolloutRequest(i, tasks[i % len(tasks)]) for i in range(n)], on_done)
     finally:
@@ -306,7 +314,8 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     kw = dict(pad_id=tokenizer.pad_token_id, device=cfg.model.device)
 
     def fresh() -> Critic:  # the policy samples in model.dtype, the critic trains in train_dtype
-        return lora_critic(cfg, Critic.from_policy(policy, dtype=train_dtype(cfg.model.dtype), seed=cfg.seed))
+        critic = Critic.from_policy(policy, dtype=train_dtype(cfg.model.dtype), seed=cfg.seed)
+        return lora_critic(cfg.model.lora, critic, cfg.seed)
 
     rows = [_row(0.0, 0, critic_metrics(fresh(), val, preset, batch_size=vp.batch_size, **kw), None)]
     sizes = sorted({max(1, round(f * len(train))) for f in (FRACTIONS if vp.curve else (1.0,))})
