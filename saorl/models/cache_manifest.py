@@ -141,7 +141,7 @@ def legacy_problem(entry: Path) -> str | None:
     try:
         for f in weights:
             with safe_open(str(f), "pt") as st:
-                for k in st:
+                for k in st.keys():  # noqa: SIM118 - safe_open is not iterable
                     found[k] = tuple(st.get_slice(k).get_shape())
     except Exception as e:
         return f"{f.name} does not load ({_short(e)})"

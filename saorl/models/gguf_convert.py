@@ -141,7 +141,7 @@ def _load(gguf_file: Path, label: str):
     mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
     if missing or mismatched:
         raise ModelSourceError(_incomplete(label, gguf_file, type(model).__name__, missing, mismatched,
-                                           sum(1 for _ in model.state_dict())))
+                                           len(dict(model.named_parameters()))))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     except BaseException as e:
