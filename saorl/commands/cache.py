@@ -14,7 +14,6 @@ its source the next time it is used. Leftovers of killed conversions are removed
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 
 from saorl.commands.common import fail
@@ -34,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from saorl.models.cache_dir import EntryLock, describe_cache, free_text, models_dir, remove_leftovers
     from saorl.models.cache_manifest import entries, entry_problem, is_legacy, legacy_problem, total_bytes
+    from saorl.models.gguf_source import remove_entry
 
     models = models_dir()
     if models.exists() and not models.is_dir():
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  DAMAGED  {entry.name} ({size}): {problem}. Kept (--keep); the next use removes it "
                       "and converts it again from its source")
                 continue
-            shutil.rmtree(entry, ignore_errors=True)
+            remove_entry(entry, "saorl cache verify")
             print(f"  DAMAGED  {entry.name} ({size}): {problem}. Removed; {_rebuilt(entry.name)}")
     gone = remove_leftovers()
     if gone:

@@ -189,19 +189,27 @@ def _ensure(out: Path, label: str, origin: str, need: Callable[[], int], build: 
             legacy_ok: bool) -> Path:
     """``out`` whole, under its lock: kept if whole (a pre-manifest entry of a short name: loaded once
     and given a manifest, when ``legacy_ok``), else named, removed and made again by ``build``."""
-    with EntryLock(out, label):
+    try:
+        lock = EntryLock(out, label).__enter__()
+    except CacheUnusable:  # a read-only cache: a pre-manifest entry that loads whole is still used
+        if out.is_dir() and is_legacy(out) and legacy_ok and legacy_problem(out) is None:
+            return out
+        raise
+    try:
         if out.exists():
             problem = _problem(out, label, legacy_ok)
             if problem is None:
                 return out
             say(f"{label}: the cached model {out} is not usable: {problem}. Removing it and converting it "
                 f"again from {origin}")
-            _remove(out, label)
+            remove_entry(out, label)
         gone = remove_leftovers(holding=out)
         if gone:
             say(f"{label}: removed what killed conversions left in {out.parent}: {', '.join(gone)}")
         check_writable(label, need())
         build()
+    finally:
+        lock.__exit__(None, None, None)
     return out
 
 
@@ -222,7 +230,8 @@ def _problem(out: Path, label: str, legacy_ok: bool) -> str | None:
     return problem
 
 
-def _remove(out: Path, label: str) -> None:
+def remove_entry(out: Path, label: str) -> None:
+    """Rename the entry ``out`` aside (readers never see half of it), then delete it."""
     aside = out.parent / f".{out.name}.old-{os.getpid()}-{time.time_ns() % 10**8}"
     try:
         os.rename(out, aside)

@@ -304,3 +304,21 @@ def test_saorl_cache_verify_names_and_removes_a_damaged_entry(cache, converted, 
     out = capsys.readouterr().out
     assert f"DAMAGED  {entry.name}" in out and "model.safetensors has SHA-256" in out
     assert "Removed; the next run given the GGUF file with this SHA-256" in out and not entry.exists()
+
+
+def test_a_pre_manifest_short_name_entry_in_a_read_only_cache_is_still_used(cache, converted, monkeypatch):
+    sha = "cd" * 32
+    monkeypatch.setitem(gguf_source.REGISTRY_MODELS, "tiny-test", RegistryModel(
+        package="saorl-tiny-gguf", version="0.0.1", wheel_sha256=sha, member="t/tiny.gguf", about="tiny"))
+    entry = _copy_into(cache, converted)
+    legacy = cache / "models" / f"tiny-test-{sha[:16]}"
+    os.rename(entry, legacy)
+    (legacy / MANIFEST).unlink()
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(cache_dir, "open", read_only, raising=False)  # the lock file cannot be made
+    monkeypatch.setattr(gguf_source, "write_manifest", read_only)
+    monkeypatch.setattr(gguf_source.subprocess, "run", lambda *a, **k: pytest.fail("downloaded again"))
+    assert resolve_source("tiny-test") == legacy and not (legacy / MANIFEST).exists()
