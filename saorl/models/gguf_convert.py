@@ -122,11 +122,28 @@ def _entry_dir(out: Path) -> Iterator[Path]:
 
 
 def _load(gguf_file: Path, label: str):
-    """The GGUF's model (every parameter from the file) and tokenizer."""
+    """The GGUF's model (every parameter from the file) and tokenizer; the tokenizer first (a second,
+    where the model takes 20-60 s to dequantise), so malformed metadata fails at once."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.utils import logging as hf_logging
 
+    try:  # the metadata alone (no tensor read): an architecture transformers cannot load is named first
+        load_gguf_checkpoint(str(gguf_file), return_tensors=False)
+    except (ValueError, KeyError, NotImplementedError) as e:
+        raise ModelSourceError(_unsupported(e, label, gguf_file)) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        raise ModelSourceError(
+            f"{label}: the tokenizer metadata of the GGUF file {gguf_file.name} (its tokenizer.ggml.* "
+            f"fields: vocabulary, merges, special token ids) is malformed: no tokenizer can be built from it "
+            f"({type(e).__name__}: {_short(e)}). The file is damaged or was written by a broken converter: "
+            "fetch it again, or convert the model to a Hugging Face directory (config.json + safetensors "
+            "+ tokenizer) elsewhere and give that directory") from None
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report's table: saorl says what matters in one paragraph
     try:
@@ -142,17 +159,6 @@ def _load(gguf_file: Path, label: str):
     if missing or mismatched:
         raise ModelSourceError(_incomplete(label, gguf_file, type(model).__name__, missing, mismatched,
                                            len(dict(model.named_parameters()))))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    except BaseException as e:
-        if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
-            raise
-        raise ModelSourceError(
-            f"{label}: the tokenizer metadata of the GGUF file {gguf_file.name} (its tokenizer.ggml.* "
-            f"fields: vocabulary, merges, special token ids) is malformed: no tokenizer can be built from it "
-            f"({type(e).__name__}: {_short(e)}). The file is damaged or was written by a broken converter: "
-            "fetch it again, or convert the model to a Hugging Face directory (config.json + safetensors "
-            "+ tokenizer) elsewhere and give that directory") from None
     return model, tokenizer
 
 
