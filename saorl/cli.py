@@ -46,6 +46,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "check vLLM / SGLang servers against a policy: log-probs, reloads, start-up refusals"),
     "envs": ("saorl.commands.envs", "list environments, sample tasks and demonstrations"),
     "config": ("saorl.commands.config", "print the resolved config (defaults, YAML and overrides)"),
+    "cache": ("saorl.commands.cache",
+              "check saorl's model cache (converted GGUF files and short model names)"),
     "simulate": ("saorl.commands.simulate",
                  "predict throughput, utilisation and staleness of sync vs async at any scale"),
     "bench": ("saorl.commands.bench", "measure async vs sync throughput, utilisation and staleness"),

@@ -44,7 +44,8 @@ def is_hub_id(spec: str) -> bool:
 def resolve_source(spec: str, what: str = "model.policy") -> Path:
     """The local directory of ``spec``: itself when it exists, else its Hub snapshot (see the module
     docstring). ``what`` names the config field in errors. A Hub id is resolved once per process; a
-    GGUF file or a short name is converted once into saorl's cache (later: a directory check)."""
+    GGUF file or a short name is converted once into saorl's cache (later: a check of the entry
+    against its manifest, :mod:`saorl.models.cache_manifest`)."""
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_file() and path.suffix.lower() == ".gguf":

@@ -35,8 +35,11 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: LlamaForCausalLM, path: Path, *, arch: str = "llama") -> Path:
-    """``model`` as a GGUF file at ``path`` (F32; ``arch`` other than llama makes an unsupported one)."""
+def write_gguf(model: LlamaForCausalLM, path: Path, *, arch: str = "llama", drop: str | None = None,
+               merges: list[str] | None = None) -> Path:
+    """``model`` as a GGUF file at ``path`` (F32; ``arch`` other than llama makes an unsupported one;
+    ``drop``: a prefix of the tensors left out, e.g. ``blk.1.``; ``merges``: the BPE merges written
+    instead of the tokenizer's own)."""
     import gguf
 
     c = model.config
@@ -59,20 +62,20 @@ def write_gguf(model: LlamaForCausalLM, path: Path, *, arch: str = "llama") -> P
         tokens[i] = t
     for added in tok["added_tokens"]:
         tokens[added["id"]], types[added["id"]] = added["content"], gguf.TokenType.CONTROL
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    bpe_merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges(merges)
+    w.add_token_merges(merges if merges is not None else bpe_merges)
     w.add_bos_token_id(c.bos_token_id)
     w.add_eos_token_id(c.eos_token_id)
     w.add_pad_token_id(c.pad_token_id)
     w.add_chat_template(CHAT_TEMPLATE)
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"],
+               "output_norm.weight": sd["model.norm.weight"]}
     if not c.tie_word_embeddings:
-        w.add_tensor("output.weight", sd["lm_head.weight"])
+        tensors["output.weight"] = sd["lm_head.weight"]
     names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -84,7 +87,10 @@ def write_gguf(model: LlamaForCausalLM, path: Path, *, arch: str = "llama") -> P
                 t = _permute(t, c.num_attention_heads)
             elif gg == "attn_k":
                 t = _permute(t, c.num_key_value_heads)
-            w.add_tensor(f"blk.{i}.{gg}.weight", t)
+            tensors[f"blk.{i}.{gg}.weight"] = t
+    for name, t in tensors.items():
+        if drop is None or not name.startswith(drop):
+            w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from saorl.config import ModelConfig
-from saorl.models import gguf_source
+from saorl.models import gguf_convert, gguf_source
 from saorl.models.codec import run_tokenizer
 from saorl.models.gguf_source import MARKER, ModelSourceError, RegistryModel, RegistryUnreachable
 from saorl.models.hub import resolve_source
@@ -104,8 +104,8 @@ def test_an_architecture_transformers_cannot_dequantise_is_one_paragraph(cache, 
 
 
 def test_without_the_gguf_package_the_error_says_how_to_install_it(cache, tiny_gguf, monkeypatch):
-    real = gguf_source.importlib.util.find_spec
-    monkeypatch.setattr(gguf_source.importlib.util, "find_spec",
+    real = gguf_convert.importlib.util.find_spec
+    monkeypatch.setattr(gguf_convert.importlib.util, "find_spec",
                         lambda name, *a: None if name == "gguf" else real(name, *a))
     with pytest.raises(ModelSourceError, match=r"needs the `gguf` package.*`pip install gguf`"):
         resolve_source(str(tiny_gguf[1]))
@@ -122,8 +122,8 @@ def test_a_full_disk_during_conversion_leaves_nothing_that_looks_like_a_model(ca
     with pytest.raises(ModelSourceError) as err:
         resolve_source(str(tiny_gguf[1]))
     msg = str(err.value)
-    assert "\n" not in msg and "the disk filled up" in msg and "SAORL_CACHE=DIR" in msg
-    assert "Nothing half-written was kept" in msg
+    assert "\n" not in msg and f"saorl's model cache {cache} (SAORL_CACHE={cache})" in msg
+    assert "the disk is full (nothing half-written was kept)" in msg and "MB free there" in msg
     assert not any((cache / "models").glob("gguf-*")) and _leftovers(cache) == []
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", real_save)
     out = resolve_source(str(tiny_gguf[1]))  # room again: converts
