@@ -31,10 +31,27 @@ from saorl.algo.presets import (
 )
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "PRESETS", "AdvantageEstimator", "AdvantageInputs",
-    "AdvantageKind", "AlgoPreset", "Behaviour", "Mode", "PolicyLoss", "PolicyLossKind", "SettingError",
-    "get_advantage_estimator", "get_policy_loss", "get_preset", "list_presets", "setting_docs",
-    "setting_rules", "setting_types",
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "PRESETS",
+    "RUNNING_BASELINE_ESTIMATORS",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "AdvantageKind",
+    "AlgoPreset",
+    "Behaviour",
+    "Mode",
+    "PolicyLoss",
+    "PolicyLossKind",
+    "SettingError",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "get_preset",
+    "keeps_running_baseline",
+    "list_presets",
+    "setting_docs",
+    "setting_rules",
+    "setting_types",
 ]
 
 Tensor = torch.Tensor
@@ -112,6 +129,17 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": _grpo_estimator,
     "running_mean": _running_mean_estimator,
 }
+
+RUNNING_BASELINE_ESTIMATORS: frozenset[str] = frozenset({"running_mean"})
+"""The estimators that update ``AdvantageInputs.baseline`` in place: a learner whose share of a
+step is empty still updates it (an all-gather in a sharded trainer) and logs its value."""
+
+
+def keeps_running_baseline(kind: str) -> bool:
+    """Whether the advantage estimator ``kind`` keeps a running baseline
+    (:data:`RUNNING_BASELINE_ESTIMATORS`)."""
+    get_advantage_estimator(kind)  # an unknown name is an error, not False
+    return kind in RUNNING_BASELINE_ESTIMATORS
 
 PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, float, float], tuple[Tensor, dict[str, float]]]
 """``(logprobs, behaviour_logprobs, advantages, action_mask, eps_low, eps_high) -> (loss, metrics)``."""

@@ -164,3 +164,26 @@ def test_policy_losses_share_one_signature():
         assert all(k.startswith("policy/") for k in metrics)
     with pytest.raises(ValueError, match="a2c"):
         get_policy_loss("a2c")
+
+
+def test_the_registry_says_which_estimators_keep_a_running_baseline():
+    from saorl.algo.registry import RUNNING_BASELINE_ESTIMATORS, keeps_running_baseline
+
+    assert set(ADVANTAGE_ESTIMATORS) >= RUNNING_BASELINE_ESTIMATORS
+    assert keeps_running_baseline("running_mean")
+    assert not keeps_running_baseline("gae") and not keeps_running_baseline("grpo")
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        keeps_running_baseline("running-mean")
+
+
+def test_the_learner_never_branches_on_an_estimators_name():
+    """The learner asks the registry what an estimator needs, so a new estimator is one row there."""
+    import re
+    from pathlib import Path
+
+    import saorl.runtime.learner as learner
+
+    for path in Path(learner.__file__).parent.rglob("*.py"):
+        names = "|".join(ADVANTAGE_ESTIMATORS)
+        hits = re.findall(rf"advantage\s*[!=]=\s*[\"'](?:{names})[\"']", path.read_text())
+        assert not hits, f"{path.name} compares an advantage estimator's name: {hits}"

@@ -75,7 +75,13 @@ from saorl.algo.advantages import RunningMeanBaseline
 from saorl.algo.diagnostics import first_action_advantages
 from saorl.algo.gae import value_targets
 from saorl.algo.losses import lm_loss, masked_mean, value_loss
-from saorl.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageInputs, AlgoPreset
+from saorl.algo.registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    AlgoPreset,
+    keeps_running_baseline,
+)
 from saorl.data.batch import Batch
 from saorl.data.packing import MicroBatch
 from saorl.data.trajectory import Trajectory
@@ -287,7 +293,7 @@ class Learner:
         gid = torch.tensor(gids, device=batch.input_ids.device)
         with self.timings.span("advantages"):
             if empty:
-                if p.advantage == "running_mean":
+                if keeps_running_baseline(p.advantage):
                     self.baseline.update(torch.zeros(0))
                 if p.advantage_norm == "batch":
                     self.updater.sum([0.0, 0.0, 0.0])  # joins the other ranks' sums
@@ -428,7 +434,7 @@ class Learner:
         if whole is None:
             return None
         metrics = {"policy/lr": lr, **step_metrics(p, whole, totals)}
-        if p.advantage == "running_mean":
+        if keeps_running_baseline(p.advantage):
             metrics["advantage/baseline"] = float(self.baseline.value)
         if norm is not None:
             metrics["policy/grad_norm"] = norm
