@@ -9,6 +9,7 @@ A run directory (``saorl train`` writes it; ``eval``, ``serve``, ``replay``, ``r
     trained.jsonl          which rollouts each step trained on (and resume markers)
     eval.jsonl             one row per evaluation
     errors.log             the full text of the failures the run survived
+    alarms.jsonl           the alarms raised while it ran (saorl.runtime.alarms), one a line
     stability.json         the run's stability signals, written when it ends
     samples/               a few decoded trajectories per step
     checkpoints/           step-NNNNNNNN/ directories and the ``latest`` pointer
@@ -62,6 +63,10 @@ class RunPaths:
     @property
     def errors(self) -> Path:
         return self.root / "errors.log"
+
+    @property
+    def alarms(self) -> Path:
+        return self.root / "alarms.jsonl"
 
     @property
     def stability(self) -> Path:

@@ -30,9 +30,24 @@ def exit_status(error: BaseException, prog: str, debug: bool = False) -> tuple[i
         return EXIT_USER, f"{prog}: {text}"
     if isinstance(error, RunFailure):
         return EXIT_RUN_FAILED, f"{prog}: the run failed: {text}"
+    if _out_of_memory(error):
+        return EXIT_RUN_FAILED, (
+            f"{prog}: the run failed: this machine ran out of memory ({type(error).__name__}: {text}). "
+            "Ray's memory monitor kills a process when the node's memory use passes its threshold "
+            "(RAY_memory_usage_threshold, 0.95). What was trained up to the last checkpoint is kept: free "
+            "memory (other jobs, fewer rollout.num_workers or rollout.engine.slots, a smaller "
+            "trainer.batch_size), then continue with saorl train --resume RUN_DIR.")
     hint = "" if debug else " Rerun with --debug (or SAORL_DEBUG=1) to see the traceback."
     return EXIT_BUG, (f"{prog}: unexpected error: {type(error).__name__}: {text}. This is a bug in saorl or "
                       f"in code it runs (an env, a reward function); please report it.{hint}")
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Ray's memory monitor killed a process of the run (``ray.exceptions.OutOfMemoryError``: a
+    resource problem, exit 3, not a bug); Ray is looked up only where the run imported it."""
+    ray_exceptions = sys.modules.get("ray.exceptions")
+    oom = getattr(ray_exceptions, "OutOfMemoryError", None)
+    return oom is not None and isinstance(error, oom)
 
 
 def fail(message: str, code: int = EXIT_USER) -> NoReturn:

@@ -218,9 +218,12 @@ class RuntimeConfig(Section):
     worker_threads: int = Field(1, ge=1)
     """Torch threads of each rollout worker process."""
     worker_stall_s: float = Field(60.0, gt=0.0)
-    """A local rollout worker that has sent nothing (it sends a heartbeat each second) for this
-    many seconds — stopped, deadlocked, stuck in a call that never returns — is killed and
-    restarted like one that died, its rollouts re-queued (counted in the restart budget)."""
+    """A local rollout worker that has made no progress — no token decoded, no call made, no CPU
+    used — for this many seconds (stopped, deadlocked, stuck in a call that never returns) is
+    killed and restarted like one that died, its rollouts re-queued (counted in the restart
+    budget). The limit grows to 3 × the worker's longest measured stretch without progress, and
+    is multiplied by the machine's load average per core when above 1, so a slow worker on a
+    loaded machine is never taken for a stalled one (``saorl.runtime.backends.watchdog``)."""
 
     @field_validator("backend")
     @classmethod

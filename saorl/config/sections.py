@@ -54,7 +54,15 @@ class RunConfig(Section):
     success of sampled episodes, seeded so every evaluation sees the same random stream);
     0 is greedy decoding."""
     checkpoint_every: int = Field(50, ge=1)
-    """Write a checkpoint every this many trainer steps (and at the end)."""
+    """Write a checkpoint every this many trainer steps (and at the end). With
+    ``checkpoint_every_s``, whichever comes first writes one."""
+    checkpoint_every_s: float | None = Field(600.0, gt=0.0)
+    """Also write a checkpoint once this many seconds have passed since the last one (or since the
+    workers were ready), at the end of the step that crosses it; null: by steps only. The default,
+    10 minutes, bounds what a killed run loses to about 10 minutes of training whatever a step
+    costs: a 30-minute recipe on a loaded machine may make only ~25-37 steps, fewer than one
+    ``checkpoint_every``. A run that stops on its budget (``trainer.max_wall_s``), on Ctrl-C /
+    SIGTERM or on an error always writes one at its last step too."""
     keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept on disk; older ones are deleted (the journal is kept back to the oldest, so
     a resume can fall back to any of them)."""

@@ -229,16 +229,28 @@ def _check_files(files: dict[str, str]) -> None:
 
 
 def _stage(files: dict[str, str], stdin: str, root_mode: bool, bw: Bwrap) -> tuple[Path, dict[str, str], str]:
-    """The staging dir, the prefixes to re-mount for an unprivileged uid, and the bwrap path to exec."""
+    """The staging dir, the prefixes to re-mount for an unprivileged uid, and the bwrap path to exec;
+    a failure on the way removes the dir."""
     stage = Path(tempfile.mkdtemp(prefix="saorl-sbx-"))
+    try:
+        return _fill_stage(stage, files, stdin, root_mode, bw)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _fill_stage(stage: Path, files: dict[str, str], stdin: str, root_mode: bool,
+                bw: Bwrap) -> tuple[Path, dict[str, str], str]:
     os.chmod(stage, 0o755)
     (stage / "in").mkdir(mode=0o755)
     for name, text in files.items():
         dest = stage / "in" / name
         dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        dest.write_text(text, encoding="utf-8")
+        # a lone UTF-16 surrogate (model-written "\ud800") has no UTF-8: written as its bytes, the
+        # box's Python reports it as a SyntaxError (the program's own answer), nothing raised here
+        dest.write_text(text, encoding="utf-8", errors="surrogatepass")
         os.chmod(dest, 0o644)
-    (stage / "stdin").write_text(stdin, encoding="utf-8")
+    (stage / "stdin").write_text(stdin, encoding="utf-8", errors="surrogatepass")
     os.chmod(stage / "stdin", 0o600)  # the parent opens it; the box only gets the fd
     staged: dict[str, str] = {}
     bwrap_exe = bw.path

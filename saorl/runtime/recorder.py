@@ -143,6 +143,13 @@ class RunRecorder:
         more = " (traceback in errors.log)" if "\n" in text.strip() else ""
         self.message(first + more)
 
+    def alarm(self, row: dict[str, Any]) -> None:
+        """An alarm of :mod:`saorl.runtime.alarms`: its line on the console, its row appended to
+        ``alarms.jsonl``."""
+        with open(self.paths.alarms, "a", encoding="utf-8") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+        self.message(row["text"])
+
     def count(self, label: str) -> CountProgress:
         """Progress of a counted job inside the run (an evaluation): a second bar under the run's
         own on a terminal, else a line every :data:`PROGRESS_EVERY_S` seconds."""

@@ -31,6 +31,7 @@ from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.envs.base import Progress
 from saorl.errors import RunFailure
 from saorl.run_paths import RunPaths
+from saorl.runtime.alarms import RunAlarms
 from saorl.runtime.backends.inprocess import Stopped
 from saorl.runtime.checkpoint import latest_checkpoint, oldest_journal_segment, save_checkpoint
 from saorl.runtime.journal import Journal, RolloutCursor
@@ -85,6 +86,9 @@ class Run:
                                 log_error=recorder.error, observer=self.observer)
         self.feed.restore_pending(start.pending)
         self._checkpointed_step = -1  # the step this process last wrote a checkpoint of
+        self._checkpointed_at = time.monotonic()  # when (reset once the workers are ready)
+        self.alarms = RunAlarms(hint_lr=f"trainer.policy_lr={settings.policy_lr:g}")
+        """Lines on the console the step trouble starts (:mod:`saorl.runtime.alarms`)."""
         self.stop = StopControl(settings.stop_timeout_s, recorder.message, self._kept)
         """The handler of Ctrl-C and SIGTERM (:mod:`saorl.runtime.stopping`)."""
 
@@ -105,6 +109,7 @@ class Run:
                     self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
             self._wait_until_ready()
             self.clock.start()
+            self._checkpointed_at = time.monotonic()  # run.checkpoint_every_s counts training time
             while self.step < s.steps and not self._stop:
                 if self.clock.expired():
                     self.recorder.message(f"wall-clock budget of {s.max_wall_s:.0f}s reached")
@@ -142,11 +147,21 @@ class Run:
         self.recorder.trained(self.step, trajs, train_start, train_end)
         self._periodic(metrics, trajs)
         self.recorder.log_step(metrics)
+        for alarm in self.alarms.observe(metrics):
+            self.recorder.alarm(alarm.row())
         self.observer.step_done(self.step, metrics, trajs)
-        if self.step % self.settings.checkpoint_every == 0:  # after the step's rows are written: a
-            self.checkpoint()                               # checkpointed step is never missing one
+        if self._checkpoint_due():  # after the step's rows are written: a checkpointed step is
+            self.checkpoint()       # never missing one
         self._check_skips(result.skipped)  # after the step is recorded: its rollouts count as trained
         return metrics
+
+    def _checkpoint_due(self) -> bool:
+        """Every ``run.checkpoint_every`` steps, or once ``run.checkpoint_every_s`` seconds have
+        passed since the last checkpoint: whichever comes first."""
+        s = self.settings
+        since = time.monotonic() - self._checkpointed_at
+        by_time = s.checkpoint_every_s is not None and since >= s.checkpoint_every_s
+        return self.step % s.checkpoint_every == 0 or by_time
 
     def _check_skips(self, skipped: bool) -> None:
         """Stop after ``trainer.max_nonfinite_skips`` steps in a row that skipped an update."""
@@ -227,7 +242,7 @@ class Run:
         # keep the journal back to the oldest kept checkpoint, so a resume can fall back to it
         oldest = oldest_journal_segment(self.paths.checkpoints)
         self.journal.prune_before(seg if oldest is None else oldest)
-        self._checkpointed_step = self.step
+        self._checkpointed_step, self._checkpointed_at = self.step, time.monotonic()
         return path
 
     def request_stop(self, signum: int | None = None, frame: object = None) -> None:

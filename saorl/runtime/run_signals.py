@@ -16,7 +16,8 @@ experiment are compared at **equal trainer steps** (:mod:`saorl.experiments.stab
 - ``collapsed``: whether the run ended collapsed (:func:`collapse_step`).
 
 Every ``saorl train`` run writes them to ``RUN/stability.json`` at its end
-(:func:`write_run_stability`) and prints them on one line (:func:`summary_line`).
+(:func:`write_run_stability`) and prints them on one line (:func:`summary_line`). The same
+thresholds raise the live alarms of a run in progress (:mod:`saorl.runtime.alarms`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ DRIFT_KL = 0.05
 """The KL(rollout ‖ trainer) above which a step counts as a drift burst."""
 WINDOW = 10
 """Steps of the rolling mean behind ``max 10-step KL``."""
+DIS_KEPT_MIN = 0.5
+"""The DIS kept fraction (``policy/dis_kept_frac``) below which a step counts as a drift burst
+too: most sampled tokens' ratio to the trainer left the trust band, so most are masked out."""
+LENGTH_COLLAPSE_FRAC = 0.25
+"""A step whose mean action length is below this fraction of the median over the run's steps
+before it counts as an action-length collapse (the policy learned to stop at once)."""
+CRITIC_BAD_STEPS = WINDOW
+"""Steps in a row of ``critic/explained_var`` ≤ 0 that count as a critic that does not learn."""
 
 
 def _steps(metrics: Sequence[dict], steps: int | None) -> list[dict]:
@@ -93,12 +102,18 @@ def collapse_step(metrics: list[dict], key: str = "reward/mean") -> int | None:
     baseline has nothing to learn from: an absorbing state). None for a run that did not end so,
     and for one never rewarded at all (a start that cannot solve the task did not collapse)."""
     rows = [r for r in metrics if r.get("step", 0) > 0 and r.get(key) is not None]
+    start, n = zero_tail(rows, key)
+    return start if COLLAPSE_MIN_STEPS <= n < len(rows) else None
+
+
+def zero_tail(rows: Sequence[dict], key: str = "reward/mean") -> tuple[int | None, int]:
+    """(first step, length) of the final stretch of ``rows`` whose ``key`` is exactly 0."""
     start, n = None, 0
     for r in reversed(rows):
         if float(r[key]) != 0.0:
             break
         start, n = int(r["step"]), n + 1
-    return start if COLLAPSE_MIN_STEPS <= n < len(rows) else None
+    return start, n
 
 
 def write_run_stability(run_dir) -> dict[str, float | None]:

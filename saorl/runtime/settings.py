@@ -37,8 +37,10 @@ class RunSettings:
     samples_every: int
     """Steps between the decoded samples written to ``samples/``."""
     checkpoint_every: int
+    checkpoint_every_s: float | None
     keep_checkpoints: int
-    """Checkpoint cadence and how many checkpoints are kept."""
+    """Checkpoint cadence, by steps and by seconds (either one writes a checkpoint; None: by steps
+    only), and how many checkpoints are kept."""
     resume_fallback: bool
     """A resume may fall back to an older intact checkpoint (``run.resume_fallback``)."""
     progress: bool
@@ -54,5 +56,6 @@ class RunSettings:
                    max_nonfinite_skips=t.max_nonfinite_skips, policy_lr=t.policy_lr, critic_lr=t.critic_lr,
                    eval_every=r.eval_every, eval_tasks=r.eval_tasks, eval_at_start=r.eval_at_start,
                    samples_every=r.samples_every, checkpoint_every=r.checkpoint_every,
+                   checkpoint_every_s=r.checkpoint_every_s,
                    keep_checkpoints=r.keep_checkpoints, resume_fallback=r.resume_fallback,
                    progress=r.progress, engine_slots=cfg.rollout.local_engine.slots)

@@ -299,3 +299,32 @@ def test_an_env_option_typo_is_refused_before_torch_is_imported(command, tmp_pat
     assert res.returncode == 2, res.stderr
     assert "difficulty_level" in res.stderr and "MathToolEnv accepts: family" in res.stderr
     assert "TORCH False" in res.stdout and not (tmp_path / "run").exists()
+
+
+def test_ray_killing_a_process_for_memory_is_a_run_failure_naming_memory_exit_3(tmp_path, capsys,
+                                                                               monkeypatch):
+    """The issue's case: Ray's memory monitor killed a worker and the run ended as "a bug", exit 1.
+    The exception Ray raises then (ray.exceptions.OutOfMemoryError, built by ray._private.serialization
+    for an OUT_OF_MEMORY error), raised out of the run's second step, is classified as a run that had
+    to stop: exit 3, memory named, the resume pointed at, step 1's checkpoint kept."""
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+    from saorl.runtime.run import Run
+
+    real_step, calls = Run._train_step, []
+
+    def step_then_oom(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ray_exceptions.OutOfMemoryError(
+                "Task was killed due to the node running low on memory. Memory on the node was 7.40GB / "
+                "7.70GB (0.961), which exceeds the memory usage threshold of 0.95.")
+        return real_step(self, *args)
+
+    monkeypatch.setattr(Run, "_train_step", step_then_oom)
+    run_dir = tmp_path / "run"
+    rc = main(["train", *FAST, "sft.enabled=false", "trainer.steps=3", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    assert "ran out of memory (OutOfMemoryError: Task was killed" in err and "--resume" in err, err
+    assert "bug" not in err
+    assert (run_dir / "checkpoints" / "latest").exists()

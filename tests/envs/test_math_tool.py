@@ -272,3 +272,17 @@ def test_demonstrations_succeed_through_the_sandbox():
         for task in env.generate_tasks("test", 2, 0):
             results = play(env, task, env.demonstration(task, rng))
             assert results[-1].info["success"], (task, [r.observation for r in results])
+
+
+def test_tool_code_with_a_lone_surrogate_is_an_observation_not_an_exception(sandbox_ready):
+    """The issue's case: "\\ud800" in tool code raised out of env.step (UnicodeEncodeError) and left
+    a saorl-sbx-* dir; now the episode goes on with the error as the tool's output."""
+    import tempfile
+    from pathlib import Path
+
+    before = set(Path(tempfile.gettempdir()).glob("saorl-sbx-*"))
+    env = MathToolEnv(max_turns=3)
+    first, second = play(env, ARITH, ["<tool>print('\ud800')</tool>", "<answer>56300</answer>"])
+    assert first.observation.startswith("<out>error: SyntaxError") and not first.done, first.observation
+    assert second.reward == 1.0
+    assert set(Path(tempfile.gettempdir()).glob("saorl-sbx-*")) <= before

@@ -369,3 +369,32 @@ def test_killing_parents_and_host_pids_does_not_reach_the_host():
     assert f"failed {me} {errno.ESRCH}" in lines  # host pid does not exist in the box's pid namespace
     assert "unreachable" not in r.stdout and r.returncode == -9
     assert os.getpid() == me and subprocess.run(["true"]).returncode == 0
+
+
+def _record_stages(monkeypatch) -> list[str]:
+    made: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def recording(*args, **kwargs):
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(sandbox.tempfile, "mkdtemp", recording)
+    return made
+
+
+def test_a_lone_surrogate_in_the_code_is_the_programs_syntax_error_and_leaves_no_staging_dir(monkeypatch):
+    """Model-written code holding "\\ud800" (no UTF-8 for it): the box's Python answers with a
+    SyntaxError, as it would for any file it cannot decode; nothing raises, no saorl-sbx-* dir stays."""
+    made = _record_stages(monkeypatch)
+    res = run_python("print('a\ud800b')", stdin="x\udfff")
+    assert res.returncode == 1 and "SyntaxError: Non-UTF-8 code" in res.stderr, res.stderr
+    assert len(made) == 1 and not os.path.exists(made[0])
+
+
+def test_a_stage_that_fails_half_written_is_removed(monkeypatch):
+    made = _record_stages(monkeypatch)
+    monkeypatch.setattr(sandbox.os, "chmod", lambda *a: (_ for _ in ()).throw(OSError(errno.EPERM, "no")))
+    with pytest.raises(OSError):
+        run_python("print(1)")
+    assert len(made) == 1 and not os.path.exists(made[0])

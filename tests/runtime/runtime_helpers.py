@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +10,14 @@ import time
 from pathlib import Path
 
 from saorl.data.jsonl import read_jsonl
+from saorl.runtime.checkpoint import latest_checkpoint
+from saorl.runtime.journal import Journal, RangeSet, decode_entry
 from saorl.runtime.observe import Observer
+from saorl.runtime.recorder import effective_rows
 
-__all__ = ["BASE", "SYNC_MISMATCH_BASE", "KeepTrajectories", "read_jsonl", "resume_train",
+__all__ = ["BASE", "SYNC_MISMATCH_BASE", "KeepTrajectories", "audit_exactly_once", "journalled_rids",
+           "read_jsonl",
+           "resume_train",
            "rollout_worker_pids", "session_pids", "start_train", "step_rows", "turns", "wait_for_steps",
            "wait_until_gone"]
 
@@ -113,6 +119,30 @@ def wait_until_gone(sid: int, timeout_s: float) -> list[int]:
     while (left := session_pids(sid)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def journalled_rids(run_dir) -> set[int]:
+    return {t.episode.rid for t in Journal(run_dir / "journal").read_from(0)}
+
+
+def audit_exactly_once(run_dir, steps: int, resumes: int, journalled: set[int], why: str) -> None:
+    """Every journalled rollout trained exactly once (or still pending in the final checkpoint)."""
+    rows = read_jsonl(run_dir / "trained.jsonl")
+    assert sum("resume" in r for r in rows) == resumes, why
+    eff = effective_rows(rows)
+    assert [r["step"] for r in eff] == list(range(1, steps + 1)), why
+    metrics = [r for r in effective_rows(read_jsonl(run_dir / "metrics.jsonl")) if r["step"] > 0]
+    assert [r["step"] for r in metrics] == [r["step"] for r in eff], why  # (step 0: the evaluation)
+    rids = [rid for r in eff for rid in r["rids"]]
+    assert len(rids) == len(set(rids)), f"a rollout was trained twice; {why}"
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["step"] == steps, why
+    finished = set(RangeSet.from_ranges(manifest["finished"]))
+    pending = {decode_entry(line).episode.rid for line in (ckpt / "pending.jsonl").read_text().splitlines()}
+    assert not pending & set(rids), why
+    assert finished == set(rids) | pending, f"finished but neither trained nor pending; {why}"
+    assert journalled <= finished, f"journalled rollouts lost: {sorted(journalled - finished)}; {why}"
 
 
 class KeepTrajectories(Observer):

@@ -17,6 +17,8 @@ import pytest
 import torch
 from runtime_helpers import (
     BASE,
+    audit_exactly_once,
+    journalled_rids,
     read_jsonl,
     resume_train,
     rollout_worker_pids,
@@ -28,35 +30,9 @@ from runtime_helpers import (
 from safetensors.torch import load_file
 
 from saorl.cli import main
-from saorl.runtime.checkpoint import latest_checkpoint
-from saorl.runtime.journal import Journal, RangeSet, decode_entry
 from saorl.runtime.recorder import effective_rows
 
 pytestmark = pytest.mark.slow
-
-
-def _journalled(run_dir) -> set[int]:
-    return {t.episode.rid for t in Journal(run_dir / "journal").read_from(0)}
-
-
-def _audit(run_dir, steps: int, resumes: int, journalled: set[int], why: str) -> None:
-    """Every journalled rollout trained exactly once (or still pending in the final checkpoint)."""
-    rows = read_jsonl(run_dir / "trained.jsonl")
-    assert sum("resume" in r for r in rows) == resumes, why
-    eff = effective_rows(rows)
-    assert [r["step"] for r in eff] == list(range(1, steps + 1)), why
-    metrics = [r for r in effective_rows(read_jsonl(run_dir / "metrics.jsonl")) if r["step"] > 0]
-    assert [r["step"] for r in metrics] == [r["step"] for r in eff], why  # (step 0: the evaluation)
-    rids = [rid for r in eff for rid in r["rids"]]
-    assert len(rids) == len(set(rids)), f"a rollout was trained twice; {why}"
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    assert manifest["step"] == steps, why
-    finished = set(RangeSet.from_ranges(manifest["finished"]))
-    pending = {decode_entry(line).episode.rid for line in (ckpt / "pending.jsonl").read_text().splitlines()}
-    assert not pending & set(rids), why
-    assert finished == set(rids) | pending, f"finished but neither trained nor pending; {why}"
-    assert journalled <= finished, f"journalled rollouts lost: {sorted(journalled - finished)}; {why}"
 
 
 def _kill(proc, run_dir, victim: str, rng: random.Random, log) -> None:
@@ -92,13 +68,13 @@ def test_kill_9_at_random_points_trains_every_journalled_rollout_exactly_once(tm
                 os.killpg(proc.pid, signal.SIGKILL)
         left = wait_until_gone(proc.pid, 10.0)
         assert not left, f"processes outlived the trainer by 10 s: {left}; {why}"
-        journalled |= _journalled(run_dir)
+        journalled |= journalled_rids(run_dir)
     steps = len(effective_rows(read_jsonl(run_dir / "trained.jsonl"))) + 3
     log = tmp_path / "log-final.txt"
     proc = resume_train(run_dir, f"trainer.steps={steps}", log=log)
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert not wait_until_gone(proc.pid, 10.0)
-    _audit(run_dir, steps, len(victims), journalled, f"SAORL_FAULT_SEED={seed}")
+    audit_exactly_once(run_dir, steps, len(victims), journalled, f"SAORL_FAULT_SEED={seed}")
 
 
 # ------------------------------------------------------------------ damaged files, one process
@@ -130,7 +106,7 @@ def _flip_tensor_byte(path):
 def test_a_damaged_checkpoint_falls_back_and_each_rollout_is_still_trained_once(finished_run, tmp_path,
                                                                                  capsys):
     run_dir, ckpts = _copy(finished_run, tmp_path)
-    journalled = _journalled(run_dir)
+    journalled = journalled_rids(run_dir)
     _flip_tensor_byte(ckpts / "step-00000004" / "policy.safetensors")
     (ckpts / ".tmp-step-00000006-999").mkdir()  # and what a crash mid-checkpoint leaves
     assert main(["train", "--resume", str(run_dir), "trainer.steps=6"]) == 0
@@ -140,7 +116,7 @@ def test_a_damaged_checkpoint_falls_back_and_each_rollout_is_still_trained_once(
     marker = [r for r in read_jsonl(run_dir / "trained.jsonl") if "resume" in r]
     assert [m["resume"]["from_step"] for m in marker] == [2]
     assert (ckpts / "damaged-step-00000004").is_dir()
-    _audit(run_dir, 6, 1, journalled, "fallback from a damaged step-4")
+    audit_exactly_once(run_dir, 6, 1, journalled, "fallback from a damaged step-4")
 
 
 def _resume_fails(run_dir, capsys, *overrides) -> str:

@@ -36,8 +36,10 @@ def test_killed_rollout_worker_is_restarted_and_its_episodes_requeued(tmp_path):
 
 
 def test_a_stopped_rollout_worker_is_named_killed_and_restarted_within_the_stall_bound(tmp_path):
-    """SIGSTOP of the worker: its heartbeat stops, and within runtime.worker_stall_s (here 3 s) it
-    is named, killed and restarted as a dead one is; the run trains every step, nothing twice."""
+    """SIGSTOP of the worker: its progress stops, and within its limit (runtime.worker_stall_s, here
+    3 s, times the machine's load per core when above 1) it is named, killed and restarted as a
+    dead one is; the run trains every step, nothing twice."""
+    import re
     import time
 
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
@@ -48,11 +50,12 @@ def test_a_stopped_rollout_worker_is_named_killed_and_restarted_within_the_stall
         assert len(workers) == 1, workers
         os.kill(workers[0], signal.SIGSTOP)
         t0 = time.monotonic()
-        while "sent nothing for" not in log.read_text() and time.monotonic() - t0 < 60:
+        while "made no progress for" not in log.read_text() and time.monotonic() - t0 < 120:
             time.sleep(0.1)
         named = time.monotonic() - t0
+        limit = float(re.search(r"its limit (\d+) s", log.read_text()).group(1))
         # the bound, a poll or two, and a loaded 2-core machine's scheduling delays
-        assert named < 3 + 15, (named, log.read_text()[-3000:])
+        assert limit >= 3 and named < limit + 15, (named, log.read_text()[-3000:])
 
         def gone(pid: int) -> bool:
             try:
@@ -68,7 +71,8 @@ def test_a_stopped_rollout_worker_is_named_killed_and_restarted_within_the_stall
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
-    assert "rollout worker 0 sent nothing for" in text and "runtime.worker_stall_s=3" in text, text[-3000:]
+    assert "rollout worker 0 made no progress for" in text, text[-3000:]
+    assert "runtime.worker_stall_s=3" in text
     assert "killed; restarted" in text
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(17)) and rows[-1]["rollout/worker_restarts"] == 1

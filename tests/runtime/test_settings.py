@@ -18,12 +18,14 @@ def test_from_config_reads_each_setting_from_its_field():
                              "trainer.max_nonfinite_skips=9",
                              "trainer.policy_lr=2e-5", "trainer.critic_lr=3e-4", "run.eval_every=3",
                              "run.eval_tasks=5", "run.eval_at_start=false", "run.samples_every=4",
-                             "run.checkpoint_every=11", "run.keep_checkpoints=3", "run.resume_fallback=false",
+                             "run.checkpoint_every=11", "run.checkpoint_every_s=90", "run.keep_checkpoints=3",
+                             "run.resume_fallback=false",
                              "run.progress=false", "rollout.engine.slots=3"])
     assert RunSettings.from_config(cfg) == RunSettings(
         steps=7, batch_size=6, max_staleness=2, max_wall_s=30.0, stop_timeout_s=12.0, max_nonfinite_skips=9,
         policy_lr=2e-5, critic_lr=3e-4, eval_every=3, eval_tasks=5, eval_at_start=False, samples_every=4,
-        checkpoint_every=11, keep_checkpoints=3, resume_fallback=False, progress=False, engine_slots=3)
+        checkpoint_every=11, checkpoint_every_s=90.0, keep_checkpoints=3, resume_fallback=False,
+        progress=False, engine_slots=3)
 
 
 def test_frozen():

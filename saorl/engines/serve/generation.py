@@ -41,11 +41,17 @@ DISCONNECT_POLL_S = 0.1
 class ClientGone(Exception):
     """The client closed the connection before its response was ready; its generation was cancelled."""
 
+    def __init__(self, choices: int = 1) -> None:
+        super().__init__(f"the client left; {choices} generation(s) cancelled")
+        self.choices = choices
+        """The generations cancelled with it (``/metrics`` counts each as finished by ``abort``)."""
 
-async def unless_gone(request: Request, work: Awaitable[T]) -> T:
+
+async def unless_gone(request: Request, work: Awaitable[T], choices: int = 1) -> T:
     """``work``'s result; cancelled (and :class:`ClientGone` raised) as soon as the client has
     disconnected, checked every :data:`DISCONNECT_POLL_S`: an abandoned request stops costing the
-    engine within a fraction of a second, streamed or not."""
+    engine within a fraction of a second, streamed or not. ``choices``: the generations ``work``
+    runs."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -53,7 +59,7 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
             if done:
                 return task.result()
             if await request.is_disconnected():
-                raise ClientGone()
+                raise ClientGone(choices)
     finally:
         if not task.done():
             task.cancel()

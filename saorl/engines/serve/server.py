@@ -200,7 +200,7 @@ async def handle_generation(state: ServerState, request: Request, chat: bool) ->
 
             events = stream_events(state, req, prompts, work, chat, rid, started)
             return StreamingResponse(_released(events, state, need), media_type="text/event-stream")
-        results = await unless_gone(request, generate_all(state, work))  # cancelled if the client left
+        results = await unless_gone(request, generate_all(state, work), need)  # cancelled if the client left
         results = await state.extras.get("postprocess", _same)(state, prompts, req, results)
     except BaseException:
         state.release(need)
@@ -295,7 +295,7 @@ def _add_handlers(app: FastAPI, state: ServerState) -> None:
 
     @app.exception_handler(ClientGone)  # nginx's 499, with no body: nobody reads it, the connection is closed
     async def _gone(_r, e: ClientGone):
-        state.metrics.cancelled += 1
+        state.metrics.abandoned(e.choices)
         return Response(status_code=499)
 
     @app.exception_handler(EngineError)

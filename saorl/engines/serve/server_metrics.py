@@ -7,7 +7,8 @@ quantities, so a dashboard or autoscaler written for vLLM reads saorl serve too.
   usage counts them);
 - ``vllm:generation_tokens_total`` (counter): tokens sampled;
 - ``vllm:request_success_total{finished_reason}`` (counter): finished choices by ``stop`` /
-  ``length`` / ``abort``;
+  ``length`` / ``abort`` (aborted by a pause, or cancelled because their client left, streamed or
+  not: :meth:`ServerMetrics.abandoned`);
 - ``vllm:e2e_request_latency_seconds`` (histogram, vLLM's buckets): seconds from a request's arrival
   to its last token, per choice;
 - ``saorl:weight_version`` (gauge): the version of the weights the engine samples with;
@@ -47,6 +48,12 @@ class ServerMetrics:
         self.refused_busy = 0
         self.cancelled = 0
         """Requests whose client left before the response (their generations were cancelled)."""
+
+    def abandoned(self, choices: int) -> None:
+        """A request whose client left: its ``choices`` generations were cancelled, each counted
+        as finished by ``abort`` (as vLLM counts a request aborted on disconnect)."""
+        self.cancelled += 1
+        self.finished["abort"] += choices
 
     def record(self, prompt_tokens: int, results: list[GenerationResult], seconds: float) -> None:
         self.prompt_tokens += prompt_tokens

@@ -163,6 +163,7 @@ async def stream_events(state, req, prompts: list[list[int]], work, chat: bool, 
     for e in stream.opening():
         yield e
     task = asyncio.create_task(run())
+    ended = False  # the stream's last event was produced: otherwise its client left
     try:
         while True:
             item = await queue.get()
@@ -173,6 +174,7 @@ async def stream_events(state, req, prompts: list[list[int]], work, chat: bool, 
             elif item[0] == "done":
                 results = item[1]
                 state.metrics.record(sum(len(p) for p in prompts), results, time.monotonic() - started)
+                ended = True
                 for e in stream.closing(results):
                     yield e
                 break
@@ -180,8 +182,11 @@ async def stream_events(state, req, prompts: list[list[int]], work, chat: bool, 
                 e = item[1]
                 code = 400 if isinstance(e, oa.BadRequest) else 503 if isinstance(e, EngineError) else 500
                 says = str(e) if code != 500 else f"internal server error ({type(e).__name__})"
+                ended = True
                 yield _sse(error_body(code, says, getattr(e, "param", None)))
                 break
         yield "data: [DONE]\n\n"
     finally:
         task.cancel()
+        if not ended:
+            state.metrics.abandoned(len(work))

@@ -48,13 +48,15 @@ from saorl.parent_death import PARENT_CHECK_S, die_with_parent
 
 __all__ = ["PARENT_CHECK_S", "Reaper", "descendants", "die_with_parent", "run_worker", "start_time"]
 
-def run_worker(parent_pid: int, kernel_signal: bool, worker_id: int, spec: bytes, requests, results) -> None:
+def run_worker(parent_pid: int, kernel_signal: bool, worker_id: int, spec: bytes, requests, results,
+               pulse=None) -> None:
     """Entry point of a rollout worker process: first the lifeline, then
-    :func:`saorl.runtime.backends.worker.worker_main` with the unpickled ``spec``."""
+    :func:`saorl.runtime.backends.worker.worker_main` with the unpickled ``spec`` (and the
+    :class:`~saorl.runtime.backends.watchdog.WorkerPulse` it writes its progress to)."""
     die_with_parent(parent_pid, kernel_signal)
     from saorl.runtime.backends.worker import worker_main
 
-    worker_main(worker_id, pickle.loads(spec), requests, results)
+    worker_main(worker_id, pickle.loads(spec), requests, results, pulse)
 
 
 # --------------------------------------------------------------------------------- reaper

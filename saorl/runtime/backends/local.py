@@ -4,10 +4,13 @@
 A backend takes :class:`~saorl.runtime.backends.messages.RolloutRequest` s, returns finished trajectories
 as they arrive, and keeps its workers alive: a worker that dies is restarted and the rollout ids
 it held are reported as lost, so the feed re-queues them (nothing in flight is skipped). A worker
-that is alive but silent — stopped (``SIGSTOP``), deadlocked, stuck in a call that never returns —
-is found by its heartbeat: every worker sends its engine's stats each second, and one whose last
-message is older than ``stall_s`` (``runtime.worker_stall_s``, 60 s) is killed and restarted the
-same way. Past ``max_restarts`` restarts it raises :class:`WorkerFailure`.
+that is alive but makes no progress — stopped (``SIGSTOP``), deadlocked, stuck in a call that never
+returns — is killed and restarted the same way once it has made none for its limit, which starts
+at ``stall_s`` (``runtime.worker_stall_s``, 60 s) and grows with its slowest measured stretch and
+the machine's load; progress is its tokens decoded, calls made and CPU used, read without a
+message, so a slow worker is never taken for a stalled one
+(:mod:`saorl.runtime.backends.watchdog`). Past ``max_restarts`` restarts it raises
+:class:`WorkerFailure`.
 
 Implementations: :class:`LocalBackend` (one spawned OS process per worker, typed messages over
 ``multiprocessing`` queues; a worker dies with the trainer, see :mod:`saorl.runtime.backends.lifeline`),
@@ -32,6 +35,7 @@ from saorl.runtime.backends.messages import (
     PollResult,
     RolloutRequest,
 )
+from saorl.runtime.backends.watchdog import StallWatch, WorkerPulse, process_cpu_s
 from saorl.runtime.backends.worker import WorkerSpec
 
 
@@ -67,6 +71,9 @@ class LocalBackend:
         self._seen: list[float | None] = [None] * num_workers
         """When each worker's last message was read (None: it has not sent its first yet)."""
         self._ctx = mp.get_context("spawn")
+        self._pulses: list[WorkerPulse | None] = [None] * num_workers
+        self.watch = StallWatch(num_workers, stall_s)
+        """Each worker's progress and stall limit (:mod:`saorl.runtime.backends.watchdog`)."""
         self._results = self._ctx.Queue()
         self._procs: list = [None] * num_workers
         self._queues: list = [None] * num_workers
@@ -77,14 +84,16 @@ class LocalBackend:
     # ---------------------------------------------------------------- workers
     def _spawn(self, i: int) -> None:
         q = self._ctx.Queue()
+        pulse = WorkerPulse(self._ctx)
         # the worker dies with this process (saorl.runtime.backends.lifeline); Linux's parent-death signal
         # follows the thread that starts the worker, so only the main thread asks for it
         main = threading.current_thread() is threading.main_thread()
-        args = (os.getpid(), main, i, pickle.dumps(self.spec), q, self._results)
+        args = (os.getpid(), main, i, pickle.dumps(self.spec), q, self._results, pulse)
         p = self._ctx.Process(target=run_worker, args=args, name=f"saorl-rollout-{i}", daemon=True)
         with _main_script_hidden():
             p.start()
-        self._procs[i], self._queues[i], self._seen[i] = p, q, None
+        self._procs[i], self._queues[i], self._seen[i], self._pulses[i] = p, q, None, pulse
+        self.watch.forget(i)
 
     def start(self) -> None:
         for i in range(self.num_workers):
@@ -97,20 +106,20 @@ class LocalBackend:
         return [p.pid for p in self._procs]
 
     def _check_alive(self, out: PollResult) -> None:
-        now = time.monotonic()
         for i, p in enumerate(self._procs):
             if p is None:
                 continue
-            seen = self._seen[i]
-            if p.is_alive() and seen is not None and now - seen > self.stall_s:
-                # a heartbeat a second (the worker's engine stats) missed for stall_s: stopped,
-                # deadlocked, or stuck in a call that never returns; it is killed and restarted
+            if not p.is_alive():
+                self._restart(i, out, f"died (exit code {p.exitcode})")
+                continue
+            if self._seen[i] is None:  # its engine is not built yet: not judged
+                continue
+            self.watch.watch(i)
+            idle = self.watch.stalled(i, self._pulses[i].read(), process_cpu_s(p.pid))
+            if idle is not None:  # no token, no call, no CPU for its limit: stopped, deadlocked, stuck
                 p.kill()
                 p.join(5.0)
-                self._restart(i, out, f"sent nothing for {now - seen:.0f} s (runtime.worker_stall_s="
-                                      f"{self.stall_s:g}: stopped, deadlocked or stuck); killed")
-            elif not p.is_alive():
-                self._restart(i, out, f"died (exit code {p.exitcode})")
+                self._restart(i, out, self.watch.why(i, idle))
 
     def _restart(self, i: int, out: PollResult, what: str) -> None:
         if self.restarts >= self.max_restarts:  # restarts counts those done, not this death

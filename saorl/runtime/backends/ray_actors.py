@@ -321,7 +321,9 @@ class RayBackend:
         i, incarnation, rid = self._refs.pop(ref)
         try:
             msg = ray.get(ref)
-        except ray.exceptions.RayActorError as e:
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as e:
+            # OutOfMemoryError: Ray's memory monitor killed the worker's process, a death like any
+            # other (restarted, its rollouts re-queued; the cause, naming memory, in the message)
             if incarnation == self._incarnation[i]:
                 if self._up[i]:
                     self._died(i, e, out)

@@ -194,9 +194,25 @@ def prepare_worker_process(worker_id: int, spec: WorkerSpec) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
+def _follow_engine(engine: InferenceEngine, pulse, stop: threading.Event) -> threading.Thread:
+    """A thread that copies the engine's work counters into ``pulse`` five times a second, so the
+    watchdog sees tokens decoded even while the event loop is held (a weight load waiting for a
+    long forward)."""
+    def run() -> None:
+        while not stop.wait(0.2):
+            pulse.work(engine.stats())
+
+    t = threading.Thread(target=run, name="saorl-pulse", daemon=True)
+    t.start()
+    return t
+
+
+async def _serve(worker_id: int, spec: WorkerSpec, requests, results, pulse=None) -> None:
     stack = build_worker(spec)
     engine, follower = stack.engine, stack.follower
+    stop_pulse = threading.Event()
+    if pulse is not None:
+        _follow_engine(engine, pulse, stop_pulse)
     results.put(EngineStats(worker_id, engine.stats()))  # ready: the engine is built
     loop = asyncio.get_running_loop()
     running: set[asyncio.Task] = set()
@@ -209,6 +225,8 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
             results.put(RolloutFinished(worker_id, traj))
         except Exception as e:  # reported to the trainer, which re-queues or fails loudly
             results.put(rollout_failed(worker_id, req.rid, e))
+        if pulse is not None:
+            pulse.call()
 
     stopping = False
     last_stats = time.monotonic()
@@ -216,6 +234,8 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     # can fill the default executor, and the heartbeat below must not wait for them
     inbox = ThreadPoolExecutor(1, thread_name_prefix="saorl-inbox")
     while not stopping or running:
+        if pulse is not None:
+            pulse.call()
         follower.refresh()
         try:
             msg = await loop.run_in_executor(inbox, requests.get, True, 0.05)
@@ -232,13 +252,15 @@ async def _serve(worker_id: int, spec: WorkerSpec, requests, results) -> None:
             last_stats = time.monotonic()
         await asyncio.sleep(0)
     results.put(EngineStats(worker_id, engine.stats()))
+    stop_pulse.set()
     inbox.shutdown(wait=False)
     engine.close()
     stack.env_factory.close()
 
 
-def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:
-    """Process entry point (spawned)."""
+def worker_main(worker_id: int, spec: WorkerSpec, requests, results, pulse=None) -> None:
+    """Process entry point (spawned); ``pulse``: the
+    :class:`~saorl.runtime.backends.watchdog.WorkerPulse` its progress goes to."""
     import signal
 
     # Ctrl-C in a terminal, and a SIGTERM sent to the job's process group (systemd, SLURM,
@@ -248,7 +270,7 @@ def worker_main(worker_id: int, spec: WorkerSpec, requests, results) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     prepare_worker_process(worker_id, spec)
     try:
-        asyncio.run(_serve(worker_id, spec, requests, results))
+        asyncio.run(_serve(worker_id, spec, requests, results, pulse))
     except KeyboardInterrupt:
         pass
     except Exception as e:

@@ -58,6 +58,13 @@ def _running(url: str) -> int:
     return int(float(re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M).group(1)))
 
 
+def _aborted(url: str) -> float:
+    """``/metrics``' count of choices finished by ``abort``."""
+    text = _get(f"{url}/metrics").text
+    return float(re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"\} (\S+)$', text,
+                           re.M).group(1))
+
+
 def _send_and_leave(url: str, path: str, body: dict, after_s: float) -> None:
     """POST ``body`` on a raw socket, then close it once the engine has been working on it for
     ``after_s``, without reading the answer."""
@@ -109,6 +116,10 @@ def test_a_request_whose_client_left_is_cancelled_within_a_second(served, route,
     left = time.monotonic()
     took = _cancelled_within(url, left, 3.0)
     assert took < 1.5, took
+    deadline = time.monotonic() + 2.0  # and counted: each of its 32 choices finished by abort
+    while _aborted(url) != 32 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _aborted(url) == 32, _get(f"{url}/metrics").text
     t0 = time.monotonic()  # and the engine is free for the next one at once
     r = _post(f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 4})
     assert r.status_code == 200 and time.monotonic() - t0 < 5.0
@@ -120,6 +131,7 @@ def test_an_sglang_generate_whose_client_left_is_cancelled(served_sglang, server
     body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4000, "temperature": 1.0}}
     _send_and_leave(url, "/generate", body, 1.0)
     assert _cancelled_within(url, time.monotonic(), 3.0) < 1.5
+    assert _aborted(url) == 1
     assert not server_errors, server_errors
 
 
