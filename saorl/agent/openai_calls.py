@@ -46,8 +46,15 @@ from saorl.models.codec import RunTokenizer
 
 
 class AgentMessage(oa.ChatMessage):
-    """A chat message as an agent sends it back: an assistant's may carry its ``tool_calls``."""
+    """A chat message as an agent sends it back: an assistant's may carry its ``tool_calls``, and the
+    reply's other keys, which the ``openai`` client sends with a reply appended as it came (read and
+    ignored: they hold nothing that is rendered)."""
     tool_calls: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+    reasoning: str | None = None
 
 
 class AgentChatRequest(oa.ChatRequest):

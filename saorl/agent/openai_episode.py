@@ -100,12 +100,12 @@ class _AgentThread:
 
 
 async def play_agent_episode(engine: InferenceEngine, env: OpenAIAgentEnv, task: Task, tokenizer: Any, *,
-                             sampling: SamplingParams, max_total_tokens: int, sample_index: int = 0,
-                             model_name: str = "policy") -> Trajectory:
+                             sampling: SamplingParams, max_total_tokens: int,
+                             sample_index: int = 0) -> Trajectory:
     """Play one episode of ``env``'s agent on ``task`` (module docstring)."""
     codec = as_run_tokenizer(tokenizer)
     proxy = await proxy_for()
-    ep = calls.Episode(engine, codec, sampling, max_total_tokens, model_name,
+    ep = calls.Episode(engine, codec, sampling, max_total_tokens, env.model,
                        seed_key=f"{task.id}/{sample_index}",
                        session=f"{task.id}/{sample_index}/{uuid.uuid4().hex}", tool_format=env.tool_format)
     token = proxy.open(ep)

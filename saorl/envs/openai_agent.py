@@ -83,12 +83,14 @@ class OpenAIAgentEnv(Env):
     name: ClassVar[str] = "openai_agent"
 
     def __init__(self, agent: str | None = None, success_threshold: float = 0.5,
-                 prompt_column: str = "prompt", tool_format: str = "hermes", **options: Any) -> None:
+                 prompt_column: str = "prompt", tool_format: str = "hermes", model: str = "policy",
+                 **options: Any) -> None:
         """Options: ``agent`` (required: ``module.path:function``, an async function (task, client) ->
         reward or dict), ``success_threshold`` (0.5: success is reward >= it when the agent does not
         say), ``prompt_column`` ("prompt": what the start-up screen of prompt lengths measures),
         ``tool_format`` ("hermes": how the model's tool calls are read when a call gives ``tools``,
-        one of :data:`saorl.agent.tool_calls.TOOL_CALL_FORMATS`)."""
+        one of :data:`saorl.agent.tool_calls.TOOL_CALL_FORMATS`), ``model`` ("policy": the model name
+        the endpoint serves, which the agent's calls pass as ``model``)."""
         super().__init__(**options)
         if agent is None:
             raise ValueError("agent is required: env.options.agent=module.path:function, an async function "
@@ -100,7 +102,9 @@ class OpenAIAgentEnv(Env):
         self.agent_spec = agent
         self.agent = load_agent(agent)
         self.success_threshold = float(success_threshold)
-        self.prompt_column, self.tool_format = prompt_column, tool_format
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty name, got {model!r}")
+        self.prompt_column, self.tool_format, self.model = prompt_column, tool_format, model
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         raise ValueError("openai_agent has no task generator: give the agent's tasks with env.tasks_file "
