@@ -27,8 +27,8 @@ def test_train_the_example_openai_agent_as_it_is(tmp_path):
     from saorl.models.tokenizer import load_tokenizer
 
     data = tmp_path / "data"
-    subprocess.run([sys.executable, str(EXAMPLE / "make_tasks.py"), str(data), "--train", "32", "--test", "2"],
-                   check=True, capture_output=True)
+    make = [sys.executable, str(EXAMPLE / "make_tasks.py"), str(data), "--train", "32", "--test", "2"]
+    subprocess.run(make, check=True, capture_output=True)
     hf = load_tokenizer()  # the tiny policy's vocabulary, with a chat template (it ships none)
     hf.chat_template = CHATML
     hf.save_pretrained(str(tmp_path / "tok"))
