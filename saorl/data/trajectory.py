@@ -128,6 +128,17 @@ class Segment:
     prompt_len: int
 
 
+def _segment(value: Segment | dict[str, Any], task_id: str) -> Segment:
+    if isinstance(value, Segment):
+        return value
+    names = set(Segment.__dataclass_fields__)
+    if not isinstance(value, dict) or set(value) != names:
+        got = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise TrajectoryError(f"trajectory {task_id!r}: a segment must hold exactly {sorted(names)}, "
+                              f"got {got}")
+    return Segment(**value)
+
+
 @dataclass
 class Trajectory:
     token_ids: list[int]
@@ -151,7 +162,7 @@ class Trajectory:
     def __post_init__(self) -> None:
         if isinstance(self.episode, dict):
             self.episode = Episode.from_dict(self.episode)
-        self.segments = [Segment(**s) if isinstance(s, dict) else s for s in self.segments]
+        self.segments = [_segment(s, self.task_id) for s in self.segments]
         self.validate()
 
     # ------------------------------------------------------------------ checks

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import openai
 import pytest
@@ -22,6 +23,7 @@ from saorl.models.codec import RunTokenizer
 from saorl.models.logprobs import token_logprobs
 from saorl.models.tiny import build_tiny
 from saorl.models.tokenizer import load_tokenizer
+from saorl.runtime.journal import decode_entry, encode_entry
 
 local = pytest.importorskip("saorl.engines.local")
 pytestmark = pytest.mark.timeout(120)
@@ -147,12 +149,27 @@ def test_a_rewritten_history_is_two_segments_each_ending_in_the_reward(tok):
     seg = traj.segments[0]
     assert tok.decode(seg.token_ids[:seg.prompt_len]).startswith("<|im_start|>system\nBe brief.")
     assert tok.decode(traj.token_ids[:traj.prompt_len]).startswith("<|im_start|>system\nSummary so far: ")
-    back = Trajectory.from_json(traj.to_json())  # the journal's round trip keeps the segment
-    assert back.segments == traj.segments
+    back = decode_entry(encode_entry(traj))  # the journal's round trip (and a resume's) keeps the segment
+    assert back.segments == traj.segments and back.token_ids == traj.token_ids
     rows, gids = training_rows([back], [7])
     assert len(rows) == 2 and gids == [7, 7] and all(r.segments == [] for r in rows)
     assert [sum(r.rewards) for r in rows] == [1.0, 1.0]
     assert _rows_exact(model, traj) == 2
+    # the learner trains on both rows: a step on the episode collates its two segments
+    from saorl.algo.registry import get_preset
+    from saorl.models.critic import Critic
+    from saorl.runtime.learner.single import Learner, OptimConfig
+
+    learner = Learner(model, Critic.from_policy(model), get_preset("sao"), OptimConfig(policy_lr=1e-3),
+                      pad_id=0)
+    seen = []
+    share = learner._step_share
+    learner._step_share = lambda trajs, gids: seen.append([len(t) for t in trajs]) or share(trajs, gids)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = learner.step([traj])
+    assert seen == [[len(seg.token_ids), len(traj.token_ids)]]
+    assert math.isfinite(result["policy/loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 async def refused(task, client):
