@@ -5,10 +5,10 @@ The request is read with ``saorl serve``'s schemas (:mod:`saorl.engines.serve.op
 types, finite numbers, an unknown field is a 400 naming it), with messages that may carry the
 ``tool_calls`` of the model's earlier replies. Then:
 
-- **Refused** (HTTP 400 naming the field, as the OpenAI API words its errors): ``model`` other than
-  the served name (the run's ``model.policy``), ``n`` > 1 (one rollout per task), a ``logit_bias``
-  with a non-zero bias and every other field of :data:`~saorl.engines.serve.openai_fields.UNHONOURED`
-  away from its neutral value (penalties, ``min_p``, ``response_format``, ...): the trainer scores
+- **Refused** (HTTP 400 naming the field, as the OpenAI API words its errors): ``model`` other
+  than the served name (``env.options.model``, default ``policy``), ``n`` > 1 (one rollout per
+  task), a ``logit_bias`` with a non-zero bias and every other field of
+  :data:`~saorl.engines.serve.openai_fields.UNHONOURED` away from its neutral value (penalties, ``min_p``, ``response_format``, ...): the trainer scores
   the tokens under the distribution the engine samples, which these would change. Also
   ``top_p`` / ``top_k`` other than the run's (``rollout.top_p`` / ``top_k``), ``tool_choice``
   ``required`` or naming a function (nothing forces a call), ``chat_template_kwargs``, and

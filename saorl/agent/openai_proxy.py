@@ -6,7 +6,7 @@ episode has a token of its own, and its client's base URL is
 ``http://127.0.0.1:<port>/ep/<token>/v1``. Routes:
 
 - ``POST /ep/<token>/v1/chat/completions``: one call of the episode (:mod:`saorl.agent.openai_calls`);
-- ``GET /ep/<token>/v1/models``: the served model (the run's ``model.policy``).
+- ``GET /ep/<token>/v1/models``: the served model (``env.options.model``).
 
 A token no episode holds is a 404; the token of an episode that ended (its agent returned, raised
 or ran past its deadline) is a 410 saying so, and such a call is not recorded: a task the agent
