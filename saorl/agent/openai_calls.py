@@ -8,8 +8,9 @@ types, finite numbers, an unknown field is a 400 naming it), with messages that 
 - **Refused** (HTTP 400 naming the field, as the OpenAI API words its errors): ``model`` other
   than the served name (``env.options.model``, default ``policy``), ``n`` > 1 (one rollout per
   task), a ``logit_bias`` with a non-zero bias and every other field of
-  :data:`~saorl.engines.serve.openai_fields.UNHONOURED` away from its neutral value (penalties, ``min_p``, ``response_format``, ...): the trainer scores
-  the tokens under the distribution the engine samples, which these would change. Also
+  :data:`~saorl.engines.serve.openai_fields.UNHONOURED` away from its neutral value (penalties,
+  ``min_p``, ``response_format``, ...): the trainer scores the tokens under the distribution the
+  engine samples, which these would change. Also
   ``top_p`` / ``top_k`` other than the run's (``rollout.top_p`` / ``top_k``), ``tool_choice``
   ``required`` or naming a function (nothing forces a call), ``chat_template_kwargs``, and
   ``add_generation_prompt: false`` / ``continue_final_message`` (the episode's template and turns
