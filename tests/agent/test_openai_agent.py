@@ -294,7 +294,23 @@ async def tool_agent(task, client):
             msgs.append({"role": "tool", "tool_call_id": call.id, "content": str(out)})
 
 
-def test_a_tool_calling_agent_gets_tool_calls_and_its_turns_join(tok):
+TOOLS_TEMPLATE = (  # a template that takes tools, as Qwen's: the schemas and the calls are its own
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}{{ eos_token }}\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    "<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n"
+    "</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template, system", [
+    (CHATML, "<|im_start|>system\n# Tools"),  # no tools in the template: the system-prompt block
+    (TOOLS_TEMPLATE, '<|im_start|>system\n{"type": "function", "function": {"name": "add"'),
+])
+def test_a_tool_calling_agent_gets_tool_calls_and_its_turns_join(template, system):
+    hf = load_tokenizer()
+    hf.chat_template = template
+    tok = RunTokenizer(hf)
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     engine = _Scripted(tok, [call, "5"])
     SEEN.pop("tool_replies", None)
@@ -304,10 +320,10 @@ def test_a_tool_calling_agent_gets_tool_calls_and_its_turns_join(tok):
     (call,) = first.message.tool_calls
     assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2, "b": 3}
     assert second.message.content == "5" and traj.episode.final_reward == 1.0
-    # the tools were rendered into the system message (the template does not take them), the model's
-    # call went back as it wrote it: one segment, the tool's result an observation
-    system = tok.decode(engine.prompts[0])
-    assert system.startswith("<|im_start|>system\n# Tools") and '"name": "add"' in system
+    # the tools were rendered by the template, or into the system message when it does not take them;
+    # the model's call went back as it wrote it: one segment, the tool's result an observation
+    first_prompt = tok.decode(engine.prompts[0])
+    assert first_prompt.startswith(system) and first_prompt.count('"name": "add"') == 1
     assert traj.segments == [] and traj.episode.turns == 2
     (_, b1), (a2, _) = traj.episode.turn_spans
     assert "<|im_start|>tool\n5" in tok.decode(traj.token_ids[b1:a2])
