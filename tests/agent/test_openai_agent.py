@@ -327,3 +327,23 @@ def test_a_tool_calling_agent_gets_tool_calls_and_its_turns_join(template, syste
     assert traj.segments == [] and traj.episode.turns == 2
     (_, b1), (a2, _) = traj.episode.turn_spans
     assert "<|im_start|>tool\n5" in tok.decode(traj.token_ids[b1:a2])
+
+
+def test_the_agent_runs_on_a_vllm_server_engine_too(tok):
+    """The rollout engine a client of an (emulated) vLLM server over loopback: the same episode."""
+    from saorl.config.engines import VllmEngineConfig
+    from saorl.engines.kinds import ClientOptions, server_kind
+    from saorl.engines.serve.server import serve_in_thread
+
+    model = build_tiny("tiny-dense", seed=0)
+    served = local.LocalEngine(model, tok, max_batch_size=4, version=0)
+    srv, url = serve_in_thread(served, tokenizer=tok, emulate="vllm", logprobs_mode="processed_logprobs")
+    client = server_kind("vllm").client(VllmEngineConfig(urls=[url]), ClientOptions())
+    try:
+        traj, _ = _play(tok, two_turns, engine=client)
+    finally:
+        client.close()
+        srv.shutdown()
+        served.close()
+    assert traj.segments == [] and traj.episode.turns == 2
+    assert _rows_exact(model, traj) == 1
