@@ -242,8 +242,7 @@ def test_an_agent_that_raises_or_hangs_fails_its_rollout_and_late_calls_get_410(
         stranger = openai.AsyncOpenAI(base_url=SEEN["hangs_url"].replace("/ep/", "/ep/0"), api_key="x",
                                       max_retries=0)
         with pytest.raises(openai.NotFoundError, match="no episode with this token"):
-            await stranger.chat.completions.create(model="policy", messages=[{"role": "user", "content": "y"}],
-                                                   max_tokens=1)
+            await stranger.models.list()
         return info.value
 
     err = asyncio.run(late())
