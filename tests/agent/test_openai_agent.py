@@ -213,6 +213,28 @@ async def blocks(task, client):
     time.sleep(3)  # blocks its own loop, never the worker's
 
 
+async def leaks(task, client):
+    """Leaves a task behind that would call after the episode."""
+    async def later():
+        try:
+            await asyncio.sleep(5)
+            await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+            SEEN["leaked"] = "called"
+        except asyncio.CancelledError:
+            SEEN["leaked"] = "cancelled"
+            raise
+
+    SEEN["leak"] = asyncio.ensure_future(later())
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=2)
+    return 1.0
+
+
+def test_a_task_the_agent_leaves_behind_is_cancelled_with_its_episode(tok):
+    traj, _ = _play(tok, leaks)
+    assert SEEN["leaked"] == "cancelled" and traj.episode.turns == 1
+
+
 def test_an_agent_that_raises_or_hangs_fails_its_rollout_and_late_calls_get_410(tok):
     with pytest.raises(EpisodeError, match=r"openai agent '.*:raises' on task 't0' raised: KeyError"):
         _play(tok, raises)
