@@ -43,6 +43,7 @@ from saorl.agent.openai_tools import ToolRendering
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
 from saorl.engines.serve import openai_api as oa
 from saorl.engines.serve import openai_out as out
+from saorl.engines.serve.openai_fields import UNHONOURED
 from saorl.models.codec import RunTokenizer
 
 
@@ -119,12 +120,12 @@ def check(ep: Episode, body: Any) -> AgentChatRequest:
                       f"trained; got {req.model!r}", "model")
     if req.n != 1:
         raise Refused(f"n: one rollout per call is recorded for training; got n={req.n}", "n")
-    bad = req.unhonoured()
-    if bad is not None and bad[0] not in ("tools", "tool_choice"):
-        name, value, neutral = bad
-        raise Refused(f"{name}: the trainer scores the sampled tokens under the engine's temperature, top-k "
-                      f"and top-p only, so {name}={str(value)[:80]} cannot be trained on; leave it out or "
-                      f"send {neutral}", name)
+    for name, (neutral, says) in UNHONOURED.items():
+        value = getattr(req, name, None)
+        if name not in ("tools", "tool_choice") and value is not None and not neutral(value):
+            raise Refused(f"{name}: the trainer scores the sampled tokens under the engine's temperature, "
+                          f"top-k and top-p only, so {name}={str(value)[:80]} cannot be trained on; leave it "
+                          f"out or send {says}", name)
     for name, run_value in (("top_p", ep.sampling.top_p), ("top_k", ep.sampling.top_k)):
         value = getattr(req, name)
         off = name == "top_k" and value in (-1, 0) and not run_value  # -1 and 0 both mean no top-k

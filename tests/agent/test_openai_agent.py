@@ -175,7 +175,8 @@ def test_a_rewritten_history_is_two_segments_each_ending_in_the_reward(tok):
 async def refused(task, client):
     msgs = [{"role": "user", "content": task["question"]}]
     errors = {}
-    asks = (("n", {"n": 2}), ("logit_bias", {"logit_bias": {"5": 10}}), ("model", {"model": "gpt-4o"}))
+    asks = (("n", {"n": 2}), ("logit_bias", {"logit_bias": {"5": 10}}), ("model", {"model": "gpt-4o"}),
+            ("frequency_penalty", {"tools": [ADD_TOOL], "frequency_penalty": 0.5}))
     for name, extra in asks:
         try:
             await client.chat.completions.create(**{"model": "policy", "messages": msgs, **extra})
@@ -189,7 +190,8 @@ async def refused(task, client):
 def test_what_training_cannot_honour_is_refused_with_a_400_and_not_recorded(tok):
     traj, _ = _play(tok, refused)
     errors = SEEN["refused"]
-    assert set(errors) == {"n", "logit_bias", "model"} and all(e[0] == 400 for e in errors.values())
+    assert set(errors) == {"n", "logit_bias", "model", "frequency_penalty"}
+    assert all(e[0] == 400 for e in errors.values()) and errors["frequency_penalty"][2] == "frequency_penalty"
     assert "one rollout per call" in errors["n"][1] and errors["n"][2] == "n"
     assert "logit_bias" in errors["logit_bias"][1] and errors["logit_bias"][2] == "logit_bias"
     assert "serves 'policy'" in errors["model"][1] and "'gpt-4o'" in errors["model"][1]
