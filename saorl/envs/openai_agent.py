@@ -99,6 +99,11 @@ class OpenAIAgentEnv(Env):
             raise ValueError(f"success_threshold must be a finite number, got {success_threshold!r}")
         if not isinstance(tool_format, str) or not tool_format:
             raise ValueError(f"tool_format must be a format name, got {tool_format!r}")
+        try:
+            import openai  # noqa: F401  # the client the agent is given
+        except ImportError:
+            raise ValueError("openai_agent gives the agent an openai.AsyncOpenAI client, and the openai "
+                             "package is not installed: pip install 'saorl[openai]'") from None
         self.agent_spec = agent
         self.agent = load_agent(agent)
         self.success_threshold = float(success_threshold)
