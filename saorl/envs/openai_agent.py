@@ -31,7 +31,11 @@ from typing import Any, ClassVar
 from saorl.envs.base import Env, Progress, Prompt, Split, StepResult, Task
 from saorl.envs.registry import EnvResolveError, import_object
 
-__all__ = ["AgentResult", "OpenAIAgentEnv", "agent_result"]
+__all__ = ["TOOL_FORMATS", "AgentResult", "OpenAIAgentEnv", "agent_result"]
+
+TOOL_FORMATS = ("hermes", "llama3", "json")
+"""The formats ``tool_format`` may name: :data:`saorl.agent.tool_calls.TOOL_CALL_FORMATS` (envs do not
+import the agent package; a test checks that the two agree)."""
 
 
 class AgentResult:
@@ -97,8 +101,8 @@ class OpenAIAgentEnv(Env):
                              "(task: dict, client: openai.AsyncOpenAI) -> float | dict")
         if not isinstance(success_threshold, (int, float)) or not math.isfinite(success_threshold):
             raise ValueError(f"success_threshold must be a finite number, got {success_threshold!r}")
-        if not isinstance(tool_format, str) or not tool_format:
-            raise ValueError(f"tool_format must be a format name, got {tool_format!r}")
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {list(TOOL_FORMATS)}, got {tool_format!r}")
         try:
             import openai  # noqa: F401  # the client the agent is given
         except ImportError:
