@@ -14,13 +14,22 @@ Every per-token list has the same length as ``token_ids``:
 ``prompt_len`` is the number of leading prompt tokens (never action tokens). What the episode
 was beside its tokens (turns, success, timing, which rollout and worker) is the typed
 :class:`Episode` record; ``metadata`` holds only free-form extras nothing in saorl relies on.
+
+**Segments.** An episode is one token sequence when every turn's context extends the previous
+one's. An agent program that owns its conversation (``openai_agent``) may cut, summarise or rewrite
+its history between calls; its episode is then several sequences that share the episode's reward.
+The trajectory's own tokens are the last of them; the others are its ``segments``
+(:class:`Segment`: the same per-token fields), carried inside the one trajectory so that one
+request still gives one trajectory through the workers, the journal and a resume.
+:func:`training_rows` expands them where a learner builds its batch: each segment one row, its own
+GAE chain, the episode's reward on its own last action token (the producer puts it there).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -82,6 +91,54 @@ def env_metric_means(trajs: list[Trajectory], prefix: str = "env/") -> dict[str,
     return {prefix + k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
+def _check_tokens(where: str, token_ids: list[int], action_mask: list[int], rollout_logprobs: list[float],
+                  rewards: list[float], versions: list[int], prompt_len: int) -> None:
+    """The per-token fields of a trajectory or a segment agree with each other (module docstring)."""
+    n = len(token_ids)
+    for name, got in (("action_mask", action_mask), ("rollout_logprobs", rollout_logprobs),
+                      ("rewards", rewards), ("versions", versions)):
+        if len(got) != n:
+            raise TrajectoryError(f"{where}: {name} has {len(got)} entries, token_ids has {n}")
+    if not 0 <= prompt_len <= n:
+        raise TrajectoryError(f"{where}: prompt_len={prompt_len} outside [0, {n}]")
+    if any(m not in (0, 1) for m in action_mask):
+        raise TrajectoryError(f"{where}: action_mask must hold only 0 and 1")
+    if any(action_mask[:prompt_len]):
+        raise TrajectoryError(f"{where}: a prompt token is marked as an action")
+    for t, (m, lp, v) in enumerate(zip(action_mask, rollout_logprobs, versions)):
+        if m:
+            if not (math.isfinite(lp) and lp <= 1e-6):
+                raise TrajectoryError(f"{where}: rollout logprob {lp} at token {t}")
+            if v < 0:
+                raise TrajectoryError(f"{where}: action token {t} has no version")
+    if any(not math.isfinite(r) for r in rewards):
+        raise TrajectoryError(f"{where}: non-finite reward")
+
+
+@dataclass
+class Segment:
+    """An earlier token sequence of an episode whose agent rewrote its history (module docstring):
+    the per-token fields of a :class:`Trajectory`, with the same meaning."""
+
+    token_ids: list[int]
+    action_mask: list[int]
+    rollout_logprobs: list[float]
+    rewards: list[float]
+    versions: list[int]
+    prompt_len: int
+
+
+def _segment(value: Segment | dict[str, Any], task_id: str) -> Segment:
+    if isinstance(value, Segment):
+        return value
+    names = set(Segment.__dataclass_fields__)
+    if not isinstance(value, dict) or set(value) != names:
+        got = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise TrajectoryError(f"trajectory {task_id!r}: a segment must hold exactly {sorted(names)}, "
+                              f"got {got}")
+    return Segment(**value)
+
+
 @dataclass
 class Trajectory:
     token_ids: list[int]
@@ -98,35 +155,25 @@ class Trajectory:
     """MoE routing the engine used (routing replay): per token, the experts of every MoE layer
     flattened ``layers × k``, ``-1`` where the engine never fed that token to the model (the last
     sampled one); None when the engine recorded none."""
+    segments: list[Segment] = field(default_factory=list)
+    """The episode's earlier token sequences, when its agent rewrote its history (module docstring);
+    empty for an episode that is one sequence."""
 
     def __post_init__(self) -> None:
         if isinstance(self.episode, dict):
             self.episode = Episode.from_dict(self.episode)
+        self.segments = [_segment(s, self.task_id) for s in self.segments]
         self.validate()
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
+        where = f"trajectory {self.task_id!r}"
+        _check_tokens(where, self.token_ids, self.action_mask, self.rollout_logprobs, self.rewards,
+                      self.versions, self.prompt_len)
+        for i, seg in enumerate(self.segments):
+            _check_tokens(f"{where} segment {i}", seg.token_ids, seg.action_mask, seg.rollout_logprobs,
+                          seg.rewards, seg.versions, seg.prompt_len)
         n = len(self.token_ids)
-        for name in ("action_mask", "rollout_logprobs", "rewards", "versions"):
-            got = len(getattr(self, name))
-            if got != n:
-                raise TrajectoryError(f"trajectory {self.task_id!r}: {name} has {got} entries, "
-                                      f"token_ids has {n}")
-        if not 0 <= self.prompt_len <= n:
-            raise TrajectoryError(f"trajectory {self.task_id!r}: prompt_len={self.prompt_len} "
-                                  f"outside [0, {n}]")
-        if any(m not in (0, 1) for m in self.action_mask):
-            raise TrajectoryError(f"trajectory {self.task_id!r}: action_mask must hold only 0 and 1")
-        if any(self.action_mask[: self.prompt_len]):
-            raise TrajectoryError(f"trajectory {self.task_id!r}: a prompt token is marked as an action")
-        for t, (m, lp, v) in enumerate(zip(self.action_mask, self.rollout_logprobs, self.versions)):
-            if m:
-                if not (math.isfinite(lp) and lp <= 1e-6):
-                    raise TrajectoryError(f"trajectory {self.task_id!r}: rollout logprob {lp} at token {t}")
-                if v < 0:
-                    raise TrajectoryError(f"trajectory {self.task_id!r}: action token {t} has no version")
-        if any(not math.isfinite(r) for r in self.rewards):
-            raise TrajectoryError(f"trajectory {self.task_id!r}: non-finite reward")
         if self.routes is not None:
             widths = {len(r) for r in self.routes}
             if len(self.routes) != n or len(widths) != 1 or not widths.pop():
@@ -188,3 +235,21 @@ class Trajectory:
     @classmethod
     def from_json(cls, line: str) -> Trajectory:
         return cls.from_dict(json.loads(line))
+
+
+def training_rows(trajs: list[Trajectory], group_ids: list[int]) -> tuple[list[Trajectory], list[int]]:
+    """The rows a learner trains on: each trajectory's :attr:`~Trajectory.segments` as rows of their
+    own (before it, same episode, same group id), then the trajectory itself without them."""
+    if not any(t.segments for t in trajs):
+        return trajs, group_ids
+    rows: list[Trajectory] = []
+    gids: list[int] = []
+    for traj, gid in zip(trajs, group_ids):
+        for seg in traj.segments:
+            rows.append(Trajectory(seg.token_ids, seg.action_mask, seg.rollout_logprobs, seg.rewards,
+                                   seg.versions, seg.prompt_len, task_id=traj.task_id,
+                                   truncated=traj.truncated, episode=traj.episode))
+            gids.append(gid)
+        rows.append(replace(traj, segments=[]))
+        gids.append(gid)
+    return rows, gids

@@ -90,6 +90,9 @@ class Env(ABC):
     observation_role: str = "tool"
     """The role of an observation's message under ``chat``: ``tool`` or ``user`` (the run's
     ``env.observation_role`` overrides it)."""
+    call_timeout_s: float | None = None
+    """The run's ``env.call_timeout_s``, set by the env factory on every env it makes: the deadline of
+    an env that runs user code in the worker's process itself (``openai_agent``'s agent)."""
     calls_user_code: ClassVar[bool] = False
     """True for a built-in env whose ``reset`` / ``step`` call code given by the user (a reward
     function): they run under ``env.call_timeout_s`` like those of an env class from outside saorl."""

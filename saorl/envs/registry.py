@@ -27,6 +27,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "synthetic": "saorl.envs.synthetic:SyntheticLengthEnv",
     "noisy_lookup": "saorl.envs.noisy_lookup:NoisyLookupEnv",
     "prompt_reward": "saorl.envs.prompt_reward:PromptRewardEnv",
+    "openai_agent": "saorl.envs.openai_agent:OpenAIAgentEnv",
 }
 
 
@@ -96,6 +97,7 @@ class EnvFactory:
     def _stamp(self, env: Env) -> Env:
         for name, value in self.overrides.items():
             setattr(env, name, value)
+        env.call_timeout_s = self.call_timeout_s
         return env
 
     @property

@@ -115,11 +115,13 @@ class RunTokenizer:
         """``text``'s ids with no special tokens added (``encode`` itself is the HF tokenizer's)."""
         return list(self.hf.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, text: str | list[dict[str, Any]]) -> list[int]:
+    def prompt_ids(self, text: str | list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt's ids: chat template, or the tokenizer's own leading special tokens + text; a
-        conversation (a list of messages) through the chat template only."""
+        conversation (a list of messages) through the chat template only, with ``tools`` (OpenAI
+        function schemas) passed to the template when given."""
         if isinstance(text, list):
-            return self._conversation_ids(text)
+            return self._conversation_ids(text, tools)
         if self.applies_chat_template:
             try:
                 rendered = self.hf.apply_chat_template(
@@ -139,7 +141,8 @@ class RunTokenizer:
                 return full[:k + n]
         return full
 
-    def _conversation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+    def _conversation_ids(self, messages: list[dict[str, Any]],
+                          tools: list[dict[str, Any]] | None = None) -> list[int]:
         if not self.applies_chat_template:
             start = ("the prompt is a conversation (a list of chat messages), which only a chat template can "
                      "turn into tokens, and ")
@@ -153,8 +156,9 @@ class RunTokenizer:
                 "chat_template, or give the prompts as text")
         roles = [m.get("role") for m in messages]
         try:
+            extra = {} if tools is None else {"tools": tools}
             rendered = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                   **self.spec.chat_template_kwargs)
+                                                   **extra, **self.spec.chat_template_kwargs)
         except Exception as e:
             raise ValueError(f"the tokenizer's chat template failed on a conversation of roles {roles}: "
                              f"{type(e).__name__}: {e} (some templates refuse a system message, or roles "

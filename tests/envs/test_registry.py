@@ -11,7 +11,7 @@ from saorl.envs.style_shift import StyleShiftEnv
 
 def test_builtin_names_and_paths_resolve():
     assert set(BUILTIN_ENVS) == {"math_tool", "math_levels", "noisy_lookup", "code_repair", "style_shift",
-                                 "synthetic", "prompt_reward"}
+                                 "synthetic", "prompt_reward", "openai_agent"}
     assert resolve_env("math_tool") is MathToolEnv
     assert resolve_env("style_shift") is StyleShiftEnv
     assert resolve_env("saorl.envs.style_shift:StyleShiftEnv") is StyleShiftEnv
@@ -27,8 +27,8 @@ def test_code_repair_resolves_when_present():
 
 
 @pytest.mark.parametrize("type_str, message", [
-    ("mathtool", "not a built-in (code_repair, math_levels, math_tool, noisy_lookup, prompt_reward, "
-                 "style_shift, synthetic)"),
+    ("mathtool", "not a built-in (code_repair, math_levels, math_tool, noisy_lookup, openai_agent, "
+                 "prompt_reward, style_shift, synthetic)"),
     ("no_such_module_xyz:Foo", "cannot import module 'no_such_module_xyz'"),
     ("saorl.envs.base:Nope", "has no attribute 'Nope'"),
     ("saorl.envs.base:Task", "not a subclass of saorl.envs.base.Env"),

@@ -115,15 +115,25 @@ async def play_rollout(engine: InferenceEngine, env_factory: Callable, tokenizer
                        sampling: SamplingParams, max_total_tokens: int, worker: int,
                        follower: WeightFollower | None = None,
                        env_executor: Executor | None = None) -> Trajectory:
-    """One rollout: ``req.task`` played once, seeded by ``req.rid``, its episode record filled in."""
+    """One rollout: ``req.task`` played once, seeded by ``req.rid``, its episode record filled in. An
+    ``openai_agent`` env's episode is its agent program's (:mod:`saorl.agent.openai_episode`), any
+    other env's the agent loop's."""
     from saorl.agent.loop import run_episode
+    from saorl.envs.openai_agent import OpenAIAgentEnv
 
     if follower is not None:
         await follower.wait_for(req.min_version)
     t_start = time.time()
-    traj = await run_episode(engine, env_factory(), req.task, tokenizer, sampling=sampling,
-                             max_total_tokens=max_total_tokens, progress=req.progress,
-                             env_executor=env_executor, sample_index=req.rid)
+    env = env_factory()
+    if isinstance(env, OpenAIAgentEnv):
+        from saorl.agent.openai_episode import play_agent_episode
+
+        traj = await play_agent_episode(engine, env, req.task, tokenizer, sampling=sampling,
+                                        max_total_tokens=max_total_tokens, sample_index=req.rid)
+    else:
+        traj = await run_episode(engine, env, req.task, tokenizer, sampling=sampling,
+                                 max_total_tokens=max_total_tokens, progress=req.progress,
+                                 env_executor=env_executor, sample_index=req.rid)
     ep = traj.episode
     ep.rid, ep.group, ep.worker, ep.t_start, ep.t_end = req.rid, req.group, worker, t_start, time.time()
     return traj

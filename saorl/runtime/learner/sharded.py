@@ -85,7 +85,7 @@ from torch.distributed.tensor import DTensor
 
 from saorl.algo.advantages import RunningMeanBaseline
 from saorl.algo.registry import AlgoPreset
-from saorl.data.trajectory import Trajectory
+from saorl.data.trajectory import Trajectory, training_rows
 from saorl.models.critic import Critic
 from saorl.models.hf_format import served_names, to_checkpoint
 from saorl.models.loading import checkpoint_activations
@@ -175,6 +175,7 @@ class ShardedLearner(Learner):
         if not trajectories:
             raise ValueError("Learner.step needs at least one trajectory")
         gids = list(group_ids if group_ids is not None else range(len(trajectories)))
+        trajectories, gids = training_rows(trajectories, gids)  # an episode's segments: rows of their own
         shares = split_groups(gids, [len(t) for t in trajectories], self.group.world)
         parts = [([trajectories[i] for i in s], [gids[i] for i in s]) for s in shares]
         return self._run("step", parts, self.version)

@@ -84,7 +84,7 @@ from saorl.algo.registry import (
 )
 from saorl.data.batch import Batch
 from saorl.data.packing import MicroBatch
-from saorl.data.trajectory import Trajectory
+from saorl.data.trajectory import Trajectory, training_rows
 from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import adapter_config, adapter_state, is_lora, load_adapter_state
 from saorl.models.packed import use_varlen_attention
@@ -400,7 +400,7 @@ class Learner:
         if not trajectories:
             raise ValueError("Learner.step needs at least one trajectory")
         gids = list(group_ids) if group_ids is not None else list(range(len(trajectories)))
-        return self._step_share(trajectories, gids)
+        return self._step_share(*training_rows(trajectories, gids))  # an episode's segments: rows
 
     def _step_share(self, trajs: list[Trajectory], gids: list[int]) -> StepResult | None:
         """The step on this process's share of the batch; the result where the metrics are
