@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from saorl.envs.registry import import_object
+from saorl.envs.registry import ModuleMissing, import_object
 
 CallStyle = Literal["auto", "batched", "per_sample"]
 TRL_ARGS = ("prompts", "completions", "completion_ids")
@@ -63,8 +63,11 @@ def load_reward_fn(spec: str) -> Callable[..., Any]:
         raise RewardFunctionError(f"reward_fn must be 'module.path:function' or a list of them, got {spec!r}")
     try:
         fn = import_object(spec, f"reward function {spec!r}")
+    except ModuleMissing as e:  # a module found elsewhere than sys.path is no help: only then the hint
+        raise RewardFunctionError(f"{e}. Is its directory on PYTHONPATH (for the rollout workers too)? "
+                                  "Run from the directory that holds it, or install it") from e
     except ValueError as e:
-        raise RewardFunctionError(f"{e} (is the module on PYTHONPATH, for the rollout workers too?)") from e
+        raise RewardFunctionError(str(e)) from e
     if not callable(fn):
         raise RewardFunctionError(f"reward function {spec!r} is a {type(fn).__name__}, not callable")
     return fn

@@ -17,6 +17,11 @@ marker**, ``{"resume": {"from_step": S, "checkpoint": ..., "pending": ..., "vers
 "time": ...}}``, to both ``trained.jsonl`` and ``metrics.jsonl``: the rows before the marker
 with ``step > S`` were rolled back. :func:`effective_rows` applies the markers, so an audit
 of ``trained.jsonl`` counts each rollout once. Marker rows have no ``step`` key.
+
+A run that ends in order (its steps done, its budget spent, stopped by Ctrl-C, or failed in a way
+it could report) appends an **end marker** to ``metrics.jsonl``, ``{"end": {"step": S, "steps": N,
+"why": ..., "time": ...}}``; a run killed (kill -9, the OOM killer) has none after its last
+resume marker, which is how ``saorl plot`` tells a run that stopped without finishing.
 """
 
 from __future__ import annotations
@@ -154,6 +159,11 @@ class RunRecorder:
         for f in (self._trained, self._metrics):
             f.write(line)
             f.flush()
+
+    def ended(self, info: dict[str, Any]) -> None:
+        """The end marker (see the module docstring), in ``metrics.jsonl``."""
+        self._metrics.write(json.dumps({"end": {**info, "time": time.time()}}) + "\n")
+        self._metrics.flush()
 
     # ----------------------------------------------------------------- trajectories
     def trained(self, step: int, trajs: list[Trajectory], train_start: float, train_end: float) -> None:
@@ -320,7 +330,7 @@ class StepClock:
         self._t0 = self._last = time.monotonic()
 
     def expired(self) -> bool:
-        return self.budget_s is not None and time.monotonic() - self._t0 > self.budget_s
+        return self.budget_s is not None and self._t0 > 0 and time.monotonic() - self._t0 > self.budget_s
 
     def train_started(self) -> None:
         self._train0, self._wall0 = time.monotonic(), time.time()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 
 from saorl.config import SaorlConfig
-from saorl.envs.registry import EnvFactory, EnvResolveError, env_factory_for, resolve_env
+from saorl.envs.registry import BadOptions, EnvFactory, EnvResolveError, env_factory_for, resolve_env
 from saorl.errors import StartupError
 
 
@@ -25,8 +25,10 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
     except EnvResolveError as e:  # the class's observation format
         raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
                            "attribute") from None
-    except (ValueError, TypeError) as e:
+    except (BadOptions, TypeError) as e:  # an option the class does not take: the list of those it does
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
+    except ValueError as e:  # a value the class refused (a reward function that does not import):
+        raise StartupError(f"env.options: {e}") from None  # its own message says what applies
 
 
 def _accepted_options(cls: type) -> str:

@@ -70,7 +70,7 @@ def test_threshold_prompt_column_and_stop_strings(rewards):
 
 @pytest.mark.parametrize("spec, message", [
     ("no_such_module_abc:f",
-     "reward function 'no_such_module_abc:f': cannot import module 'no_such_module_abc'"),
+     "reward function 'no_such_module_abc:f': no module named 'no_such_module_abc'"),
     ("my_rewards:missing", "module 'my_rewards' has no attribute 'missing'"),
     ("my_rewards:not_a_function", "reward function 'my_rewards:not_a_function' is a int, not callable"),
     ("my_rewards", "must be 'module.path:function'"),
