@@ -54,6 +54,8 @@ class Start:
     pending: list[Trajectory] = field(default_factory=list)
     """Trajectories finished but not trained yet (each its rollout id on ``episode.rid``), in journal
     order."""
+    lineage: Lineage = field(default_factory=Lineage)
+    """The versions a resume skipped, for the staleness of ``pending``."""
 
 
 def restore(paths: RunPaths, learner, journal: Journal, recorder: RunRecorder, weights: WeightPublisher, *,

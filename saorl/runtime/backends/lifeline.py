@@ -52,8 +52,10 @@ def run_worker(parent_pid: int, kernel_signal: bool, worker_id: int, spec: bytes
     """Entry point of a rollout worker process: first the lifeline, then
     :func:`saorl.runtime.backends.worker.worker_main` with the unpickled ``spec``."""
     die_with_parent(parent_pid, kernel_signal)
+    from saorl.proctitle import set_title
     from saorl.runtime.backends.worker import worker_main
 
+    set_title(f"rollout worker {worker_id}")
     worker_main(worker_id, pickle.loads(spec), requests, results)
 
 
