@@ -286,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.errors import StartupError
     from saorl.models.codec import check_vocab, run_tokenizer
     from saorl.runtime.recorder import CountProgress
+    from saorl.stages.env_check import prepare_tasks
     from saorl.stages.evaluate import evaluate_config
     from saorl.stages.preflight import check_device, check_env, check_observations
 
@@ -302,6 +303,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         target = resolve_target(args.target, args.overrides, model)
         factory = check_env(target.cfg)
+        prepare_tasks(target.cfg)
         check_device(target.cfg.model.device)
         try:
             tokenizer = run_tokenizer(target.cfg.model)
