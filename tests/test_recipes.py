@@ -93,4 +93,5 @@ def test_every_recipe_makes_its_own_data_from_a_fresh_clone(tmp_path, monkeypatc
     assert [k for k, _ in missing_task_files(cfg)] == ["env.tasks_file", "env.test_tasks_file"]
     said = []
     prepare_tasks(cfg, log=said.append)
-    assert missing_task_files(cfg) == [] and said[-1] == "wrote 176 train and 64 test rows to data/smollm2_sums"
+    assert missing_task_files(cfg) == []
+    assert said[-1] == "wrote 176 train and 64 test rows to data/smollm2_sums"

@@ -129,7 +129,8 @@ def test_a_config_file_gives_the_env_and_settings_and_model_the_policy(tmp_path,
     assert "(final policy)" in from_run.description
     assert main(["eval", str(config), str(policy_dir), "env.options.max_turns=1"]) == 0
     out = capsys.readouterr().out
-    assert f"policy  {policy_dir}" in out and "math_tool, test split, 3 episodes, greedy (run.eval_temperature)" in out
+    assert f"policy  {policy_dir}" in out
+    assert "math_tool, test split, 3 episodes, greedy (run.eval_temperature)" in out
 
 
 def test_tiny_kind_target():

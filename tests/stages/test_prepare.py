@@ -19,8 +19,10 @@ print("wrote", d)
 
 
 def _cfg(prepare):
-    cfg = load_config(None, ["env.type=prompt_reward", "env.options.reward_fn=saorl.envs.rewards:number_answer",
-                             "env.tasks_file=data/sums/train.jsonl", "env.test_tasks_file=data/sums/test.jsonl"])
+    cfg = load_config(None, ["env.type=prompt_reward",
+                             "env.options.reward_fn=saorl.envs.rewards:number_answer",
+                             "env.tasks_file=data/sums/train.jsonl",
+                             "env.test_tasks_file=data/sums/test.jsonl"])
     cfg.env.prepare = prepare
     return cfg
 
