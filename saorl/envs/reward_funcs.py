@@ -105,6 +105,33 @@ class RewardFn:
         return TRL_ARGS if self.batched else ("prompt", "completion")
 
     @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The row's columns its signature cannot do without: per sample, the parameters after the
+        first two (prompt, completion) and the keyword-only ones, with no default; batched, those
+        with no default besides TRL's arguments. Empty where the signature cannot be read."""
+        params = _parameters(self.fn)
+        if params is None:
+            return ()
+        passed = set(TRL_ARGS) if self.batched else set()
+        positional = 0 if self.batched else 2  # prompt and completion take the first two
+        out = []
+        for p in params.values():
+            if positional and p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                         inspect.Parameter.POSITIONAL_OR_KEYWORD):
+                positional -= 1
+                continue
+            if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
+                          inspect.Parameter.POSITIONAL_ONLY):
+                continue
+            if p.default is inspect.Parameter.empty and p.name not in passed:
+                out.append(p.name)
+        return tuple(out)
+
+    def missing_columns(self, row: Mapping[str, Any]) -> list[str]:
+        """The :attr:`required_columns` that ``row`` lacks."""
+        return [c for c in self.required_columns if c not in row]
+
+    @property
     def signature(self) -> str:
         if self.batched:
             return (f"{self.spec}(prompts=[...], completions=[...], completion_ids=[...], **columns) "
