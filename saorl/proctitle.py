@@ -6,7 +6,9 @@ its helpers inherit; each helper sets its own title (:func:`set_title`) as it st
 the whole command line ``ps -eo args`` prints (the ``setproctitle`` package rewrites it) and the
 kernel's 15-character process name (``ps -eo comm``, ``top``): ``saorl: rollout`` and the like.
 Without ``setproctitle`` (an environment that lacks it) only the kernel's name is set
-(``prctl(PR_SET_NAME)``). A title is a convenience: nothing here ever fails a process.
+(``prctl(PR_SET_NAME)``). The title never grows past the process's original command line
+(``SPT_NOENV``): the environment's memory, which ``/proc/PID/environ`` shows, is left as it was.
+A title is a convenience: nothing here ever fails a process.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def title(role: str) -> str:
 def set_title(role: str) -> str:
     """Title this process (see the module docstring); the title."""
     text = title(role)
+    # the title stays inside the original command line's memory: past it, setproctitle would
+    # overwrite the environment's, which /proc/PID/environ reads, and a process forked from this
+    # one would no longer show the mark that finds what user code detached (saorl.envs.escapees)
+    os.environ.setdefault("SPT_NOENV", "1")
     try:
         import setproctitle
 
