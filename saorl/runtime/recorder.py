@@ -18,10 +18,10 @@ marker**, ``{"resume": {"from_step": S, "checkpoint": ..., "pending": ..., "vers
 with ``step > S`` were rolled back. :func:`effective_rows` applies the markers, so an audit
 of ``trained.jsonl`` counts each rollout once. Marker rows have no ``step`` key.
 
-A run that ends in order (its steps done, its budget spent, stopped by Ctrl-C, or failed in a way
-it could report) appends an **end marker** to ``metrics.jsonl``, ``{"end": {"step": S, "steps": N,
-"why": ..., "time": ...}}``; a run killed (kill -9, the OOM killer) has none after its last
-resume marker, which is how ``saorl plot`` tells a run that stopped without finishing.
+A start that ends in order (its steps done, its budget spent, stopped by Ctrl-C, or failed in a
+way it could report) writes ``end.json``, ``{"step": S, "steps": N, "why": ..., "time": ...}``; a
+run killed (kill -9, the OOM killer) has none written after its last resume marker, which is how
+``saorl plot`` tells a run that stopped without finishing.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from saorl.atomic import write_text
 from saorl.data.trajectory import Trajectory
 from saorl.run_paths import RunPaths
 from saorl.runtime.trackers import Trackers
@@ -161,9 +162,8 @@ class RunRecorder:
             f.flush()
 
     def ended(self, info: dict[str, Any]) -> None:
-        """The end marker (see the module docstring), in ``metrics.jsonl``."""
-        self._metrics.write(json.dumps({"end": {**info, "time": time.time()}}) + "\n")
-        self._metrics.flush()
+        """``end.json`` (see the module docstring)."""
+        write_text(self.paths.end, json.dumps({**info, "time": time.time()}) + "\n")
 
     # ----------------------------------------------------------------- trajectories
     def trained(self, step: int, trajs: list[Trajectory], train_start: float, train_end: float) -> None:

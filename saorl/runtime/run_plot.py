@@ -16,8 +16,9 @@ A panel whose metric the run did not log (GRPO has no critic) says so instead of
 
 Each step is drawn once: the rows a resume rolled back are left out, and so are the evaluations
 it redid (the newest of a step's stands). Every resume is a dashed line at the step it resumed
-from, on every panel; a run that stopped without finishing (killed: no end marker after its last
-start, and no trainer holds its directory) is a red line at its last step, and the title says so.
+from, on every panel; a run that stopped without finishing (killed: no ``end.json`` written after
+its last start, and no trainer holds its directory) is a red line at its last step, and the title
+says so.
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ class History:
     resumes: list[int] = field(default_factory=list)
     """The step each resume went back to, in order."""
     end: dict[str, Any] | None = None
-    """The last start's end marker (None: it has none)."""
+    """How the last start ended (``end.json``; None: it was killed, or is running)."""
     running: bool = False
     """A trainer holds the directory now."""
 
     @property
     def killed(self) -> bool:
-        """Stopped without finishing: no end marker after the last start, and no trainer running."""
+        """Stopped without finishing: no ``end.json`` after the last start, and no trainer running."""
         return self.end is None and not self.running
 
     def describe(self, last_step: int) -> str:
@@ -98,19 +99,18 @@ def read_history(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
         raise NotARunError(f"{paths.metrics} has no trainer step and {run_dir} no evaluation yet: "
                            "nothing to draw. Try again once the run has trained a step.")
     history = History(resumes=[int(m.get("from_step", 0)) for m in markers])
-    for r in raw:  # the end marker of the last start only
-        if "resume" in r:
-            history.end = None
-        elif isinstance(r.get("end"), dict):
-            history.end = r["end"]
-    if history.end is None and not any("end" in r for r in raw) and paths.stability.is_file():
-        last_start = max((float(m.get("time", 0)) for m in markers), default=0.0)
-        if paths.stability.stat().st_mtime > last_start:  # a run from before end markers, which ended
-            history.end = {}
-    try:
-        check_not_in_use(run_dir)
-    except RunDirError:
-        history.running = True
+    last_start = max((float(m.get("time", 0)) for m in markers), default=0.0)
+    end = _json(paths.end)
+    if end is not None and float(end.get("time", 0)) > last_start:  # the last start's, not an earlier one's
+        history.end = end
+    elif (not paths.end.exists() and paths.stability.is_file()
+          and paths.stability.stat().st_mtime > last_start):
+        history.end = {}  # a run from before end.json, which ended (stability.json is written at the end)
+    if history.end is None:  # (the trainer draws its own run.png at its end, holding the lock)
+        try:
+            check_not_in_use(run_dir)
+        except RunDirError:
+            history.running = True
     return steps, evals, history
 
 
@@ -125,6 +125,14 @@ def standing_evals(evals: list[dict[str, Any]], markers: list[dict[str, Any]]) -
                                               and int(e.get("step", 0)) > from_step)]
     by_step = {int(e["step"]): e for e in evals if isinstance(e.get("step"), int)}
     return [by_step[k] for k in sorted(by_step)]
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

@@ -95,10 +95,9 @@ def test_each_step_once_resumes_marked_and_a_killed_run_said_so(tmp_path):
     assert plot_run(run).read_bytes()[:8] == PNG
 
 
-def test_an_end_marker_after_the_last_start_is_a_run_that_ended(tmp_path):
+def test_an_end_record_after_the_last_start_is_a_run_that_ended(tmp_path):
     run = _killed_and_resumed(tmp_path / "run")
-    with open(run / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"end": {"step": 2, "steps": 9, "why": "budget", "time": 2.0}}) + "\n")
+    (run / "end.json").write_text(json.dumps({"step": 2, "steps": 9, "why": "budget", "time": 2.0}))
     history = read_history(run)[2]
     assert not history.killed and history.describe(2) == "resumed from step 0; ended at step 2 (budget)"
     with open(run / "metrics.jsonl", "a") as f:  # a later start that was killed: that end no longer counts
