@@ -74,7 +74,8 @@ def prepare_tasks(cfg: SaorlConfig, log=None) -> None:
         raise StartupError(f"{key} {path} is missing, and env.prepare, `{command}`, which makes it, could "
                            f"not run: {e}. Run it by hand from the directory you train in, or fix "
                            "env.prepare") from None
-    tail = " ".join((done.stdout + done.stderr).split())[-400:]
+    said = [line.strip() for line in f"{done.stdout}\n{done.stderr}".splitlines() if line.strip()]
+    tail = said[-1][-300:] if said else ""  # its last line: the error (no traceback), or what it wrote
     if done.returncode != 0:
         raise StartupError(f"{key} {path} is missing, and env.prepare, `{command}`, which makes it, failed "
                            f"(exit {done.returncode}) in {Path.cwd()}: {tail}. It runs in the current "
