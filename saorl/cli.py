@@ -34,7 +34,7 @@ DESCRIPTION = ("saorl: RL post-training of LLM agents with SAO (single-rollout a
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("saorl.commands.train", "train a policy with SAO or a baseline (default: SAO on math_tool)"),
-    "eval": ("saorl.commands.eval", "evaluate a run or checkpoint on an env's test split"),
+    "eval": ("saorl.commands.eval", "evaluate a model, run or checkpoint on a recipe's or env's test split"),
     "sft": ("saorl.commands.sft", "fine-tune a policy on an env's demonstrations; accuracy before/after"),
     "value-pretrain": ("saorl.commands.value_pretrain", "fit a critic on rollouts of a fixed policy"),
     "plot": ("saorl.commands.plot",
