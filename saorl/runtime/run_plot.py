@@ -227,7 +227,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     for ax in axes[1]:
         ax.set_xlabel("trainer step")
     for ax in axes.flat:
-        ax.set_xlim(0, last + max(1, last // 40))  # room for the last point's marker
+        ax.set_xlim(-max(0.5, last / 80), last + max(1, last // 40))  # room for the markers at 0 and last
         ax.grid(alpha=0.3)
     what = history.describe(last)
     fig.suptitle(f"{Path(run_dir).resolve().name}: {len(steps)} trainer steps, {len(evals)} evaluations"
