@@ -34,7 +34,7 @@ DESCRIPTION = ("saorl: RL post-training of LLM agents with SAO (single-rollout a
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("saorl.commands.train", "train a policy with SAO or a baseline (default: SAO on math_tool)"),
-    "eval": ("saorl.commands.eval", "evaluate a run or checkpoint on an env's test split"),
+    "eval": ("saorl.commands.eval", "evaluate a model, run or checkpoint on a recipe's or env's test split"),
     "sft": ("saorl.commands.sft", "fine-tune a policy on an env's demonstrations; accuracy before/after"),
     "value-pretrain": ("saorl.commands.value_pretrain", "fit a critic on rollouts of a fixed policy"),
     "plot": ("saorl.commands.plot",
@@ -115,6 +115,11 @@ def _main(argv: list[str] | None) -> int:
     # The switch is the Hub's, so its download bars go too (the start-up checks say when a Hub model
     # is fetched); HF_HUB_DISABLE_PROGRESS_BARS=0 brings them all back
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if not sys.stderr.isatty():
+        # any other tqdm bar (the GGUF conversion's, through tqdm.auto) redraws itself with carriage
+        # returns: one line of thousands of characters in a log file. tqdm reads TQDM_* when it is
+        # first imported, which no command has done yet; TQDM_DISABLE=0 brings the bars back
+        os.environ.setdefault("TQDM_DISABLE", "1")
     parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parse(parser, argv)
     if args.version:

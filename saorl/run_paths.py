@@ -11,6 +11,7 @@ A run directory (``saorl train`` writes it; ``eval``, ``serve``, ``replay``, ``r
     errors.log             the full text of the failures the run survived
     alarms.jsonl           the alarms raised while it ran (saorl.runtime.alarms), one a line
     stability.json         the run's stability signals, written when it ends
+    end.json               how its last start ended (done, budget, stopped, failed); absent: killed
     samples/               a few decoded trajectories per step
     checkpoints/           step-NNNNNNNN/ directories and the ``latest`` pointer
     journal/               the fsynced segments of finished trajectories
@@ -103,6 +104,11 @@ class RunPaths:
     @property
     def final_adapter(self) -> Path:
         return self.final / "adapter"
+
+    @property
+    def end(self) -> Path:
+        """How the run's last start ended, written when it ends in order (``saorl plot`` reads it)."""
+        return self.root / "end.json"
 
     @property
     def plot(self) -> Path:

@@ -37,6 +37,7 @@ import torch
 from saorl.config import SaorlConfig, absolute_paths
 from saorl.envs.escapees import kill_run_escapees, new_run_mark
 from saorl.errors import RunFailure, StartupError
+from saorl.proctitle import name_run
 from saorl.run_paths import RunPaths
 from saorl.runtime.assemble import build_run
 from saorl.runtime.checkpoint import check_restart
@@ -77,6 +78,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
         return None, {}
     new_run_mark()  # before any worker starts: their user code's processes carry it (saorl.envs.escapees)
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+    name_run(run_dir.name)  # its helper processes say so in ps (saorl.proctitle)
     check_run_dir(run_dir, resume=resume)  # before minutes of checks, warm start and pretraining
     probe_run_dir(run_dir)  # and a read-only or full disk too
     created = _first_missing(run_dir)  # what to remove again if the start fails (None: it existed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -73,3 +74,15 @@ def test_serve_help_shows_the_default_of_every_option_that_takes_a_value():
     text = " ".join(parser.format_help().split())
     assert "(default: 8000)" in text and "(default: cpu)" in text
     assert all(kind in text for kind in TINY_KINDS)
+
+
+def test_no_progress_bar_reaches_a_log_file():
+    """stderr not a terminal (a log file, a pipe): a tqdm bar (the GGUF conversion's) prints nothing."""
+    probe = ("import contextlib, io, os\nfrom saorl.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n    main(['config'])\n"
+             "from tqdm.auto import tqdm\nlist(tqdm(range(3), desc='Converting GGUF tensors'))\n"
+             "print(os.environ['TQDM_DISABLE'])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1" and "Converting GGUF tensors" not in res.stderr, res.stderr

@@ -74,3 +74,24 @@ def test_smollm2_math_tool_recipe_states_the_protocol_in_a_system_message():
     assert system["role"] == "system" and "<tool>" in system["content"] and "<answer>" in system["content"]
     assert user == {"role": "user", "content": f"Compute {task.data['expr']}."}
     assert env.step(f"<answer>{task.data['answer']}</answer>").reward == 1.0
+
+
+def test_every_recipe_makes_its_own_data_from_a_fresh_clone(tmp_path, monkeypatch):
+    """`saorl train RECIPE` alone: a recipe that reads task files names the command that makes them
+    (env.prepare), and the sums recipe's makes them, run from a clone's root."""
+    import shutil
+
+    from saorl.stages.env_check import missing_task_files, prepare_tasks
+
+    for recipe in sorted(RECIPES.glob("*.yaml")):
+        env = load_config(recipe).env
+        if env.tasks_file or env.dataset is not None:
+            assert env.prepare, f"{recipe.name} reads task files but does not say how to make them"
+    shutil.copytree(RECIPES.parents[1] / "examples" / "smollm2", tmp_path / "examples" / "smollm2")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(RECIPES / "smollm2_135m_sums.yaml")
+    assert [k for k, _ in missing_task_files(cfg)] == ["env.tasks_file", "env.test_tasks_file"]
+    said = []
+    prepare_tasks(cfg, log=said.append)
+    assert missing_task_files(cfg) == []
+    assert said[-1] == "wrote 176 train and 64 test rows to data/smollm2_sums"

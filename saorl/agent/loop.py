@@ -199,7 +199,7 @@ async def _call_env(fn: Callable[..., Any], *args: Any, env: Env, task: Task, wh
     except CallTimeout as e:
         raise EpisodeTimeout(str(e)) from None
     except Exception as e:
-        raise EpisodeError(f"env {env.name!r} raised in {what} on task {task.id!r}: "
+        raise EpisodeError(f"env {env.name!r} raised in {what} on {task.label}: "
                            f"{type(e).__name__}: {e}") from e
     if not isinstance(out, expect):
         names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))

@@ -8,7 +8,9 @@ file, a short model name such as ``smollm2-135m-instruct`` or a Hub id) a causal
 stdout is ``saorl serve: listening on http://HOST:PORT`` (scripts and tests read it).
 
 ``--model RUN_DIR`` (a directory holding a run's ``config.yaml``) serves the run's final policy,
-``RUN_DIR/final/policy``; a run without one (not finished yet) is refused with what is there instead.
+``RUN_DIR/final/policy``; a run without one (killed, or not finished yet) serves its last checkpoint
+in the run's initial policy architecture, and says so on stderr with the step; a run with no
+checkpoint either is refused, naming ``saorl train --resume RUN_DIR``.
 As in vLLM: ``--served-model-name NAME [NAME ...]`` (default: ``--model`` as given) are the names
 requests may use, ``--max-model-len`` the context (default: the model's
 ``max_position_embeddings``), ``--generation-config auto|vllm|DIR`` where the sampling defaults come
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from saorl.config.engines import LocalEngineConfig
 from saorl.run_paths import RunPaths
@@ -108,28 +112,35 @@ def _load_tokenizer(args: argparse.Namespace, source: str):
     return tok
 
 
-def resolve_model(spec: str) -> str:
-    """What ``--model`` serves: a run directory's final policy, else ``spec`` itself; ValueError
-    saying what is missing for a run directory without one."""
+def resolve_model(spec: str, device: str = "cpu") -> tuple[str, Callable[[], Any] | None]:
+    """What ``--model`` serves: ``(source, loader)``. A run directory's final policy, or, for a run
+    that did not finish, its last checkpoint (said on stderr, with the step), loaded into the
+    run's initial policy by ``loader``; else ``spec`` itself (``loader`` None). ValueError naming
+    ``saorl train --resume`` for a run directory with neither."""
     path = Path(spec).expanduser()
     if (path / "manifest.json").is_file() and not (path / "config.json").is_file():
         raise ValueError(f"--model {spec!r} is a checkpoint directory (manifest.json): it holds training "
-                         "state, not a model directory; serve its run directory once the run has finished "
-                         "(RUN/final/policy), or evaluate the checkpoint with saorl eval")
+                         "state, not a model directory; serve its run directory (its final policy, else "
+                         "its last checkpoint), or evaluate the checkpoint with saorl eval")
     paths = RunPaths(path)
     if not paths.config.is_file() or (path / "config.json").is_file():
-        return spec
+        return spec, None
     final = paths.final_policy
     if (final / "config.json").is_file():
-        return str(final)
+        return str(final), None
+    from saorl.commands.eval import TargetError, checkpoint_step, no_policy_yet, run_target, unfinished_note
     from saorl.runtime.checkpoint import latest_checkpoint
+    from saorl.stages.sft import initial_policy_spec
 
     ckpt = latest_checkpoint(paths.checkpoints) if paths.checkpoints.is_dir() else None
-    there = (f"its latest checkpoint is {ckpt}, which saorl eval {spec} evaluates" if ckpt is not None
-             else "it has no checkpoint either")
-    raise ValueError(f"--model {spec!r} is a run directory without a final policy ({final}/config.json is "
-                     f"missing: the run has not finished); {there}. saorl serve serves a finished run's "
-                     "final/policy, or any Hugging Face model directory")
+    if ckpt is None:
+        raise ValueError(no_policy_yet(path))
+    try:
+        target = run_target(path, [f"model.device={device}"], ckpt=ckpt)
+    except TargetError as e:
+        raise ValueError(str(e)) from None
+    print(f"saorl serve: {unfinished_note(path, ckpt, checkpoint_step(ckpt))}", file=sys.stderr, flush=True)
+    return initial_policy_spec(target.cfg), target.load
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -191,13 +202,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         emulation = emulation_of(args.emulate, "--emulate")
-        source = resolve_model(args.model)
+        source, loader = resolve_model(args.model, args.device)
     except ValueError as e:
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2
     try:
         tokenizer = _load_tokenizer(args, source)
-        model = load_model(source, args.seed, args.device)
+        model = loader() if loader is not None else load_model(source, args.seed, args.device)
     except (FileNotFoundError, NotADirectoryError) as e:  # not a model: a file, a directory of other things
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from saorl.runtime.rundir import check_not_in_use, check_run_dir, new_run_dir
+    from saorl.stages.env_check import prepare_tasks
 
     rank0 = int(os.environ.get("RANK", "0")) == 0  # a sharded trainer's other ranks: rank 0 reports
     if args.restart and args.resume is None:
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"run directory: {run_dir}", flush=True)
     try:
         check_env_or_exit("saorl train", cfg)  # before torch is imported: a typo costs well under a second
+        prepare_tasks(cfg)  # a recipe's generated data, made on first use (env.prepare)
         from saorl.training import train
 
         run_dir, final = train(cfg, run_dir, resume=args.resume is not None, restart=args.restart)

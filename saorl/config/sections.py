@@ -286,6 +286,14 @@ class EnvConfig(Section):
     in both."""
     dataset: DatasetConfig | None = None
     """Train and test tasks from one local dataset with named splits (instead of ``tasks_file``)."""
+    prepare: str | None = None
+    """A command that makes the task files (``tasks_file``, ``test_tasks_file``, ``dataset.path``)
+    when one of them is missing, e.g. ``python examples/smollm2/make_data.py data/smollm2_sums``:
+    run once, in the current directory, before the start-up checks (``python`` as its first word is
+    the Python saorl runs on; no shell), so a recipe whose data is generated runs from a fresh clone
+    with ``saorl train RECIPE`` alone. A command that fails, or leaves a file missing, stops the
+    start in one paragraph naming it (exit status 2). null: nothing is run; a missing file is an
+    error."""
     id_column: str | None = None
     """The column (JSONL key) holding unique task ids, in every source (JSONL, parquet, datasets);
     null = an ``id`` column if there is one, else a hash of each row's content (so a row in both

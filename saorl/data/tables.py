@@ -84,7 +84,7 @@ def tasks_from_rows(rows: Iterable[Mapping[str, Any]], where: str, id_column: st
                 repeats[task_id] = repeats.get(task_id, 1) + 1
                 task_id = f"{task_id}#{repeats[task_id]}"
         first[task_id] = ref
-        tasks.append(Task(task_id, data))
+        tasks.append(Task(task_id, data, source=name))
     if not tasks:
         raise TaskFileError(f"{where}: no rows")
     return tasks

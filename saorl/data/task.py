@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -16,6 +16,15 @@ class Task:
     """The most tokens its prompt may have: over it, the agent loop cuts the prompt to fit,
     keeping its end (``env.overlong_prompts: truncate``, :mod:`saorl.agent.prompt_cut`); None:
     the prompt is played as it is."""
+    source: str | None = field(default=None, compare=False, repr=False)
+    """Where it was read: ``path:line`` of a JSONL file, ``path row N`` of a table; None for a
+    generated task. Messages about the task name it (:attr:`label`), not only its id, which for a
+    file without an id column is a hash of the row. Not part of the task's identity (equality)."""
+
+    @property
+    def label(self) -> str:
+        """``task 'ID'``, and where it was read from (``task 'row-3f2a…' (data/train.jsonl:12)``)."""
+        return f"task {self.id!r}" + (f" ({self.source})" if self.source else "")
 
 
 class TaskFileError(ValueError):

@@ -121,7 +121,7 @@ class Env(ABC):
     def call_site(self, method: str, task: Task) -> str:
         """What a call of ``method`` (``"reset"`` or ``"step"``) on ``task`` runs, for a message
         about it (a call past its deadline). Must not depend on the episode's state."""
-        return f"env {self.name!r} ({type(self).__qualname__}.{method}) on task {task.id!r}"
+        return f"env {self.name!r} ({type(self).__qualname__}.{method}) on {task.label}"
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
         """Actions of a (sometimes deliberately suboptimal) demonstration for SFT."""

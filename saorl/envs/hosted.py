@@ -139,6 +139,8 @@ class HostPool:
 
     def __init__(self, cls: type[Env], options: dict[str, Any]) -> None:
         self.what = f"env {cls.__module__}:{cls.__qualname__}"
+        self.role = "reward host" if getattr(cls, "name", None) == "prompt_reward" else "env host"
+        """What ``ps`` calls its children (:mod:`saorl.proctitle`), numbered as they start."""
         try:
             self._preload = pickle.dumps((cls, options))
             pickle.loads(self._preload)
@@ -198,10 +200,12 @@ class HostPool:
         ours, theirs = socket.socketpair()
         with self._lock:
             mark = f"{self.mark}/{self.started}"
+            role = f"{self.role} {self.started}"
             self.started += 1
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", BOOT, json.dumps(sys.path), str(theirs.fileno()), str(os.getpid())],
+                [sys.executable, "-c", BOOT, json.dumps(sys.path), str(theirs.fileno()), str(os.getpid()),
+                 role],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, MARK: mark})
         except BaseException:

@@ -1,6 +1,7 @@
 """The child process of :mod:`saorl.envs.hosted`: one env's ``reset`` / ``step`` calls, one at a time.
 
-Started as ``python -c BOOT SYS_PATH FD PARENT_PID`` (:data:`BOOT`): with the parent's ``sys.path``,
+Started as ``python -c BOOT SYS_PATH FD PARENT_PID ROLE`` (:data:`BOOT`; ROLE names it in ``ps``:
+:mod:`saorl.proctitle`): with the parent's ``sys.path``,
 so it imports what the parent can (the env's module, the reward function's), and the fd of its end
 of a socket pair. It dies with its parent (:func:`saorl.parent_death.die_with_parent`, whose
 kernel parent-death signal also ends a child stuck in code that never yields) and exits when the
@@ -23,17 +24,19 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-        "from saorl.envs.hosted_child import main; main(int(sys.argv[2]), int(sys.argv[3]))")
+        "from saorl.envs.hosted_child import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
 
 _STATE_HINT = ("an env whose calls run under env.call_timeout_s crosses a process boundary with every "
                "call: keep its state and its return values picklable (no open files, sockets, locks or "
                "lambdas), or set env.call_timeout_s=null to run it in the worker, without a deadline")
 
 
-def main(fd: int, parent_pid: int) -> None:
+def main(fd: int, parent_pid: int, role: str = "env host") -> None:
     from saorl.parent_death import die_with_parent
+    from saorl.proctitle import set_title
 
     die_with_parent(parent_pid, kernel_signal=True)
+    set_title(role)  # what ps shows: saorl: reward host 3 of run NAME
     conn = Connection(fd)
     try:
         cls, options = pickle.loads(conn.recv_bytes())

@@ -129,7 +129,7 @@ class PromptRewardEnv(Env):
         row = {k: v for k, v in task.data.items() if k != self.prompt_column}
         specs = ", ".join(repr(f.spec) for f in self.reward_fns)
         what = "reward function" if len(self.reward_fns) == 1 else "reward functions"
-        return f"{what} {specs} on task {task.id!r} (row {_row_text(row)})"
+        return f"{what} {specs} on {task.label} (row {_row_text(row)})"
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         raise ValueError("prompt_reward has no task generator: give your data with env.tasks_file "
@@ -137,10 +137,10 @@ class PromptRewardEnv(Env):
 
     def _prompt_and_row(self, task: Task) -> tuple[Prompt, dict[str, Any]]:
         if self.prompt_column not in task.data:
-            raise ValueError(f"task {task.id!r} has no prompt column {self.prompt_column!r} (columns: "
+            raise ValueError(f"{task.label} has no prompt column {self.prompt_column!r} (columns: "
                              f"{sorted(task.data)}); set env.options.prompt_column")
         prompt = task.data[self.prompt_column]
-        where = f"task {task.id!r}: prompt column {self.prompt_column!r}"
+        where = f"{task.label}: prompt column {self.prompt_column!r}"
         if isinstance(prompt, list):
             prompt = chat_messages(prompt, where)
         elif not isinstance(prompt, str) or not prompt:
@@ -149,8 +149,16 @@ class PromptRewardEnv(Env):
         row = {k: v for k, v in task.data.items() if k != self.prompt_column}
         clash = [k for f in self.reward_fns for k in f.arguments if k in row]
         if clash:
-            raise ValueError(f"task {task.id!r}: column {clash[0]!r} clashes with the reward function's "
+            raise ValueError(f"{task.label}: column {clash[0]!r} clashes with the reward function's "
                              f"argument of that name; rename the column")
+        for f in self.reward_fns:  # by signature: found when the run starts, not when the row is sampled
+            missing = f.missing_columns(row)
+            if missing:
+                raise ValueError(
+                    f"{task.label}: the reward function {f.spec!r} takes column"
+                    f"{'s' if len(missing) > 1 else ''} {', '.join(repr(c) for c in missing)} (a parameter "
+                    f"without a default), which this row lacks (its columns: {sorted(row)}); add "
+                    f"{'it' if len(missing) == 1 else 'them'} to every row, or give the parameter a default")
         return prompt, row
 
     def reset(self, task: Task, progress: Progress | None = None) -> Prompt:
@@ -168,7 +176,7 @@ class PromptRewardEnv(Env):
         prompt, row = self._prompt_and_row(task)
         text = self._cut(action)
         completion = text if isinstance(prompt, str) else [{"role": "assistant", "content": text}]
-        where = f"task {task.id!r} (row {_row_text(row)})"
+        where = f"{task.label} (row {_row_text(row)})"
         values = [f.score(prompt, completion, self._action_ids, row, where) for f in self.reward_fns]
         reward = total_reward(self.reward_fns, values, where)
         metrics = {f"reward/{f.name}": v for f, v in zip(self.reward_fns, values) if v is not None}

@@ -12,7 +12,9 @@ factory of a run's ``env`` config section.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,20 +37,60 @@ class EnvResolveError(ValueError):
     """An env type string that names no usable Env subclass."""
 
 
+class BadOptions(ValueError):
+    """Options the env class does not take (its ``__init__`` raised TypeError on them)."""
+
+
+class ModuleMissing(EnvResolveError):
+    """``module.path:name`` whose module does not exist here (a typo, or not on ``sys.path``)."""
+
+
+class AttributeMissing(EnvResolveError):
+    """``module.path:name`` whose module imports but has no ``name``."""
+
+
 def import_object(spec: str, what: str) -> Any:
-    """The attribute named by ``"module.path:name"``; ``EnvResolveError`` that starts with ``what``
-    and says which part failed (not of that form, module not importable, no such attribute)."""
+    """The attribute named by ``"module.path:name"``; an ``EnvResolveError`` that starts with ``what``
+    and says which part failed: not of that form, :class:`ModuleMissing` (no such module: a typo,
+    or not on ``sys.path``), the module raised while importing, :class:`AttributeMissing` (the
+    module has no such name). A missing name gets the close ones as "did you mean"."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise EnvResolveError(f"{what}: expected 'module.path:name', got {spec!r}")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise ModuleMissing(f"{what}: no module named {e.name!r}{_close_modules(e.name)}") from e
+        raise EnvResolveError(f"{what}: importing module {module_name!r} failed: {type(e).__name__}: "
+                              f"{e}") from e  # a module that exists and imports one that does not
     except Exception as e:
-        raise EnvResolveError(f"{what}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
+        raise EnvResolveError(f"{what}: importing module {module_name!r} raised {type(e).__name__}: "
+                              f"{e}") from e
     obj = getattr(module, attr, None)
     if obj is None:
-        raise EnvResolveError(f"{what}: module {module_name!r} has no attribute {attr!r}")
+        public = [n for n in dir(module) if not n.startswith("_")]
+        raise AttributeMissing(f"{what}: module {module_name!r} has no attribute {attr!r}"
+                               f"{_did_you_mean(attr, public)}")
     return obj
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _close_modules(name: str) -> str:
+    """"did you mean" among the modules beside ``name`` (in its parent package, or top-level)."""
+    parent, _, leaf = name.rpartition(".")
+    try:
+        path = importlib.import_module(parent).__path__ if parent else None
+    except Exception:  # the parent is missing too, or not a package
+        return ""
+    siblings = [m.name for m in pkgutil.iter_modules(path)]
+    close = difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.75)
+    prefix = f"{parent}." if parent else ""
+    return f" (did you mean {' or '.join(repr(prefix + c) for c in close)}?)" if close else ""
 
 
 def resolve_env(type_str: str) -> type[Env]:
@@ -147,7 +189,7 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
     try:
         template = cls(**opts)
     except TypeError as e:
-        raise ValueError(f"env {type_str!r}: bad options {opts}: {e}") from e
+        raise BadOptions(f"env {type_str!r}: bad options {opts}: {e}") from e
     except ValueError as e:
         raise ValueError(f"env {type_str!r}: {e}") from e
     return EnvFactory(cls, opts, template, call_timeout_s, observation)

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from saorl.envs.registry import import_object
+from saorl.envs.registry import ModuleMissing, import_object
 
 CallStyle = Literal["auto", "batched", "per_sample"]
 TRL_ARGS = ("prompts", "completions", "completion_ids")
@@ -63,8 +63,11 @@ def load_reward_fn(spec: str) -> Callable[..., Any]:
         raise RewardFunctionError(f"reward_fn must be 'module.path:function' or a list of them, got {spec!r}")
     try:
         fn = import_object(spec, f"reward function {spec!r}")
+    except ModuleMissing as e:  # a module found elsewhere than sys.path is no help: only then the hint
+        raise RewardFunctionError(f"{e}. Is its directory on PYTHONPATH (for the rollout workers too)? "
+                                  "Run from the directory that holds it, or install it") from e
     except ValueError as e:
-        raise RewardFunctionError(f"{e} (is the module on PYTHONPATH, for the rollout workers too?)") from e
+        raise RewardFunctionError(str(e)) from e
     if not callable(fn):
         raise RewardFunctionError(f"reward function {spec!r} is a {type(fn).__name__}, not callable")
     return fn
@@ -100,6 +103,33 @@ class RewardFn:
     def arguments(self) -> tuple[str, ...]:
         """The names the call passes besides the row's columns (a column of one of them clashes)."""
         return TRL_ARGS if self.batched else ("prompt", "completion")
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The row's columns its signature cannot do without: per sample, the parameters after the
+        first two (prompt, completion) and the keyword-only ones, with no default; batched, those
+        with no default besides TRL's arguments. Empty where the signature cannot be read."""
+        params = _parameters(self.fn)
+        if params is None:
+            return ()
+        passed = set(TRL_ARGS) if self.batched else set()
+        positional = 0 if self.batched else 2  # prompt and completion take the first two
+        out = []
+        for p in params.values():
+            if positional and p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                         inspect.Parameter.POSITIONAL_OR_KEYWORD):
+                positional -= 1
+                continue
+            if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
+                          inspect.Parameter.POSITIONAL_ONLY):
+                continue
+            if p.default is inspect.Parameter.empty and p.name not in passed:
+                out.append(p.name)
+        return tuple(out)
+
+    def missing_columns(self, row: Mapping[str, Any]) -> list[str]:
+        """The :attr:`required_columns` that ``row`` lacks."""
+        return [c for c in self.required_columns if c not in row]
 
     @property
     def signature(self) -> str:

@@ -17,6 +17,11 @@ marker**, ``{"resume": {"from_step": S, "checkpoint": ..., "pending": ..., "vers
 "time": ...}}``, to both ``trained.jsonl`` and ``metrics.jsonl``: the rows before the marker
 with ``step > S`` were rolled back. :func:`effective_rows` applies the markers, so an audit
 of ``trained.jsonl`` counts each rollout once. Marker rows have no ``step`` key.
+
+A start that ends in order (its steps done, its budget spent, stopped by Ctrl-C, or failed in a
+way it could report) writes ``end.json``, ``{"step": S, "steps": N, "why": ..., "time": ...}``; a
+run killed (kill -9, the OOM killer) has none written after its last resume marker, which is how
+``saorl plot`` tells a run that stopped without finishing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from saorl.atomic import write_text
 from saorl.data.trajectory import Trajectory
 from saorl.run_paths import RunPaths
 from saorl.runtime.trackers import Trackers
@@ -161,6 +167,10 @@ class RunRecorder:
         for f in (self._trained, self._metrics):
             f.write(line)
             f.flush()
+
+    def ended(self, info: dict[str, Any]) -> None:
+        """``end.json`` (see the module docstring)."""
+        write_text(self.paths.end, json.dumps({**info, "time": time.time()}) + "\n")
 
     # ----------------------------------------------------------------- trajectories
     def trained(self, step: int, trajs: list[Trajectory], train_start: float, train_end: float) -> None:
@@ -327,7 +337,7 @@ class StepClock:
         self._t0 = self._last = time.monotonic()
 
     def expired(self) -> bool:
-        return self.budget_s is not None and time.monotonic() - self._t0 > self.budget_s
+        return self.budget_s is not None and self._t0 > 0 and time.monotonic() - self._t0 > self.budget_s
 
     def train_started(self) -> None:
         self._train0, self._wall0 = time.monotonic(), time.time()

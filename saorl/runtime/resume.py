@@ -19,6 +19,31 @@ from saorl.runtime.recorder import RunRecorder
 from saorl.runtime.weights.base import WeightPublisher
 
 
+@dataclass(frozen=True)
+class Lineage:
+    """How the policy versions of a resumed run relate to its steps, for staleness.
+
+    A resume continues numbering above every version published before the crash
+    (:func:`restore`): the versions past the checkpoint's named weights now discarded. A
+    trajectory sampled before the resume (one of the journal's) counted against the new numbers
+    would look ``skipped`` versions staler than it is (a run of staleness 0-2 showed 10-12 on its
+    redone steps), so its staleness is counted in the run's own sequence of updates: the
+    trainer's version less ``skipped``, against the version it was sampled with (never below 0:
+    sampled by discarded weights further on than the redone step, it is as fresh as can be)."""
+
+    resumed_version: int = 0
+    """The first version published after the latest resume (0: never resumed)."""
+    skipped: int = 0
+    """Versions published before the resume past the checkpoint's (their weights discarded)."""
+
+    def staleness(self, traj: Trajectory, trainer_version: int) -> int:
+        stale = traj.staleness(trainer_version)
+        versions = traj.action_versions
+        if self.skipped and versions and min(versions) < self.resumed_version:
+            stale = max(0, stale - self.skipped)
+        return stale
+
+
 @dataclass
 class Start:
     """The step a run starts at, and its feed's state then."""
@@ -29,6 +54,8 @@ class Start:
     pending: list[Trajectory] = field(default_factory=list)
     """Trajectories finished but not trained yet (each its rollout id on ``episode.rid``), in journal
     order."""
+    lineage: Lineage = field(default_factory=Lineage)
+    """The versions a resume skipped, for the staleness of ``pending``."""
 
 
 def restore(paths: RunPaths, learner, journal: Journal, recorder: RunRecorder, weights: WeightPublisher, *,
@@ -64,6 +91,7 @@ def restore(paths: RunPaths, learner, journal: Journal, recorder: RunRecorder, w
     # published before the crash named weights now discarded, so continue above them
     published = weights.published_version()
     if published is not None and published > learner.version:
+        start.lineage = Lineage(resumed_version=published + 1, skipped=published + 1 - learner.version)
         learner.version = published + 1
     recorder.resumed({"from_step": start.step, "checkpoint": name, "pending": len(start.pending),
                       "version": learner.version} | ({"restart": True} if restarted else {}))

@@ -83,7 +83,8 @@ class Run:
                                 group_size=parts.preset.group_size, batch_size=settings.batch_size,
                                 version=lambda: self.learner.version, progress=self._progress,
                                 max_staleness=settings.max_staleness, log=recorder.message,
-                                log_error=recorder.error, observer=self.observer)
+                                log_error=recorder.error, observer=self.observer,
+                                staleness=start.lineage.staleness)
         self.feed.restore_pending(start.pending)
         self._checkpointed_step = -1  # the step this process last wrote a checkpoint of
         self._checkpointed_at = time.monotonic()  # when (reset once the workers are ready)
@@ -182,7 +183,7 @@ class Run:
         return Progress(trainer_step=self.step, episode=self.feed.stats.finished)
 
     def _step_metrics(self, trajs: list[Trajectory], version: int) -> dict:
-        stale = [t.staleness(version) for t in trajs]
+        stale = [self.feed.staleness(t, version) for t in trajs]
         versions = {v for t in trajs for v in t.action_versions}
         s = self.feed.stats
         m = {
@@ -274,10 +275,20 @@ class Run:
                     self.parts.weights.close()
                 finally:
                     self.journal.close()
+                    self.recorder.ended({"step": self.step, "steps": self.settings.steps, "why": self._why()})
                     self._stability()
                     self._plot()
                     self.recorder.close()
                     self.observer.run_finished()
+
+    def _why(self) -> str:
+        """Why the run ends: ``done`` (its steps), ``budget`` (trainer.max_wall_s), ``stopped``
+        (Ctrl-C, SIGTERM) or ``failed`` (an error ends it)."""
+        if self.step >= self.settings.steps:
+            return "done"
+        if self.clock.expired():
+            return "budget"
+        return "stopped" if self._stop else "failed"
 
     def _plot(self) -> None:
         """The run's picture into ``run.png`` (:mod:`saorl.runtime.run_plot`); a failure here

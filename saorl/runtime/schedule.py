@@ -93,12 +93,16 @@ class RolloutFeed:
                  policy: DispatchPolicy, *, group_size: int, batch_size: int,
                  version: Callable[[], int], progress: Callable[[], Progress],
                  max_staleness: int | None = None, log: Callable[[str], None] = print,
-                 log_error: Callable[[str], None] | None = None, observer: Observer | None = None) -> None:
+                 log_error: Callable[[str], None] | None = None, observer: Observer | None = None,
+                 staleness: Callable[[Trajectory, int], int] = Trajectory.staleness) -> None:
         if batch_size % group_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of group_size {group_size}")
         self.backend, self.tasks, self.cursor, self.journal = backend, tasks, cursor, journal
         self.policy, self.group_size, self.batch_size = policy, group_size, batch_size
         self.max_staleness, self.log = max_staleness, log
+        self.staleness = staleness
+        """A trajectory's staleness at a trainer version (a resumed run's skips the versions it discarded:
+        :class:`~saorl.runtime.resume.Lineage`)."""
         self.log_error = log_error or log  # a failed rollout's error (with its traceback)
         self.observer = observer or Observer()
         self._version, self._progress = version, progress
@@ -241,7 +245,7 @@ class RolloutFeed:
                         continue
                     for seq in ready[: (self.batch_size - len(trajs)) // self.group_size]:
                         group = self.groups.pop(seq)
-                        stale = max(t.staleness(learner_version) for t in group.values())
+                        stale = max(self.staleness(t, learner_version) for t in group.values())
                         if self.max_staleness is not None and stale > self.max_staleness:
                             self.stats.dropped_stale += len(group)
                             continue

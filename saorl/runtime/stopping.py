@@ -33,6 +33,21 @@ def _signal_name(signum: int | None) -> str:
     return "Ctrl-C" if signum in (None, signal.SIGINT) else signal.Signals(signum).name
 
 
+def _release_semaphores() -> None:
+    """Unlink the named semaphores of this process's ``multiprocessing`` queues (the rollout
+    workers'), which :func:`os._exit` skips: else multiprocessing's resource tracker finds them
+    when the workers are gone, removes them and warns, ``There appear to be 6 leaked semaphore
+    objects to clean up at shutdown``, into the run's log. The finalizers of priority >= 0 are
+    the ones a normal exit runs first (the semaphores' unlink, the queues' close: neither waits
+    on another thread); the private name is multiprocessing's own exit path."""
+    try:
+        from multiprocessing import util
+
+        util._run_finalizers(0)
+    except Exception:  # a forced stop must end whatever happens here
+        pass
+
+
 class StopControl:
     """A signal handler (``signal.signal(SIGINT, control)``) that stops in bounded time.
 
@@ -61,6 +76,7 @@ class StopControl:
             text = f"stopping at once: {why}. The step in progress is abandoned; {self.kept()}\n"
             os.write(2, text.encode())  # no lock a stuck thread may hold: not print, not the console
         finally:
+            _release_semaphores()
             os._exit(EXIT_FORCED)
 
     def done(self) -> None:

@@ -1,13 +1,19 @@
 """The env check every command runs first, before any tensor library is imported: the env type
 resolves and its options are ones the env takes (``saorl config`` and ``saorl train`` both run
-it, so a typo in ``env.options`` costs a fraction of a second in either)."""
+it, so a typo in ``env.options`` costs a fraction of a second in either). And the making of a
+recipe's task files by its ``env.prepare`` command when they are missing
+(:func:`prepare_tasks`, which ``saorl train`` and ``saorl eval`` run, ``saorl config`` not)."""
 
 from __future__ import annotations
 
 import inspect
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 from saorl.config import SaorlConfig
-from saorl.envs.registry import EnvFactory, EnvResolveError, env_factory_for, resolve_env
+from saorl.envs.registry import BadOptions, EnvFactory, EnvResolveError, env_factory_for, resolve_env
 from saorl.errors import StartupError
 
 
@@ -25,8 +31,10 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
     except EnvResolveError as e:  # the class's observation format
         raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
                            "attribute") from None
-    except (ValueError, TypeError) as e:
+    except (BadOptions, TypeError) as e:  # an option the class does not take: the list of those it does
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
+    except ValueError as e:  # a value the class refused (a reward function that does not import):
+        raise StartupError(f"env.options: {e}") from None  # its own message says what applies
 
 
 def _accepted_options(cls: type) -> str:
@@ -36,3 +44,47 @@ def _accepted_options(cls: type) -> str:
         return f"{cls.__name__} takes no options: remove env.options"
     names = ", ".join(p.name if p.default is p.empty else f"{p.name} (default {p.default!r})" for p in params)
     return f"{cls.__name__} accepts: {names}; set them as env.options.NAME=VALUE"
+
+
+def missing_task_files(cfg: SaorlConfig) -> list[tuple[str, str]]:
+    """``(setting, path)`` of each task file or dataset directory ``cfg.env`` names that is missing."""
+    env = cfg.env
+    named = [("env.tasks_file", env.tasks_file), ("env.test_tasks_file", env.test_tasks_file),
+             ("env.dataset.path", env.dataset.path if env.dataset is not None else None)]
+    return [(key, path) for key, path in named if path and not Path(path).expanduser().exists()]
+
+
+def prepare_tasks(cfg: SaorlConfig, log=None) -> None:
+    """Run ``env.prepare`` when a task file it makes is missing (see its field's docstring);
+    :class:`StartupError` when it fails or leaves one missing. Nothing when every file is there or
+    no command is set (the task check then names the missing file)."""
+    missing = missing_task_files(cfg)
+    command = cfg.env.prepare
+    if not missing or not command:
+        return
+    log = log or (lambda text: print(f"saorl: {text}", file=sys.stderr, flush=True))
+    argv = shlex.split(command)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    key, path = missing[0]
+    log(f"{key} {path} is missing: making the task files with `{command}` (env.prepare, once)")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise StartupError(f"{key} {path} is missing, and env.prepare, `{command}`, which makes it, could "
+                           f"not run: {e}. Run it by hand from the directory you train in, or fix "
+                           "env.prepare") from None
+    said = [line.strip() for line in f"{done.stdout}\n{done.stderr}".splitlines() if line.strip()]
+    tail = said[-1][-300:] if said else ""  # its last line: the error (no traceback), or what it wrote
+    if done.returncode != 0:
+        raise StartupError(f"{key} {path} is missing, and env.prepare, `{command}`, which makes it, failed "
+                           f"(exit {done.returncode}) in {Path.cwd()}: {tail}. It runs in the current "
+                           "directory (a recipe's command from the repository's root); fix what it says, "
+                           "or make the files by hand")
+    left = missing_task_files(cfg)
+    if left:
+        raise StartupError(f"env.prepare, `{command}`, ran but {left[0][0]} {left[0][1]} is still missing "
+                           f"(it said: {tail or 'nothing'}); make env.prepare write the file the config "
+                           "names")
+    if tail:
+        log(tail)

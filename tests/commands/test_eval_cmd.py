@@ -91,9 +91,9 @@ def test_eval_run_dir_uses_its_config_and_final_policy(tmp_path, policy_dir, cap
     assert ", 3 episodes" in out  # run.eval_tasks of the run's config; FAST settings came from it too
 
 
-def test_run_dir_without_final_policy_loads_the_latest_checkpoint(tmp_path):
+def test_run_dir_without_final_policy_loads_the_latest_checkpoint(tmp_path, capsys):
     run = _fake_run(tmp_path)
-    with pytest.raises(TargetError, match=r"no final policy .* and no checkpoint"):
+    with pytest.raises(TargetError, match=r"no final policy .* and no checkpoint yet.*saorl train --resume"):
         resolve_target(str(run), [])
     model = build_tiny("tiny-dense", seed=5)  # weights differ from the run's initial tiny-dense (seed 0)
     ckpt = run / "checkpoints" / "step-00000007"
@@ -103,9 +103,34 @@ def test_run_dir_without_final_policy_loads_the_latest_checkpoint(tmp_path):
     for target in (run, ckpt):
         t = resolve_target(str(target), ["seed=0"])
         assert "checkpoint" in t.description and str(ckpt) in t.description
+        err = capsys.readouterr().err  # the run directory: which step, and how to continue the run
+        assert (f"using its last checkpoint, step 7 ({ckpt})" in err) == (target == run), err
+        assert (f"saorl train --resume {run} continues the run" in err) == (target == run)
         loaded = t.load()
         for (name, p), q in zip(loaded.named_parameters(), model.parameters()):
             assert torch.equal(p, q), name
+
+
+def test_a_config_file_gives_the_env_and_settings_and_model_the_policy(tmp_path, policy_dir, capsys):
+    """saorl eval CONFIG.yaml [MODEL]: the config's env, test split and settings; MODEL any target
+    (a run brings its model section), by default the config's own model.policy."""
+    config = tmp_path / "recipe.yaml"
+    config.write_text("model:\n  policy: tiny-moe\nenv:\n  num_test_tasks: 4\n  options: {max_turns: 2}\n"
+                      "rollout:\n  max_new_tokens: 6\n  max_total_tokens: 96\nrun:\n  eval_tasks: 3\n"
+                      "  eval_temperature: 0.0\n")
+    own = resolve_target(str(config), ["seed=3"])
+    assert own.cfg.model.policy == "tiny-moe" and f"model.policy of {config}" in own.description
+    assert torch.equal(next(own.load().parameters()), next(build_tiny("tiny-moe", seed=3).parameters()))
+    other = resolve_target(str(config), [], model=str(policy_dir))
+    assert other.cfg.model.policy == str(policy_dir) and other.cfg.run.eval_tasks == 3
+    run = _fake_run(tmp_path, policy_dir, **{"run.eval_tasks": 2, "model.chat_template": "false"})
+    from_run = resolve_target(str(config), [], model=str(run))
+    assert from_run.cfg.model == load_config(run / "config.yaml").model and from_run.cfg.run.eval_tasks == 3
+    assert "(final policy)" in from_run.description
+    assert main(["eval", str(config), str(policy_dir), "env.options.max_turns=1"]) == 0
+    out = capsys.readouterr().out
+    assert f"policy  {policy_dir}" in out
+    assert "math_tool, test split, 3 episodes, greedy (run.eval_temperature)" in out
 
 
 def test_tiny_kind_target():

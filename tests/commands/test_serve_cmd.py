@@ -39,20 +39,38 @@ def test_bad_options_exit_2_with_one_line(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_a_run_directory_serves_its_final_policy_or_says_what_is_missing(tmp_path, capsys):
+def test_a_run_directory_serves_its_final_policy_or_its_last_checkpoint_or_names_resume(tmp_path, capsys):
+    import json
+
+    import torch
+
     from saorl.commands.serve import resolve_model
+    from saorl.config import load_config, save_resolved
+    from saorl.models.serialize import save_safetensors_atomic
+    from saorl.models.tiny import build_tiny
 
     run = tmp_path / "run"
+    save_resolved(load_config(None, ["sft.enabled=false", "model.policy=tiny-dense"]), run)
     (run / "checkpoints").mkdir(parents=True)
-    (run / "config.yaml").write_text("seed: 0\n")
     assert main(["serve", "--model", str(run)]) == 2
     err = capsys.readouterr().err
-    assert "is a run directory without a final policy" in err and "final/policy/config.json is missing" in err
-    assert "it has no checkpoint either" in err
+    assert "has no final policy (final/policy) and no checkpoint yet" in err and "\n" not in err.strip()
+    assert f"saorl train --resume {run}" in err
+    trained = build_tiny("tiny-dense", seed=5)  # a killed run's checkpoint at step 7
+    ckpt = run / "checkpoints" / "step-00000007"
+    save_safetensors_atomic(trained.state_dict(), ckpt / "policy.safetensors")
+    (ckpt / "manifest.json").write_text(json.dumps({"step": 7}))
+    (run / "checkpoints" / "latest").write_text("step-00000007")
+    source, loader = resolve_model(str(run))
+    assert source == "tiny-dense" and loader is not None
+    err = capsys.readouterr().err
+    assert f"using its last checkpoint, step 7 ({ckpt})" in err and f"saorl train --resume {run}" in err
+    for p, q in zip(loader().parameters(), trained.parameters()):
+        assert torch.equal(p, q)
     (run / "final" / "policy").mkdir(parents=True)
     (run / "final" / "policy" / "config.json").write_text("{}")
-    assert resolve_model(str(run)) == str(run / "final" / "policy")
-    assert resolve_model("tiny-moe") == "tiny-moe"
+    assert resolve_model(str(run)) == (str(run / "final" / "policy"), None)
+    assert resolve_model("tiny-moe") == ("tiny-moe", None)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "manifest.json").write_text("{}")
     with pytest.raises(ValueError, match="is a checkpoint directory"):

@@ -338,3 +338,16 @@ def test_a_run_never_keeps_a_mark_it_inherited(monkeypatch):
     fresh = escapees.new_run_mark()
     assert fresh != "inherited-from-a-parent-run" and os.environ[escapees.RUN_MARK] == fresh
     assert escapees.new_run_mark() != fresh  # the next run in this process gets another
+
+
+def test_ps_names_the_reward_hosts_and_their_run(user_code, monkeypatch):
+    """`ps -eo args` shows `saorl: reward host N of run NAME`, `ps -eo comm` its first 15 characters."""
+    from saorl.proctitle import RUN_ENV
+
+    monkeypatch.setenv(RUN_ENV, "sao-sums-20261206")
+    with _reward_env("pid") as factory:
+        factory().reset(TASK)
+        (pid,) = factory.pool.pids()
+        args, comm = (subprocess.run(["ps", "-o", f"{field}=", "-p", str(pid)], capture_output=True,
+                                     text=True).stdout.strip() for field in ("args", "comm"))
+    assert (args, comm) == ("saorl: reward host 0 of run sao-sums-20261206", "saorl: reward h")

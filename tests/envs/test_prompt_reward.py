@@ -27,6 +27,17 @@ def boom(prompt, completion, **row):
     raise KeyError("no such thing")
 
 not_a_function = 42
+
+def kw_only(prompt, completion, *, level, answer=0):
+    return 1.0
+
+def trl_solution(prompts, completions, solution, **kwargs):
+    return [1.0]
+
+def raises_on_level(prompt, completion, level="easy", **row):
+    if level == "hard":
+        raise KeyError("hard")
+    return 1.0
 '''
 TASK = Task("t1", {"prompt": "What is 2+3?", "answer": 5, "level": "easy"})
 
@@ -70,7 +81,7 @@ def test_threshold_prompt_column_and_stop_strings(rewards):
 
 @pytest.mark.parametrize("spec, message", [
     ("no_such_module_abc:f",
-     "reward function 'no_such_module_abc:f': cannot import module 'no_such_module_abc'"),
+     "reward function 'no_such_module_abc:f': no module named 'no_such_module_abc'"),
     ("my_rewards:missing", "module 'my_rewards' has no attribute 'missing'"),
     ("my_rewards:not_a_function", "reward function 'my_rewards:not_a_function' is a int, not callable"),
     ("my_rewards", "must be 'module.path:function'"),
@@ -171,3 +182,50 @@ def test_a_gsm8k_shaped_dataset_as_docs_envs_md_shows(tmp_path):
         assert r.reward == 1.0 and r.info["success"]
         (r,) = play(env, task, ["I think 3"])
         assert r.reward == 0.0
+
+
+def test_the_columns_a_reward_function_takes_are_read_from_its_signature(rewards):
+    from saorl.envs.reward_funcs import load_reward_fns
+
+    fns = load_reward_fns(["my_rewards:exact", "my_rewards:kw_only", "my_rewards:trl_solution",
+                           "my_rewards:length"])
+    assert [f.required_columns for f in fns] == [("answer",), ("level",), ("solution",), ()]
+    assert fns[0].missing_columns({"level": 1}) == ["answer"]
+
+
+def test_a_row_without_a_column_the_reward_function_takes_stops_the_start_naming_file_and_row(
+        rewards, tmp_path):
+    """Found when the run starts (every row is reset once), not when the row is sampled."""
+    import json
+
+    from saorl.config import load_config
+    from saorl.errors import StartupError
+    from saorl.stages.preflight import check_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"prompt": "1+1=", "answer": 2}, {"prompt": "2+2=", "answer": 4}, {"prompt": "3+3=", "level": 1}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, ["env.type=prompt_reward", "env.options.reward_fn=my_rewards:exact",
+                             f"env.tasks_file={path}", "env.num_test_tasks=1"])
+    with pytest.raises(StartupError) as info:
+        check_tasks(cfg, make_env_factory(cfg.env.type, cfg.env.options))
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: row 3 (task id 'row-") and "\n" not in msg, msg
+    assert ("the reward function 'my_rewards:exact' takes column 'answer' (a parameter without a default), "
+            "which this row lacks (its columns: ['level'])") in msg
+
+
+def test_a_row_that_fails_later_is_named_by_file_and_line(rewards, tmp_path):
+    import json
+
+    from saorl.data.tasks import load_tasks_jsonl
+
+    path = tmp_path / "tasks.jsonl"
+    lines = [json.dumps({"prompt": "p", "level": "easy"}), "", json.dumps({"prompt": "q", "level": "hard"})]
+    path.write_text("\n".join(lines) + "\n")  # line 2 blank: the hard row is on line 3
+    easy, hard = load_tasks_jsonl(path)
+    env = PromptRewardEnv(reward_fn="my_rewards:raises_on_level")
+    assert play(env, easy, ["x"])[0].reward == 1.0
+    with pytest.raises(RewardFunctionError) as info:
+        play(env, hard, ["x"])
+    assert f"on task {hard.id!r} ({path}:3) (row {{'level': 'hard'}}) raised KeyError" in str(info.value)

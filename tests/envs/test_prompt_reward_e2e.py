@@ -44,6 +44,8 @@ def test_train_on_a_parquet_dataset_with_a_reward_function_module(tmp_path):
     train_ids = {t.id for t in read_tasks(data / "train.parquet")}
     trained = [tid for row in read_jsonl(run_dir / "trained.jsonl") for tid in row["task_ids"]]
     assert len(trained) == 8 and set(trained) <= train_ids
+    end = read_jsonl(run_dir / "end.json")[0]  # how it ended: saorl plot tells it from a killed run
+    assert (end["step"], end["steps"], end["why"]) == (2, 2, "done")
 
 
 TRL_REWARDS = '''

@@ -29,7 +29,7 @@ def test_code_repair_resolves_when_present():
 @pytest.mark.parametrize("type_str, message", [
     ("mathtool", "not a built-in (code_repair, math_levels, math_tool, noisy_lookup, openai_agent, "
                  "prompt_reward, style_shift, synthetic)"),
-    ("no_such_module_xyz:Foo", "cannot import module 'no_such_module_xyz'"),
+    ("no_such_module_xyz:Foo", "no module named 'no_such_module_xyz'"),
     ("saorl.envs.base:Nope", "has no attribute 'Nope'"),
     ("saorl.envs.base:Task", "not a subclass of saorl.envs.base.Env"),
     ("", "non-empty string"),

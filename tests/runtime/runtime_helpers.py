@@ -94,7 +94,9 @@ def rollout_worker_pids(trainer_pid: int) -> list[int]:
             cmd = Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
+        # named as it starts (saorl.proctitle); spawn's command line until then
+        if cmd.startswith("saorl: rollout worker") or ("multiprocessing.spawn" in cmd
+                                                       and "resource_tracker" not in cmd):
             pids.append(c)
     return pids
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from saorl.runtime.run_plot import NotARunError, plot_run, read_run, running_mean, series
+from saorl.runtime.run_plot import NotARunError, plot_run, read_history, read_run, running_mean, series
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -65,3 +65,41 @@ def test_the_command(tmp_path):
     bad = subprocess.run([*cmd, str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a saorl run directory" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "run.png").exists()
+
+
+def _killed_and_resumed(path):
+    """A run killed at step 3 without a checkpoint, resumed from step 0 (versions continue above the
+    4 published before the kill), then killed again at step 2 of its second start."""
+    path.mkdir()
+    life1 = [{"step": 0, "policy/version": 0, "eval/accuracy": 0.0}] + [
+        {"step": s, "policy/version": s, "rollout/staleness_mean": 1.0} for s in (1, 2, 3)]
+    marker = {"resume": {"from_step": 0, "checkpoint": None, "pending": 6, "version": 4, "time": 1.0}}
+    life2 = [{"step": 0, "policy/version": 4, "eval/accuracy": 0.0}] + [
+        {"step": s, "policy/version": 4 + s, "rollout/staleness_mean": 1.0} for s in (1, 2)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*life1, marker, *life2]))
+    evals = [{"step": 0, "policy/version": 0, "eval/accuracy": 0.0},
+             {"step": 2, "policy/version": 2, "eval/accuracy": 0.5},  # rolled back by the resume
+             {"step": 0, "policy/version": 4, "eval/accuracy": 0.25}]  # the step-0 evaluation redone
+    (path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    return path
+
+
+def test_each_step_once_resumes_marked_and_a_killed_run_said_so(tmp_path):
+    run = _killed_and_resumed(tmp_path / "run")
+    steps, evals, history = read_history(run)
+    assert [r["step"] for r in steps] == [1, 2]
+    assert [(e["step"], e["eval/accuracy"]) for e in evals] == [(0, 0.25)]  # once, the newest
+    assert history.resumes == [0] and history.killed and not history.running
+    assert history.describe(2) == ("resumed from step 0; stopped without finishing at step 2 (killed; saorl "
+                                   "train --resume continues it)")
+    assert plot_run(run).read_bytes()[:8] == PNG
+
+
+def test_an_end_record_after_the_last_start_is_a_run_that_ended(tmp_path):
+    run = _killed_and_resumed(tmp_path / "run")
+    (run / "end.json").write_text(json.dumps({"step": 2, "steps": 9, "why": "budget", "time": 2.0}))
+    history = read_history(run)[2]
+    assert not history.killed and history.describe(2) == "resumed from step 0; ended at step 2 (budget)"
+    with open(run / "metrics.jsonl", "a") as f:  # a later start that was killed: that end no longer counts
+        f.write(json.dumps({"resume": {"from_step": 2, "version": 7, "time": 3.0}}) + "\n")
+    assert read_history(run)[2].killed

@@ -84,7 +84,7 @@ def _hang_after_two_steps(tmp_path: Path, *args: str):
     wait_for_steps(proc, run_dir, 2, log)
     marker.touch()  # from now on every reward call hangs, far inside its 600 s deadline
     deadline = time.monotonic() + 60
-    while not any("hosted_child" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+    while not any("saorl: reward host" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
                   for p in _hosts(marker) if Path(f"/proc/{p}").exists()):
         assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
         time.sleep(0.2)

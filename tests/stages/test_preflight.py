@@ -150,7 +150,7 @@ def test_conversational_rows_need_a_chat_template_and_well_formed_messages(tmp_p
 
 
 def test_env_module_class_and_options(env_module):
-    cases = [("env.type=no_such_pkg.envs:Env", "cannot import module 'no_such_pkg.envs'", "PYTHONPATH"),
+    cases = [("env.type=no_such_pkg.envs:Env", "no module named 'no_such_pkg'", "PYTHONPATH"),
              ("env.type=preflight_envs:Missing", "has no attribute 'Missing'", "saorl envs list"),
              ("env.options.colour=red", "unknown options: ['colour']", "MathToolEnv accepts: family")]
     for override, what, fix in cases:
@@ -158,6 +158,25 @@ def test_env_module_class_and_options(env_module):
             check_env(load_config(None, [override]))
         msg = _one_paragraph(info)
         assert what in msg and fix in msg, msg
+
+
+def test_reward_function_errors_say_only_what_applies(env_module, tmp_path):
+    """A name with a typo gets "did you mean"; the PYTHONPATH hint only when the module was not
+    found; never the list of the env's options (the option was right, its value was not)."""
+    (tmp_path / "broken_rewards.py").write_text("import no_such_dependency_xyz\n")
+    cases = [("saorl.envs.rewards:number_answr", "has no attribute 'number_answr' (did you mean "
+              "'number_answer'?)", False),
+             ("saorl.envs.rewardz:number_answer", "no module named 'saorl.envs.rewardz' (did you mean "
+              "'saorl.envs.rewards'?)", True),
+             ("no_such_rewards_pkg:f", "no module named 'no_such_rewards_pkg'", True),
+             ("broken_rewards:f", "importing module 'broken_rewards' failed: ModuleNotFoundError", False)]
+    for spec, what, hint in cases:
+        cfg = load_config(None, ["env.type=prompt_reward", f"env.options.reward_fn={spec}"])
+        with pytest.raises(StartupError) as info:
+            check_env(cfg)
+        msg = _one_paragraph(info)
+        assert what in msg, msg
+        assert ("PYTHONPATH" in msg) == hint and "accepts:" not in msg, msg
 
 
 def test_models_hub_id_non_model_dir_tokenizer_and_critic(tmp_path, monkeypatch):

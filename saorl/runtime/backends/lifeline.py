@@ -54,8 +54,10 @@ def run_worker(parent_pid: int, kernel_signal: bool, worker_id: int, spec: bytes
     :func:`saorl.runtime.backends.worker.worker_main` with the unpickled ``spec`` (and the
     :class:`~saorl.runtime.backends.watchdog.WorkerPulse` it writes its progress to)."""
     die_with_parent(parent_pid, kernel_signal)
+    from saorl.proctitle import set_title
     from saorl.runtime.backends.worker import worker_main
 
+    set_title(f"rollout worker {worker_id}")
     worker_main(worker_id, pickle.loads(spec), requests, results, pulse)
 
 
