@@ -8,6 +8,7 @@ import inspect
 
 from saorl.config import SaorlConfig
 from saorl.envs.registry import EnvFactory, EnvResolveError, env_factory_for, resolve_env
+from saorl.envs.toolbox import ToolsError
 from saorl.errors import StartupError
 
 
@@ -21,12 +22,24 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
                            "module importable from here (installed, or on PYTHONPATH); built-ins are listed "
                            "by saorl envs list") from None
     try:
-        return env_factory_for(env, deadline=False)
+        factory = env_factory_for(env, deadline=False)
+    except ToolsError as e:
+        raise StartupError(f"env.tools: {e}") from None
     except EnvResolveError as e:  # the class's observation format
         raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
                            "attribute") from None
     except (ValueError, TypeError) as e:
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
+    if factory.tools is not None:
+        from saorl.agent.tool_calls import ToolSchemaError  # the tensor-free agent modules
+        from saorl.agent.tool_turns import tool_schemas
+
+        try:
+            tool_schemas(factory.tools.functions)
+        except ToolSchemaError as e:
+            factory.close()
+            raise StartupError(f"env.tools: {e}") from None
+    return factory
 
 
 def _accepted_options(cls: type) -> str:
