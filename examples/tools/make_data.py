@@ -3,7 +3,8 @@
 The task of docs/real-model.md's agentic recipe, as a TRL user writes it with ``tools=``:
 products of a 2-digit and a 3-digit number (``Compute 38*114.``), which the model may work out
 with the ``multiply`` / ``add`` tools of ``calculator.py``. Each row is TRL's conversational
-prompt-only format: ``prompt`` one user message, ``answer`` the number ``correct_answer`` checks.
+prompt-only format: ``prompt`` one user message, ``answer`` the number ``correct_answer`` checks,
+``demo`` a demonstration (a ``multiply`` call, then its result: ``multiply`` returns a float).
 Train and test share no problem (``--test`` held out, shuffled with ``--seed``).
 
 ``--tiny-tokenizer`` also writes ``tokenizer/``: the tiny built-in model's tokenizer with a ChatML
@@ -25,9 +26,11 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
 
 
 def row(a: int, b: int) -> dict:
-    """One problem as a one-message conversation with its answer."""
+    """One problem as a one-message conversation with its answer, and a demonstration: the call,
+    then the reply that copies its result (for an SFT warm start, ``env.options.demo_column: demo``)."""
+    call = json.dumps({"name": "multiply", "arguments": {"a": a, "b": b}})
     return {"id": f"{a}x{b}", "prompt": [{"role": "user", "content": QUESTION.format(a=a, b=b)}],
-            "answer": a * b}
+            "answer": a * b, "demo": [f"<tool_call>{call}</tool_call>", f"{float(a * b)}"]}
 
 
 def main() -> None:

@@ -71,6 +71,12 @@ Decisions that the trainer and the env authors rely on:
   ``sample_index`` and the turn number: reproducible, yet episodes and turns do not replay one
   random stream. :func:`run_episodes` / :func:`stream_episodes` pass a task's position as
   ``sample_index``, so a task listed twice gets two different samples.
+- **Tools.** An env with tools (``env.toolbox``: ``env.tools``) plays through
+  :class:`saorl.agent.tool_turns.ToolTurns`: the schemas go into the prompt (through the chat
+  template's ``tools=`` or the system message), a reply with tool calls is answered by the calls'
+  results (one ``tool`` message each, observation ids) without calling ``env.step``, and a reply
+  without calls (or the last turn's) goes to ``env.step`` after ``env.note_completion``. Tool
+  errors are results the model reads, never an :class:`EpisodeError`.
 - **Env metrics.** The last step's ``info["metrics"]`` (optional: names → finite numbers) becomes
   ``episode.env_metrics``; anything else there is an env bug (:class:`EpisodeError`).
 - **Errors.** :class:`EngineError` propagates with the task id prefixed; an aborted or empty

@@ -38,7 +38,9 @@ runs past it, and the timeout's message names the function, the task and its row
 process imports again by name.
 
 Demonstrations for the SFT warm start come from a column of the row (``demo_column``, e.g. a
-reference solution); without one the env has none, and a run needs ``sft.enabled=false``.
+reference solution: text, or a list of texts, the actions of a multi-turn demonstration such as a
+tool call and the answer that uses its result); without one the env has none, and a run needs
+``sft.enabled=false``.
 """
 
 from __future__ import annotations
@@ -196,13 +198,16 @@ class PromptRewardEnv(Env):
         return action[:min(ends)] if ends else action
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
-        """The row's ``demo_column`` as the completion (the column must hold text)."""
+        """The row's ``demo_column`` as the completion: text, or a list of texts, the actions of a
+        multi-turn demonstration (with tools: a call, then the reply that uses its result)."""
         if self.demo_column is None:
             raise NotImplementedError("prompt_reward has demonstrations only with env.options.demo_column "
                                       "(a column holding a reference completion); otherwise set "
                                       "sft.enabled=false")
         demo = task.data.get(self.demo_column)
+        if isinstance(demo, list) and demo and all(isinstance(a, str) and a for a in demo):
+            return list(demo)
         if not isinstance(demo, str) or not demo:
-            raise ValueError(f"task {task.id!r}: demo column {self.demo_column!r} must hold non-empty text, "
-                             f"got {demo!r:.80}")
+            raise ValueError(f"task {task.id!r}: demo column {self.demo_column!r} must hold non-empty text "
+                             f"(or a list of non-empty texts, one per turn), got {demo!r:.80}")
         return [demo]

@@ -180,3 +180,23 @@ def test_bad_tools_are_refused_at_start_naming_them():
         check_env(load_config(None, [*base, "env.tools=[tool_fns:nope]"]))
     assert json.dumps(check_env(load_config(None, [*base, "env.tools=[tool_fns:add]"])).template.tools) == \
         '["tool_fns:add"]'
+
+
+def test_a_demonstration_with_a_tool_call_plays_through_the_tools():
+    """prompt_reward's demo column as a list of actions: the call, then the answer (SFT's trajectory)."""
+    import random
+
+    from saorl.agent import demonstration_trajectory
+
+    tok = codec(QWEN)
+    task = Task("t-2", {**TASK.data, "demo": [CALL, "The answer is 5."]})
+    make = make_env_factory("prompt_reward", {"reward_fn": "tool_fns:reward", "demo_column": "demo"},
+                            tool_options=ToolOptions(("tool_fns:add",), stop=True))
+    with make:
+        traj = asyncio.run(demonstration_trajectory(make(), task, tok, random.Random(0)))
+    assert traj.episode.turns == 2 and traj.episode.success
+    assert traj.episode.env_metrics["tool_calls"] == 1
+    text = tok.hf.decode(traj.token_ids)
+    assert "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response>" in text
+    acted = tok.hf.decode([t for t, m in zip(traj.token_ids, traj.action_mask) if m])
+    assert acted == CALL + "The answer is 5." + tok.hf.eos_token  # the call ended on its stop string
