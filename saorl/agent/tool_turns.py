@@ -47,11 +47,11 @@ from saorl.agent.tool_prompt import (
     tools_system_prompt,
     with_tool_system_prompt,
 )
-from saorl.envs.base import Prompt
+from saorl.envs.base import Env, Prompt
 from saorl.envs.toolbox import Tools
 from saorl.models.codec import RunTokenizer
 
-__all__ = ["ToolTurns", "tool_schemas"]
+__all__ = ["ToolTurns", "tool_schemas", "with_tools"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -128,3 +128,12 @@ class ToolTurns:
 
     def metrics(self) -> dict[str, float]:
         return {"tool_calls": float(self.calls), "tool_errors": float(self.errors)}
+
+
+def with_tools(env: Env, codec: RunTokenizer, prompt: Prompt) -> tuple[RunTokenizer, Prompt]:
+    """The tokenizer and prompt an episode of ``env`` renders (the tools' schemas in it, when
+    ``env`` has tools), for counting a prompt's tokens as the agent loop will."""
+    if env.toolbox is None:
+        return codec, prompt
+    turns = ToolTurns(env.toolbox, codec, 1)
+    return turns.codec(codec), turns.prompt(prompt)

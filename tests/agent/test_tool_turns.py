@@ -200,3 +200,19 @@ def test_a_demonstration_with_a_tool_call_plays_through_the_tools():
     assert "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response>" in text
     acted = tok.hf.decode([t for t, m in zip(traj.token_ids, traj.action_mask) if m])
     assert acted == CALL + "The answer is 5." + tok.hf.eos_token  # the call ended on its stop string
+
+
+def test_the_prompt_budget_counts_the_tools_schemas():
+    from saorl.agent.prompts import screen_prompts
+
+    tok = codec(CHATML)
+    plain = len(tok.prompt_ids(TASK.data["prompt"]))
+    with factory("add") as make:
+        env = make()
+        from saorl.agent.tool_turns import with_tools
+
+        with_schemas = len(tok.prompt_ids(with_tools(env, tok, TASK.data["prompt"])[1]))
+        assert with_schemas > plain + 50
+        assert screen_prompts([TASK], make, tok, with_schemas).kept == [TASK]
+        screened = screen_prompts([TASK], make, tok, with_schemas - 1)
+    assert screened.kept == [] and screened.overlong == [(TASK, with_schemas)]

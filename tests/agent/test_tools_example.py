@@ -44,3 +44,18 @@ def test_the_tiny_config_trains_two_steps(tmp_path):
     for r in steps:  # the episode's counts, batch means
         assert r["env/tool_calls"] >= r["env/tool_errors"] >= 0.0
         assert 0.0 <= r["env/reward/correct_answer"] <= 1.0
+
+
+def test_every_env_key_on_docs_agents_is_a_config_field():
+    import re
+
+    from saorl.config.sections import EnvConfig
+
+    page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    keys = {m for span in re.findall(r"`([^`]+)`", page) for m in re.findall(r"\benv\.([a-z_]+)", span)}
+    assert {"tools", "tool_format", "tool_prompt", "tool_stop", "tool_max_turns"} <= keys
+    assert not sorted(k for k in keys if k not in EnvConfig.model_fields)
+    for path in ("examples/tools/tools_tiny.yaml", "examples/tools/calculator.py",
+                 "examples/tools/make_data.py", "configs/recipes/smollm2_135m_tools.yaml",
+                 "examples/tools/first_replies.py"):
+        assert path in page and (ROOT / path).exists()
