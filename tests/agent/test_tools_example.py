@@ -52,7 +52,8 @@ def test_every_env_key_on_docs_agents_is_a_config_field():
     from saorl.config.sections import EnvConfig
 
     page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
-    keys = {m for span in re.findall(r"`([^`]+)`", page) for m in re.findall(r"\benv\.([a-z_]+)", span)}
+    prose = re.sub(r"^```.*?^```", "", page, flags=re.S | re.M)
+    keys = {m for span in re.findall(r"`([^`\n]+)`", prose) for m in re.findall(r"\benv\.([a-z_]+)", span)}
     assert {"tools", "tool_format", "tool_prompt", "tool_stop", "tool_max_turns"} <= keys
     assert not sorted(k for k in keys if k not in EnvConfig.model_fields)
     for path in ("examples/tools/tools_tiny.yaml", "examples/tools/calculator.py",
