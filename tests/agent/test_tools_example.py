@@ -21,6 +21,7 @@ def test_the_recipe_and_the_tiny_config_load():
     cfg = load_config(ROOT / "configs" / "recipes" / "smollm2_135m_tools.yaml")
     assert cfg.env.tools == ["calculator:add", "calculator:multiply"] and cfg.env.tool_stop
     assert cfg.model.policy == "smollm2-135m-instruct" and cfg.env.observation_role == "tool"
+    assert cfg.sft.enabled and cfg.env.options["demo_column"] == "demo"  # it never calls a tool as it is
     tiny = load_config(EXAMPLE / "tools_tiny.yaml")
     assert tiny.env.tools == cfg.env.tools and tiny.env.options["reward_fn"] == "calculator:correct_answer"
 
