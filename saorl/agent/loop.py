@@ -71,6 +71,12 @@ Decisions that the trainer and the env authors rely on:
   ``sample_index`` and the turn number: reproducible, yet episodes and turns do not replay one
   random stream. :func:`run_episodes` / :func:`stream_episodes` pass a task's position as
   ``sample_index``, so a task listed twice gets two different samples.
+- **Tools.** An env with tools (``env.toolbox``: ``env.tools``) plays through
+  :class:`saorl.agent.tool_turns.ToolTurns`: the schemas go into the prompt (through the chat
+  template's ``tools=`` or the system message), a reply with tool calls is answered by the calls'
+  results (one ``tool`` message each, observation ids) without calling ``env.step``, and a reply
+  without calls (or the last turn's) goes to ``env.step`` after ``env.note_completion``. Tool
+  errors are results the model reads, never an :class:`EpisodeError`.
 - **Env metrics.** The last step's ``info["metrics"]`` (optional: names → finite numbers) becomes
   ``episode.env_metrics``; anything else there is an env bug (:class:`EpisodeError`).
 - **Errors.** :class:`EngineError` propagates with the task id prefixed; an aborted or empty
@@ -96,6 +102,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from saorl.agent.prompt_cut import fitted_prompt
+from saorl.agent.tool_turns import ToolTurns
 from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
@@ -183,8 +190,8 @@ def _check_result(res: GenerationResult, params: SamplingParams) -> None:
 
 
 def _turn_params(sampling: SamplingParams, env: Env, eos_id: int | None, left: int,
-                 seed_key: str, session: str) -> SamplingParams:
-    stop = tuple(dict.fromkeys((*sampling.stop, *env.stop_strings)))
+                 seed_key: str, session: str, extra_stop: tuple[str, ...] = ()) -> SamplingParams:
+    stop = tuple(dict.fromkeys((*sampling.stop, *env.stop_strings, *extra_stop)))
     stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *(() if eos_id is None else (eos_id,)))))
     seed = None if sampling.seed is None else zlib.crc32(f"{sampling.seed}/{seed_key}".encode())
     return replace(sampling, stop=stop, stop_token_ids=stop_ids, seed=seed,
@@ -230,13 +237,38 @@ class _Observations:
             except TemplateSplitError as e:
                 raise EpisodeError(f"{self.where}: {e}") from None
 
-    def ids(self, ids: list[int], action: str, observation: str) -> list[int]:
+    def ids(self, ids: list[int], action: str, observation: str | list[str]) -> list[int]:
         if self.turns is None:
-            return self.codec.continuation_ids(ids, observation)
+            return self.codec.continuation_ids(ids, _as_text(observation))
         try:
             return self.turns.observation_ids(ids, action, observation)
         except TemplateSplitError as e:
             raise EpisodeError(f"{self.where}: {e}") from None
+
+
+def _as_text(observation: str | list[str]) -> str:
+    """An observation as text: a turn's tool results (a list) each in ``<tool_response>`` tags, as
+    Hermes writes them, for ``observation_format: text``."""
+    if isinstance(observation, str):
+        return observation
+    return "".join(f"\n<tool_response>\n{text}\n</tool_response>" for text in observation) + "\n"
+
+
+async def _step(env: Env, action: str, tools: ToolTurns | None, kw: dict[str, Any]) -> StepResult:
+    """The env's answer to ``action``; with tools, the calls' results when it makes calls
+    (:mod:`saorl.agent.tool_turns`), the env's step otherwise, with the episode's tool counts."""
+    if tools is not None:
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(kw["executor"], tools.run, action)
+        if results is not None:
+            return StepResult(results, 0.0, False, {"metrics": tools.metrics()})  # type: ignore[arg-type]
+        env.note_completion(list(tools.completion))
+    out = await _call_env(env.step, action, what="step", expect=StepResult, **kw)
+    if tools is not None:
+        metrics = out.info.get("metrics", {})
+        if isinstance(metrics, Mapping):
+            out.info = {**out.info, "metrics": {**metrics, **tools.metrics()}}
+    return out
 
 
 def _action_text(codec: RunTokenizer, ids: list[int], start: int) -> str:
@@ -266,6 +298,9 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     t0 = time.perf_counter()
     prompt = await _call_env(env.reset, task, progress, what="reset", expect=(str, list), **kw)
     env_s, gen_s = time.perf_counter() - t0, 0.0
+    tools = None if env.toolbox is None else _tool_turns(env, codec, task, max_turns)
+    if tools is not None:
+        codec, prompt = tools.codec(codec), tools.prompt(prompt)
     b = _Builder()
     prompt, ids = _fitted(codec, prompt, task, env)  # cut to task.prompt_limit if it is over
     b.add_context(ids)
@@ -281,7 +316,8 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     session = f"{task.id}/{sample_index}/{uuid.uuid4().hex}"  # this episode's turns share a KV prefix
     while True:
         params = _turn_params(sampling, env, codec.eos_token_id, max_total_tokens - len(b.token_ids),
-                              seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}", session=session)
+                              seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}", session=session,
+                              extra_stop=() if tools is None else tools.stop_strings)
         t0 = time.perf_counter()
         res = await _generate(engine, b.token_ids, params, task)
         gen_s += time.perf_counter() - t0
@@ -289,7 +325,7 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
         t0 = time.perf_counter()
         action = _action_text(codec, b.token_ids, b.turn_spans[-1][0])
         env.note_action_ids(list(res.token_ids))
-        out = await _call_env(env.step, action, what="step", expect=StepResult, **kw)
+        out = await _step(env, action, tools, kw)
         env_s += time.perf_counter() - t0
         b.add_reward(out.reward)
         if out.done:
@@ -305,11 +341,18 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     episode = Episode(
         env=env.name, turns=len(b.turn_spans), success=bool(out.info.get("success", False)),
         final_reward=float(out.reward), turn_rewards=b.turn_rewards, turn_spans=b.turn_spans,
-        finish_reasons=b.finish_reasons, final_observation=out.observation, truncation=truncation,
+        finish_reasons=b.finish_reasons, final_observation=_as_text(out.observation), truncation=truncation,
         gen_seconds=gen_s, env_seconds=env_s, env_metrics=_env_metrics(out.info, env, task))
     return Trajectory(token_ids=b.token_ids, action_mask=b.action_mask, rollout_logprobs=b.logprobs,
                       rewards=b.rewards, versions=b.versions, prompt_len=prompt_len, task_id=task.id,
                       truncated=truncation is not None, episode=episode, routes=_routes(b))
+
+
+def _tool_turns(env: Env, codec: RunTokenizer, task: Task, max_turns: int) -> ToolTurns:
+    try:
+        return ToolTurns(env.toolbox, codec, max_turns)
+    except ValueError as e:  # a tool without a schema: the start-up checks name it first
+        raise EpisodeError(f"env {env.name!r} task {task.id!r}: {e}") from None
 
 
 def _fitted(codec: RunTokenizer, prompt: str | list, task: Task, env: Env) -> tuple[str | list, list[int]]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from saorl.agent.prompt_cut import can_cut
 from saorl.agent.prompt_size import bytes_bound_holds, bytes_per_token, prompt_bytes
+from saorl.agent.tool_turns import with_tools
 from saorl.config import SaorlConfig
 from saorl.data.task import Task
 from saorl.envs.base import Env, Progress
@@ -63,13 +64,14 @@ def screen_prompts(tasks: Sequence[Task], env_factory: Callable[[], Env], tokeni
             raise StartupError(f"task {task.id!r}: the env's reset, which renders its prompt, failed: "
                                f"{type(e).__name__}: {e}") from None
         n = None
+        codec, prompt = with_tools(env, tokenizer, prompt)  # the tools' schemas count too
         if per_token is None or prompt_bytes(prompt) <= budget * per_token:
-            n = len(tokenizer.prompt_ids(prompt))
+            n = len(codec.prompt_ids(prompt))
             if n <= budget:
                 out.kept.append(task)
                 continue
         out.overlong.append((task, n))
-        if cut and can_cut(tokenizer, prompt, budget):
+        if cut and can_cut(codec, prompt, budget):
             out.kept.append(task)
         elif cut:
             out.uncuttable.append(task)

@@ -340,6 +340,32 @@ class EnvConfig(Section):
     that never returns hangs the run. The built-in envs always run there: their model-written code
     has the sandbox's own time limit."""
 
+    tools: list[str] = Field(default_factory=list)
+    """Native tool calls, as TRL's ``GRPOTrainer(tools=[...])``: Python functions the model may call,
+    each ``module.path:function`` with type-hinted arguments and a Google-style docstring (``Args:``).
+    Their JSON schemas go through the chat template (``tools=``) when it reads them, else into the
+    system message (``env.tool_prompt``); the model's calls are parsed (``env.tool_format``), run
+    under ``env.call_timeout_s`` and answered as ``tool`` messages until it replies without one,
+    which the env scores; malformed calls, unknown tools, bad arguments and failing tools are
+    answered with an error the model reads and counted (``env/tool_errors``). Works with
+    ``prompt_reward`` and any env; empty: the env class's own ``tools`` (none for the built-ins).
+    docs/agents.md."""
+    tool_format: Literal["auto", "hermes", "llama3", "json"] = "auto"
+    """How the model writes a tool call: ``hermes`` (``<tool_call>{json}</tool_call>``: Qwen, Hermes),
+    ``llama3`` (a ``{"name", "parameters"}`` reply), ``json`` (any JSON object with a name and
+    arguments). ``auto``: read off the chat template; ``hermes`` where saorl writes the system prompt."""
+    tool_prompt: Literal["json", "list"] = "json"
+    """How saorl describes the tools to a model whose chat template does not take them: ``json``,
+    Qwen2.5's tool prompt (the schemas as JSON in ``<tools>`` tags); ``list``, one line per tool
+    with a one-line example call."""
+    tool_stop: bool = False
+    """End the model's turn at the end of its first tool call (``</tool_call>`` in the ``hermes``
+    format): one call per turn, and no text after it; false lets a model make several calls in one
+    turn, until its eos."""
+    tool_max_turns: int = Field(4, ge=1)
+    """With tools, the model's turns per episode, calling ones and the final reply together (TRL's
+    ``max_tool_calling_iterations`` + 1); the reply of the last one is scored as it is."""
+
     @model_validator(mode="after")
     def _files(self) -> EnvConfig:
         if self.test_tasks_file and not self.tasks_file:

@@ -67,8 +67,10 @@ class Progress:
 
 @dataclass
 class StepResult:
-    observation: str
-    """Text the environment appends after the action ('' for none)."""
+    observation: str | list[str]
+    """Text the environment appends after the action ('' for none); a list, several messages of
+    the observation role under ``observation_format: chat`` (what the agent loop makes of a turn's
+    tool calls: one result each), each in ``<tool_response>`` tags under ``text``."""
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
@@ -93,6 +95,15 @@ class Env(ABC):
     call_timeout_s: float | None = None
     """The run's ``env.call_timeout_s``, set by the env factory on every env it makes: the deadline of
     an env that runs user code in the worker's process itself (``openai_agent``'s agent)."""
+    tools: tuple[str, ...] = ()
+    """Tools the model may call natively (``module.path:function`` each, typed and documented as
+    TRL's ``tools=`` takes them; :mod:`saorl.envs.toolbox`): the agent loop writes their schemas
+    into the prompt, runs the model's calls and returns their results as ``tool`` messages, and
+    calls :meth:`step` only with a reply that calls no tool (:mod:`saorl.agent.tool_turns`). The
+    run's ``env.tools``, when set, replaces them."""
+    toolbox: Any = None
+    """The :class:`saorl.envs.toolbox.Tools` the run's env factory gives an env that has tools
+    (None: no tools). Set by the factory; env authors declare :attr:`tools` instead."""
     calls_user_code: ClassVar[bool] = False
     """True for a built-in env whose ``reset`` / ``step`` call code given by the user (a reward
     function): they run under ``env.call_timeout_s`` like those of an env class from outside saorl."""
@@ -117,6 +128,12 @@ class Env(ABC):
         """The token ids the policy sampled for the action about to be stepped (eos included), given
         by the agent loop right before ``step``; envs played as text never get them. Ignored here."""
         del ids
+
+    def note_completion(self, messages: list[dict[str, Any]]) -> None:
+        """In an episode with tools, the completion so far as chat messages (TRL's form: each
+        assistant turn with its ``tool_calls``, each ``tool`` result, and last the reply about to
+        be stepped), given by the agent loop right before a :meth:`step`. Ignored here."""
+        del messages
 
     def call_site(self, method: str, task: Task) -> str:
         """What a call of ``method`` (``"reset"`` or ``"step"``) on ``task`` runs, for a message

@@ -271,9 +271,11 @@ class HostedEnv(Env):
         self.max_turns = template.max_turns
         self.observation_format = template.observation_format
         self.observation_role = template.observation_role
+        self.tools = template.tools
         self._state: bytes | None = None
         self._task: Task | None = None
         self._action_ids: list[int] | None = None
+        self._completion: list[dict[str, Any]] | None = None
         self.call_s = 0.0
         """Seconds spent in calls, round trips included (what benchmarks read)."""
 
@@ -294,12 +296,19 @@ class HostedEnv(Env):
         """Handed to the env in the child with the step (one more round trip, only when given)."""
         self._action_ids = list(ids)
 
+    def note_completion(self, messages: list[dict[str, Any]]) -> None:
+        """Handed to the env in the child with the step, like :meth:`note_action_ids`."""
+        self._completion = list(messages)
+
     def step(self, action: str) -> StepResult:
         if self._task is None:
             raise RuntimeError(f"{type(self.template).__name__}.step called before reset")
         ids, self._action_ids = self._action_ids, None
         if ids is not None and type(self.template).note_action_ids is not Env.note_action_ids:
             self._call(self._state, "note_action_ids", (ids,))
+        completion, self._completion = self._completion, None
+        if completion is not None and type(self.template).note_completion is not Env.note_completion:
+            self._call(self._state, "note_completion", (completion,))
         return self._call(self._state, "step", (action,))
 
     def _call(self, state: bytes | None, method: str, args: tuple) -> Any:

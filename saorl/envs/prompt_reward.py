@@ -23,6 +23,14 @@ message that hold None (a field some messages of a parquet column lack reads bac
 dropped; a message without a role, with content that is not text (multimodal parts), or an empty
 conversation is an error naming the task, which the start-up check names by file and row.
 
+With tools (``env.tools``: :mod:`saorl.agent.tool_turns`) an episode runs several turns: the
+model's tool calls are run and answered as ``tool`` messages until it replies without a call (or
+at ``env.tool_max_turns``), and that reply is what ``step`` scores. The reward functions get as the
+completion the whole conversation after the prompt, as TRL passes it when it runs tools: each
+calling turn as ``{"role": "assistant", "content", "tool_calls"}``, each result as ``{"role":
+"tool", "name", "content"}``, the final reply last — for a text prompt too (the episode was a
+conversation). ``completion_ids`` are the final reply's ids.
+
 The reward function is user code, so a run calls it under a deadline (``env.call_timeout_s``,
 :mod:`saorl.envs.hosted`): ``reset`` and ``step`` run in a warm child process, killed when a call
 runs past it, and the timeout's message names the function, the task and its row
@@ -30,7 +38,9 @@ runs past it, and the timeout's message names the function, the task and its row
 process imports again by name.
 
 Demonstrations for the SFT warm start come from a column of the row (``demo_column``, e.g. a
-reference solution); without one the env has none, and a run needs ``sft.enabled=false``.
+reference solution: text, or a list of texts, the actions of a multi-turn demonstration such as a
+tool call and the answer that uses its result); without one the env has none, and a run needs
+``sft.enabled=false``.
 """
 
 from __future__ import annotations
@@ -113,6 +123,7 @@ class PromptRewardEnv(Env):
         self.max_turns = 1
         self._task: Task | None = None
         self._action_ids: list[int] | None = None
+        self._completion: list[dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # the functions are loaded again from their specs where the env is unpickled (a hosted
@@ -163,11 +174,15 @@ class PromptRewardEnv(Env):
 
     def reset(self, task: Task, progress: Progress | None = None) -> Prompt:
         prompt, _ = self._prompt_and_row(task)
-        self._task, self._action_ids = task, None
+        self._task, self._action_ids, self._completion = task, None, None
         return prompt
 
     def note_action_ids(self, ids: list[int]) -> None:
         self._action_ids = list(ids)
+
+    def note_completion(self, messages: list[dict[str, Any]]) -> None:
+        """With tools, the completion as chat messages: what the reward functions get (module docstring)."""
+        self._completion = [dict(m) for m in messages]
 
     def step(self, action: str) -> StepResult:
         if self._task is None:
@@ -175,7 +190,10 @@ class PromptRewardEnv(Env):
         task, self._task = self._task, None
         prompt, row = self._prompt_and_row(task)
         text = self._cut(action)
-        completion = text if isinstance(prompt, str) else [{"role": "assistant", "content": text}]
+        completion: str | list[dict[str, Any]] = (
+            text if isinstance(prompt, str) else [{"role": "assistant", "content": text}])
+        if self._completion:  # an episode with tools: the whole conversation after the prompt
+            completion = [*self._completion[:-1], {"role": "assistant", "content": text}]
         where = f"{task.label} (row {_row_text(row)})"
         values = [f.score(prompt, completion, self._action_ids, row, where) for f in self.reward_fns]
         reward = total_reward(self.reward_fns, values, where)
@@ -188,13 +206,16 @@ class PromptRewardEnv(Env):
         return action[:min(ends)] if ends else action
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
-        """The row's ``demo_column`` as the completion (the column must hold text)."""
+        """The row's ``demo_column`` as the completion: text, or a list of texts, the actions of a
+        multi-turn demonstration (with tools: a call, then the reply that uses its result)."""
         if self.demo_column is None:
             raise NotImplementedError("prompt_reward has demonstrations only with env.options.demo_column "
                                       "(a column holding a reference completion); otherwise set "
                                       "sft.enabled=false")
         demo = task.data.get(self.demo_column)
+        if isinstance(demo, list) and demo and all(isinstance(a, str) and a for a in demo):
+            return list(demo)
         if not isinstance(demo, str) or not demo:
-            raise ValueError(f"task {task.id!r}: demo column {self.demo_column!r} must hold non-empty text, "
-                             f"got {demo!r:.80}")
+            raise ValueError(f"task {task.id!r}: demo column {self.demo_column!r} must hold non-empty text "
+                             f"(or a list of non-empty texts, one per turn), got {demo!r:.80}")
         return [demo]

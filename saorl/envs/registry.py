@@ -8,6 +8,12 @@ deadline, the envs it makes for an env that runs user code (:func:`runs_user_cod
 ``env.observation_format`` / ``env.observation_role``, when set, override the env class's own on
 every env it makes (the agent loop reads them off the env). :func:`env_factory_for` builds the
 factory of a run's ``env`` config section.
+
+Tools (``env.tools``, or the env class's own :attr:`~saorl.envs.base.Env.tools`): the factory
+loads them once into a :class:`~saorl.envs.toolbox.Tools` (their calls under ``call_timeout_s``,
+in child processes of their own) and gives it to every env it makes as ``env.toolbox``; such an
+env's ``max_turns`` becomes ``env.tool_max_turns`` and its observations are chat turns (role
+``tool``) unless ``env.observation_format`` / ``env.observation_role`` say otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 from saorl.envs.base import OBSERVATION_FORMATS, OBSERVATION_ROLES, Env
 from saorl.envs.hosted import HostedEnv, HostPool
+from saorl.envs.toolbox import ToolOptions, Tools
 
 BUILTIN_ENVS: dict[str, str] = {
     "math_tool": "saorl.envs.math_tool:MathToolEnv",
@@ -127,10 +134,22 @@ class EnvFactory:
     the hosted envs of this factory share (also as a context manager)."""
 
     def __init__(self, cls: type[Env], options: dict[str, Any], template: Env,
-                 call_timeout_s: float | None, observation: dict[str, str] | None = None) -> None:
+                 call_timeout_s: float | None, observation: dict[str, str] | None = None,
+                 tool_options: ToolOptions | None = None) -> None:
         self.cls, self.options, self.call_timeout_s = cls, options, call_timeout_s
-        self.overrides = dict(observation or {})
-        """The overrides of the env's ``observation_format`` / ``observation_role``."""
+        self.overrides: dict[str, Any] = dict(observation or {})
+        """The overrides of the env's ``observation_format`` / ``observation_role`` (and, with
+        tools, ``tools`` and ``max_turns``)."""
+        self.tools: Tools | None = None
+        """The tools the envs of this factory offer the model (None: none)."""
+        given = tool_options is not None and tool_options.specs
+        specs = tuple(tool_options.specs) if given else template.tools  # type: ignore[union-attr]
+        if specs:
+            opts = tool_options or ToolOptions(specs)
+            self.tools = Tools(ToolOptions(tuple(specs), opts.format, opts.prompt, opts.stop, opts.max_turns),
+                               call_timeout_s)
+            self.overrides = {"observation_format": "chat", **self.overrides, "tools": tuple(specs),
+                              "max_turns": opts.max_turns}
         self.template = self._stamp(template)
         self.pool: HostPool | None = None
         if call_timeout_s is not None and runs_user_code(cls):
@@ -140,6 +159,8 @@ class EnvFactory:
         for name, value in self.overrides.items():
             setattr(env, name, value)
         env.call_timeout_s = self.call_timeout_s
+        if self.tools is not None:
+            env.toolbox = self.tools
         return env
 
     @property
@@ -150,11 +171,13 @@ class EnvFactory:
     def __call__(self) -> Env:
         if self.pool is None:
             return self._stamp(self.cls(**self.options))
-        return HostedEnv(self.template, self.pool, self.call_timeout_s)
+        return self._stamp(HostedEnv(self.template, self.pool, self.call_timeout_s))
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        if self.tools is not None:
+            self.tools.close()
 
     def __enter__(self) -> EnvFactory:
         return self
@@ -165,7 +188,8 @@ class EnvFactory:
 
 def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
                      call_timeout_s: float | None = None, observation_format: str | None = None,
-                     observation_role: str | None = None) -> EnvFactory:
+                     observation_role: str | None = None,
+                     tool_options: ToolOptions | None = None) -> EnvFactory:
     """A zero-argument callable that builds a fresh env with ``options``.
 
     One instance is built here to validate the options: an unknown option or a bad value raises
@@ -175,6 +199,8 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
     factory when done with it. Without, every env runs in the caller's process.
     ``observation_format`` / ``observation_role`` (None: the env class's own) are set on every env
     it makes; values the agent loop does not know (an env class's own) are an :class:`EnvResolveError`.
+    ``tool_options`` (the run's ``env.tool*``) give the envs tools (module docstring); a tool that
+    cannot be imported is a ``ValueError`` naming it.
     """
     cls = resolve_env(type_str)
     observation = {k: v for k, v in (("observation_format", observation_format),
@@ -192,12 +218,18 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
         raise BadOptions(f"env {type_str!r}: bad options {opts}: {e}") from e
     except ValueError as e:
         raise ValueError(f"env {type_str!r}: {e}") from e
-    return EnvFactory(cls, opts, template, call_timeout_s, observation)
+    return EnvFactory(cls, opts, template, call_timeout_s, observation, tool_options)
+
+
+def tool_options_for(env: Any) -> ToolOptions:
+    """The ``env.tool*`` settings of a run's ``env`` config section (``specs`` empty: the env
+    class's own tools, if any)."""
+    return ToolOptions(tuple(env.tools), env.tool_format, env.tool_prompt, env.tool_stop, env.tool_max_turns)
 
 
 def env_factory_for(env: Any, *, deadline: bool = True) -> EnvFactory:
-    """The factory of a run's ``env`` config section: its type, options, observation format and
-    (with ``deadline``) ``call_timeout_s``."""
+    """The factory of a run's ``env`` config section: its type, options, observation format, tools
+    and (with ``deadline``) ``call_timeout_s``."""
     return make_env_factory(env.type, env.options, call_timeout_s=env.call_timeout_s if deadline else None,
                             observation_format=env.observation_format,
-                            observation_role=env.observation_role)
+                            observation_role=env.observation_role, tool_options=tool_options_for(env))

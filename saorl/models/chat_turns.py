@@ -139,10 +139,10 @@ class ChatTurns:
                 f"out of turn: try env.observation_role={'user' if self.role == 'tool' else 'tool'}, or "
                 "set env.observation_format=text") from e
 
-    def _after_message(self, message: dict[str, Any]) -> str:
-        """What the template writes after the assistant's message when ``message`` and the
+    def _after_message(self, *messages: dict[str, Any]) -> str:
+        """What the template writes after the assistant's message when ``messages`` and the
         generation prompt follow it (the message's own text standing in as :data:`SENTINEL`)."""
-        rendered = self._render([*self.messages, {"role": "assistant", "content": SENTINEL}, message],
+        rendered = self._render([*self.messages, {"role": "assistant", "content": SENTINEL}, *messages],
                                 generation_prompt=True)
         n = rendered.count(SENTINEL)
         if n != 1:
@@ -155,15 +155,17 @@ class ChatTurns:
                 f"escape). {_FIX}")
         return rendered[rendered.index(SENTINEL) + len(SENTINEL):]
 
-    def observation_ids(self, ids: list[int], action: str, observation: str) -> list[int]:
+    def observation_ids(self, ids: list[int], action: str, observation: str | list[str]) -> list[int]:
         """The ids to append after ``ids`` (the trajectory so far, ending with the action whose
         text, minus a sampled eos, is ``action``): the closing of the assistant's turn, the
-        observation's message and the next assistant header (see the module docstring)."""
+        observation's message (one per text for a list: a turn's tool results) and the next
+        assistant header (see the module docstring)."""
         content = action[len(self.lead):] if self.lead and action.startswith(self.lead) else action
         history = [*self.messages, {"role": "assistant", "content": content}]
-        message = {"role": self.role, "content": observation}
-        text = self._after_message(message)
-        real = self._render([*history, message], generation_prompt=True)
+        texts = [observation] if isinstance(observation, str) else list(observation)
+        added = [{"role": self.role, "content": t} for t in texts]
+        text = self._after_message(*added)
+        real = self._render([*history, *added], generation_prompt=True)
         if not real.endswith(text):
             k = _common(real[::-1], text[::-1])  # the length of the tail they share
             i, j = len(real) - k, len(text) - k
@@ -178,13 +180,13 @@ class ChatTurns:
         if ids and eos is not None and ids[-1] == eos:
             eos_text = self.codec.text([eos])
             # the eos the template writes before the observation's text, if any, is the sampled one
-            probe = self._after_message({"role": self.role, "content": OBSERVATION_SENTINEL})
+            probe = self._after_message({"role": self.role, "content": OBSERVATION_SENTINEL}, *added[1:])
             head = text[:_common(text, probe)]
             cut = head.find(eos_text) if eos_text else -1
             if cut >= 0:
                 text = text[cut + len(eos_text):]
         new = self.codec.continuation_ids(list(ids), text)
-        self.messages = [*history, message]
+        self.messages = [*history, *added]
         self.appended.append(text)
         return new
 

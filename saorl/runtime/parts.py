@@ -22,7 +22,7 @@ from saorl.data.tasks import check_disjoint, load_split
 from saorl.engines.base import SamplingParams
 from saorl.engines.clients.routes import RouteLayout
 from saorl.engines.kinds import ClientOptions, server_kind, updated_in_place
-from saorl.envs.registry import EnvFactory, env_factory_for
+from saorl.envs.registry import EnvFactory, env_factory_for, tool_options_for
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
@@ -153,7 +153,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                       seed=cfg.seed, threads=cfg.runtime.worker_threads, device=cfg.model.device,
                       record_routes=replay, route_layout=layout, env_call_timeout_s=cfg.env.call_timeout_s,
                       env_observation_format=cfg.env.observation_format,
-                      env_observation_role=cfg.env.observation_role)
+                      env_observation_role=cfg.env.observation_role, env_tools=tool_options_for(cfg.env))
 
 
 def build_ray(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer,

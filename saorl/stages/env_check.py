@@ -14,6 +14,7 @@ from pathlib import Path
 
 from saorl.config import SaorlConfig
 from saorl.envs.registry import BadOptions, EnvFactory, EnvResolveError, env_factory_for, resolve_env
+from saorl.envs.toolbox import ToolsError
 from saorl.errors import StartupError
 
 
@@ -27,7 +28,9 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
                            "module importable from here (installed, or on PYTHONPATH); built-ins are listed "
                            "by saorl envs list") from None
     try:
-        return env_factory_for(env, deadline=False)
+        factory = env_factory_for(env, deadline=False)
+    except ToolsError as e:
+        raise StartupError(f"env.tools: {e}") from None
     except EnvResolveError as e:  # the class's observation format
         raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
                            "attribute") from None
@@ -35,6 +38,16 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
     except ValueError as e:  # a value the class refused (a reward function that does not import):
         raise StartupError(f"env.options: {e}") from None  # its own message says what applies
+    if factory.tools is not None:
+        from saorl.agent.tool_calls import ToolSchemaError  # the tensor-free agent modules
+        from saorl.agent.tool_turns import tool_schemas
+
+        try:
+            tool_schemas(factory.tools.functions)
+        except ToolSchemaError as e:
+            factory.close()
+            raise StartupError(f"env.tools: {e}") from None
+    return factory
 
 
 def _accepted_options(cls: type) -> str:

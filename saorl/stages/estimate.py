@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from saorl.agent.tool_turns import with_tools
 from saorl.config import SaorlConfig
 from saorl.config.engines import LocalEngineConfig
 from saorl.data.tasks import load_split
@@ -119,7 +120,8 @@ def trajectory_shape(cfg: SaorlConfig) -> Shape:
     env = factory()
     tasks = load_split(env, cfg.env, "train", PROMPTS_READ, cfg.seed)
     tokenizer = run_tokenizer(cfg.model)
-    lengths = [len(tokenizer.prompt_ids(factory().reset(t, Progress()))) for t in tasks]
+    lengths = [len(codec.prompt_ids(prompt)) for codec, prompt in
+               (with_tools(env, tokenizer, factory().reset(t, Progress())) for t in tasks)]
     prompt = sum(lengths) / max(1, len(lengths))
     budget = cfg.rollout.max_total_tokens
     generated = int(max(1, min(env.max_turns * cfg.rollout.max_new_tokens, budget - prompt)))

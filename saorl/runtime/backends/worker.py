@@ -31,6 +31,7 @@ from saorl.data.trajectory import Trajectory
 from saorl.engines.base import InferenceEngine, SamplingParams
 from saorl.engines.clients.routes import RouteLayout
 from saorl.envs import pyast
+from saorl.envs.toolbox import ToolOptions
 from saorl.models.codec import TokenizerSpec
 from saorl.runtime.backends.messages import (
     EngineStats,
@@ -74,6 +75,8 @@ class WorkerSpec:
     """``env.observation_format`` (None: the env's own)."""
     env_observation_role: str | None = None
     """``env.observation_role`` (None: the env's own)."""
+    env_tools: ToolOptions | None = None
+    """``env.tools`` and ``env.tool_*`` (None, or no specs: the env's own tools, if any)."""
 
 
 class WeightFollower:
@@ -179,7 +182,7 @@ def build_worker(spec: WorkerSpec, weights: WeightSource | None = None) -> Worke
     follower.refresh()
     factory = make_env_factory(spec.env_type, spec.env_options, call_timeout_s=spec.env_call_timeout_s,
                                observation_format=spec.env_observation_format,
-                               observation_role=spec.env_observation_role)
+                               observation_role=spec.env_observation_role, tool_options=spec.env_tools)
     return WorkerStack(tokenizer, engine, follower, factory)
 
 
