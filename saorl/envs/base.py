@@ -90,6 +90,9 @@ class Env(ABC):
     observation_role: str = "tool"
     """The role of an observation's message under ``chat``: ``tool`` or ``user`` (the run's
     ``env.observation_role`` overrides it)."""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Modules of optional packages the env plays (``("textarena",)``): resolving the env checks
+    they import, and names the extra to install when not (:mod:`saorl.envs.extras`)."""
     calls_user_code: ClassVar[bool] = False
     """True for a built-in env whose ``reset`` / ``step`` call code given by the user (a reward
     function): they run under ``env.call_timeout_s`` like those of an env class from outside saorl."""

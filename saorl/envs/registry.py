@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saorl.envs.base import OBSERVATION_FORMATS, OBSERVATION_ROLES, Env
+from saorl.envs.extras import missing_extra
 from saorl.envs.hosted import HostedEnv, HostPool
 
 BUILTIN_ENVS: dict[str, str] = {
@@ -27,11 +28,19 @@ BUILTIN_ENVS: dict[str, str] = {
     "synthetic": "saorl.envs.synthetic:SyntheticLengthEnv",
     "noisy_lookup": "saorl.envs.noisy_lookup:NoisyLookupEnv",
     "prompt_reward": "saorl.envs.prompt_reward:PromptRewardEnv",
+    "reasoning_gym": "saorl.envs.reasoning_gym_env:ReasoningGymEnv",
+    "textarena": "saorl.envs.textarena_env:TextArenaEnv",
+    "openenv": "saorl.envs.openenv_env:OpenEnvEnv",
+    "mix": "saorl.envs.mix:MixEnv",
 }
 
 
 class EnvResolveError(ValueError):
     """An env type string that names no usable Env subclass."""
+
+
+class MissingExtra(EnvResolveError):
+    """An env whose optional package is not installed; the message names the extra to install."""
 
 
 def import_object(spec: str, what: str) -> Any:
@@ -51,7 +60,8 @@ def import_object(spec: str, what: str) -> Any:
 
 
 def resolve_env(type_str: str) -> type[Env]:
-    """The Env class for a built-in name (``"math_tool"``) or a ``"module.path:ClassName"``."""
+    """The Env class for a built-in name (``"math_tool"``) or a ``"module.path:ClassName"``;
+    :class:`MissingExtra` when the packages of its ``requires`` are not installed."""
     if not isinstance(type_str, str) or not type_str.strip():
         raise EnvResolveError(f"env type must be a non-empty string, got {type_str!r}")
     target = BUILTIN_ENVS.get(type_str, type_str)
@@ -63,6 +73,9 @@ def resolve_env(type_str: str) -> type[Env]:
     cls = import_object(target, f"env {type_str!r}")
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise EnvResolveError(f"env {type_str!r}: {target} is not a subclass of saorl.envs.base.Env")
+    problem = missing_extra(type_str, cls.requires)
+    if problem:
+        raise MissingExtra(problem)
     return cls
 
 

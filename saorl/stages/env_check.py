@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 
 from saorl.config import SaorlConfig
-from saorl.envs.registry import EnvFactory, EnvResolveError, env_factory_for, resolve_env
+from saorl.envs.registry import EnvFactory, EnvResolveError, MissingExtra, env_factory_for, resolve_env
 from saorl.errors import StartupError
 
 
@@ -16,6 +16,8 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
     env = cfg.env
     try:
         cls = resolve_env(env.type)
+    except MissingExtra as e:
+        raise StartupError(f"env.type: {e}") from None
     except EnvResolveError as e:
         raise StartupError(f"env.type: {e}. A custom env is 'module.path:ClassName' with the "
                            "module importable from here (installed, or on PYTHONPATH); built-ins are listed "
