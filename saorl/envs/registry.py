@@ -157,6 +157,8 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
     opts = dict(options or {})
     try:
         template = cls(**opts)
+    except MissingExtra:
+        raise
     except TypeError as e:
         raise ValueError(f"env {type_str!r}: bad options {opts}: {e}") from e
     except ValueError as e:
@@ -167,6 +169,7 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
 def env_factory_for(env: Any, *, deadline: bool = True) -> EnvFactory:
     """The factory of a run's ``env`` config section: its type, options, observation format and
     (with ``deadline``) ``call_timeout_s``."""
-    return make_env_factory(env.type, env.options, call_timeout_s=env.call_timeout_s if deadline else None,
+    return make_env_factory(env.type, env.env_options,
+                            call_timeout_s=env.call_timeout_s if deadline else None,
                             observation_format=env.observation_format,
                             observation_role=env.observation_role)

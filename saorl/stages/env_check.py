@@ -24,6 +24,8 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
                            "by saorl envs list") from None
     try:
         return env_factory_for(env, deadline=False)
+    except MissingExtra as e:
+        raise StartupError(f"env.type: {e}") from None
     except EnvResolveError as e:  # the class's observation format
         raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
                            "attribute") from None
