@@ -118,7 +118,9 @@ class OpenEnvEnv(Env):
                 from websockets.sync.client import connect
 
                 ws_url = "ws" + self._url[len("http"):] + "/ws"
-                self._client = connect(ws_url, open_timeout=self.timeout_s, max_size=100 * 2**20, proxy=None)
+                # entered as websockets asks; it lives as long as the episode and close() ends it
+                self._client = connect(ws_url, open_timeout=self.timeout_s, max_size=100 * 2**20,
+                                       proxy=None).__enter__()
             self._client.send(json.dumps({"type": kind, "data": data}))
             raw = self._client.recv(timeout=self.timeout_s)
         except TimeoutError:
@@ -207,4 +209,5 @@ class OpenEnvEnv(Env):
                 pass  # the server may be gone already: nothing more to free
 
     def __del__(self) -> None:
-        self.close()
+        if getattr(self, "_client", None) is not None:  # an episode left unfinished
+            self.close()

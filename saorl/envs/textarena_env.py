@@ -117,7 +117,10 @@ class TextArenaEnv(Env):
             raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
         self.game, self.success_threshold = game, float(success_threshold)
         self.stop_strings = tuple(stop or ())  # type: ignore[misc]  # per instance: an option here
-        probe = self._make()
+        try:
+            probe = self._make()
+        except Exception as e:
+            raise ValueError(f"game {game!r} cannot be made here: {type(e).__name__}: {e}") from None
         try:
             _Randomness(0).run(probe.reset, num_players=1, seed=0)
         except Exception as e:

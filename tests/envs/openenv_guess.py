@@ -3,20 +3,15 @@
 ``app``: a guess-the-number game (``create_app`` of an ``Environment`` with its Action and
 Observation models): the secret (1 to 8) comes from the seed given to ``reset``; each guess is
 answered ``higher`` / ``lower`` / ``correct``; a correct guess earns 1.0 and ends the game, and the
-fourth wrong one ends it with nothing. ``garbage_app``, ``error_app`` and ``silent_app`` speak the
-same WebSocket path but answer what no OpenEnv server should: text that is not JSON (after a good
-reset), an error, nothing at all.
+fourth wrong one ends it with nothing (servers that misbehave: :mod:`openenv_fakes`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import random
 from typing import Any
 from uuid import uuid4
 
-from fastapi import FastAPI, WebSocket
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
@@ -64,42 +59,3 @@ class GuessEnvironment(Environment):
 
 
 app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=8)
-
-
-def _bad_app(answer) -> FastAPI:
-    bad = FastAPI()
-
-    @bad.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "healthy"}
-
-    @bad.websocket("/ws")
-    async def ws(websocket: WebSocket) -> None:
-        await websocket.accept()
-        while True:
-            message = json.loads(await websocket.receive_text())
-            await answer(websocket, message)
-
-    return bad
-
-
-async def _garbage(websocket: WebSocket, message: dict) -> None:
-    if message.get("type") == "reset":
-        await websocket.send_text(json.dumps({"type": "observation", "data": {
-            "observation": {"message": "go"}, "reward": 0.0, "done": False}}))
-    elif message.get("type") == "step":
-        await websocket.send_text("<html>502 Bad Gateway</html>")
-
-
-async def _error(websocket: WebSocket, message: dict) -> None:
-    await websocket.send_text(json.dumps({"type": "error", "data": {"message": "the game broke",
-                                                                    "code": "EXECUTION_ERROR"}}))
-
-
-async def _silent(websocket: WebSocket, message: dict) -> None:
-    await asyncio.sleep(3600)
-
-
-garbage_app = _bad_app(_garbage)
-error_app = _bad_app(_error)
-silent_app = _bad_app(_silent)
