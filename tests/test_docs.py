@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import random
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -133,6 +135,19 @@ def test_envs_md_samples_match_the_command(env, capsys):
     block = next(b for b in _blocks(text, "text") if b.startswith(command))
     assert main(["envs", "sample", env, "--n", "1", "--no-color"]) == 0
     assert capsys.readouterr().out.strip() == block[len(command):].strip()
+
+
+@pytest.mark.parametrize("env", ["reasoning_gym", "textarena"])
+def test_envs_md_community_samples_match_the_command(env, capsys):
+    """The community envs' transcripts (their packages: the envs extra), commands with options."""
+    if os.environ.get("SAORL_REQUIRE_ENVS") != "1":  # CI: a missing package fails below
+        pytest.importorskip(env)
+    text = (DOCS / "envs.md").read_text(encoding="utf-8")
+    block = next(b for b in _blocks(text, "text") if b.startswith(f"$ saorl envs sample {env} "))
+    command, _, transcript = block.partition("\n=== ")
+    args = shlex.split(command[len("$ saorl "):].replace("\\\n", " "))
+    assert main(args) == 0
+    assert capsys.readouterr().out.strip() == ("=== " + transcript).strip()
 
 
 def test_envs_md_chat_turns_sample_matches_the_command(tmp_path, capsys):
