@@ -4,8 +4,10 @@ Built-ins (see :data:`saorl.envs.registry.BUILTIN_ENVS`): ``math_tool`` (multi-t
 countdown with a Python tool), ``math_levels`` (the same at mixed difficulty, the level named in
 the prompt), ``noisy_lookup`` (k tool calls with long, noisy observations), ``code_repair`` (fix a
 function until its tests pass), ``style_shift`` (online learning: the rewarded writing style
-switches during training), ``synthetic`` (a long-tailed workload for benchmarks) and
-``prompt_reward`` (a dataset's prompt column scored by a user's reward function).
+switches during training), ``synthetic`` (a long-tailed workload for benchmarks),
+``prompt_reward`` (a dataset's prompt column scored by a user's reward function), the community
+envs of the ``envs`` extra (``reasoning_gym``, ``textarena``, ``openenv``: :mod:`saorl.envs.extras`)
+and ``mix`` (several of them in one run, ``env.mix``).
 Importing this package imports no env module; :func:`resolve_env` does that lazily.
 """
 
