@@ -26,8 +26,9 @@ as ``rollout.concurrent_episodes``).
 - A server that cannot be reached, dies, stays silent past ``timeout_s`` (30 s) per message, answers
   an error or something that is not an OpenEnv result fails the episode with one message naming the
   server, the call and the task (:class:`OpenEnvServerError`): a training rollout is tried again
-  like any failed one, and a rollout that fails 4 times stops the run (exit status 3). Nothing is
-  lost: the run directory keeps what was done to the last checkpoint.
+  like any failed one, and a rollout that fails 4 times stops the run (exit status 3), as does a
+  failed evaluation episode (evaluations retry nothing). Nothing is lost: the run directory keeps
+  what was done to the last checkpoint.
 """
 
 from __future__ import annotations
