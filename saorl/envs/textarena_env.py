@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
 import threading
 from typing import Any, ClassVar
 
@@ -119,8 +120,15 @@ class TextArenaEnv(Env):
         self.stop_strings = tuple(stop or ())  # type: ignore[misc]  # per instance: an option here
         try:
             probe = self._make()
+        except LookupError as e:  # NLTK data the game's module tried to download at import
+            found = re.search(r"Resource '?([\w/.-]+)'? not found", str(e))
+            what = f"NLTK's {found.group(1)!r}" if found else "NLTK data"
+            raise ValueError(f"game {game!r} cannot be made here: it needs {what}, which TextArena downloads "
+                             "when the game is imported, so it does not run offline; docs/envs.md lists "
+                             "the games that do") from None
         except Exception as e:
-            raise ValueError(f"game {game!r} cannot be made here: {type(e).__name__}: {e}") from None
+            raise ValueError(f"game {game!r} cannot be made here: {type(e).__name__}: "
+                             f"{str(e)[:300]}") from None
         try:
             _Randomness(0).run(probe.reset, num_players=1, seed=0)
         except Exception as e:

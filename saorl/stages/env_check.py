@@ -30,6 +30,8 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
         raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
                            "attribute") from None
     except (ValueError, TypeError) as e:
+        if env.type == "mix":  # a part's problem, named by its index
+            raise StartupError(f"env.mix: {str(e).removeprefix('env ' + repr('mix') + ': ')}") from None
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
 
 

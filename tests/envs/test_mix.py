@@ -87,3 +87,13 @@ def test_bad_parts_are_named_by_index():
             ([{"type": "math_tool", "options": {"family": "x"}}], r"env.mix\[0\] \(math_tool\):")):
         with pytest.raises(ValueError, match=message):
             env_factory_for(config_from_dict({"env": {"mix": parts}}).env)
+
+
+def test_a_bad_part_stops_the_start_naming_it():
+    from saorl.errors import StartupError
+    from saorl.stages.env_check import check_env
+
+    cfg = config_from_dict({"env": {"mix": [{"type": "math_levels"}, {"type": "math_tool",
+                                                                      "options": {"family": "x"}}]}})
+    with pytest.raises(StartupError, match=r"^env\.mix: env\.mix\[1\] \(math_tool\): env 'math_tool': "):
+        check_env(cfg)

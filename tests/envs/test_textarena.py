@@ -77,3 +77,16 @@ def test_multi_player_and_unknown_games_are_refused():
         _factory("TicTacToe-v0")
     with pytest.raises(ValueError, match=r"did you mean 'TowerOfHanoi-v0"):
         _factory("TowerOfHanoi")
+
+
+def test_a_game_that_needs_downloaded_word_lists_is_refused_offline():
+    try:
+        from nltk.corpus import words
+
+        words.words()
+        pytest.skip("NLTK's word list is installed here: Wordle runs")
+    except LookupError:
+        pass
+    with pytest.raises(ValueError, match=r"game 'Wordle-v0' cannot be made here: it needs NLTK's 'words', "
+                                         r"which TextArena downloads .* does not run offline; docs/envs.md"):
+        _factory("Wordle-v0")
