@@ -120,8 +120,8 @@ class OpenEnvEnv(Env):
 
                 ws_url = "ws" + self._url[len("http"):] + "/ws"
                 # entered as websockets asks; it lives as long as the episode and close() ends it
-                self._client = connect(ws_url, open_timeout=self.timeout_s, max_size=100 * 2**20,
-                                       proxy=None).__enter__()
+                self._client = connect(ws_url, open_timeout=self.timeout_s, max_size=100 * 2**20, proxy=None,
+                                       close_timeout=min(self.timeout_s, 2.0)).__enter__()
             self._client.send(json.dumps({"type": kind, "data": data}))
             raw = self._client.recv(timeout=self.timeout_s)
         except TimeoutError:
@@ -205,6 +205,10 @@ class OpenEnvEnv(Env):
         if client is not None:
             try:
                 client.send(json.dumps({"type": "close"}))
+                client.recv(timeout=0.5)  # the server closes the session first (a clean close on its side)
+            except Exception:
+                pass  # closed (as asked), gone, or slow: close from here
+            try:
                 client.close()
             except Exception:
                 pass  # the server may be gone already: nothing more to free

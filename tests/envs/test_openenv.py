@@ -124,3 +124,12 @@ def test_bad_options_are_refused():
         make_env_factory("openenv", {})
     with pytest.raises(ValueError, match=r"module must name the server's app as 'package\.module:app'"):
         make_env_factory("openenv", {"module": "my_env.server.app"})
+
+
+def test_envs_sample_shows_the_servers_answer_to_an_empty_action(guess_url, capsys):
+    from saorl.cli import main
+
+    assert main(["envs", "sample", "openenv", "--option", f"url={guess_url}", "--n", "1", "--no-color"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "PROMPT| Guess my number from 1 to 8 in 4 tries. Answer with the number only."
+    assert "OBS   | not a number" in out and out[-1] == "INFO  | reward 0  done False"
