@@ -97,3 +97,11 @@ def test_a_bad_part_stops_the_start_naming_it():
                                                                       "options": {"family": "x"}}]}})
     with pytest.raises(StartupError, match=r"^env\.mix: env\.mix\[1\] \(math_tool\): env 'math_tool': "):
         check_env(cfg)
+
+
+def test_saorl_eval_prints_one_accuracy_row_per_part():
+    from saorl.commands.eval import format_table
+
+    rows = format_table({"value": {"eval/accuracy": 0.5, "eval/arith/accuracy": 1.0, "eval/hanoi/accuracy": 0.0,
+                                   "eval/env/hanoi/turn_count": 3.0}}).splitlines()
+    assert rows[-2:] == [f"{'arith accuracy':<20}{'1.000':>10}", f"{'hanoi accuracy':<20}{'0.000':>10}"]
