@@ -102,6 +102,7 @@ def test_a_bad_part_stops_the_start_naming_it():
 def test_saorl_eval_prints_one_accuracy_row_per_part():
     from saorl.commands.eval import format_table
 
-    rows = format_table({"value": {"eval/accuracy": 0.5, "eval/arith/accuracy": 1.0, "eval/hanoi/accuracy": 0.0,
-                                   "eval/env/hanoi/turn_count": 3.0}}).splitlines()
+    metrics = {"eval/accuracy": 0.5, "eval/arith/accuracy": 1.0, "eval/hanoi/accuracy": 0.0,
+               "eval/env/hanoi/turn_count": 3.0}
+    rows = format_table({"value": metrics}).splitlines()
     assert rows[-2:] == [f"{'arith accuracy':<20}{'1.000':>10}", f"{'hanoi accuracy':<20}{'0.000':>10}"]
