@@ -34,6 +34,7 @@ key (an LLM jury); docs/envs.md lists the ones that run offline.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import random
 import re
@@ -94,6 +95,47 @@ def _render(messages: list[tuple[Any, str, Any]], role_mapping: dict[int, str]) 
     return "\n".join(lines)
 
 
+@functools.cache
+def _probe(game: str) -> int | None:
+    """The game's own turn limit, once it is made and started for one player (once per process:
+    an env is made per episode); ValueError saying why a game cannot be played here."""
+    try:
+        probe = _make(game)[0]
+    except LookupError as e:  # NLTK data the game's module tried to download at import
+        found = re.search(r"Resource '?([\w/.-]+)'? not found", str(e))
+        what = f"NLTK's {found.group(1)!r}" if found else "NLTK data"
+        raise ValueError(f"game {game!r} cannot be made here: it needs {what}, which TextArena downloads "
+                         "when the game is imported, so it does not run offline; docs/envs.md lists the "
+                         "games that do") from None
+    except Exception as e:
+        raise ValueError(f"game {game!r} cannot be made here: {type(e).__name__}: {str(e)[:300]}") from None
+    try:
+        _Randomness(0).run(probe.reset, num_players=1, seed=0)
+    except Exception as e:
+        raise ValueError(f"game {game!r} does not start for one player ({type(e).__name__}: {e}); "
+                         "saorl plays single-player TextArena games only") from None
+    from textarena.state import SinglePlayerState
+
+    if not isinstance(probe.state, SinglePlayerState):
+        raise ValueError(f"game {game!r} is a {type(probe.state).__name__} game; saorl plays "
+                         "single-player TextArena games only")
+    return getattr(probe, "max_turns", None)
+
+def _make(game: str) -> tuple[Any, list[Any]]:
+    """The game of ``game`` as its registration makes it, without wrappers, and the id's action
+    wrappers."""
+    from textarena.core import ActionWrapper
+    from textarena.envs.registration import ENV_REGISTRY
+
+    spec = ENV_REGISTRY[game]
+    entry = spec.entry_point
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    actions = [w for w in (spec.default_wrappers or []) if issubclass(w, ActionWrapper)]
+    return entry(**spec.kwargs), actions
+
+
 class TextArenaEnv(Env):
     name: ClassVar[str] = "textarena"
     requires: ClassVar[tuple[str, ...]] = ("textarena",)
@@ -118,28 +160,7 @@ class TextArenaEnv(Env):
             raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
         self.game, self.success_threshold = game, float(success_threshold)
         self.stop_strings = tuple(stop or ())  # type: ignore[misc]  # per instance: an option here
-        try:
-            probe = self._make()
-        except LookupError as e:  # NLTK data the game's module tried to download at import
-            found = re.search(r"Resource '?([\w/.-]+)'? not found", str(e))
-            what = f"NLTK's {found.group(1)!r}" if found else "NLTK data"
-            raise ValueError(f"game {game!r} cannot be made here: it needs {what}, which TextArena downloads "
-                             "when the game is imported, so it does not run offline; docs/envs.md lists "
-                             "the games that do") from None
-        except Exception as e:
-            raise ValueError(f"game {game!r} cannot be made here: {type(e).__name__}: "
-                             f"{str(e)[:300]}") from None
-        try:
-            _Randomness(0).run(probe.reset, num_players=1, seed=0)
-        except Exception as e:
-            raise ValueError(f"game {game!r} does not start for one player ({type(e).__name__}: {e}); "
-                             "saorl plays single-player TextArena games only") from None
-        from textarena.state import SinglePlayerState
-
-        if not isinstance(probe.state, SinglePlayerState):
-            raise ValueError(f"game {game!r} is a {type(probe.state).__name__} game; saorl plays "
-                             "single-player TextArena games only")
-        game_limit = getattr(probe, "max_turns", None)
+        game_limit = _probe(game)
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
         self.max_turns = max_turns or (game_limit if isinstance(game_limit, int) and game_limit > 0
@@ -147,19 +168,6 @@ class TextArenaEnv(Env):
         self._game: Any = None
         self._rng: _Randomness | None = None
         self._actions: list[Any] = []
-
-    def _make(self) -> Any:
-        """The game of ``self.game`` as its registration makes it, without wrappers."""
-        from textarena.core import ActionWrapper
-        from textarena.envs.registration import ENV_REGISTRY
-
-        spec = ENV_REGISTRY[self.game]
-        entry = spec.entry_point
-        if isinstance(entry, str):
-            module, _, attr = entry.partition(":")
-            entry = getattr(importlib.import_module(module), attr)
-        self._actions = [w for w in (spec.default_wrappers or []) if issubclass(w, ActionWrapper)]
-        return entry(**spec.kwargs)
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         def draw(rng: random.Random):
@@ -173,7 +181,7 @@ class TextArenaEnv(Env):
         if task.data.get("game") != self.game or not isinstance(task.data.get("seed"), int):
             raise ValueError(f"task {task.id!r} is not a {self.game} task (it needs game {self.game!r} and "
                              f"an integer seed; got {task.data})")
-        self._game, self._rng = self._make(), _Randomness(task.data["seed"])
+        (self._game, self._actions), self._rng = _make(self.game), _Randomness(task.data["seed"])
         self._rng.run(self._game.reset, num_players=1, seed=task.data["seed"])
         return self._observe()
 
