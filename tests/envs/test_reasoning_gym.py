@@ -66,3 +66,18 @@ def test_bad_options_are_one_paragraph_each():
         make_env_factory("reasoning_gym", {"dataset": "countdown", "config": {"foo": 1}})
     with pytest.raises(ValueError, match=r"system_prompt 'nope' is not one of reasoning-gym's"):
         make_env_factory("reasoning_gym", {"dataset": "countdown", "system_prompt": "nope"})
+
+
+def test_chat_prompts_for_a_tokenizer_without_a_template_stop_the_start():
+    from saorl.config import config_from_dict
+    from saorl.errors import StartupError
+    from saorl.stages.env_check import check_env
+    from saorl.stages.preflight import check_tasks
+
+    env = {"type": "reasoning_gym", "options": {"dataset": "chain_sum"}, "num_test_tasks": 4}
+    cfg = config_from_dict({"env": env})  # the tiny model's shipped tokenizer has no chat template
+    with pytest.raises(StartupError, match=r"env reasoning_gym, task 'chain_sum-\w+': the prompt is a "
+                                           r"conversation .* env.options.prompt=text"):
+        check_tasks(cfg, check_env(cfg))
+    cfg = config_from_dict({"env": {**env, "options": {"dataset": "chain_sum", "prompt": "text"}}})
+    check_tasks(cfg, check_env(cfg))
