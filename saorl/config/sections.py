@@ -262,8 +262,9 @@ class DatasetConfig(Section):
 
 class MixEntry(Section):
     type: str
-    """The env of this part of the mix: a built-in name (not ``mix``, not ``prompt_reward``: its
-    tasks come from files) or ``module.path:ClassName``."""
+    """The env of this part of the mix: a built-in name (not ``mix``; not ``prompt_reward``, whose
+    tasks come from files; an env class of user code, ``module.path:ClassName``, is refused too:
+    a part runs without ``env.call_timeout_s``)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Its options, as ``env.options`` for that env alone."""
     weight: float = Field(1.0, gt=0.0)
