@@ -279,6 +279,8 @@ class MixEntry(Section):
     def _plain(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
             raise ValueError(f"must be letters, digits, '_', '-' or '.', got {v!r}")
+        if v == "env":  # eval/env/* holds the env's own metrics
+            raise ValueError("'env' is taken by the env metrics (eval/env/...); choose another name")
         return v
 
 

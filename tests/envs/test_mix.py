@@ -74,6 +74,8 @@ def test_per_part_accuracy_counts_failed_episodes():
     ({"mix": PARTS, "tasks_file": "x.jsonl"}, "a mix draws its tasks from each env's generator"),
     ({"type": "mix"}, "env.type mix needs env.mix"),
     ({"mix": [{"type": "math_tool", "weight": 0}]}, "weight"),
+    ({"mix": [{"type": "math_tool", "name": "env"}]}, "'env' is taken by the env metrics"),
+    ({"mix": [{"type": "math_tool", "name": "a/b"}]}, "must be letters, digits"),
 ])
 def test_bad_mixes_fail_at_load(env, message):
     with pytest.raises(ConfigError, match=message):
