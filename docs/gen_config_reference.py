@@ -101,6 +101,8 @@ def _type_name(annotation: Any) -> str:
         return " \\| ".join(_type_name(a) for a in typing.get_args(annotation))
     if origin is dict:
         return "mapping"
+    if origin is list and _list_item(annotation) is not None:
+        return "list of sections"
     if annotation is type(None):
         return "null"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -167,6 +169,16 @@ def _sections(annotation: Any) -> list[type[BaseModel]]:
     return [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
 
 
+def _list_item(annotation: Any) -> type[BaseModel] | None:
+    """The model of a list of sections (``env.mix``: ``list[MixEntry] | None``), else None."""
+    for a in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(a) is list:
+            item = typing.get_args(a)[0]
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                return item
+    return None
+
+
 def _subsection(info: FieldInfo) -> type[BaseModel] | None:
     """The model of an optional subsection (a field annotated ``Model | None``), else None."""
     models = _sections(info.annotation)
@@ -192,6 +204,12 @@ def render_sections() -> list[str]:
                 about += " Its fields:" if _is_section(sub_info) else " Null by default; its fields:"
                 lines += ["", f"### `{name}.{sub_name}`", "", about, ""]
                 lines += _table([_field_row(n, f) for n, f in sub.model_fields.items()])
+            item = _list_item(sub_info.annotation)
+            if item is not None:
+                about = _md(sub_info.description or "").replace("\\|", "|")
+                about += " Null by default; each entry's fields:"
+                lines += ["", f"### `{name}.{sub_name}[i]`", "", about, ""]
+                lines += _table([_field_row(n, f) for n, f in item.model_fields.items()])
             for kind in _sections(sub_info.annotation) if sub is None else ():
                 about = _md(kind.__doc__ or "").replace("\\|", "|")
                 tag = kind.model_fields["kind"].default

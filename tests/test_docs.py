@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import random
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -135,6 +137,19 @@ def test_envs_md_samples_match_the_command(env, capsys):
     assert capsys.readouterr().out.strip() == block[len(command):].strip()
 
 
+@pytest.mark.parametrize("env", ["reasoning_gym", "textarena"])
+def test_envs_md_community_samples_match_the_command(env, capsys):
+    """The community envs' transcripts (their packages: the envs extra), commands with options."""
+    if os.environ.get("SAORL_REQUIRE_ENVS") != "1":  # CI: a missing package fails below
+        pytest.importorskip(env)
+    text = (DOCS / "envs.md").read_text(encoding="utf-8")
+    block = next(b for b in _blocks(text, "text") if b.startswith(f"$ saorl envs sample {env} "))
+    command, _, transcript = block.partition("\n=== ")
+    args = shlex.split(command[len("$ saorl "):].replace("\\\n", " "))
+    assert main(args) == 0
+    assert capsys.readouterr().out.strip() == ("=== " + transcript).strip()
+
+
 def test_envs_md_chat_turns_sample_matches_the_command(tmp_path, capsys):
     """The worked chat-turns example: its tokenizer snippet, run, then the command it quotes."""
     text = (DOCS / "envs.md").read_text(encoding="utf-8")
@@ -158,8 +173,8 @@ def test_readme_lists_exactly_the_cli_commands_and_links_resolve():
 
 QUICK_START = [  # CI runs the second verbatim: the README shows exactly these
     "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints-cpu.txt -e . && saorl train",
-    'python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints-cpu.txt -e ".[dev,ray]" '
-    "&& ruff check . && pytest",
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints-cpu.txt "
+    '-e ".[dev,ray,envs]" && ruff check . && pytest',
 ]
 
 

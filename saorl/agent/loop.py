@@ -289,14 +289,17 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     (the event loop's default thread pool when None). ``sample_index`` tells apart several
     episodes of one task when ``sampling.seed`` is set (see "Seeds" in the module docstring).
     """
-    max_turns = env.max_turns if max_turns is None else max_turns
-    if max_turns < 1 or max_total_tokens < 2:
+    if (max_turns is not None and max_turns < 1) or max_total_tokens < 2:
         raise ValueError(f"need max_turns >= 1 and max_total_tokens >= 2, "
                          f"got max_turns={max_turns}, max_total_tokens={max_total_tokens}")
     kw = dict(env=env, task=task, executor=env_executor)
     codec = as_run_tokenizer(tokenizer)
     t0 = time.perf_counter()
     prompt = await _call_env(env.reset, task, progress, what="reset", expect=(str, list), **kw)
+    # read after reset: an env may set its turn limit per task (a mix sets its part's)
+    max_turns = env.max_turns if max_turns is None else max_turns
+    if max_turns < 1:
+        raise EpisodeError(f"env {env.name!r} task {task.id!r}: max_turns is {max_turns}, must be >= 1")
     env_s, gen_s = time.perf_counter() - t0, 0.0
     tools = None if env.toolbox is None else _tool_turns(env, codec, task, max_turns)
     if tools is not None:

@@ -2,11 +2,14 @@
 
     saorl envs list
     saorl envs sample math_tool --n 3 --split test --seed 0 --option family=countdown
+    saorl envs sample textarena --n 1 --option game=TowerOfHanoi-v0
     saorl envs sample math_tool --n 1 --observation-format chat --tokenizer DIR
 
 ``sample`` prints each task's prompt and a demonstration episode played through the env (the
 env computes the observations and the reward), with token counts from the shipped tokenizer (or
-``--tokenizer``). With ``chat`` observations (``--observation-format chat``, or the env's own
+``--tokenizer``); an env without demonstrations (a TextArena game, an OpenEnv server) shows its
+prompt and what it answers to an empty action. ``list`` says which community envs' packages (the
+``envs`` extra) are installed. With ``chat`` observations (``--observation-format chat``, or the env's own
 default) the demonstration is played through the agent loop with that tokenizer's chat template
 instead, and each part is printed as the model sees it: the prompt as the template renders it,
 and each observation as the closing of the assistant's turn, the observation's message and the
@@ -27,7 +30,8 @@ import yaml
 from saorl.data.tasks import load_tasks
 from saorl.envs.base import Progress, prompt_text
 from saorl.envs.demo import play_demonstration, token_counts
-from saorl.envs.registry import BUILTIN_ENVS, EnvResolveError, make_env_factory, resolve_env
+from saorl.envs.extras import EXTRAS, INSTALL, installed
+from saorl.envs.registry import BUILTIN_ENVS, EnvResolveError, MissingExtra, make_env_factory, resolve_env
 
 _STYLES = {"PROMPT": "bold", "ACT": "green", "OBS": "cyan", "INFO": "yellow"}
 
@@ -103,15 +107,21 @@ class _Printer:
 
 def _run_list() -> int:
     for name, target in BUILTIN_ENVS.items():
+        extra = EXTRAS.get(name)
+        status = "" if extra is None else f"  [{extra.package}: " + \
+            ("installed]" if installed(extra.module) else f"not installed: {INSTALL}]")
         try:
             cls = resolve_env(name)
+        except MissingExtra:
+            cls = None
         except EnvResolveError as e:
             print(f"{name:<13} {target}  (unavailable: {e})")
             continue
-        module = importlib.import_module(cls.__module__)
+        module = importlib.import_module(target.partition(":")[0])
         summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
         summary = summary.replace("``", "")  # the docstring's markup, not for a terminal
-        print(f"{name:<13} {target}  stop={list(cls.stop_strings)}\n{'':<13} {summary}")
+        stop = "" if cls is None else f"  stop={list(cls.stop_strings)}"
+        print(f"{name:<13} {target}{stop}{status}\n{'':<13} {summary}")
     return 0
 
 
@@ -140,8 +150,7 @@ def _run_sample(args: argparse.Namespace) -> int:
         try:
             ep = play_demonstration(env, task, rng, progress)
         except NotImplementedError as e:
-            out.line("PROMPT", prompt_text(env.reset(task, progress)))
-            out.line("INFO", f"no demonstration: {e}")
+            _sample_empty_action(env, task, progress, out, str(e))
             continue
         out.line("PROMPT", prompt_text(ep.prompt))
         for action, obs in ep.turns:
@@ -157,6 +166,23 @@ def _run_sample(args: argparse.Namespace) -> int:
                          f"actions {c['actions']} (max {c['max_action']}), observations "
                          f"{c['observations']}, total {c['total']}{status}")
     return 0
+
+
+def _sample_empty_action(env, task, progress: Progress, out: _Printer, why: str) -> None:
+    """An env without demonstrations (a game of a community package): its prompt, and what it
+    answers to an empty action, as the env gives it."""
+    out.line("PROMPT", prompt_text(env.reset(task, progress)))
+    out.line("INFO", f"no demonstration ({why}); an empty action instead:")
+    result = env.step("")
+    out.line("ACT", "")
+    if result.observation:
+        out.line("OBS", result.observation)
+    extra = {k: v for k, v in result.info.items() if isinstance(v, (str, int, float))}
+    out.line("INFO", f"reward {result.reward:g}  done {result.done}"
+                     + "".join(f"  {k}={v}" for k, v in extra.items()))
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
 
 
 def _sample_chat(env, task, tokenizer, rng: random.Random, out: _Printer) -> None:

@@ -275,7 +275,10 @@ def _print_failures(report: str, shown: int = 10) -> None:
 def format_table(columns: dict[str, dict[str, float]]) -> str:
     """Metric rows × one column per entry of ``columns`` (e.g. ``{"before": m0, "after": m1}``)."""
     lines = [f"{'metric':<20}" + "".join(f"{name:>10}" for name in columns)]
-    for label, key, fmt in _ROWS:
+    parts = sorted({k for m in columns.values() for k in m
+                    if k.startswith("eval/") and k.endswith("/accuracy") and k.count("/") == 2})
+    rows = [*_ROWS, *((f"{k[len('eval/'):-len('/accuracy')]} accuracy", k, ".3f") for k in parts)]
+    for label, key, fmt in rows:  # a mix's parts: one accuracy row each, after the overall rows
         cells = [format(m[key], fmt) if key in m else "-" for m in columns.values()]
         lines.append(f"{label:<20}" + "".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)

@@ -268,10 +268,42 @@ class DatasetConfig(Section):
         return self
 
 
+class MixEntry(Section):
+    type: str
+    """The env of this part of the mix: a built-in name (not ``mix``; not ``prompt_reward``, whose
+    tasks come from files; an env class of user code, ``module.path:ClassName``, is refused too:
+    a part runs without ``env.call_timeout_s``)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Its options, as ``env.options`` for that env alone."""
+    weight: float = Field(1.0, gt=0.0)
+    """Its share of the training tasks (weights are normalised); held-out tasks are split by weight
+    too, at least one each."""
+    name: str | None = None
+    """Its name in task ids and metrics (``env/<name>/reward``, ``eval/<name>/accuracy``); null: the
+    type (two parts of one type need names)."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError(f"must be letters, digits, '_', '-' or '.', got {v!r}")
+        if v == "env":  # eval/env/* holds the env's own metrics
+            raise ValueError("'env' is taken by the env metrics (eval/env/...); choose another name")
+        return v
+
+
 class EnvConfig(Section):
     type: str = "math_tool"
     """Environment: a built-in name (``math_tool``, ``math_levels``, ``noisy_lookup``,
-    ``code_repair``, ``style_shift``, ``synthetic``, ``prompt_reward``) or ``module.path:ClassName``."""
+    ``code_repair``, ``style_shift``, ``synthetic``, ``prompt_reward``, ``reasoning_gym``,
+    ``textarena``, ``openenv``) or ``module.path:ClassName``; ``mix`` with ``env.mix`` (set by it)."""
+    mix: list[MixEntry] | None = None
+    """Several environments in one run (``[{type: math_tool, weight: 2}, {type: reasoning_gym,
+    options: {dataset: chain_sum}}]``): each training task is drawn from one of them by weight and
+    played and rewarded by it; metrics per env (``env/<name>/reward``, ``env/<name>/success``) and
+    held-out accuracy per env (``eval/<name>/accuracy``, one console line each). Sets ``env.type``
+    to ``mix``; ``env.options`` must stay empty and the tasks come from each env's generator
+    (docs/envs.md)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the env class (e.g. ``difficulty: 2``); checked when the env is built."""
     tasks_file: str | None = None
@@ -365,9 +397,34 @@ class EnvConfig(Section):
     tool_max_turns: int = Field(4, ge=1)
     """With tools, the model's turns per episode, calling ones and the final reply together (TRL's
     ``max_tool_calling_iterations`` + 1); the reply of the last one is scored as it is."""
+    @model_validator(mode="before")
+    @classmethod
+    def _mix_type(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("mix") is not None:
+            if data.get("type", "mix") != "mix":
+                raise FieldError("mix", "env.mix plays several envs, so env.type cannot be "
+                                        f"{data['type']!r}: leave env.type out (or set it to mix)")
+            data = {**data, "type": "mix"}
+        return data
+
+    @property
+    def env_options(self) -> dict[str, Any]:
+        """The options the env of ``type`` is built with: ``options``, or for a mix its parts."""
+        if self.type == "mix":
+            return {"envs": [m.model_dump() for m in self.mix or []]}
+        return dict(self.options)
 
     @model_validator(mode="after")
     def _files(self) -> EnvConfig:
+        if self.type == "mix":
+            if not self.mix:
+                raise FieldError("mix", "env.type mix needs env.mix, a list of {type, options, weight}")
+            if self.options:
+                raise FieldError("options", "with env.mix each env's options go in its entry "
+                                            "(env.mix[i].options); leave env.options empty")
+            if self.tasks_file or self.dataset is not None:
+                raise FieldError("mix", "a mix draws its tasks from each env's generator; env.tasks_file "
+                                        "and env.dataset do not apply")
         if self.test_tasks_file and not self.tasks_file:
             raise FieldError("test_tasks_file", "needs env.tasks_file (the training tasks) too")
         if self.dataset is not None and (self.tasks_file or self.test_tasks_file):

@@ -5,8 +5,10 @@ countdown with a Python tool), ``math_levels`` (the same at mixed difficulty, th
 the prompt), ``noisy_lookup`` (k tool calls with long, noisy observations), ``code_repair`` (fix a
 function until its tests pass), ``style_shift`` (online learning: the rewarded writing style
 switches during training), ``synthetic`` (a long-tailed workload for benchmarks),
-``prompt_reward`` (a dataset's prompt column scored by a user's reward function) and
-``openai_agent`` (an agent program that calls the model through the OpenAI API, trained as it is).
+``prompt_reward`` (a dataset's prompt column scored by a user's reward function),
+``openai_agent`` (an agent program that calls the model through the OpenAI API, trained as it is), the
+community envs of the ``envs`` extra (``reasoning_gym``, ``textarena``, ``openenv``:
+:mod:`saorl.envs.extras`) and ``mix`` (several of them in one run, ``env.mix``).
 Importing this package imports no env module; :func:`resolve_env` does that lazily.
 """
 

@@ -104,6 +104,9 @@ class Env(ABC):
     toolbox: Any = None
     """The :class:`saorl.envs.toolbox.Tools` the run's env factory gives an env that has tools
     (None: no tools). Set by the factory; env authors declare :attr:`tools` instead."""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Modules of optional packages the env plays (``("textarena",)``): resolving the env checks
+    they import, and names the extra to install when not (:mod:`saorl.envs.extras`)."""
     calls_user_code: ClassVar[bool] = False
     """True for a built-in env whose ``reset`` / ``step`` call code given by the user (a reward
     function): they run under ``env.call_timeout_s`` like those of an env class from outside saorl."""

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saorl.envs.base import OBSERVATION_FORMATS, OBSERVATION_ROLES, Env
+from saorl.envs.extras import missing_extra
 from saorl.envs.hosted import HostedEnv, HostPool
 from saorl.envs.toolbox import ToolOptions, Tools
 
@@ -37,6 +38,10 @@ BUILTIN_ENVS: dict[str, str] = {
     "noisy_lookup": "saorl.envs.noisy_lookup:NoisyLookupEnv",
     "prompt_reward": "saorl.envs.prompt_reward:PromptRewardEnv",
     "openai_agent": "saorl.envs.openai_agent:OpenAIAgentEnv",
+    "reasoning_gym": "saorl.envs.reasoning_gym_env:ReasoningGymEnv",
+    "textarena": "saorl.envs.textarena_env:TextArenaEnv",
+    "openenv": "saorl.envs.openenv_env:OpenEnvEnv",
+    "mix": "saorl.envs.mix:MixEnv",
 }
 
 
@@ -54,6 +59,10 @@ class ModuleMissing(EnvResolveError):
 
 class AttributeMissing(EnvResolveError):
     """``module.path:name`` whose module imports but has no ``name``."""
+
+
+class MissingExtra(EnvResolveError):
+    """An env whose optional package is not installed; the message names the extra to install."""
 
 
 def import_object(spec: str, what: str) -> Any:
@@ -101,7 +110,8 @@ def _close_modules(name: str) -> str:
 
 
 def resolve_env(type_str: str) -> type[Env]:
-    """The Env class for a built-in name (``"math_tool"``) or a ``"module.path:ClassName"``."""
+    """The Env class for a built-in name (``"math_tool"``) or a ``"module.path:ClassName"``;
+    :class:`MissingExtra` when the packages of its ``requires`` are not installed."""
     if not isinstance(type_str, str) or not type_str.strip():
         raise EnvResolveError(f"env type must be a non-empty string, got {type_str!r}")
     target = BUILTIN_ENVS.get(type_str, type_str)
@@ -113,6 +123,9 @@ def resolve_env(type_str: str) -> type[Env]:
     cls = import_object(target, f"env {type_str!r}")
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise EnvResolveError(f"env {type_str!r}: {target} is not a subclass of saorl.envs.base.Env")
+    problem = missing_extra(type_str, cls.requires)
+    if problem:
+        raise MissingExtra(problem)
     return cls
 
 
@@ -214,6 +227,8 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
     opts = dict(options or {})
     try:
         template = cls(**opts)
+    except MissingExtra:
+        raise
     except TypeError as e:
         raise BadOptions(f"env {type_str!r}: bad options {opts}: {e}") from e
     except ValueError as e:
@@ -228,8 +243,9 @@ def tool_options_for(env: Any) -> ToolOptions:
 
 
 def env_factory_for(env: Any, *, deadline: bool = True) -> EnvFactory:
-    """The factory of a run's ``env`` config section: its type, options, observation format, tools
-    and (with ``deadline``) ``call_timeout_s``."""
-    return make_env_factory(env.type, env.options, call_timeout_s=env.call_timeout_s if deadline else None,
+    """The factory of a run's ``env`` config section: its type, options (a mix's parts), observation
+    format, tools and (with ``deadline``) ``call_timeout_s``."""
+    return make_env_factory(env.type, env.env_options,
+                            call_timeout_s=env.call_timeout_s if deadline else None,
                             observation_format=env.observation_format,
                             observation_role=env.observation_role, tool_options=tool_options_for(env))

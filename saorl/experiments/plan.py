@@ -35,7 +35,7 @@ def switch_steps(cfg) -> list[int]:
     """The env's switch points in trainer steps (style_shift), or [] for envs without a schedule."""
     from saorl.envs.registry import make_env_factory
 
-    env = make_env_factory(cfg.env.type, cfg.env.options)()
+    env = make_env_factory(cfg.env.type, cfg.env.env_options)()
     points = getattr(env, "switch_points", None)
     if points is None or getattr(env, "schedule_unit", "trainer_step") != "trainer_step":
         return []

@@ -147,7 +147,7 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
     if isinstance(engine, LocalEngineConfig):
         engine = engine.model_copy(update={"dtype": engine.dtype or cfg.model.dtype})
     return WorkerSpec(policy=local, tokenizer=tokenizer.spec, env_type=cfg.env.type,
-                      env_options=dict(cfg.env.options), weights_dir=str(RunPaths(run_dir).weights),
+                      env_options=cfg.env.env_options, weights_dir=str(RunPaths(run_dir).weights),
                       sampling=SamplingParams.of_rollout(r), engine=engine,
                       max_total_tokens=r.max_total_tokens,
                       seed=cfg.seed, threads=cfg.runtime.worker_threads, device=cfg.model.device,

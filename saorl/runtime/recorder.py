@@ -110,6 +110,12 @@ class RunRecorder:
         if self.best_eval is None or acc > self.best_eval[0]:
             self.best_eval = (acc, step)
         self.message(eval_line(step, acc, self.best_eval))
+        for key, value in sorted(metrics.items()):  # a mix's parts: one line each
+            part = key[len("eval/"):-len("/accuracy")]
+            if key.startswith("eval/") and key.endswith("/accuracy") and part and "/" not in part:
+                n = metrics.get(f"eval/{part}/episodes")
+                self.message(f"step {step} eval {part}: accuracy {value:.3f}"
+                             + ("" if n is None else f" ({int(n)} episodes)"))
 
     def _read_best(self) -> None:
         """A resumed run's best evaluation so far, from its ``eval.jsonl``."""

@@ -13,7 +13,14 @@ import sys
 from pathlib import Path
 
 from saorl.config import SaorlConfig
-from saorl.envs.registry import BadOptions, EnvFactory, EnvResolveError, env_factory_for, resolve_env
+from saorl.envs.registry import (
+    BadOptions,
+    EnvFactory,
+    EnvResolveError,
+    MissingExtra,
+    env_factory_for,
+    resolve_env,
+)
 from saorl.envs.toolbox import ToolsError
 from saorl.errors import StartupError
 
@@ -23,6 +30,8 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
     env = cfg.env
     try:
         cls = resolve_env(env.type)
+    except MissingExtra as e:
+        raise StartupError(f"env.type: {e}") from None
     except EnvResolveError as e:
         raise StartupError(f"env.type: {e}. A custom env is 'module.path:ClassName' with the "
                            "module importable from here (installed, or on PYTHONPATH); built-ins are listed "
@@ -31,13 +40,17 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
         factory = env_factory_for(env, deadline=False)
     except ToolsError as e:
         raise StartupError(f"env.tools: {e}") from None
+    except MissingExtra as e:
+        raise StartupError(f"env.type: {e}") from None
     except EnvResolveError as e:  # the class's observation format
         raise StartupError(f"{e}. Set env.observation_format / env.observation_role, or fix the class "
                            "attribute") from None
-    except (BadOptions, TypeError) as e:  # an option the class does not take: the list of those it does
+    except (BadOptions, TypeError, ValueError) as e:
+        if env.type == "mix":  # a part's problem, named by its index
+            raise StartupError(f"env.mix: {str(e).removeprefix('env ' + repr('mix') + ': ')}") from None
+        if not isinstance(e, (BadOptions, TypeError)):  # a value the class refused (a reward function
+            raise StartupError(f"env.options: {e}") from None  # that does not import): its own message
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
-    except ValueError as e:  # a value the class refused (a reward function that does not import):
-        raise StartupError(f"env.options: {e}") from None  # its own message says what applies
     if factory.tools is not None:
         from saorl.agent.tool_calls import ToolSchemaError  # the tensor-free agent modules
         from saorl.agent.tool_turns import tool_schemas

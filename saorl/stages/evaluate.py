@@ -11,6 +11,9 @@ returns) is a **failed** episode: it counts as unsuccessful in ``eval/accuracy``
 ``eval/failed``, the other means are over the episodes that finished, and ``on_error`` hears one
 report naming each (the first line: how many, and the first timeout's message). An evaluation
 never waits for a call past its deadline; any other episode error still raises (an env's bug).
+
+Tasks of a mix (``env.mix``: its env's ``task_group`` names each task's part) are also counted per
+part: ``eval/<part>/accuracy``, ``eval/<part>/reward_mean``, ``eval/<part>/episodes``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,32 @@ def evaluate(policy, tokenizer, env_factory, tasks: list[Task], *, max_new_token
     trajs = [done[i] for i in range(len(tasks)) if i in done]
     if timeouts and on_error is not None:
         on_error(failure_report(timeouts, tasks))
-    return eval_metrics(trajs, failed=len(timeouts)), trajs
+    group = getattr(getattr(env_factory, "template", None), "task_group", None)
+    per_env = group_metrics(tasks, done, set(timeouts), group) if group is not None else {}
+    return eval_metrics(trajs, failed=len(timeouts)) | per_env, trajs
+
+
+def group_metrics(tasks: list[Task], done: dict[int, Trajectory], failed: set[int],
+                  group: Callable[[Task], str | None]) -> dict[str, float]:
+    """``eval/<name>/accuracy``, ``eval/<name>/reward_mean`` and ``eval/<name>/episodes`` of each
+    group of tasks (a mix's parts: ``group(task)`` names a task's part); a failed episode counts as
+    unsuccessful, as in ``eval/accuracy``."""
+    members: dict[str, list[int]] = {}
+    for i, task in enumerate(tasks):
+        name = group(task)
+        if name is not None:
+            members.setdefault(name, []).append(i)
+    out: dict[str, float] = {}
+    for name, idx in sorted(members.items()):
+        finished = [done[i] for i in idx if i in done]
+        episodes = len(finished) + sum(i in failed for i in idx)
+        if not episodes:
+            continue
+        out[f"eval/{name}/accuracy"] = sum(float(t.episode.success) for t in finished) / episodes
+        if finished:
+            out[f"eval/{name}/reward_mean"] = statistics.fmean(t.total_reward for t in finished)
+        out[f"eval/{name}/episodes"] = float(episodes)
+    return out
 
 
 def failure_report(timeouts: dict[int, str], tasks: list[Task]) -> str:

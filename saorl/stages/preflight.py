@@ -25,7 +25,9 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
    Built-in resets take microseconds, so this is all of them in well under a second; for an env
    whose reset is slow the check stops after :data:`TASK_CHECK_BUDGET_S` seconds (at least the
    first task of each split is always checked) and the rest are checked as they are played. Tasks
-   from the env's own generator are the env's contract and are not re-checked;
+   from the env's own generator are the env's contract; of those only the first 4 test tasks are
+   reset, and a conversation among their prompts rendered (a ``reasoning_gym`` prompt given as chat
+   messages to a tokenizer without a chat template stops the start here);
 5. with ``sft.enabled``, the env has demonstrations: one is played on the first training task.
 
 :func:`check_servers` (called by :func:`saorl.training.train` after these, before the warm start:
@@ -284,6 +286,7 @@ def check_tasks(cfg: SaorlConfig, factory: Callable[[], Env],
     env = cfg.env
     train_src, test_src = env_sources(env)
     if train_src is None:
+        _check_generated(cfg, factory)
         return
     try:
         train = load_split(factory(), env, "train", None, cfg.seed)
@@ -310,6 +313,25 @@ def check_tasks(cfg: SaorlConfig, factory: Callable[[], Env],
                     tokenizer.prompt_ids(prompt)
                 except ValueError as e:
                     raise StartupError(f"{where}: {e}") from None
+
+
+def _check_generated(cfg: SaorlConfig, factory: Callable[[], Env], n: int = 4) -> None:
+    """The first ``n`` generated test tasks (every part of a mix among them): a prompt that is a
+    conversation renders through the run's tokenizer (one without a chat template cannot)."""
+    try:
+        tasks = load_split(factory(), cfg.env, "test", min(n, cfg.env.num_test_tasks), cfg.seed)
+    except ValueError as e:
+        raise StartupError(f"env {cfg.env.type} cannot make its test tasks: {e}") from None
+    tokenizer = None
+    for task in tasks:
+        _, prompt = _reset(factory, task, f"generated task {task.id!r}", cfg.env.type)
+        if isinstance(prompt, list):
+            tokenizer = tokenizer or run_tokenizer(cfg.model)
+            try:
+                tokenizer.prompt_ids(prompt)
+            except ValueError as e:
+                raise StartupError(f"env {cfg.env.type}, task {task.id!r}: {e} (reasoning_gym gives them as "
+                                   "text with env.options.prompt=text)") from None
 
 
 def _source_setting(env) -> str:

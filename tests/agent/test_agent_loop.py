@@ -172,6 +172,19 @@ def test_progress_reaches_reset_and_timings_are_recorded(tok):
     assert ep.env_seconds >= 0.02 and ep.gen_seconds >= 0.0
 
 
+def test_the_turn_limit_is_read_after_reset(tok):
+    """An env may set its turn limit per task in reset (a mix sets its part's)."""
+
+    class PerTaskLimit(ToyEnv):
+        def reset(self, task, progress=None):
+            self.max_turns = 2
+            return super().reset(task, progress)
+
+    engine = FakeEngine(lambda p, sp, k: enc(tok, f"turn {k}</a>"))
+    traj = play(engine, PerTaskLimit(done_after=None), tok)  # the class says 3
+    assert traj.episode.turns == 2 and traj.episode.truncation == "turns"
+
+
 def test_bad_limits_rejected(tok):
     with pytest.raises(ValueError, match="max_turns"):
         play(FakeEngine([[5]]), ToyEnv(), tok, max_turns=0)

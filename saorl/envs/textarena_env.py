@@ -1,0 +1,210 @@
+"""``textarena``: a single-player TextArena game, played turn by turn as the package defines it.
+
+``env.options.game`` is a TextArena id (``TowerOfHanoi-v0``, ``FrozenLake-v0``, ``Mastermind-v0``,
+``Minesweeper-v0-small``, ``GuessTheNumber-v0``, …; the ``envs`` extra installs TextArena). The game
+is made from the id's registration (its class and keyword arguments: board size, turn limit) and
+reset for one player with the task's seed; its rules, messages, rewards and end are the game's:
+
+- the prompt is the game's first observation (its rules and the board), each message rendered as
+  TextArena's ``LLMObservationWrapper`` renders it, ``[GAME] message``;
+- each action (the text the model wrote this turn) goes through the id's own action wrappers
+  (``ActionFormattingWrapper``: brackets added when the text has none) to the game's ``step``;
+- the observation after it is the messages the game added since, rendered the same way, on lines
+  of their own (the
+  model's own action, already in the context, is left out: TextArena's observation wrappers
+  repeat the whole history each turn, which the trajectory already holds);
+- an invalid move is what the game makes of it: a warning and another try, or the end, per the
+  game's own error allowance; the episode ends when the game says ``done``; its reward is the
+  game's reward for the player (``env.close()``), given on the last turn (``info["success"]``:
+  reward ≥ ``success_threshold``, 1.0; ``info["metrics"]``: the game's ``invalid_move`` and
+  ``turn_count``). At ``max_turns`` model turns (default: the game's own turn limit, else 30)
+  without an end the episode stops unsuccessful, with no reward.
+
+**Determinism.** A task is a seed (``Game-v0-<seed>``; train and test seeds never overlap: each
+seed hashes into one split, :mod:`saorl.envs.splits`). TextArena games draw from Python's global
+``random`` (and Sokoban from numpy's): each episode keeps its own generator state, swapped in
+under a lock around every call into the game, so concurrent episodes neither share nor disturb a
+random stream and a task replays the same game. A game whose start does not depend on the seed
+(TowerOfHanoi) has one start position for every task.
+
+Only single-player games: a game that does not start for one player is refused. Some games need
+network resources TextArena downloads at import (NLTK word lists: Wordle, Hangman, …) or an API
+key (an LLM jury); docs/envs.md lists the ones that run offline.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import random
+import re
+import threading
+from typing import Any, ClassVar
+
+from saorl.envs.base import Env, Progress, Prompt, Split, StepResult, Task
+from saorl.envs.splits import content_hash, distinct_tasks
+
+TEST_FRACTION = 0.5
+DEFAULT_MAX_TURNS = 30
+_RANDOM_LOCK = threading.Lock()
+"""Serialises calls into games: they draw from the process-global random generators."""
+
+
+def game_ids() -> list[str]:
+    """Every id TextArena registers (single- and multi-player), sorted."""
+    from textarena.envs.registration import ENV_REGISTRY
+
+    return sorted(ENV_REGISTRY)
+
+
+class _Randomness:
+    """An episode's own state of the global ``random`` (and numpy's) generators, swapped in around
+    each call into the game."""
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+
+        self.py = random.Random(seed).getstate()
+        self.np = np.random.RandomState(seed).get_state()
+
+    def run(self, fn, *args: Any, **kwargs: Any) -> Any:
+        import numpy as np
+
+        with _RANDOM_LOCK:
+            saved_py, saved_np = random.getstate(), np.random.get_state()
+            random.setstate(self.py)
+            np.random.set_state(self.np)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.py, self.np = random.getstate(), np.random.get_state()
+                random.setstate(saved_py)
+                np.random.set_state(saved_np)
+
+
+def _render(messages: list[tuple[Any, str, Any]], role_mapping: dict[int, str]) -> str:
+    """Messages as TextArena's LLMObservationWrapper renders them, the player's own actions left out."""
+    from textarena.core import GAME_ID, ObservationType
+
+    lines = []
+    for sender, message, kind in messages:
+        if kind == ObservationType.PLAYER_ACTION:
+            continue
+        name = "GAME" if sender == GAME_ID else role_mapping.get(sender, f"Player {sender}")
+        lines.append(f"[{name}] {message}")
+    return "\n".join(lines)
+
+
+@functools.cache
+def _probe(game: str) -> int | None:
+    """The game's own turn limit, once it is made and started for one player (once per process:
+    an env is made per episode); ValueError saying why a game cannot be played here."""
+    try:
+        probe = _make(game)[0]
+    except LookupError as e:  # NLTK data the game's module tried to download at import
+        found = re.search(r"Resource '?([\w/.-]+)'? not found", str(e))
+        what = f"NLTK's {found.group(1)!r}" if found else "NLTK data"
+        raise ValueError(f"game {game!r} cannot be made here: it needs {what}, which TextArena downloads "
+                         "when the game is imported, so it does not run offline; docs/envs.md lists the "
+                         "games that do") from None
+    except Exception as e:
+        raise ValueError(f"game {game!r} cannot be made here: {type(e).__name__}: {str(e)[:300]}") from None
+    try:
+        _Randomness(0).run(probe.reset, num_players=1, seed=0)
+    except Exception as e:
+        raise ValueError(f"game {game!r} does not start for one player ({type(e).__name__}: {e}); "
+                         "saorl plays single-player TextArena games only") from None
+    from textarena.state import SinglePlayerState
+
+    if not isinstance(probe.state, SinglePlayerState):
+        raise ValueError(f"game {game!r} is a {type(probe.state).__name__} game; saorl plays "
+                         "single-player TextArena games only")
+    return getattr(probe, "max_turns", None)
+
+def _make(game: str) -> tuple[Any, list[Any]]:
+    """The game of ``game`` as its registration makes it, without wrappers, and the id's action
+    wrappers."""
+    from textarena.core import ActionWrapper
+    from textarena.envs.registration import ENV_REGISTRY
+
+    spec = ENV_REGISTRY[game]
+    entry = spec.entry_point
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    actions = [w for w in (spec.default_wrappers or []) if issubclass(w, ActionWrapper)]
+    return entry(**spec.kwargs), actions
+
+
+class TextArenaEnv(Env):
+    name: ClassVar[str] = "textarena"
+    requires: ClassVar[tuple[str, ...]] = ("textarena",)
+
+    def __init__(self, game: str | None = None, max_turns: int | None = None, success_threshold: float = 1.0,
+                 stop: list[str] | None = None, **options: Any) -> None:
+        """Options: ``game`` (required: a single-player TextArena id), ``max_turns`` (model turns
+        before the episode stops; default the game's turn limit, else 30), ``success_threshold``
+        (1.0: success is the game's reward ≥ it), ``stop`` (strings that end a turn, e.g. ``["]"]``;
+        default none: eos or ``rollout.max_new_tokens``)."""
+        super().__init__(**options)
+        import difflib
+
+        ids = game_ids()
+        if not isinstance(game, str) or game not in ids:
+            close = difflib.get_close_matches(str(game), ids, n=3)
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            raise ValueError(f"game {game!r} is not a TextArena id; {hint}set env.options.game to a "
+                             "single-player id such as TowerOfHanoi-v0, FrozenLake-v0, Mastermind-v0 "
+                             "(docs/envs.md lists the ones that run offline)")
+        if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
+            raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
+        self.game, self.success_threshold = game, float(success_threshold)
+        self.stop_strings = tuple(stop or ())  # type: ignore[misc]  # per instance: an option here
+        game_limit = _probe(game)
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
+        self.max_turns = max_turns or (game_limit if isinstance(game_limit, int) and game_limit > 0
+                                       else DEFAULT_MAX_TURNS)
+        self._game: Any = None
+        self._rng: _Randomness | None = None
+        self._actions: list[Any] = []
+
+    def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
+        def draw(rng: random.Random):
+            game_seed = rng.randrange(2**31)
+            return (content_hash("textarena", self.game, game_seed),
+                    lambda d: Task(f"{self.game}-{game_seed}", {"game": self.game, "seed": game_seed}))
+
+        return distinct_tasks(split, n, random.Random(seed), draw, TEST_FRACTION, f"{self.game} seeds")
+
+    def reset(self, task: Task, progress: Progress | None = None) -> Prompt:
+        if task.data.get("game") != self.game or not isinstance(task.data.get("seed"), int):
+            raise ValueError(f"task {task.id!r} is not a {self.game} task (it needs game {self.game!r} and "
+                             f"an integer seed; got {task.data})")
+        (self._game, self._actions), self._rng = _make(self.game), _Randomness(task.data["seed"])
+        self._rng.run(self._game.reset, num_players=1, seed=task.data["seed"])
+        return self._observe()
+
+    def _observe(self) -> str:
+        _, messages = self._game.get_observation()
+        return _render(messages, self._game.state.role_mapping)
+
+    def step(self, action: str) -> StepResult:
+        if self._game is None or self._rng is None:
+            raise RuntimeError("TextArenaEnv.step called before reset (or after the episode ended)")
+        for wrapper in self._actions:
+            action = wrapper(self._game).action(action)
+        done, _ = self._rng.run(self._game.step, action)
+        new = self._observe()
+        observation = f"\n{new}\n" if new else ""  # on its own lines after the action
+        if not done:
+            return StepResult(observation, 0.0, False)
+        rewards, game_info = self._game.close()
+        info = (game_info or {}).get(0, {})
+        reward = float((rewards or {}).get(0, 0.0))
+        self._game = None
+        metrics = {"invalid_move": float(bool(info.get("invalid_move"))),
+                   "turn_count": float(info.get("turn_count", 0))}
+        return StepResult(observation, reward, True, {"success": reward >= self.success_threshold,
+                                                      "reason": str(info.get("reason", "")),
+                                                      "metrics": metrics})

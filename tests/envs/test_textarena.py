@@ -1,0 +1,92 @@
+"""``textarena`` against the real TextArena package: its games' rules, observations, rewards and ends."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from saorl.envs.registry import make_env_factory
+
+from .community import need
+from .episodes import play
+
+need("textarena")
+
+HANOI = ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]
+
+
+def _factory(game, **options):
+    return make_env_factory("textarena", {"game": game, **options})
+
+
+def test_tower_of_hanoi_solved_over_seven_turns_earns_the_games_reward():
+    factory = _factory("TowerOfHanoi-v0")
+    env = factory()
+    task = env.generate_tasks("train", 1, seed=0)[0]
+    prompt = env.reset(task)
+    assert prompt.startswith("[GAME] You are playing Tower of Hanoi with 3 disks.")
+    assert "A: [3, 2, 1]" in prompt
+    results = play(factory(), task, HANOI)
+    assert [r.done for r in results] == [False] * 6 + [True]
+    assert results[0].observation == ("\n[GAME] You moved disk 1 from A to C.\n[GAME] Current Board: \n"
+                                      "A: [3, 2]\nB: []\nC: [1]\n.\n")
+    assert [r.reward for r in results] == [0.0] * 6 + [1.0]
+    assert results[-1].info["success"]
+    assert results[-1].info["metrics"] == {"invalid_move": 0.0, "turn_count": 7.0}
+    assert env.max_turns == 14  # the game's own turn limit
+
+
+def test_an_invalid_move_is_what_the_game_makes_of_it():
+    env = _factory("TowerOfHanoi-v0")()
+    task = env.generate_tasks("train", 1, seed=0)[0]
+    first, second = play(env, task, ["[C A]", "[C A]"])
+    assert not first.done and "You attempted an invalid move" in first.observation
+    assert second.done and second.reward == 0.0 and not second.info["success"]
+    assert second.info["metrics"]["invalid_move"] == 1.0 and second.info["reason"].startswith("Invalid Move")
+
+
+def _minesweeper(factory, task):
+    return [r.observation for r in play(factory(), task, ["[2 2]", "[0 0]", "[4 4]"])]
+
+
+def test_each_task_is_one_game_whatever_runs_beside_it():
+    factory = _factory("Minesweeper-v0-small")
+    train = factory().generate_tasks("train", 24, seed=0)
+    test = factory().generate_tasks("test", 24, seed=0)
+    assert not {t.data["seed"] for t in train} & {t.data["seed"] for t in test}
+    assert factory().generate_tasks("train", 24, seed=0) == train
+    alone = [_minesweeper(factory, t) for t in train[:4]]
+    assert len({tuple(a) for a in alone}) > 1  # the seed makes the board
+    before = random.getstate()
+    together: dict[int, list[str]] = {}
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, _minesweeper(factory, train[i])))
+               for i in range(4) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [together[i] for i in range(4)] == alone
+    assert random.getstate() == before  # the process's own random stream is left alone
+
+
+def test_multi_player_and_unknown_games_are_refused():
+    with pytest.raises(ValueError, match=r"game 'TicTacToe-v0' does not start for one player \(Assertion"
+                                         r"Error: The number of players has to be 2.*single-player"):
+        _factory("TicTacToe-v0")
+    with pytest.raises(ValueError, match=r"did you mean 'TowerOfHanoi-v0"):
+        _factory("TowerOfHanoi")
+
+
+def test_a_game_that_needs_downloaded_word_lists_is_refused_offline():
+    try:
+        from nltk.corpus import words
+
+        words.words()
+        pytest.skip("NLTK's word list is installed here: Wordle runs")
+    except LookupError:
+        pass
+    with pytest.raises(ValueError, match=r"game 'Wordle-v0' cannot be made here: it needs NLTK's 'words', "
+                                         r"which TextArena downloads .* does not run offline; docs/envs.md"):
+        _factory("Wordle-v0")
