@@ -8,9 +8,10 @@ string (read into the object chat templates take). Then the run's chat template 
 - a template that takes ``tools`` (it reads the variable: Qwen2.5/3, Llama 3.1, Hermes) gets them,
   and renders the earlier calls itself;
 - a template that does not (SmolLM2's, ChatML without tools) gets them as a block at the end of the
-  system message (one is added first when there is none), in the Hermes format: the schemas as
-  JSON lines inside ``<tools></tools>`` and the instruction to answer a call as
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. An assistant message with
+  system message (one is added first when there is none), as ``env.tools`` describes them
+  (:func:`saorl.agent.tool_prompt.with_tool_system_prompt`, its ``json`` style: the schemas as JSON
+  lines inside ``<tools></tools>`` and the instruction to answer a call in the ``tool_format``, by
+  default ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``). An assistant message with
   ``tool_calls`` is then rendered as the text the model wrote, when it is a reply this episode gave
   (so the conversation joins token-exactly, :mod:`saorl.agent.openai_record`), else as its content
   followed by one ``<tool_call>`` block per call.
@@ -23,32 +24,12 @@ call stays in the content as text, as a server without a parser would return it.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
-import jinja2
-import jinja2.meta
-
 from saorl.agent.tool_calls import TOOL_CALL_FORMATS, parse_tool_calls
+from saorl.agent.tool_prompt import template_supports_tools, with_tool_system_prompt
 from saorl.models.codec import RunTokenizer
-
-TOOLS_BLOCK = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n"
-    "<tools>\n{schemas}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
-    "<args-json-object>}}\n</tool_call>")
-"""The system-prompt block of ``tools`` for a template that does not take them (Qwen2.5's words)."""
-
-
-@functools.lru_cache(maxsize=8)
-def _takes_tools(template: str) -> bool:
-    try:
-        return "tools" in jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template))
-    except jinja2.TemplateError:
-        return False
 
 
 def _text(content: Any) -> str:
@@ -87,18 +68,14 @@ class ToolRendering:
             raise ValueError(f"tool_format must be one of {list(TOOL_CALL_FORMATS)}, got {fmt!r}")
         self.codec, self.fmt = codec, fmt
         template = getattr(codec.hf, "chat_template", None)
-        self.native = isinstance(template, str) and _takes_tools(template)
+        self.native = isinstance(template, str) and template_supports_tools(template)
         self.written: dict[tuple[str, ...], str] = {}
         """The text the model wrote for each reply with calls, by its calls' ids."""
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         msgs = [self._message(m, tools) for m in messages]
-        if tools and not self.native:
-            block = TOOLS_BLOCK.format(schemas="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
-            if msgs[0]["role"] == "system":
-                msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']}\n\n{block}"}
-            else:
-                msgs.insert(0, {"role": "system", "content": block})
+        if tools and not self.native:  # described in the system message, as env.tools does (json style)
+            msgs = with_tool_system_prompt(msgs, tools, "json", self.fmt)
             tools = None
         return self.codec.prompt_ids(msgs, tools or None)
 
