@@ -147,3 +147,25 @@ def replace_dir(src: Path, dst: Path) -> None:
     fsync_path(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+PROBE_BYTES = 2**20
+"""The size of :func:`write_probe`'s file: enough that a disk with no room refuses it."""
+
+
+def write_probe(path: str | Path) -> None:
+    """Write :data:`PROBE_BYTES` zero bytes to the file ``path``, fsync and delete it: ``OSError`` as
+    the write failed (no room, read-only, not writable); the file never stays behind."""
+    probe = Path(path)
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"\0" * PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass  # not created (a read-only file system refuses even the unlink)

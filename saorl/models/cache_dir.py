@@ -32,12 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from saorl.atomic import write_probe
 from saorl.errors import StartupError
 
 CACHE_ENV = "SAORL_CACHE"
 WAIT_SAY_EVERY_S = 30.0
 """How often a process waiting for another's conversion of the same model says so."""
-PROBE_BYTES = 2**20
 LEFTOVER = re.compile(r"^\.(?P<entry>.+)\.(?:tmp|download|old)-(?:(?P<pid>\d+)-)?[^/]*$")
 """A writer's temporary in ``<cache>/models`` (the pid is absent in those of saorl before 0.1.1)."""
 _NO_ROOM = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
@@ -147,20 +147,10 @@ def check_writable(label: str, need_bytes: int) -> None:
     probe = models / f".write-probe-{os.getpid()}.tmp"
     try:
         models.mkdir(parents=True, exist_ok=True)
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, b"\0" * PROBE_BYTES)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_probe(probe)
     except OSError as e:
         raise cache_failure(e.errno, label,
                             detail=f"writing a 1 MiB test file failed: {e.strerror}") from None
-    finally:
-        try:
-            probe.unlink(missing_ok=True)
-        except OSError:
-            pass
     free = shutil.disk_usage(models).free
     if free < need_bytes:
         raise cache_failure(errno.ENOSPC, label, need=f"the converted model needs about "

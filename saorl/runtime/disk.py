@@ -20,6 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
+from saorl.atomic import write_probe
 from saorl.errors import RunFailure, StartupError
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -27,7 +28,6 @@ READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 _TEXTS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
           "File too large": errno.EFBIG, "Read-only file system": errno.EROFS}
 """Wrappers that keep only the text (safetensors' SafetensorError) are read by it."""
-PROBE_BYTES = 2**20
 
 
 class DiskFull(RunFailure):
@@ -78,12 +78,7 @@ def probe_run_dir(run_dir: Path) -> None:
     where = existing_ancestor(run_dir)
     probe = where / f".saorl-write-probe-{os.getpid()}.tmp"
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, b"\0" * PROBE_BYTES)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_probe(probe)
     except OSError as e:
         free = free_bytes(where)
         code = e.errno if e.errno in NO_ROOM + READ_ONLY else None
@@ -93,11 +88,6 @@ def probe_run_dir(run_dir: Path) -> None:
             f"({e.strerror}): {why}; {mib(free)} free there. A run writes its journal, checkpoints "
             "(each about the size of the policy, the critic and their optimizer states) and logs there: "
             "give a --run-dir (or run.out_dir) on a writable disk with room.") from None
-    finally:
-        try:
-            probe.unlink(missing_ok=True)
-        except OSError:
-            pass  # not created (a read-only file system refuses even the unlink)
 
 
 def checkpoint_bytes(learner) -> int:
