@@ -19,9 +19,11 @@ JSON is read with :meth:`json.JSONDecoder.raw_decode`, so a string argument may 
 ``</tool_call>``, braces, newlines — and nested objects parse whole. ``arguments`` may also be a
 JSON string holding the object (as the OpenAI API sends it). What cannot be a call is an error line
 in :attr:`ParsedTurn.errors`, never an exception: a ``<tool_call>`` block whose body is not JSON,
-a call without a string ``name``, arguments that are not an object. In ``llama3`` and ``json`` a
-``{`` that does not decode is text unless a ``"name"`` key follows it closely, in which case it
-was meant as a call and is an error.
+a call without a string ``name``, arguments that are not an object, JSON nested past Python's
+recursion limit or holding an int past its digit limit. In ``llama3`` and ``json`` a ``{`` that
+does not decode is text unless a ``"name"`` key follows it closely, in which case it was meant as
+a call and is an error; when failed decodes have read more than :data:`_SCAN_BUDGET` characters
+in all, the rest of the reply is text and an error line says so.
 
 **Schemas** (:func:`function_schema`) are what TRL's ``GRPOTrainer(tools=[...])`` makes of a
 function: transformers' ``get_json_schema`` — every argument type-hinted, a Google-style
@@ -48,6 +50,33 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 _NAME_NEAR = re.compile(r'\s*"name"\s*:')
 _DECODER = json.JSONDecoder()
+_JSON_ERRORS = (ValueError, RecursionError)
+"""What decoding a model's JSON may raise: bad JSON (:class:`json.JSONDecodeError` is a ValueError),
+an int past Python's digit limit (ValueError), nesting past the recursion limit (RecursionError)."""
+
+
+_SCAN_BUDGET = 100_000_000
+"""Characters that failed decodes in ``llama3`` and ``json`` may look at, all together (about 0.1 s),
+before the rest of a reply is read as text: each ``{`` that does not decode is retried one
+character on, so a hostile reply (thousands of ``{`` in an unterminated string, or nested past the
+recursion limit) would otherwise cost time quadratic in its length."""
+
+
+def _cost(e: Exception, text: str, start: int) -> int:
+    """About how many characters a decode from ``start`` that failed with ``e`` looked at: the
+    scan to where it failed (an unterminated string, a too-deep nesting: maybe the whole rest), and
+    :class:`json.JSONDecodeError`'s line count over the text before that."""
+    pos = getattr(e, "pos", None)
+    if pos is None or getattr(e, "msg", "").startswith("Unterminated string"):
+        return 2 * len(text) - start
+    return 2 * pos - start
+
+
+def _why(e: Exception) -> str:
+    """The reason a decode failed, one short phrase."""
+    if isinstance(e, RecursionError):
+        return "nested too deep"
+    return getattr(e, "msg", None) or str(e).split(":")[0]
 
 
 @dataclass(frozen=True)
@@ -94,8 +123,8 @@ def _as_call(obj: Any, index: int, where: str) -> ToolCall | str:
     if isinstance(args, str):  # the OpenAI API's form: the object as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return f"{where}: the arguments of {name!r} are a string that is not JSON ({e.msg})"
+        except _JSON_ERRORS as e:
+            return f"{where}: the arguments of {name!r} are a string that is not JSON ({_why(e)})"
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -114,10 +143,10 @@ def _parse_hermes(text: str) -> tuple[list[str], list[Any], list[str]]:
         at = len(text) - len(text[body:].lstrip())
         try:
             obj, end = _DECODER.raw_decode(text, at)
-        except json.JSONDecodeError as e:
+        except _JSON_ERRORS as e:
             close = text.find(HERMES_CLOSE, body)
             stop = len(text) if close < 0 else close + len(HERMES_CLOSE)
-            errors.append(f"<tool_call> {len(bodies) + len(errors) + 1}: not JSON ({e.msg}): "
+            errors.append(f"<tool_call> {len(bodies) + len(errors) + 1}: not JSON ({_why(e)}): "
                           f"{_preview(text[body:stop])}")
             pos = stop
             continue
@@ -141,15 +170,20 @@ def _parse_hermes(text: str) -> tuple[list[str], list[Any], list[str]]:
 def _parse_objects(text: str, separators: str = "") -> tuple[list[str], list[Any], list[str]]:
     """Top-level JSON objects that look like calls (a ``name`` and arguments), for ``llama3`` and ``json``."""
     pieces, bodies, errors = [], [], []
-    pos = scan = 0
+    pos = scan = spent = 0
     while (start := text.find("{", scan)) >= 0:
         try:
             obj, end = _DECODER.raw_decode(text, start)
-        except json.JSONDecodeError as e:
+        except _JSON_ERRORS as e:
             if _NAME_NEAR.match(text, start + 1):
-                errors.append(f"a JSON call that does not parse ({e.msg}): {_preview(text[start:])}")
+                errors.append(f"a JSON call that does not parse ({_why(e)}): {_preview(text[start:])}")
                 pieces.append(text[pos:start])
                 pos = scan = len(text)
+                break
+            spent += _cost(e, text, start)
+            if spent > _SCAN_BUDGET:
+                errors.append(f"the reply was not searched for calls past character {start}: the "
+                              "text there is too much JSON that does not parse")
                 break
             scan = start + 1
             continue

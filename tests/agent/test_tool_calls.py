@@ -79,6 +79,31 @@ def test_json_fallback_finds_calls_in_prose_and_flags_a_broken_one():
     assert broken.content == "ok"
 
 
+@pytest.mark.parametrize("fmt", TOOL_CALL_FORMATS)
+@pytest.mark.parametrize("body, why", [
+    ('{"name": "f", "arguments": ' + "[" * 100_000 + "}", "nested too deep"),
+    ('{"name": "f", "arguments": "' + "[" * 100_000 + '"}', "nested too deep"),  # inside string arguments
+    ('{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}", "digits"),       # past int's digit limit
+])
+def test_hostile_json_is_an_error_line_not_an_exception(fmt, body, why):
+    text = f"<tool_call>{body}</tool_call>" if fmt == "hermes" else body
+    turn = parse_tool_calls(text, fmt)
+    assert turn.calls == [] and len(turn.errors) == 1 and why in turn.errors[0]
+    bare = parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>", "hermes")
+    assert bare.calls == [] and "nested too deep" in bare.errors[0]
+
+
+@pytest.mark.parametrize("fmt", ["json", "llama3"])
+@pytest.mark.parametrize("text", ['{"a": ' * 100_000, '"' + "{" * 100_000, '{"a": "' + "{" * 100_000])
+def test_a_huge_reply_of_broken_json_is_read_in_bounded_time(fmt, text):
+    import time
+
+    t0 = time.perf_counter()
+    turn = parse_tool_calls(text + ' {"name": "f", "arguments": {}}', fmt)
+    assert time.perf_counter() - t0 < 1.0  # each '{' retried: seconds without the scan budget
+    assert turn.calls == [] and "not searched for calls" in turn.errors[-1]
+
+
 def test_unknown_format_and_stop_strings():
     with pytest.raises(ValueError, match="unknown tool call format 'xml'"):
         parse_tool_calls("x", "xml")
