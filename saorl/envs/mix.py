@@ -112,7 +112,8 @@ class MixEnv(Env):
         prompt = env.reset(inner, progress)
         # the agent loop reads these off the env it plays after reset: the part's, for this episode
         self.stop_strings = env.stop_strings  # type: ignore[misc]
-        self.max_turns = env.max_turns
+        if self.toolbox is None:  # with env.tools the run's env.tool_max_turns, stamped on the mix
+            self.max_turns = env.max_turns
         for key in ("observation_format", "observation_role"):
             if key not in self.__dict__:  # not set for the run (env.observation_format)
                 setattr(self, key, getattr(env, key))

@@ -59,6 +59,16 @@ def test_an_episode_is_its_parts_with_metrics_under_its_name():
     assert metrics["math_tool/success"] == 1.0 and metrics["math_tool/reward"] == out.reward
 
 
+def test_with_tools_a_mix_keeps_the_tool_turn_limit_after_reset():
+    factory = env_factory_for(config_from_dict({"env": {
+        "mix": PARTS, "tools": ["tests.agent.tool_fns:add"], "tool_max_turns": 4}}).env)
+    env = factory()
+    assert env.toolbox is not None and env.max_turns == 4
+    task = next(t for t in factory().generate_tasks("train", 20, 0) if t.id.startswith("math_tool/"))
+    env.reset(task)  # its part's own max_turns is 2
+    assert env.max_turns == 4
+
+
 def test_per_part_accuracy_counts_failed_episodes():
     tasks = [Task(f"{p}/t{i}", {"env": p, "task": {}}) for i, p in enumerate(["a", "b", "a", "b"])]
     done = {i: Trajectory([1, 2], [0, 1], [0.0, -1.0], [0.0, r], [0, 0], 1, tasks[i].id,
