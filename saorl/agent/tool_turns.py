@@ -26,7 +26,9 @@ unknown function, arguments that do not fit the schema (:func:`~saorl.agent.tool
 or cannot be bound, a tool that raises or runs past the deadline are each one ``tool`` message
 starting ``error:`` that the model reads. The final step's ``info["metrics"]`` gets ``tool_calls``
 and ``tool_errors``, the episode's counts, logged per trainer step as ``env/tool_calls`` and
-``env/tool_errors`` (batch means).
+``env/tool_errors`` (batch means). A turn runs at most ``env.tool_max_calls`` calls, so that one
+reply costs at most that many deadlines, and none after a call that ran past its deadline: the
+calls not run are each answered ``error: not run (...)``, and counted as errors too.
 
 Tokens: the loop appends each tool message as observation ids (``action_mask`` 0) after the
 model's sampled ids, never re-tokenizing them (:mod:`saorl.models.chat_turns`), so the trainer
@@ -81,6 +83,7 @@ class ToolTurns:
         self.templated = codec.applies_chat_template
         self.completion: list[dict[str, Any]] = []
         """The completion so far as chat messages (module docstring)."""
+        self.max_calls = opts.max_calls
         self.calls = self.errors = self.turns = 0
 
     def codec(self, codec: RunTokenizer) -> RunTokenizer:
@@ -109,15 +112,23 @@ class ToolTurns:
         self.completion.append({"role": "assistant", "content": parsed.content,
                                 "tool_calls": [c.message_call() for c in parsed.calls]})
         results: list[tuple[str, str, bool]] = []  # (tool name, text, is an error)
-        for call in parsed.calls:
+        timed_out = False
+        for k, call in enumerate(parsed.calls):
             schema = self.by_name.get(call.name)
-            if schema is None:
+            if k >= self.max_calls:
+                results.append((call.name, f"error: not run (a turn runs at most {self.max_calls} tool "
+                                           "calls; make the others in a later turn)", True))
+            elif timed_out:
+                results.append((call.name, "error: not run (an earlier call of this turn ran past its "
+                                           "deadline)", True))
+            elif schema is None:
                 results.append((call.name, f"error: unknown tool {call.name!r}; the tools are: "
                                            f"{', '.join(self.by_name)}", True))
             elif bad := argument_errors(schema, call.arguments):
                 results.append((call.name, f"error: bad arguments for {call.name}: {'; '.join(bad)}", True))
             else:
                 result = self.tools.call(call.name, call.arguments)
+                timed_out = result.timed_out
                 results.append((call.name, result.text, result.error))
         results += [("", f"error: malformed tool call: {e}", True) for e in parsed.errors]
         self.calls += len(results)

@@ -397,6 +397,11 @@ class EnvConfig(Section):
     tool_max_turns: int = Field(4, ge=1)
     """With tools, the model's turns per episode, calling ones and the final reply together (TRL's
     ``max_tool_calling_iterations`` + 1); the reply of the last one is scored as it is."""
+    tool_max_calls: int = Field(8, ge=1)
+    """With tools, the most calls run from one turn of the model, each under ``env.call_timeout_s``
+    (so one reply costs at most this many deadlines); its calls past it are answered with an error
+    the model reads and counted (``env/tool_errors``). After a call of a turn runs past its
+    deadline, the turn's later calls are not run either and are answered so."""
     @model_validator(mode="before")
     @classmethod
     def _mix_type(cls, data: Any) -> Any:

@@ -159,8 +159,8 @@ class EnvFactory:
         specs = tuple(tool_options.specs) if given else template.tools  # type: ignore[union-attr]
         if specs:
             opts = tool_options or ToolOptions(specs)
-            self.tools = Tools(ToolOptions(tuple(specs), opts.format, opts.prompt, opts.stop, opts.max_turns),
-                               call_timeout_s)
+            self.tools = Tools(ToolOptions(tuple(specs), opts.format, opts.prompt, opts.stop, opts.max_turns,
+                                           opts.max_calls), call_timeout_s)
             self.overrides = {"observation_format": "chat", **self.overrides, "tools": tuple(specs),
                               "max_turns": opts.max_turns}
         self.template = self._stamp(template)
@@ -239,7 +239,8 @@ def make_env_factory(type_str: str, options: Mapping[str, Any] | None = None, *,
 def tool_options_for(env: Any) -> ToolOptions:
     """The ``env.tool*`` settings of a run's ``env`` config section (``specs`` empty: the env
     class's own tools, if any)."""
-    return ToolOptions(tuple(env.tools), env.tool_format, env.tool_prompt, env.tool_stop, env.tool_max_turns)
+    return ToolOptions(tuple(env.tools), env.tool_format, env.tool_prompt, env.tool_stop, env.tool_max_turns,
+                       env.tool_max_calls)
 
 
 def env_factory_for(env: Any, *, deadline: bool = True) -> EnvFactory:

@@ -49,6 +49,7 @@ class ToolOptions:
     prompt: ToolPrompt = "json"
     stop: bool = False
     max_turns: int = 4
+    max_calls: int = 8
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class ToolResult:
     """What the model reads as the call's result."""
     error: bool = False
     """The call did not run to a result: unknown function, bad arguments, raised, killed."""
+    timed_out: bool = False
+    """It ran past ``call_timeout_s`` and was killed."""
 
 
 def load_tools(specs: Sequence[str]) -> dict[str, Callable[..., Any]]:
@@ -151,7 +154,7 @@ class Tools:
             result, _ = self.pool.call(None, "call", (name, arguments), self.call_timeout_s, site)
         except CallTimeout:
             return ToolResult(f"error: {name} did not return within {self.call_timeout_s:g} s and was "
-                              "stopped", True)
+                              "stopped", True, timed_out=True)
         except HostDied as e:
             return ToolResult(f"error: {name} could not run: {e}", True)
         except BaseException as e:  # raised past ToolBox.call in the child: SystemExit, say

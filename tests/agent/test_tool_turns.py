@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 import tool_fns
@@ -165,6 +166,25 @@ def test_a_hanging_tool_is_killed_by_the_deadline_and_read_as_an_error():
     assert context.endswith("<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert traj.episode.env_metrics["tool_errors"] == 1 and traj.episode.success
     assert len(pids) == 1  # the killed child was replaced by one that ran add
+
+
+def test_a_turn_runs_at_most_tool_max_calls_calls_and_none_after_a_deadline():
+    tok = codec(QWEN)
+    with factory("add", max_calls=2) as make:
+        traj, _ = play(tok, make(), [CALL * 3, "The answer is 5."])
+    results = [m["content"] for m in tool_fns.reward.seen[0] if m["role"] == "tool"]
+    assert results == ["5", "5", "error: not run (a turn runs at most 2 tool calls; make the others in "
+                                 "a later turn)"]
+    assert traj.episode.env_metrics["tool_calls"] == 3 and traj.episode.env_metrics["tool_errors"] == 1
+    hang = '<tool_call>{"name": "hang", "arguments": {"x": 1}}</tool_call>'
+    with factory("add", "hang", timeout=0.5) as make:
+        traj, engine = play(tok, make(), [CALL + hang * 3 + CALL, "The answer is 5."])
+    # the reward function ran in a child (call_timeout_s): read the results off the context
+    results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", tok.hf.decode(engine.requests[1]))
+    late = "error: not run (an earlier call of this turn ran past its deadline)"
+    # one deadline, then the turn's other calls are answered without running
+    assert results == ["5", "error: hang did not return within 0.5 s and was stopped"] + [late] * 3
+    assert traj.episode.env_metrics["tool_errors"] == 4
 
 
 def test_bad_tools_are_refused_at_start_naming_them():
