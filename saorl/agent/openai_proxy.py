@@ -122,6 +122,12 @@ class Proxy:
                 raise BadRequest(f"the request body is not JSON: {e}") from None
             req = calls.check(ep, parsed)
             prompt, res = await calls.sample(ep, req)
+            if self.episodes.get(token) is not ep:  # ended while the engine sampled: not recorded
+                why = self.ended.get(token, "ended")
+                return 410, error_body(410, f"this episode ended during the call ({why}); the reply is not "
+                                            "recorded")
+            out = calls.reply(ep, req, prompt, res)  # before recording: a reply that fails is no call
+            body = calls.stream_events(ep, req, out) if req.stream else out
         except calls.Refused as e:
             return e.status, error_body(e.status, str(e), e.param)
         except BadRequest as e:
@@ -129,13 +135,8 @@ class Proxy:
         except Exception as e:  # a saorl bug: the episode fails with it, the agent hears a 500
             ep.error = e
             return 500, error_body(500, f"saorl failed on this call: {type(e).__name__}: {e}"[:600])
-        if self.episodes.get(token) is not ep:  # ended while the engine sampled: not recorded
-            why = self.ended.get(token, "ended")
-            return 410, error_body(410, f"this episode ended during the call ({why}); the reply is not "
-                                        "recorded")
         calls.record(ep, prompt, res)
-        out = calls.reply(ep, req, prompt, res)
-        return 200, calls.stream_events(ep, req, out) if req.stream else out
+        return 200, body
 
 
 class _HttpError(Exception):

@@ -386,3 +386,29 @@ def test_the_env_knows_the_tool_call_formats_and_refuses_bad_options():
         OpenAIAgentEnv(agent=f"{__name__}:two_turns", tool_format="qwen")
     with pytest.raises(ValueError, match="agent is required"):
         OpenAIAgentEnv()
+
+
+async def tool_agent_500(task, client):
+    try:
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+3?"}],
+                                             tools=[ADD_TOOL])
+    except openai.InternalServerError as e:
+        SEEN["500"] = e.body["message"]
+    return 1.0
+
+
+def test_a_reply_that_fails_to_parse_is_a_500_not_a_dropped_connection(tok, monkeypatch):
+    """A failure reading the model's reply (its tool calls) answers the agent with a 500 JSON error,
+    records nothing, and fails the episode with it."""
+    from saorl.agent.openai_tools import ToolRendering
+    from saorl.engines.base import EngineError
+
+    def parse(self, text):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(ToolRendering, "parse", parse)
+    SEEN.pop("500", None)
+    engine = _Scripted(tok, ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'])
+    with pytest.raises(EngineError, match="maximum recursion depth"):
+        _play(tok, tool_agent_500, engine=engine, max_total_tokens=512)
+    assert "saorl failed on this call: RecursionError" in SEEN["500"]
