@@ -5,7 +5,7 @@
     token  = proxy.open(episode)                          # this episode's endpoint
     client = openai.AsyncOpenAI(base_url=".../ep/<token>/v1", api_key="saorl", max_retries=0)
     value  = await agent(task.data, client)               # in a thread of its own, under the deadline
-    proxy.close(token)                                    # later calls: 410, not recorded
+    proxy.close(token)                                    # later calls: 410 (or refused), not recorded
     return calls joined into segments, the reward on each segment's last action token
 
 What each call records and how calls join: :mod:`saorl.agent.openai_record`; what a call may ask
@@ -41,7 +41,7 @@ from typing import Any
 
 from saorl.agent import openai_calls as calls
 from saorl.agent.loop import EpisodeError, EpisodeTimeout
-from saorl.agent.openai_proxy import proxy_for
+from saorl.agent.openai_proxy import open_episode
 from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
@@ -104,11 +104,10 @@ async def play_agent_episode(engine: InferenceEngine, env: OpenAIAgentEnv, task:
                              sample_index: int = 0) -> Trajectory:
     """Play one episode of ``env``'s agent on ``task`` (module docstring)."""
     codec = as_run_tokenizer(tokenizer)
-    proxy = await proxy_for()
     ep = calls.Episode(engine, codec, sampling, max_total_tokens, env.model,
                        seed_key=f"{task.id}/{sample_index}",
                        session=f"{task.id}/{sample_index}/{uuid.uuid4().hex}", tool_format=env.tool_format)
-    token = proxy.open(ep)
+    proxy, token = await open_episode(ep)
     runner = _AgentThread(env.agent, dict(task.data), proxy.url(token))
     where = env.call_site("run", task)
     t0, why = time.perf_counter(), "the agent returned"

@@ -1,16 +1,22 @@
 """The loopback endpoint that an OpenAI-API agent's client talks to: one server per event loop.
 
-A minimal HTTP/1.1 server on ``127.0.0.1`` and a port the kernel picks, started the first time an
-episode of a worker needs it (:func:`proxy_for`) and serving every episode of that worker: each
-episode has a token of its own, and its client's base URL is
-``http://127.0.0.1:<port>/ep/<token>/v1``. Routes:
+A minimal HTTP/1.1 server on ``127.0.0.1`` and a port the kernel picks, started when an episode of a
+worker opens and none is listening (:func:`open_episode`), and serving every episode of that worker
+open at the time: each episode has a token of its own, and its client's base URL is
+``http://127.0.0.1:<port>/ep/<token>/v1``. When the loop's last open episode closes, the server
+stops listening and is forgotten (the next episode starts another, on another port), so a loop
+that plays one episode (``asyncio.run``: an evaluation, ``saorl envs sample``, a test) leaves no
+socket and no loop behind; a proxy whose loop was closed with an episode still open is closed by
+the next :func:`open_episode`. Routes:
 
 - ``POST /ep/<token>/v1/chat/completions``: one call of the episode (:mod:`saorl.agent.openai_calls`);
 - ``GET /ep/<token>/v1/models``: the served model (``env.options.model``).
 
 A token no episode holds is a 404; the token of an episode that ended (its agent returned, raised
-or ran past its deadline) is a 410 saying so, and such a call is not recorded: a task the agent
-leaked, still calling after the episode, gets an error, never a place in a trajectory. Errors are
+or ran past its deadline) is a 410 saying so while the server listens (another episode of the
+loop is open), and the connection is refused once it has stopped; either way such a call is not
+recorded: a task the agent leaked, still calling after the episode, gets an error, never a place in
+a trajectory. Errors are
 OpenAI's JSON shape, ``{"error": {"message", "type", "param", "code"}}``.
 
 The server runs in the worker's event loop, beside its engine: a call awaits ``engine.agenerate``
@@ -24,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import weakref
 from collections import OrderedDict
 
 from saorl.agent import openai_calls as calls
@@ -40,13 +45,16 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 
 
 class Proxy:
-    """The server and its episodes, by token."""
+    """The server of one event loop and its open episodes, by token."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self.episodes: dict[str, calls.Episode] = {}
-        self.ended: OrderedDict[str, str] = OrderedDict()
+        self.ended = _ENDED
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
+        self.starting: asyncio.Task | None = None
+        self.closed = False
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -67,6 +75,16 @@ class Proxy:
         self.ended[token] = why
         while len(self.ended) > ENDED_KEPT:
             self.ended.popitem(last=False)
+        if not self.episodes:
+            self.shut()
+
+    def shut(self) -> None:
+        """Stop listening and forget this proxy (calls being answered are still answered)."""
+        self.closed = True
+        if _PROXIES.get(self.loop) is self:
+            _PROXIES.pop(self.loop, None)
+        if self.server is not None:
+            self.server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -122,6 +140,12 @@ class Proxy:
                 raise BadRequest(f"the request body is not JSON: {e}") from None
             req = calls.check(ep, parsed)
             prompt, res = await calls.sample(ep, req)
+            if self.episodes.get(token) is not ep:  # ended while the engine sampled: not recorded
+                why = self.ended.get(token, "ended")
+                return 410, error_body(410, f"this episode ended during the call ({why}); the reply is not "
+                                            "recorded")
+            out = calls.reply(ep, req, prompt, res)  # before recording: a reply that fails is no call
+            body = calls.stream_events(ep, req, out) if req.stream else out
         except calls.Refused as e:
             return e.status, error_body(e.status, str(e), e.param)
         except BadRequest as e:
@@ -129,13 +153,8 @@ class Proxy:
         except Exception as e:  # a saorl bug: the episode fails with it, the agent hears a 500
             ep.error = e
             return 500, error_body(500, f"saorl failed on this call: {type(e).__name__}: {e}"[:600])
-        if self.episodes.get(token) is not ep:  # ended while the engine sampled: not recorded
-            why = self.ended.get(token, "ended")
-            return 410, error_body(410, f"this episode ended during the call ({why}); the reply is not "
-                                        "recorded")
         calls.record(ep, prompt, res)
-        out = calls.reply(ep, req, prompt, res)
-        return 200, calls.stream_events(ep, req, out) if req.stream else out
+        return 200, body
 
 
 class _HttpError(Exception):
@@ -164,18 +183,30 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
     return method.upper(), path, body
 
 
-_PROXIES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Proxy] = weakref.WeakKeyDictionary()
-_STARTING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+_PROXIES: dict[asyncio.AbstractEventLoop, Proxy] = {}
+"""The listening proxy of each loop that has an episode open (a proxy refers to its loop, so a weak
+key would never be freed: :meth:`Proxy.shut` removes the entry)."""
+_ENDED: OrderedDict[str, str] = OrderedDict()
+"""Ended episodes' tokens, of every proxy: a late call that reaches another proxy on a reused port
+is still a 410."""
 
 
-async def proxy_for() -> Proxy:
-    """The running event loop's proxy, started on first use."""
+async def open_episode(episode: calls.Episode) -> tuple[Proxy, str]:
+    """Register ``episode`` with the running loop's proxy, started if none listens; (proxy, token).
+    :meth:`Proxy.close` of the token ends it, and the proxy with the loop's last episode."""
     loop = asyncio.get_running_loop()
-    lock = _STARTING.setdefault(loop, asyncio.Lock())
-    async with lock:
+    for other, proxy in list(_PROXIES.items()):
+        if other.is_closed():  # its loop closed with an episode open (cancelled, never cleaned up)
+            proxy.shut()
+    while True:
         proxy = _PROXIES.get(loop)
         if proxy is None:
-            proxy = Proxy()
-            await proxy.start()
-            _PROXIES[loop] = proxy
-    return proxy
+            proxy = _PROXIES[loop] = Proxy(loop)
+            proxy.starting = asyncio.ensure_future(proxy.start())
+        try:
+            await asyncio.shield(proxy.starting)
+        except Exception:
+            proxy.shut()
+            raise
+        if not proxy.closed:  # no await from here to open: the proxy cannot shut in between
+            return proxy, proxy.open(episode)

@@ -368,6 +368,14 @@ class SaorlConfig(Section):
                              f"algo {self.algo.name!r} trains no critic, so there is nothing to warm "
                              "up; set trainer.critic_warmup_steps=0, or pick an algorithm with a critic "
                              "(sao, vapo)")
+        if self.env.type == "openai_agent" and self.algo.resolve().advantage == "grpo":
+            raise FieldError(
+                "algo.name",
+                f"algo {self.algo.name!r} baselines each rollout against its group (advantage=grpo), and "
+                "an openai_agent episode that rewrote its history trains as one row per segment, each "
+                "with the episode's reward, so the group's mean and std would count that episode once "
+                "per segment; group statistics per episode are not implemented yet. Pick an algorithm "
+                "with a critic (sao, vapo, ppo) or reinforce_rm for env.type=openai_agent")
         if self.trainer.shard == "fsdp2" and self.model.device == "mps":
             raise FieldError("trainer.shard", "fsdp2 shards over gloo (model.device=cpu) or NCCL "
                                                "(model.device=cuda), not mps; set trainer.shard=none")

@@ -215,6 +215,44 @@ async def blocks(task, client):
     time.sleep(3)  # blocks its own loop, never the worker's
 
 
+async def waits(task, client):
+    await asyncio.sleep(3600)
+
+
+async def one_call(task, client):
+    SEEN.setdefault("urls", []).append(str(client.base_url))
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+    return 1.0
+
+
+def test_episodes_played_each_in_its_own_loop_leave_no_server_behind(tok):
+    """Each asyncio.run's proxy stops listening with its last episode: no entry, no open port."""
+    import socket
+    from urllib.parse import urlparse
+
+    from saorl.agent.openai_proxy import _PROXIES
+
+    SEEN["urls"] = []
+    for i in range(4):
+        _play(tok, one_call, engine=_Scripted(tok, ["hi"]), task=Task(f"t{i}", {}))
+    assert len(SEEN["urls"]) == 4 and not _PROXIES
+    for url in SEEN["urls"]:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", urlparse(url).port), timeout=2).close()
+
+    async def many() -> set[int]:  # one loop, episodes one after the other and side by side
+        trajs = [await play_agent_episode(_Scripted(tok, ["a"]), _env(one_call, 30), Task("s", {}), tok,
+                                          sampling=SamplingParams(max_new_tokens=4), max_total_tokens=64)]
+        trajs += await asyncio.gather(*(play_agent_episode(
+            _Scripted(tok, ["b"]), _env(one_call, 30), Task(f"c{i}", {}), tok,
+            sampling=SamplingParams(max_new_tokens=4), max_total_tokens=64) for i in range(3)))
+        assert all(t.episode.turns == 1 for t in trajs) and not _PROXIES
+        return {urlparse(u).port for u in SEEN["urls"][4:]}
+
+    ports = asyncio.run(many())
+    assert len(ports) == 2  # the three side by side shared one server
+
+
 async def leaks(task, client):
     """Leaves a task behind that would call after the episode."""
     async def later():
@@ -248,18 +286,21 @@ def test_an_agent_that_raises_or_hangs_fails_its_rollout_and_late_calls_get_410(
     with pytest.raises(EpisodeTimeout):
         _play(tok, blocks, timeout_s=0.5)
     assert time.monotonic() - t0 < 10
-    # the hung agent's endpoint, called after its episode ended (from a loop that still serves it)
+    # the hung agent's endpoint, called after its episode ended, while another episode of the loop
+    # keeps the server listening: 410; once the loop's last episode has ended, the connection is refused
 
     async def late() -> openai.APIStatusError:
-        from saorl.agent.openai_proxy import proxy_for
+        from saorl.agent.openai_proxy import _PROXIES
 
         engine = _Scripted(tok, ["hi"])
+        keeper = asyncio.ensure_future(play_agent_episode(
+            engine, _env(waits, 30), Task("t2", {}), tok, sampling=SamplingParams(max_new_tokens=4),
+            max_total_tokens=64))
         traj_task = asyncio.ensure_future(play_agent_episode(
             engine, _env(hangs, 0.3), Task("t1", {}), tok, sampling=SamplingParams(max_new_tokens=4),
             max_total_tokens=64))
         with pytest.raises(EpisodeTimeout):
             await traj_task
-        assert (await proxy_for()).port
         client = openai.AsyncOpenAI(base_url=SEEN["hangs_url"], api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as info:
             await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
@@ -267,6 +308,12 @@ def test_an_agent_that_raises_or_hangs_fails_its_rollout_and_late_calls_get_410(
                                       max_retries=0)
         with pytest.raises(openai.NotFoundError, match="no episode with this token"):
             await stranger.models.list()
+        keeper.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await keeper
+        assert asyncio.get_running_loop() not in _PROXIES
+        with pytest.raises(openai.APIConnectionError):
+            await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
         return info.value
 
     err = asyncio.run(late())
@@ -386,3 +433,29 @@ def test_the_env_knows_the_tool_call_formats_and_refuses_bad_options():
         OpenAIAgentEnv(agent=f"{__name__}:two_turns", tool_format="qwen")
     with pytest.raises(ValueError, match="agent is required"):
         OpenAIAgentEnv()
+
+
+async def tool_agent_500(task, client):
+    try:
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+3?"}],
+                                             tools=[ADD_TOOL])
+    except openai.InternalServerError as e:
+        SEEN["500"] = e.body["message"]
+    return 1.0
+
+
+def test_a_reply_that_fails_to_parse_is_a_500_not_a_dropped_connection(tok, monkeypatch):
+    """A failure reading the model's reply (its tool calls) answers the agent with a 500 JSON error,
+    records nothing, and fails the episode with it."""
+    from saorl.agent.openai_tools import ToolRendering
+    from saorl.engines.base import EngineError
+
+    def parse(self, text):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(ToolRendering, "parse", parse)
+    SEEN.pop("500", None)
+    engine = _Scripted(tok, ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'])
+    with pytest.raises(EngineError, match="maximum recursion depth"):
+        _play(tok, tool_agent_500, engine=engine, max_total_tokens=512)
+    assert "saorl failed on this call: RecursionError" in SEEN["500"]

@@ -37,3 +37,20 @@ def test_parallel_calls_of_one_conversation_each_take_the_longest_segment_they_e
     log.add(_call([1, 2, 3, 4, 6, 7], [8]))  # extends the branch, the longest that it extends
     assert [s.token_ids for s in log.segments] == [[1, 2, 3, 4, 5], [1, 2, 3, 4, 6, 7, 8]]
     assert log.segments[1].action_mask == [0, 0, 0, 0, 1, 0, 1]  # the branch's prompt holds no action
+
+
+def test_a_group_baseline_with_openai_agent_is_refused_at_start_up():
+    """An episode of k segments is k rows with its reward: a group's mean and std would count it k
+    times, so grpo's group baseline is refused for openai_agent (docs/agents.md)."""
+    import pytest
+    from pydantic import ValidationError
+
+    from saorl.config.schema import SaorlConfig
+
+    env = {"type": "openai_agent", "options": {"agent": "m:f"}}
+    for name in ("grpo", "grpo_dis"):
+        with pytest.raises(ValidationError, match="once per segment"):
+            SaorlConfig.model_validate({"env": env, "algo": {"name": name}, "trainer": {"batch_size": 8}})
+    assert SaorlConfig.model_validate({"env": env, "algo": {"name": "sao"}}).algo.name == "sao"
+    assert SaorlConfig.model_validate({"env": {"type": "math_tool"}, "algo": {"name": "grpo"},
+                                       "trainer": {"batch_size": 8}}).algo.name == "grpo"
