@@ -275,11 +275,18 @@ class Run:
                     self.parts.weights.close()
                 finally:
                     self.journal.close()
-                    self.recorder.ended({"step": self.step, "steps": self.settings.steps, "why": self._why()})
+                    self._ended()
                     self._stability()
                     self._plot()
                     self.recorder.close()
                     self.observer.run_finished()
+
+    def _ended(self) -> None:
+        """``end.json``; a failure to write it (a full disk) never replaces the run's own outcome."""
+        try:
+            self.recorder.ended({"step": self.step, "steps": self.settings.steps, "why": self._why()})
+        except OSError as e:
+            self.recorder.message(f"end.json not written: {type(e).__name__}: {e}")
 
     def _why(self) -> str:
         """Why the run ends: ``done`` (its steps), ``budget`` (trainer.max_wall_s), ``stopped``
