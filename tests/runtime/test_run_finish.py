@@ -40,7 +40,7 @@ def _run(tmp_path, recorder, *, step=0, steps=5, expired=False) -> Run:
     run.settings = SimpleNamespace(steps=steps)
     run.clock = SimpleNamespace(expired=lambda: expired)
     run.stop = SimpleNamespace(requested=False)
-    run.learner = SimpleNamespace(full_models=lambda: ())
+    run.learner = SimpleNamespace(full_models=lambda: (), version=0)
     run.paths = SimpleNamespace(root=tmp_path)
     run.observer = SimpleNamespace(run_finished=lambda: None)
     return run
@@ -57,3 +57,40 @@ def test_end_json_that_cannot_be_written_keeps_the_run_s_own_outcome(tmp_path):
     assert recorder.closed
     assert "end.json not written: OSError: [Errno 28] No space left on device" in recorder.lines
     run._finish()  # no exception of its own: the run's outcome (none) is kept too
+
+
+def test_an_exception_ends_the_run_as_failed_whatever_its_steps_or_budget_say(tmp_path):
+    recorder = _Recorder()
+    run = _run(tmp_path, recorder, expired=True)  # raised after the budget expired: not "budget"
+    with pytest.raises(RuntimeError):
+        try:
+            raise RuntimeError("a step failed")
+        finally:
+            run._finish(failed=True)
+
+    def export_fails(*models):
+        raise OSError(errno.EIO, "Input/output error")
+
+    recorder.export_final = export_fails
+    done = _run(tmp_path, recorder, step=5, steps=5)  # every step trained, the final policy not written
+    with pytest.raises(OSError):
+        done._finish()
+    _run(tmp_path, recorder, expired=True)._finish()  # no exception: the budget
+    assert [end["why"] for end in recorder.ends] == ["failed", "failed", "budget"]
+
+
+def test_a_loop_that_raises_after_its_budget_expired_is_recorded_as_failed(tmp_path):
+    recorder = _Recorder()
+    run = _run(tmp_path, recorder)
+    expired = iter([False, True, True])  # checked before the batch, then by _finish
+
+    def next_batch(*a):
+        raise RuntimeError("the batch failed")
+
+    run.settings = SimpleNamespace(steps=5, eval_tasks=0, eval_at_start=False, max_wall_s=1.0)
+    run.clock = SimpleNamespace(expired=lambda: next(expired), start=lambda: None)
+    run.parts.backend = SimpleNamespace(start=lambda: None, ready=lambda: True, shutdown=lambda: None)
+    run.feed = SimpleNamespace(start=lambda: None, stop=lambda: None, next_batch=next_batch)
+    with pytest.raises(RuntimeError, match="the batch failed"):
+        run.loop()
+    assert [end["why"] for end in recorder.ends] == ["failed"]
