@@ -355,6 +355,15 @@ def test_saorl_cache_verify_names_and_removes_a_damaged_entry(cache, converted, 
     assert "Removed; the next run given the GGUF file with this SHA-256" in out and not entry.exists()
 
 
+def test_saorl_cache_verify_says_a_pre_manifest_gguf_entry_is_converted_again(cache, converted, capsys):
+    entry = _copy_into(cache, converted)
+    (entry / MANIFEST).unlink()  # as saorl 0.1.0 left it: its next use converts it again
+    assert main(["cache", "verify"]) == 0 and entry.exists()
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"OLD {entry.name}" in out and "first use gives it one" not in out
+    assert "the next run given the GGUF file with this SHA-256 (model.policy=PATH.gguf) converts it" in out
+
+
 def test_a_pre_manifest_short_name_entry_in_a_read_only_cache_is_still_used(cache, converted, monkeypatch):
     sha = "cd" * 32
     monkeypatch.setitem(gguf_source.REGISTRY_MODELS, "tiny-test", RegistryModel(
