@@ -174,7 +174,7 @@ def _config_target(config: str, model: str | None, overrides: list[str]) -> Targ
     if model is None:
         cfg = load_config(config, overrides)
         return _source_target(cfg.model.policy, cfg, f"{cfg.model.policy} (model.policy of {config})")
-    inner = resolve_target(model, [])
+    inner = resolve_target(model, [o for o in overrides if o.startswith("model.")])  # a run's, overridden
     if inner.from_run:  # the run's model section (tokenizer, template), the config's env and settings
         cfg = load_config(config, overrides)
         cfg = cfg.model_copy(update={"model": inner.cfg.model})

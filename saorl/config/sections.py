@@ -324,8 +324,8 @@ class EnvConfig(Section):
     run once, in the current directory, before the start-up checks (``python`` as its first word is
     the Python saorl runs on; no shell), so a recipe whose data is generated runs from a fresh clone
     with ``saorl train RECIPE`` alone. A command that fails, or leaves a file missing, stops the
-    start in one paragraph naming it (exit status 2). null: nothing is run; a missing file is an
-    error."""
+    start in one paragraph naming it (exit status 2). Under torchrun only rank 0 runs it; the other
+    ranks wait for its files. null: nothing is run; a missing file is an error."""
     id_column: str | None = None
     """The column (JSONL key) holding unique task ids, in every source (JSONL, parquet, datasets);
     null = an ``id`` column if there is one, else a hash of each row's content (so a row in both

@@ -15,8 +15,10 @@ process that has to wait says for whom, every :data:`WAIT_SAY_EVERY_S` seconds. 
 temporaries are hidden siblings named ``.<entry>.tmp-<pid>-*`` / ``.<entry>.download-<pid>-*``
 (:func:`new_temp`). A ``kill -9`` leaves them behind; :func:`remove_leftovers`, run by every
 conversion, removes those whose entry's lock nobody holds (so no conversion of that entry runs
-in any process that shares the cache) or whose owner pid is dead on this machine, never a live
-conversion's.
+in any process that shares the cache), never a live conversion's. Every temporary is made under
+its entry's lock and a killed holder's ``flock`` is released, so the lock alone decides: the pid in
+the name is not consulted (over NFS or from another container's pid namespace a live writer's pid
+looks dead here).
 """
 
 from __future__ import annotations
@@ -224,9 +226,8 @@ def remove_leftovers(holding: Path | None = None) -> list[str]:
         m = LEFTOVER.match(name)
         if m is None:
             continue
-        pid = int(m["pid"]) if m["pid"] else None
         ours = holding is not None and m["entry"] == holding.name
-        if ours or _dead(pid) or _unlocked(models, m["entry"]):
+        if ours or _unlocked(models, m["entry"]):  # never by pid: module docstring
             shutil.rmtree(models / name, ignore_errors=True)
             if not (models / name).exists():
                 removed.append(name)

@@ -44,12 +44,24 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def missing_parts(entry: Path) -> list[str]:
+    """What of a loadable model ``entry`` lacks: ``config.json``, a ``*.safetensors``, ``tokenizer.json``."""
+    lacks = [name for name in ("config.json", "tokenizer.json") if not (entry / name).is_file()]
+    if not any(p.is_file() for p in entry.glob("*.safetensors")):
+        lacks.insert(1, "*.safetensors weights")
+    return lacks
+
+
 def write_manifest(entry: Path, source: dict) -> Path:
-    """The manifest of every file now in ``entry`` (sizes, SHA-256), written last and atomically."""
+    """The manifest of every file now in ``entry`` (sizes, SHA-256), written last and atomically;
+    ValueError, and no manifest, for an entry that lacks a part of a model (:func:`missing_parts`)."""
     from transformers import __version__ as transformers_version
 
     from saorl import __version__
 
+    if lacks := missing_parts(entry):
+        raise ValueError(f"{entry} has no {', no '.join(lacks)}: it is not a whole model, and is not "
+                         "given a manifest")
     files = {}
     for f in sorted(p for p in entry.iterdir() if p.is_file() and p.name != MANIFEST):
         files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}

@@ -90,7 +90,11 @@ def convert_gguf(gguf_file: Path, out: Path, *, label: str, source: dict) -> Non
 
             info = {**source, "transformers": __version__, "converted_s": round(time.monotonic() - t0, 1)}
             (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
-            write_manifest(tmp, source)  # last
+            try:
+                write_manifest(tmp, source)  # last
+            except ValueError as e:  # an entry without weights, config or tokenizer is never blessed
+                raise ModelSourceError(f"{label}: converting {gguf_file.name} did not give a whole model: "
+                                       f"{e}") from None
     except ModelSourceError:
         raise
     except Exception as e:

@@ -102,6 +102,7 @@ class Run:
         self.parts.backend.start()
         self.feed.start()
         metrics: dict = {}
+        failed = True  # until the loop ends without an exception
         try:
             s = self.settings
             if self.step == 0 and s.eval_tasks and s.eval_at_start:  # step 0: what later evals compare with
@@ -119,8 +120,9 @@ class Run:
                 if got is None:
                     break
                 metrics = self._train_step(*got)
+            failed = False
         finally:
-            self._finish()
+            self._finish(failed)
         return metrics
 
     def _wait_until_ready(self) -> None:
@@ -258,7 +260,9 @@ class Run:
         return (f"the last checkpoint, {latest}, is intact: saorl train --resume {self.paths.root} continues "
                 "from it")
 
-    def _finish(self) -> None:
+    def _finish(self, failed: bool = False) -> None:
+        """Final checkpoint and policy, then everything closed and ``end.json`` written; ``failed``:
+        an exception ends the run (as one raised here does), whatever its steps or budget say."""
         self.feed.stop()  # nothing arrives after this: the final checkpoint is consistent
         try:
             # a step checkpointed already is not written again: rewriting its directory would leave a
@@ -267,6 +271,9 @@ class Run:
                 self.checkpoint()
             if self.step > 0:
                 self.recorder.export_final(*self.learner.full_models())
+        except BaseException:
+            failed = True
+            raise
         finally:
             try:
                 self.parts.backend.shutdown()
@@ -275,15 +282,23 @@ class Run:
                     self.parts.weights.close()
                 finally:
                     self.journal.close()
-                    self.recorder.ended({"step": self.step, "steps": self.settings.steps, "why": self._why()})
+                    self._ended(failed)
                     self._stability()
                     self._plot()
                     self.recorder.close()
                     self.observer.run_finished()
 
+    def _ended(self, failed: bool) -> None:
+        """``end.json``; a failure to write it (a full disk) never replaces the run's own outcome."""
+        why = "failed" if failed else self._why()
+        try:
+            self.recorder.ended({"step": self.step, "steps": self.settings.steps, "why": why})
+        except OSError as e:
+            self.recorder.message(f"end.json not written: {type(e).__name__}: {e}")
+
     def _why(self) -> str:
-        """Why the run ends: ``done`` (its steps), ``budget`` (trainer.max_wall_s), ``stopped``
-        (Ctrl-C, SIGTERM) or ``failed`` (an error ends it)."""
+        """Why a run that no exception ends ends: ``done`` (its steps), ``budget`` (trainer.max_wall_s),
+        ``stopped`` (Ctrl-C, SIGTERM) or ``failed`` (``_finish`` says ``failed`` first when one does)."""
         if self.step >= self.settings.steps:
             return "done"
         if self.clock.expired():

@@ -7,9 +7,11 @@ recipe's task files by its ``env.prepare`` command when they are missing
 from __future__ import annotations
 
 import inspect
+import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from saorl.config import SaorlConfig
@@ -80,22 +82,35 @@ def missing_task_files(cfg: SaorlConfig) -> list[tuple[str, str]]:
     return [(key, path) for key, path in named if path and not Path(path).expanduser().exists()]
 
 
+PREPARE_TIMEOUT_S = 3600.0
+"""How long ``env.prepare`` may run (and a torchrun rank other than 0 waits for its files)."""
+
+
 def prepare_tasks(cfg: SaorlConfig, log=None) -> None:
     """Run ``env.prepare`` when a task file it makes is missing (see its field's docstring);
     :class:`StartupError` when it fails or leaves one missing. Nothing when every file is there or
-    no command is set (the task check then names the missing file)."""
+    no command is set (the task check then names the missing file). Under torchrun only rank 0
+    runs it; the other ranks wait for its files (rank 0 failing stops them all)."""
     missing = missing_task_files(cfg)
     command = cfg.env.prepare
     if not missing or not command:
         return
     log = log or (lambda text: print(f"saorl: {text}", file=sys.stderr, flush=True))
+    if int(os.environ.get("RANK", "0")) != 0:  # the same test as saorl train's rank0
+        deadline = time.monotonic() + PREPARE_TIMEOUT_S
+        while missing_task_files(cfg):
+            if time.monotonic() > deadline:
+                raise StartupError(f"{missing[0][0]} {missing[0][1]} is missing, and rank 0's env.prepare, "
+                                   f"`{command}`, did not make it in {PREPARE_TIMEOUT_S:.0f} s")
+            time.sleep(0.5)
+        return
     argv = shlex.split(command)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     key, path = missing[0]
     log(f"{key} {path} is missing: making the task files with `{command}` (env.prepare, once)")
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PREPARE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise StartupError(f"{key} {path} is missing, and env.prepare, `{command}`, which makes it, could "
                            f"not run: {e}. Run it by hand from the directory you train in, or fix "

@@ -127,6 +127,9 @@ def test_a_config_file_gives_the_env_and_settings_and_model_the_policy(tmp_path,
     from_run = resolve_target(str(config), [], model=str(run))
     assert from_run.cfg.model == load_config(run / "config.yaml").model and from_run.cfg.run.eval_tasks == 3
     assert "(final policy)" in from_run.description
+    overridden = resolve_target(str(config), ["model.dtype=bfloat16", "run.eval_tasks=2"], model=str(run))
+    assert overridden.cfg.model.dtype == "bfloat16" and overridden.cfg.run.eval_tasks == 2
+    assert overridden.cfg.model.chat_template == load_config(run / "config.yaml").model.chat_template
     assert main(["eval", str(config), str(policy_dir), "env.options.max_turns=1"]) == 0
     out = capsys.readouterr().out
     assert f"policy  {policy_dir}" in out

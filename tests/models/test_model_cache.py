@@ -188,6 +188,55 @@ def test_leftovers_of_killed_conversions_go_a_live_conversions_stay(cache, tiny_
     assert _hidden(cache) == [live.name]
 
 
+def test_a_temp_whose_entry_lock_is_held_stays_though_its_pid_looks_dead(cache):
+    """Over NFS or from another container a live writer's pid looks dead here: its lock decides."""
+    models = cache / "models"
+    models.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    held, free = models / f".gguf-held.tmp-{dead}-a", models / f".gguf-free.tmp-{dead}-b"
+    for d in (held, free):
+        d.mkdir()
+    locked, done = threading.Event(), threading.Event()
+
+    def writer():  # another open file description: its flock is another holder's
+        with EntryLock(models / "gguf-held", "a writer elsewhere"):
+            locked.set()
+            done.wait(5)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    locked.wait(5)
+    try:
+        assert cache_dir.remove_leftovers() == [free.name]
+    finally:
+        done.set()
+        t.join()
+    assert held.is_dir() and not free.exists()
+
+
+def test_an_entry_without_weights_gets_no_manifest(cache, tiny_gguf, tmp_path, monkeypatch):
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    (entry / "config.json").write_text("{}")
+    (entry / "tokenizer.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"has no \*\.safetensors weights"):
+        cache_manifest.write_manifest(entry, {})
+    assert not (entry / MANIFEST).exists()
+
+    class NoWeights:  # a save that writes the config only
+        def __init__(self, model):
+            self.model = model
+
+        def save_pretrained(self, d):
+            self.model.config.save_pretrained(d)
+
+    monkeypatch.setattr(gguf_convert, "_plain", NoWeights)
+    with pytest.raises(ModelSourceError, match=r"not give a whole model: .* has no \*\.safetensors weights"):
+        resolve_source(str(tiny_gguf), "model.policy")
+    assert not any((cache / "models").glob("gguf-*")) and _hidden(cache) == []
+
+
 def test_a_process_waiting_for_another_conversion_says_for_whom(cache, tiny_gguf, monkeypatch, capsys):
     monkeypatch.setattr(cache_dir, "WAIT_SAY_EVERY_S", 0.3)
     out = cache / "models" / f"gguf-{sha256_file(tiny_gguf)}"
@@ -304,6 +353,15 @@ def test_saorl_cache_verify_names_and_removes_a_damaged_entry(cache, converted, 
     out = capsys.readouterr().out
     assert f"DAMAGED  {entry.name}" in out and "model.safetensors has SHA-256" in out
     assert "Removed; the next run given the GGUF file with this SHA-256" in out and not entry.exists()
+
+
+def test_saorl_cache_verify_says_a_pre_manifest_gguf_entry_is_converted_again(cache, converted, capsys):
+    entry = _copy_into(cache, converted)
+    (entry / MANIFEST).unlink()  # as saorl 0.1.0 left it: its next use converts it again
+    assert main(["cache", "verify"]) == 0 and entry.exists()
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"OLD {entry.name}" in out and "first use gives it one" not in out
+    assert "the next run given the GGUF file with this SHA-256 (model.policy=PATH.gguf) converts it" in out
 
 
 def test_a_pre_manifest_short_name_entry_in_a_read_only_cache_is_still_used(cache, converted, monkeypatch):

@@ -3,6 +3,8 @@ or writes the wrong file stops the start in one paragraph naming it."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from saorl.config import load_config
@@ -54,3 +56,21 @@ def test_a_command_that_fails_or_makes_nothing_is_named(tmp_path, monkeypatch, p
     assert "\n" not in msg and expected in msg and "env.prepare" in msg, msg
     if "failed" in expected:
         assert "no network here" in msg
+
+
+def test_under_torchrun_only_rank_0_runs_it_the_others_wait_for_its_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    cfg = _cfg("python -c \"import pathlib; pathlib.Path('ran').touch()\"")
+
+    def rank0():
+        for name in ("train.jsonl", "test.jsonl"):
+            (tmp_path / "data/sums").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "data/sums" / name).write_text("{}\n")
+
+    timer = threading.Timer(0.3, rank0)
+    timer.start()
+    said = []
+    prepare_tasks(cfg, log=said.append)  # returns once rank 0's files are there
+    timer.join()
+    assert not (tmp_path / "ran").exists() and said == []
