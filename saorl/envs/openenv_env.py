@@ -15,7 +15,8 @@ as ``rollout.concurrent_episodes``).
   stops after it (:mod:`saorl.envs.openenv_server`).
 - A task is a seed (``openenv-<seed>``; train and test seeds never overlap), passed to the
   environment's ``reset`` as ``seed`` (with ``reset_args``; the server drops the arguments its
-  ``reset`` does not take).
+  ``reset`` does not take). The split is by seed, not content (a start is seen only through a
+  session): an environment whose start ignores the seed, or has few, shares starts across splits.
 - The model's text is the action: the action's field ``action_field`` (default: the one required
   text field of the server's action schema, ``GET /schema``) holds it. The observation the server
   returns is the next turn's text: its ``observation_field`` (default: the observation's one text
