@@ -187,7 +187,8 @@ class TextArenaEnv(Env):
         rng.run(game.reset, num_players=1, seed=seed)
         _, messages = game.get_observation()
         state = sorted(game.state.game_state.items(), key=lambda kv: str(kv[0]))
-        return f"{_render(messages, game.state.role_mapping)}\x1f{state!r}"
+        state_text = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(state))  # objects' addresses differ per run
+        return f"{_render(messages, game.state.role_mapping)}\x1f{state_text}"
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         """Seeds split by the content of their start, so no test game starts as a train game does
