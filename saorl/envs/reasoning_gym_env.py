@@ -55,7 +55,7 @@ TEST_FRACTION = 0.5
 
 MAX_ANSWER_CHARS = 2000
 _FORBIDDEN = re.compile(
-    r"__|(?<![\d.])\d{16,}|\b(import|lambda|exec|eval|compile|open|getattr|setattr|delattr|globals|locals|"
+    r"__|(?<![\d.])\d{16,}(?![\d.eE])|\b(import|lambda|exec|eval|compile|open|getattr|setattr|delattr|globals|locals|"
     r"vars|breakpoint|input|exit|quit|help|memoryview|bytearray|bytes|dir|type|object|class)\b")
 _SMALL_EXPONENT = re.compile(r"\s*(\(\s*-?\d{1,2}(\s*/\s*\d{1,2})?\s*\)|-?\d{1,2}(\.\d{1,3})?(?![\d.])"
                              r"|[A-Za-z]\w*(?!\w|\s*\())(?!\s*\*\*)")
@@ -67,6 +67,9 @@ _SYMPY_SCORERS = frozenset({"countdown", "puzzle24", "simple_integration", "inte
 """Datasets whose ``score_answer`` gives the answer to sympy's ``parse_expr`` (which evals it)."""
 _SYMPY_CALLS = frozenset({"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "sinh", "cosh",
                           "tanh", "exp", "log", "ln", "sqrt", "Abs", "abs"})
+
+
+_EVALUATING = _SYMPY_SCORERS | {name.rpartition(".")[2] for name in _EVAL_SCORERS}
 
 
 def _bad_power(answer: str) -> bool:
@@ -95,7 +98,7 @@ def refusal(answer: str | None, dataset: str = "") -> str | None:
     """Why ``answer`` must not reach ``dataset``'s scorer (some evaluate it), or None when it may."""
     if answer is None:
         return None
-    if len(answer) > MAX_ANSWER_CHARS:
+    if len(answer) > MAX_ANSWER_CHARS and dataset in _EVALUATING:  # others may be long (tower_of_hanoi)
         return f"the answer is longer than {MAX_ANSWER_CHARS} characters"
     found = _FORBIDDEN.search(answer)
     if found:

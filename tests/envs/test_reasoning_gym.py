@@ -99,6 +99,10 @@ def test_answers_that_a_scorer_would_evaluate_are_refused_and_never_run(capsys):
     for env, t in ((spiral, task), (countdown, ctask)):  # a right ordinary answer still scores 1
         (result,) = play(env, t, [f"<answer>{t.data['answer']}</answer>"])
         assert result.reward == 1.0 and result.info["metrics"]["answers_refused"] == 0.0
+    from saorl.envs.reasoning_gym_env import refusal
+
+    assert refusal("1 " * 1500, "spiral_matrix") and refusal("Move disk 1\n" * 300, "tower_of_hanoi") is None
+    assert refusal("6769988418200343.0", "power_function") is None and refusal("9" * 16, "countdown")
     import reasoning_gym.algorithmic.spiral_matrix as module
 
     assert module.eval("[1, 2]") == [1, 2]
