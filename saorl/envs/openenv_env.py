@@ -15,7 +15,8 @@ as ``rollout.concurrent_episodes``).
   stops after it (:mod:`saorl.envs.openenv_server`).
 - A task is a seed (``openenv-<seed>``; train and test seeds never overlap), passed to the
   environment's ``reset`` as ``seed`` (with ``reset_args``; the server drops the arguments its
-  ``reset`` does not take).
+  ``reset`` does not take). The split is by seed, not content (a start is seen only through a
+  session): an environment whose start ignores the seed, or has few, shares starts across splits.
 - The model's text is the action: the action's field ``action_field`` (default: the one required
   text field of the server's action schema, ``GET /schema``) holds it. The observation the server
   returns is the next turn's text: its ``observation_field`` (default: the observation's one text
@@ -100,7 +101,7 @@ class OpenEnvEnv(Env):
         self.stop_strings = tuple(stop or ())  # type: ignore[misc]  # per instance: an option here
         self._client: Any = None
         self._url = self._where = ""
-        self._total, self._playing = 0.0, False
+        self._total, self._playing, self._turns = 0.0, False, 0
 
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
         def draw(rng: random.Random):
@@ -155,7 +156,7 @@ class OpenEnvEnv(Env):
         self._where = f"{self._url} (task {task.id!r})"
         if self.action_field is None:
             self.action_field = _schema_action_field(self._url, self.timeout_s)
-        self._total, self._playing = 0.0, True
+        self._total, self._playing, self._turns = 0.0, True, 0
         result = self._call("reset", {**self.reset_args, "seed": task.data["seed"]})
         observation, _, _ = self._check(result, "reset")
         return observation
@@ -165,8 +166,10 @@ class OpenEnvEnv(Env):
             raise RuntimeError("OpenEnvEnv.step called before reset (or after the episode ended)")
         result = self._call("step", {self.action_field: action})
         observation, reward, done = self._check(result, "step")
-        self._total += reward
+        self._total, self._turns = self._total + reward, self._turns + 1
         if not done:
+            if self._turns >= self.max_turns:  # the episode stops here: free the server's environment now
+                self.close()
             return StepResult(f"\n{observation}\n", reward, False)
         self.close()
         success = self._total >= self.success_threshold
@@ -214,5 +217,11 @@ class OpenEnvEnv(Env):
                 pass  # the server may be gone already: nothing more to free
 
     def __del__(self) -> None:
-        if getattr(self, "_client", None) is not None:  # an episode left unfinished
-            self.close()
+        """An episode left unfinished: drop the connection without waiting (this may run on an event
+        loop's thread); the server frees the session when its socket closes."""
+        client, self._client = getattr(self, "_client", None), None
+        if client is not None:
+            try:
+                client.socket.close()
+            except Exception:
+                pass

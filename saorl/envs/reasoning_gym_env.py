@@ -25,14 +25,25 @@ without a template, the tiny models). One turn: the completion ends at ``</answe
 the dataset's score (0 to 1; some datasets give partial credit); ``info["success"]`` is score ≥
 ``success_threshold`` (1.0). The demonstration (for an SFT warm start) is the oracle answer in its
 tags, no reasoning.
+
+**Hostile answers.** Some of reasoning-gym's scorers evaluate the answer as Python
+(``spiral_matrix``, ``string_insertion``, ``binary_matrix``, ``n_queens`` call ``eval``) or as a
+sympy expression (``countdown``, ``puzzle24``, the integration and polynomial datasets:
+``parse_expr``, which evals too). The model's text
+is hostile input, so :func:`refusal` screens every answer before any scorer sees it (refused: score
+0, ``info["refused"]`` says why, metric ``answers_refused``), and those four modules' ``eval`` is
+replaced by ``ast.literal_eval`` (Python literals only) when the env is made.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
+import importlib
 import json
 import random
+import re
 from typing import Any, ClassVar, Literal
 
 from saorl.envs.base import Env, Progress, Prompt, Split, StepResult, Task
@@ -40,6 +51,78 @@ from saorl.envs.splits import content_hash, distinct_tasks
 
 TEST_FRACTION = 0.5
 """The share of all problem contents that belongs to the test split."""
+
+
+MAX_ANSWER_CHARS = 2000
+_FORBIDDEN = re.compile(
+    r"__|(?<![\d.])\d{16,}(?![\d.eE])|\b(import|lambda|exec|eval|compile|open|getattr|setattr|delattr|globals|locals|"
+    r"vars|breakpoint|input|exit|quit|help|memoryview|bytearray|bytes|dir|type|object|class)\b")
+_SMALL_EXPONENT = re.compile(r"\s*(\(\s*-?\d{1,2}(\s*/\s*\d{1,2})?\s*\)|-?\d{1,2}(\.\d{1,3})?(?![\d.])"
+                             r"|[A-Za-z]\w*(?!\w|\s*\())(?!\s*\*\*)")
+_EVAL_SCORERS = ("algorithmic.spiral_matrix", "algorithmic.string_insertion", "algorithmic.binary_matrix",
+                 "games.n_queens")
+"""reasoning-gym modules whose ``score_answer`` calls ``eval`` on the answer (0.1.25)."""
+_SYMPY_SCORERS = frozenset({"countdown", "puzzle24", "simple_integration", "intermediate_integration",
+                            "polynomial_multiplication"})
+"""Datasets whose ``score_answer`` gives the answer to sympy's ``parse_expr`` (which evals it)."""
+_SYMPY_CALLS = frozenset({"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "sinh", "cosh",
+                          "tanh", "exp", "log", "ln", "sqrt", "Abs", "abs"})
+
+
+_EVALUATING = _SYMPY_SCORERS | {name.rpartition(".")[2] for name in _EVAL_SCORERS}
+
+
+def _bad_power(answer: str) -> bool:
+    """A ``**`` whose exponent is not a small number or a name, that chains, or whose base is a
+    bracketed group holding a ``**`` itself (``((9**99)**99)**99`` would not end)."""
+    for found in re.finditer(r"\*\*", answer):
+        if not _SMALL_EXPONENT.match(answer, found.end()):
+            return True
+        i = found.start() - 1
+        while i >= 0 and answer[i].isspace():
+            i -= 1
+        if i >= 0 and answer[i] in ")]":
+            depth, j = 0, i
+            while j >= 0:
+                depth += answer[j] in ")]"
+                depth -= answer[j] in "(["
+                if depth == 0:
+                    break
+                j -= 1
+            if "**" in answer[max(j, 0):i]:
+                return True
+    return False
+
+
+def refusal(answer: str | None, dataset: str = "") -> str | None:
+    """Why ``answer`` must not reach ``dataset``'s scorer (some evaluate it), or None when it may."""
+    if answer is None:
+        return None
+    if len(answer) > MAX_ANSWER_CHARS and dataset in _EVALUATING:  # others may be long (tower_of_hanoi)
+        return f"the answer is longer than {MAX_ANSWER_CHARS} characters"
+    found = _FORBIDDEN.search(answer)
+    if found:
+        what = "a number of more than 15 digits" if found.group(0)[0].isdigit() else repr(found.group(0))
+        return f"the answer contains {what}, which saorl refuses (some scorers evaluate answers)"
+    if _bad_power(answer):
+        return "the answer raises to a power other than a small number or a name"
+    if dataset in _SYMPY_SCORERS:
+        if not re.fullmatch(r"[\w\s+\-*/().^=]*", answer):
+            return "the answer holds a character other than letters, digits and + - * / ( ) . ^ ="
+        if any(name not in _SYMPY_CALLS for name in re.findall(r"([A-Za-z_]\w*)\s*\(", answer)):
+            return f"the answer calls a function other than {', '.join(sorted(_SYMPY_CALLS))}"
+    return None
+
+
+@functools.cache
+def _shadow_eval() -> None:
+    """Replace ``eval`` by ``ast.literal_eval`` in the scorer modules that eval answers."""
+    for name in _EVAL_SCORERS:
+        try:
+            module = importlib.import_module(f"reasoning_gym.{name}")
+        except ImportError:
+            continue
+        module.eval = ast.literal_eval  # type: ignore[attr-defined]
 
 
 def dataset_names() -> list[str]:
@@ -75,6 +158,7 @@ class ReasoningGymEnv(Env):
         ``SYSTEM_PROMPTS``, default ``default``; null: none), ``prompt`` (``chat``: system + user
         messages; ``text``: one text prompt), ``success_threshold`` (1.0)."""
         super().__init__(**options)
+        _shadow_eval()
         names = dataset_names()
         if not isinstance(dataset, str) or dataset not in names:
             close = difflib.get_close_matches(str(dataset), names, n=3)
@@ -154,10 +238,15 @@ class ReasoningGymEnv(Env):
         task, self._task = self._task, None
         entry = self.entry(task)
         answer = extract_answer(action)
+        refused = refusal(answer, self.dataset)
+        if refused is not None:
+            return StepResult(f"Refused: {refused}.", 0.0, True, {
+                "success": False, "refused": refused, "metrics": {"answered": 1.0, "answers_refused": 1.0}})
         scorer = _dataset(self.dataset, self.config_json, int(task.data["seed"]))
         score = float(scorer.score_answer(answer, entry))
         return StepResult("", score, True, {"success": score >= self.success_threshold,
-                                            "metrics": {"answered": float(answer is not None)}})
+                                            "metrics": {"answered": float(answer is not None),
+                                                                        "answers_refused": 0.0}})
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
         return [f"<answer>{task.data['answer']}</answer>"]

@@ -20,12 +20,14 @@ reset for one player with the task's seed; its rules, messages, rewards and end 
   ``turn_count``). At ``max_turns`` model turns (default: the game's own turn limit, else 30)
   without an end the episode stops unsuccessful, with no reward.
 
-**Determinism.** A task is a seed (``Game-v0-<seed>``; train and test seeds never overlap: each
-seed hashes into one split, :mod:`saorl.envs.splits`). TextArena games draw from Python's global
+**Determinism.** A task is a seed (``Game-v0-<seed>``); a seed's split is decided by the content
+of its start (the first observation hashes into one split, :mod:`saorl.envs.splits`), so no test
+game starts as a train game does; a game whose start is the same for every seed has no test split
+(asking for test tasks is an error naming the game) unless it draws random numbers later in play
+(Minesweeper's mines), which splits it by seed. TextArena games draw from Python's global
 ``random`` (and Sokoban from numpy's): each episode keeps its own generator state, swapped in
 under a lock around every call into the game, so concurrent episodes neither share nor disturb a
-random stream and a task replays the same game. A game whose start does not depend on the seed
-(TowerOfHanoi) has one start position for every task.
+random stream and a task replays the same game.
 
 Only single-player games: a game that does not start for one player is refused. Some games need
 network resources TextArena downloads at import (NLTK word lists: Wordle, Hangman, …) or an API
@@ -121,6 +123,16 @@ def _probe(game: str) -> int | None:
                          "single-player TextArena games only")
     return getattr(probe, "max_turns", None)
 
+@functools.cache
+def _draws_randomness(game: str) -> bool:
+    """Whether the game's module draws from ``random`` or numpy's generators (not just imports them)."""
+    import inspect
+    import sys
+
+    source = inspect.getsource(sys.modules[type(_make(game)[0]).__module__])
+    return re.search(r"\brandom\.\w+\s*\(|from random import|np\.random|numpy\.random", source) is not None
+
+
 def _make(game: str) -> tuple[Any, list[Any]]:
     """The game of ``game`` as its registration makes it, without wrappers, and the id's action
     wrappers."""
@@ -169,13 +181,42 @@ class TextArenaEnv(Env):
         self._rng: _Randomness | None = None
         self._actions: list[Any] = []
 
+    def start(self, seed: int) -> str:
+        """The content of the game's start for ``seed``: its first observation and its state."""
+        game, rng = _make(self.game)[0], _Randomness(seed)
+        rng.run(game.reset, num_players=1, seed=seed)
+        _, messages = game.get_observation()
+        state = sorted(game.state.game_state.items(), key=lambda kv: str(kv[0]))
+        state_text = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(state))  # objects' addresses differ per run
+        return f"{_render(messages, game.state.role_mapping)}\x1f{state_text}"
+
     def generate_tasks(self, split: Split, n: int, seed: int) -> list[Task]:
+        """Seeds split by the content of their start, so no test game starts as a train game does
+        (a game with few starts has few of each). A game that starts the same for 16 seeds is split
+        by seed if its code draws random numbers later (Minesweeper places its mines at the first
+        move), else it has train tasks only."""
+        by_seed = len({self.start(s) for s in range(16)}) == 1
+        if by_seed and not _draws_randomness(self.game):
+            if split == "test":
+                raise ValueError(f"textarena game {self.game!r} starts the same whatever the seed and "
+                                 "draws no random numbers, so every test task would be a train task: it "
+                                 "has no test split; play a game whose start the seed changes, or give "
+                                 "test tasks from elsewhere (env.test_tasks_file)")
+            split, test_fraction = "train", 1e-9
+        else:
+            test_fraction = TEST_FRACTION
+
         def draw(rng: random.Random):
             game_seed = rng.randrange(2**31)
-            return (content_hash("textarena", self.game, game_seed),
-                    lambda d: Task(f"{self.game}-{game_seed}", {"game": self.game, "seed": game_seed}))
+            content = game_seed if by_seed else self.start(game_seed)
+            return content_hash("textarena", self.game, content), self._task(game_seed)
 
-        return distinct_tasks(split, n, random.Random(seed), draw, TEST_FRACTION, f"{self.game} seeds")
+        return distinct_tasks(split, n, random.Random(seed), draw, test_fraction,
+                              f"{self.game} seeds (split by their start: a game with few starts has few "
+                              "of each split)")
+
+    def _task(self, game_seed: int):
+        return lambda d: Task(f"{self.game}-{game_seed}", {"game": self.game, "seed": game_seed})
 
     def reset(self, task: Task, progress: Progress | None = None) -> Prompt:
         if task.data.get("game") != self.game or not isinstance(task.data.get("seed"), int):

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 MIX = ("env.mix=[{type: reasoning_gym, name: arith, options: {dataset: basic_arithmetic, prompt: text, "
        "system_prompt: direct, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}, "
-       "{type: textarena, name: hanoi, options: {game: TowerOfHanoi-v0, max_turns: 3}}]")
+       "{type: textarena, name: guess, options: {game: GuessTheNumber-v0, max_turns: 3}}]")
 
 
 def test_train_a_mix_of_reasoning_gym_and_textarena(tmp_path):
@@ -32,17 +32,17 @@ def test_train_a_mix_of_reasoning_gym_and_textarena(tmp_path):
     out = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     for step in (0, 2):
-        for part in ("arith", "hanoi"):
+        for part in ("arith", "guess"):
             assert f"step {step} eval {part}: accuracy " in out.stderr and "(2 episodes)" in out.stderr
     evals = read_jsonl(run_dir / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 2]
     assert all(e[f"eval/{p}/episodes"] == 2 and 0 <= e[f"eval/{p}/accuracy"] <= 1 for e in evals
-               for p in ("arith", "hanoi"))
+               for p in ("arith", "guess"))
     rows = read_jsonl(run_dir / "metrics.jsonl")
     trained_keys = {k for r in rows[1:] for k in r if k.startswith("env/")}
-    assert trained_keys & {"env/arith/reward", "env/hanoi/reward"}
+    assert trained_keys & {"env/arith/reward", "env/guess/reward"}
     assert all(math.isfinite(r[k]) for r in rows[1:] for k in r if k.startswith("env/"))
     trained = [tid for row in read_jsonl(run_dir / "trained.jsonl") for tid in row["task_ids"]]
-    assert len(trained) == 8 and all(t.split("/")[0] in ("arith", "hanoi") for t in trained)
+    assert len(trained) == 8 and all(t.split("/")[0] in ("arith", "guess") for t in trained)
     # a game is several turns (an invalid move gets a second try), a reasoning-gym problem one
     assert all(e["eval/turns_mean"] > 1.0 for e in evals)

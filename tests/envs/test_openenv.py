@@ -133,3 +133,15 @@ def test_envs_sample_shows_the_servers_answer_to_an_empty_action(guess_url, caps
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "PROMPT| Guess my number from 1 to 8 in 4 tries. Answer with the number only."
     assert "OBS   | not a number" in out and out[-1] == "INFO  | reward 0  done False"
+
+
+def test_sessions_close_at_the_last_turn_and_del_drops_one_without_waiting(guess_url):
+    env = make_env_factory("openenv", {"url": guess_url, "max_turns": 2})()
+    task = env.generate_tasks("train", 1, seed=0)[0]
+    results = play(env, task, ["nine", "nine"])
+    assert not results[-1].done and env._client is None  # max_turns reached: the session is closed
+    env.reset(task)
+    client, waited = env._client, []
+    client.recv = client.send = lambda *a, **k: waited.append(a)
+    env.__del__()
+    assert waited == [] and env._client is None and client.socket.fileno() == -1

@@ -81,3 +81,30 @@ def test_chat_prompts_for_a_tokenizer_without_a_template_stop_the_start():
         check_tasks(cfg, check_env(cfg))
     cfg = config_from_dict({"env": {**env, "options": {"dataset": "chain_sum", "prompt": "text"}}})
     check_tasks(cfg, check_env(cfg))
+
+
+def test_answers_that_a_scorer_would_evaluate_are_refused_and_never_run(capsys):
+    spiral = make_env_factory("reasoning_gym", {"dataset": "spiral_matrix"})()
+    task = spiral.generate_tasks("train", 1, seed=0)[0]
+    pwned = '<answer>__import__("sys").stdout.write("PWNED\\n") and []</answer>'
+    countdown = make_env_factory("reasoning_gym", {"dataset": "countdown"})()
+    ctask = countdown.generate_tasks("train", 1, seed=0)[0]
+    for env, t, text in ((spiral, task, pwned), (spiral, task, "<answer>[9**9**9**9]</answer>"),
+                         (countdown, ctask, "<answer>9**9**9**9</answer>"),
+                         (countdown, ctask, "<answer>[0]*9999999999</answer>")):
+        (result,) = play(env, t, [text])
+        assert result.done and result.reward == 0.0 and result.info["metrics"]["answers_refused"] == 1.0
+        assert result.info["refused"] and result.observation.startswith("Refused: ")
+    assert "PWNED" not in capsys.readouterr().out
+    for env, t in ((spiral, task), (countdown, ctask)):  # a right ordinary answer still scores 1
+        (result,) = play(env, t, [f"<answer>{t.data['answer']}</answer>"])
+        assert result.reward == 1.0 and result.info["metrics"]["answers_refused"] == 0.0
+    from saorl.envs.reasoning_gym_env import refusal
+
+    assert refusal("1 " * 1500, "spiral_matrix") and refusal("Move disk 1\n" * 300, "tower_of_hanoi") is None
+    assert refusal("6769988418200343.0", "power_function") is None and refusal("9" * 16, "countdown")
+    import reasoning_gym.algorithmic.spiral_matrix as module
+
+    assert module.eval("[1, 2]") == [1, 2]
+    with pytest.raises(ValueError):
+        module.eval('print("PWNED")')

@@ -90,3 +90,14 @@ def test_a_game_that_needs_downloaded_word_lists_is_refused_offline():
     with pytest.raises(ValueError, match=r"game 'Wordle-v0' cannot be made here: it needs NLTK's 'words', "
                                          r"which TextArena downloads .* does not run offline; docs/envs.md"):
         _factory("Wordle-v0")
+
+
+def test_no_test_game_starts_as_a_train_game_does():
+    hanoi = _factory("TowerOfHanoi-v0")()
+    assert len(hanoi.generate_tasks("train", 8, seed=0)) == 8  # one start: train only
+    with pytest.raises(ValueError, match=r"textarena game 'TowerOfHanoi-v0' starts the same whatever the "
+                                         r"seed .* it has no test split"):
+        hanoi.generate_tasks("test", 4, seed=0)
+    guess = _factory("GuessTheNumber-v0")()  # few starts (the secret): split by them
+    train, test = guess.generate_tasks("train", 40, seed=0), guess.generate_tasks("test", 10, seed=0)
+    assert not {guess.start(t.data["seed"]) for t in train} & {guess.start(t.data["seed"]) for t in test}
