@@ -274,15 +274,24 @@ def test_demonstrations_succeed_through_the_sandbox():
             assert results[-1].info["success"], (task, [r.observation for r in results])
 
 
-def test_tool_code_with_a_lone_surrogate_is_an_observation_not_an_exception(sandbox_ready):
+def test_tool_code_with_a_lone_surrogate_is_an_observation_not_an_exception(sandbox_ready, monkeypatch):
     """The issue's case: "\\ud800" in tool code raised out of env.step (UnicodeEncodeError) and left
-    a saorl-sbx-* dir; now the episode goes on with the error as the tool's output."""
+    a saorl-sbx-* dir; now the episode goes on with the error as the tool's output. The dirs checked
+    are the ones this episode's sandbox made (another process's boxes, a run beside the suite, are not
+    counted)."""
     import tempfile
     from pathlib import Path
 
-    before = set(Path(tempfile.gettempdir()).glob("saorl-sbx-*"))
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recording(*args, **kwargs):
+        made.append(Path(mkdtemp(*args, **kwargs)))
+        return str(made[-1])
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording)
     env = MathToolEnv(max_turns=3)
     first, second = play(env, ARITH, ["<tool>print('\ud800')</tool>", "<answer>56300</answer>"])
     assert first.observation.startswith("<out>error: SyntaxError") and not first.done, first.observation
     assert second.reward == 1.0
-    assert set(Path(tempfile.gettempdir()).glob("saorl-sbx-*")) <= before
+    boxes = [d for d in made if d.name.startswith("saorl-sbx-")]
+    assert boxes and not [d for d in boxes if d.exists()]
