@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -169,3 +169,20 @@ def write_probe(path: str | Path) -> None:
             probe.unlink(missing_ok=True)
         except OSError:
             pass  # not created (a read-only file system refuses even the unlink)
+
+
+def errno_behind(error: BaseException, codes: Collection[int], texts: Mapping[str, int]) -> int | None:
+    """The first of ``codes`` an ``OSError`` carries in ``error`` or its causes and contexts, or the
+    code of the first of ``texts`` found in one's message (wrappers that keep only the text, such as
+    safetensors' SafetensorError); None when neither is there."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in codes:
+            return e.errno
+        for text, code in texts.items():
+            if text in str(e):
+                return code
+        e = e.__cause__ or e.__context__
+    return None

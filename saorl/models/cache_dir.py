@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from saorl.atomic import write_probe
+from saorl.atomic import errno_behind, write_probe
 from saorl.errors import StartupError
 
 CACHE_ENV = "SAORL_CACHE"
@@ -100,17 +100,7 @@ def free_text(path: Path) -> str:
 def failure_errno(error: BaseException) -> int | None:
     """The errno of a cache write that failed for want of room or permission (causes and contexts
     of ``error`` included, and wrappers that keep only the text), or None."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and (e.errno in _NO_ROOM or e.errno in _NOT_WRITABLE):
-            return e.errno
-        for text, code in _TEXTS.items():
-            if text in str(e):
-                return code
-        e = e.__cause__ or e.__context__
-    return None
+    return errno_behind(error, {*_NO_ROOM, *_NOT_WRITABLE}, _TEXTS)
 
 
 def cache_failure(code: int | None, label: str, need: str = "", detail: str = "") -> CacheUnusable:

@@ -20,7 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
-from saorl.atomic import write_probe
+from saorl.atomic import errno_behind, write_probe
 from saorl.errors import RunFailure, StartupError
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -37,17 +37,7 @@ class DiskFull(RunFailure):
 def disk_errno(error: BaseException) -> int | None:
     """The errno of a full disk, a file-size limit or a read-only file system behind ``error``
     (its causes and contexts included), or None when ``error`` is something else."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (*NO_ROOM, errno.EROFS):
-            return e.errno
-        for text, code in _TEXTS.items():
-            if text in str(e):
-                return code
-        e = e.__cause__ or e.__context__
-    return None
+    return errno_behind(error, (*NO_ROOM, errno.EROFS), _TEXTS)
 
 
 def existing_ancestor(path: Path) -> Path:
