@@ -61,3 +61,92 @@ def test_every_env_key_on_docs_agents_is_a_config_field():
                  "examples/tools/make_data.py", "configs/recipes/smollm2_135m_tools.yaml",
                  "examples/tools/first_replies.py"):
         assert path in page and (ROOT / path).exists()
+
+
+def _play(demo: list[str], answer: int) -> float:
+    """A demonstration's reward, played as the env plays it: a call's result comes back, the last
+    action is the final reply."""
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import calculator
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    if demo[0].startswith("<tool_call>"):
+        call = json.loads(demo[0].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        assert call["name"] == "multiply" and set(call["arguments"]) == {"a", "b"}
+    return calculator.correct_answer(None, [[{"role": "assistant", "content": demo[-1]}]], [answer])[0]
+
+
+def test_make_data_writes_a_share_of_failing_demonstrations_and_only_right_test_rows(tmp_path):
+    run = [sys.executable, str(EXAMPLE / "make_data.py"), str(tmp_path / "d"), "--train", "400", "--test", "20"]
+    subprocess.run([*run, "--demo-error-rate", "0.5"], check=True, capture_output=True, timeout=60)
+    train = [json.loads(line) for line in (tmp_path / "d" / "train.jsonl").read_text().splitlines()]
+    test = [json.loads(line) for line in (tmp_path / "d" / "test.jsonl").read_text().splitlines()]
+    assert {r["id"] for r in train}.isdisjoint(r["id"] for r in test)
+    assert all(_play(r["demo"], r["answer"]) == 1.0 and len(r["demo"]) == 2 for r in test)
+    rewards = [_play(r["demo"], r["answer"]) for r in train]
+    failing = rewards.count(0.0) / len(rewards)
+    assert 0.4 < failing < 0.6 and set(rewards) == {0.0, 1.0}
+    kinds = {("call" if r["demo"][0].startswith("<tool_call>") else "guess") for r, w in zip(train, rewards) if not w}
+    assert kinds == {"call", "guess"}  # both mistakes made: a wrong call (or copy), and no call at all
+    # the same seed, the same rows; no failing demonstrations at 0
+    subprocess.run([*run, "--demo-error-rate", "0"], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    again = [json.loads(line) for line in (tmp_path / "d" / "train.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in again] == [r["id"] for r in train]
+    assert all(_play(r["demo"], r["answer"]) == 1.0 for r in again)
+    bad = subprocess.run([*run, "--demo-error-rate", "1.5"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--demo-error-rate must be in [0, 1]" in bad.stderr
+
+
+class _Completions:
+    """The part of ``openai.AsyncOpenAI`` the agent uses, answering from a script."""
+
+    def __init__(self, replies: list[tuple[str | None, list[tuple[str, str]]]]) -> None:
+        self.replies, self.seen = list(replies), []
+
+    async def create(self, **kwargs):
+        from types import SimpleNamespace as NS
+
+        self.seen.append(kwargs)
+        content, calls = self.replies.pop(0)
+        tool_calls = [NS(id=f"c{i}", function=NS(name=n, arguments=a)) for i, (n, a) in enumerate(calls)] or None
+        return NS(choices=[NS(message=NS(content=content, tool_calls=tool_calls))])
+
+
+def test_the_calculator_agent_runs_its_calls_and_scores_the_final_reply():
+    import asyncio
+    from types import SimpleNamespace as NS
+
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import calculator_agent as ca
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    assert [t["function"]["name"] for t in ca.TOOLS] == ["add", "multiply"]
+    assert ca.run_call("multiply", '{"a": 12, "b": 345}') == "4140"
+    assert ca.run_call("divide", "{}").startswith("error: no tool named 'divide'")
+    assert ca.run_call("add", "[1, 2]").startswith("error: arguments must be an object")
+    assert ca.run_call("add", '{"a": 1').startswith("error:")
+    assert ca.run_call("add", '{"a": 1, "c": 2}').startswith("error:")  # a wrong argument name
+    task = {"prompt": [{"role": "user", "content": "Compute 12*345."}], "answer": 4140}
+    script = _Completions([(None, [("multiply", '{"a": 12, "b": 345}'), ("nope", "{}")]), ("4140.0", [])])
+    out = asyncio.run(ca.agent(task, NS(chat=NS(completions=script))))
+    assert out == {"reward": 1.0, "success": True, "metrics": {"tool_calls": 2.0, "tool_errors": 1.0}}
+    tool_msgs = [m for m in script.seen[1]["messages"] if isinstance(m, dict) and m["role"] == "tool"]
+    assert [m["content"] for m in tool_msgs][0] == "4140" and script.seen[1]["tools"] == ca.TOOLS
+    # a model that never stops calling: no final reply, no reward
+    loop = _Completions([(None, [("add", '{"a": 1, "b": 2}')])] * ca.MAX_TURNS)
+    out = asyncio.run(ca.agent(task, NS(chat=NS(completions=loop))))
+    assert out["reward"] == 0.0 and out["metrics"]["tool_calls"] == ca.MAX_TURNS
+
+
+def test_the_agent_recipe_is_the_tools_recipe_as_an_openai_agent():
+    tools = load_config(ROOT / "configs" / "recipes" / "smollm2_135m_tools.yaml")
+    agent = load_config(ROOT / "configs" / "recipes" / "smollm2_135m_tools_agent.yaml")
+    assert agent.env.type == "openai_agent" and agent.env.options["agent"] == "calculator_agent:agent"
+    assert (agent.env.tasks_file, agent.env.test_tasks_file) == (tools.env.tasks_file, tools.env.test_tasks_file)
+    assert not agent.sft.enabled and agent.env.prepare == tools.env.prepare
+    for section in ("rollout", "algo"):
+        assert getattr(agent, section) == getattr(tools, section)
+    t, a = tools.trainer, agent.trainer
+    assert (t.policy_lr, t.critic_lr, t.batch_size) == (a.policy_lr, a.critic_lr, a.batch_size)
