@@ -13,7 +13,6 @@ fails when the file on disk differs.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import shlex
 import sys
@@ -28,6 +27,7 @@ from pydantic.fields import FieldInfo
 
 from saorl.algo.presets import PRESETS, AlgoPreset
 from saorl.config import SaorlConfig
+from saorl.config.base import Section
 
 OUT = Path(__file__).resolve().parent / "config.md"
 
@@ -75,8 +75,10 @@ of a kind the run does not use is dropped (with a warning unless it holds its ol
 
 **The `algo` section** names a preset and overrides some of its fields; `null` (the default for
 every override) keeps the preset's value. The presets' values are in the last table. Because
-`null` means "keep", a preset field that is itself optional (`vapo_alpha`, `value_clip`) can be
-changed to another number but not switched off; pick a preset that has it off instead.
+`null` means "keep", a preset field that is itself optional (`value_clip`) can be changed to
+another number but not switched off; pick a preset that has it off instead. `algo.lam_policy` is
+a number or `{adaptive: {alpha: α}}`; the spellings `adaptive` and `algo.vapo_alpha: α` of
+earlier versions still load, into that value.
 
 Types: `A | B` is a union, `"x" | "y"` an enumeration; bounds (`≥ 1`, `(0, 1]`) are checked at
 load.
@@ -92,6 +94,13 @@ def _md(text: str) -> str:
 
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a type with its bounds (an algo field, from its preset's)
+        base, *metadata = typing.get_args(annotation)
+        bounds = _bounds_of(metadata)
+        return _type_name(base) + (f" {bounds}" if bounds else "")
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) \
+            and not issubclass(annotation, Section):
+        return "mapping"  # a value spelled as a mapping (algo.lam_policy's adaptive rule)
     if origin is typing.Literal:
         args = typing.get_args(annotation)
         return " \\| ".join(f'`"{a}"`' if isinstance(a, str) else f"`{a}`" for a in args)
@@ -114,8 +123,12 @@ def _type_name(annotation: Any) -> str:
 
 
 def _bounds(info: FieldInfo) -> str:
+    return _bounds_of(info.metadata)
+
+
+def _bounds_of(metadata: list[Any]) -> str:
     lo = hi = None
-    for m in info.metadata:
+    for m in (m for x in metadata for m in (x.metadata if isinstance(x, FieldInfo) else [x])):
         if isinstance(m, annotated_types.Ge):
             lo = f"[{m.ge}"
         elif isinstance(m, annotated_types.Gt):
@@ -236,21 +249,12 @@ def render_presets() -> list[str]:
              "each choice); `algo.FIELD=value` overrides one. `–` means unset (None).", "",
              "| field | " + " | ".join(f"`{n}`" for n in names) + " | meaning |",
              "|---|" + "---|" * len(names) + "---|"]
-    docs = _preset_docs()
-    for f in dataclasses.fields(AlgoPreset):
-        if f.name == "name":
+    for name, f in AlgoPreset.model_fields.items():
+        if name == "name":
             continue
-        cells = " | ".join(_preset_value(getattr(PRESETS[n], f.name)) for n in names)
-        lines.append(f"| `{f.name}` | {cells} | {_md(docs.get(f.name, ''))} |")
+        cells = " | ".join(_preset_value(getattr(PRESETS[n], name)) for n in names)
+        lines.append(f"| `{name}` | {cells} | {_md(f.description or '')} |")
     return lines
-
-
-def _preset_docs() -> dict[str, str]:
-    """Field docstrings of :class:`AlgoPreset` (attribute docstrings, read from the source)."""
-    import inspect
-
-    src = inspect.getsource(AlgoPreset)
-    return {m.group(1): m.group(2) for m in re.finditer(r'\n    (\w+): [^\n]+\n    """(.*?)"""', src, re.S)}
 
 
 ERROR_EXAMPLES: tuple[tuple[str, ...], ...] = (

@@ -180,7 +180,7 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     start_up_estimate(cfg, run_dir, resume=resume)  # what each phase below will take, timed here
     policy_spec = warm_start(cfg)
     critic_spec = initial_critic(cfg, policy_spec)
-    parts = build_parts(cfg, cfg.algo.resolve(), run_dir, policy_spec, critic_spec)  # the run's one resolve
+    parts = build_parts(cfg, cfg.algo.preset, run_dir, policy_spec, critic_spec)  # resolved at load
     try:
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
         return build_run(cfg, run_dir, parts, evaluator, resume=resume, restart=restart, observer=observer)
@@ -202,6 +202,6 @@ def serve_rank(cfg: SaorlConfig) -> None:
     from saorl.runtime.learner.shard_stages import serve_stages
 
     try:  # SFT and value pretraining's fits, if rank 0 runs them, then the learner
-        serve_stages(shard_group.current(), lambda: build_learner(cfg, cfg.algo.resolve(), None, None, None))
+        serve_stages(shard_group.current(), lambda: build_learner(cfg, cfg.algo.preset, None, None, None))
     finally:
         shard_group.leave()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -116,11 +115,13 @@ def test_no_import_cycle_even_through_function_level_imports():
 
 
 def test_algo_imports_only_torch_and_the_standard_library():
+    """The math imports torch alone; the presets (no torch) are pydantic models like the config."""
     allowed = set(sys.stdlib_module_names) | {"torch", "saorl"}
     for path in _modules("algo"):
         for module, _ in _imports(path):
             top = module.split(".")[0]
-            assert top in allowed, f"{path.relative_to(SAORL)} imports {module}"
+            ok = top in allowed or (path.name == "presets.py" and top == "pydantic")
+            assert ok, f"{path.relative_to(SAORL)} imports {module}"
             assert top != "saorl" or module.startswith("saorl.algo"), f"{path.relative_to(SAORL)}: {module}"
 
 
@@ -139,17 +140,70 @@ def test_tooling_uses_no_private_name_of_another_package(package):
 
 
 def test_each_algorithm_setting_is_declared_once():
-    preset_fields = {f.name for f in dataclasses.fields(AlgoPreset)}
+    preset_fields = set(AlgoPreset.model_fields)
     assert set(AlgoConfig.model_fields) == {"name"} | (preset_fields - set(NOT_IN_CONFIG))
     config_src = "\n".join(p.read_text(encoding="utf-8") for p in (SAORL / "config").glob("*.py"))
     for name in preset_fields - {"name", "mode"}:  # derived, never written out in the config module
         # a field of that name, other than a section of the tree (SaorlConfig.value_pretrain)
         declared = re.search(rf"^\s+{name}\s*:(?!\s*\w+Config\b)", config_src, re.M)
         assert not declared, f"{name} is declared in saorl/config/ too"
-    for f in dataclasses.fields(AlgoPreset):
-        assert f.metadata["doc"], f"AlgoPreset.{f.name} has no documentation"
-        if f.name not in NOT_IN_CONFIG:
-            assert f.metadata["doc"] in AlgoConfig.model_fields[f.name].description
+    for name, f in AlgoPreset.model_fields.items():
+        assert f.description, f"AlgoPreset.{name} has no documentation"
+        if name not in NOT_IN_CONFIG:
+            assert f.description in AlgoConfig.model_fields[name].description
+
+
+def _calls(path: Path, attr: str) -> list[tuple[int, str]]:
+    """(line, enclosing function) of each call of a function or method named ``attr`` in ``path``."""
+    out: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else where
+            if isinstance(child, ast.Call):
+                f = child.func
+                if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) == attr:
+                    out.append((child.lineno, where))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+    return out
+
+
+def test_the_preset_is_resolved_in_one_place():
+    """A config's preset is resolved once, where the ``algo`` section is validated
+    (``_AlgoSection._resolve``); everything else reads ``cfg.algo.preset``. ``with_overrides`` is how a
+    preset is resolved: only the presets module (which builds the named presets from each other) and
+    that validator call it."""
+    assert not hasattr(AlgoConfig, "resolve")
+    for path in SAORL.rglob("*.py"):
+        rel = path.relative_to(SAORL).as_posix()
+        calls = _calls(path, "with_overrides")
+        if rel == "config/schema.py":
+            assert [where for _, where in calls] == ["_resolve"], calls
+        elif rel != "algo/presets.py":
+            assert not calls, f"saorl/{rel} resolves a preset at lines {[n for n, _ in calls]}"
+
+
+ONE_HOME = {
+    # the adaptive λ: its typed value (spelled ``{adaptive: {alpha: α}}``), and the config's older
+    # spellings, made that value where the section validates
+    "adaptive": {"algo/presets.py", "config/schema.py"},
+    "vapo_alpha": {"config/schema.py"},
+    # an advantage estimator's name: declared with the presets, looked up in the registry
+    "running_mean": {"algo/presets.py", "algo/registry.py"},
+}
+
+
+@pytest.mark.parametrize("word", sorted(ONE_HOME))
+def test_a_decisions_spelling_is_compared_in_its_home_only(word):
+    """The learner asks the registry (``keeps_running_baseline``), the estimator gets the typed
+    ``lam_policy``: the strings these decisions were spelled with appear only where they are made."""
+    for path in SAORL.rglob("*.py"):
+        rel = path.relative_to(SAORL).as_posix()
+        hits = [n.lineno for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(n, ast.Constant) and n.value == word]
+        assert not hits or rel in ONE_HOME[word], f"saorl/{rel} spells {word!r} at lines {hits}"
 
 
 WINGS = ("backends", "weights", "learner")

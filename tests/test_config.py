@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,7 @@ def test_defaults_match_the_brief():
     assert (cfg.env.type, cfg.rollout.max_new_tokens, cfg.rollout.max_total_tokens) == ("math_tool", 48, 384)
     assert (cfg.trainer.batch_size, cfg.trainer.policy_lr, cfg.runtime.mode) == (4, 3e-5, "auto")
     assert cfg.resolved_mode() == "async"
-    assert cfg.algo.resolve() == get_preset("sao")
+    assert cfg.algo.preset == get_preset("sao")
 
 
 def test_every_field_is_documented():
@@ -71,7 +70,7 @@ def test_every_preset_file_loads_and_builds_its_env(path):
     from saorl.envs.registry import make_env_factory
 
     cfg = load_config(path)
-    preset = cfg.algo.resolve()
+    preset = cfg.algo.preset
     assert cfg.trainer.batch_size % preset.group_size == 0
     assert cfg.algo.name.split("_")[0] in path.stem  # sao_paper: a sao_* file
     make_env_factory(cfg.env.type, cfg.env.options)()  # options accepted by the env class
@@ -79,7 +78,7 @@ def test_every_preset_file_loads_and_builds_its_env(path):
 
 def test_group_presets_run_sync_and_sao_on_code_uses_the_code_band():
     assert load_config(CONFIGS / "grpo_math_tool.yaml").resolved_mode() == "sync"
-    code = load_config(CONFIGS / "sao_code_repair.yaml").algo.resolve()
+    code = load_config(CONFIGS / "sao_code_repair.yaml").algo.preset
     assert (code.eps_low, code.eps_high, code.critic_updates) == (0.8, 3.0, 2)
 
 
@@ -110,9 +109,9 @@ def test_overrides_reach_the_model_and_the_resolved_preset():
                        "model.critic=null", "runtime.mode=sync", "seed=7"])
     assert cfg.trainer.policy_lr == pytest.approx(1e-3)  # YAML 1.1 reads 1e-3 as a string; still a float here
     assert cfg.env.options == {"difficulty": 2} and cfg.seed == 7 and cfg.resolved_mode() == "sync"
-    preset = cfg.algo.resolve()
+    preset = cfg.algo.preset
     assert preset.eps_high == 3.0
-    assert dataclasses.replace(preset, eps_high=5.0) == get_preset("sao")
+    assert preset.with_overrides(eps_high=5.0) == get_preset("sao")
 
 
 @pytest.mark.parametrize(
@@ -132,10 +131,13 @@ def test_bad_override_paths_fail_naming_the_override(override, expected):
     ("text", "expected"),
     [("algo:\n  eps_hihg: 3.0\n", "algo.eps_hihg: unknown field (did you mean eps_high?)"),
      ("trainer:\n  policy_lr: -1.0\n", "trainer.policy_lr: Input should be greater than 0 (got -1.0)"),
-     ("algo:\n  eps_low: 1.0\n", "algo.eps_low: algorithm 'sao': must be in [0, 1), got 1.0"),
+     ("algo:\n  eps_low: 1.0\n", "algo.eps_low: Input should be less than 1 (got 1.0)"),
      ("trainer:\n  steps: many\n", "trainer.steps: Input should be a valid integer"),
      ("rollout:\n  top_p: 0\n", "rollout.top_p: Input should be greater than 0"),
-     ("algo:\n  lam_policy: 1.5\n", "algo.lam_policy: algorithm 'sao': must be in [0, 1], got 1.5"),
+     ("algo:\n  lam_policy: 1.5\n",
+      "algo.lam_policy: must be in [0, 1] (or {adaptive: {alpha: α}}), got 1.5"),
+     ("algo:\n  lam_policy: {adaptive: {alpha: 0}}\n",
+      "algo.lam_policy.adaptive.alpha: Input should be greater than 0"),
      ("algo:\n  critic_updates: 0\n", "algo.critic_updates: algorithm 'sao': must be >= 1 when use_critic"),
      ("algo:\n  eps_high: .inf\n", "algo.eps_high: Input should be a finite number (got inf)"),
      ("algo:\n  name: grop\n", "algo.name: unknown algorithm 'grop' (did you mean grpo?)"),
@@ -170,7 +172,7 @@ def test_routing_replay_is_allowed_with_every_engine_and_either_trainer(engine, 
     urls = [] if engine == "local" else ["rollout.engine.urls=[http://127.0.0.1:8000]"]
     cfg = load_config(None, [f"rollout.engine={engine}", *urls, "algo.routing_replay=true",
                              f"trainer.shard={shard}"])
-    assert cfg.algo.resolve().routing_replay and cfg.rollout.engine.kind == engine
+    assert cfg.algo.preset.routing_replay and cfg.rollout.engine.kind == engine
     assert cfg.trainer.shard == shard
 
 
@@ -232,7 +234,7 @@ def test_save_resolved_round_trips(tmp_path):
     again = load_config(path)
     assert again == cfg and config_to_dict(again) == config_to_dict(cfg)
     algo = yaml.safe_load((tmp_path / "run" / "algo_resolved.yaml").read_text())
-    assert algo == dataclasses.asdict(cfg.algo.resolve())
+    assert algo == cfg.algo.preset.model_dump(mode="json")
     assert algo["eps_high"] == 3.0 and algo["name"] == "sao"
     assert not list((tmp_path / "run").glob("*.tmp"))
 

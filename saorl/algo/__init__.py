@@ -4,7 +4,7 @@ Nothing here does I/O, reads a config object or talks to another process; see ``
 for the method and each module's docstring for where it departs from the paper.
 
 Importing the package imports none of its modules: the names below are loaded on first use
-(PEP 562), so reading the presets (:mod:`saorl.algo.presets`, plain data) costs no torch import —
+(PEP 562), so reading the presets (:mod:`saorl.algo.presets`, pydantic models) costs no torch import —
 which is what keeps ``saorl config`` and every command's start-up fast.
 """
 
@@ -19,7 +19,7 @@ _EXPORTS: dict[str, str] = {
                      "token_gae", "value_targets"), "gae"),
     **dict.fromkeys(("dis_policy_loss", "entropy_from_logits", "lm_loss", "masked_mean", "ppo_clip_loss",
                      "ratio_histogram", "ratio_histogram_edges", "value_loss"), "losses"),
-    **dict.fromkeys(("PRESETS", "AlgoPreset", "get_preset", "list_presets"), "presets"),
+    **dict.fromkeys(("PRESETS", "AdaptiveLambda", "AlgoPreset", "get_preset", "list_presets"), "presets"),
     **dict.fromkeys(("ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "AdvantageInputs", "get_advantage_estimator",
                      "get_policy_loss"), "registry"),
 }

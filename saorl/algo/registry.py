@@ -17,16 +17,15 @@ from saorl.algo.gae import check_bt, length_adaptive_lambda, skip_observation_ga
 from saorl.algo.losses import dis_policy_loss, ppo_clip_loss
 from saorl.algo.presets import (
     PRESETS,
+    AdaptiveLambda,
     AdvantageKind,
     AlgoPreset,
     Behaviour,
     Mode,
     PolicyLossKind,
-    SettingError,
     get_preset,
     list_presets,
     setting_docs,
-    setting_rules,
     setting_types,
 )
 
@@ -35,6 +34,7 @@ __all__ = [
     "POLICY_LOSSES",
     "PRESETS",
     "RUNNING_BASELINE_ESTIMATORS",
+    "AdaptiveLambda",
     "AdvantageEstimator",
     "AdvantageInputs",
     "AdvantageKind",
@@ -43,14 +43,12 @@ __all__ = [
     "Mode",
     "PolicyLoss",
     "PolicyLossKind",
-    "SettingError",
     "get_advantage_estimator",
     "get_policy_loss",
     "get_preset",
     "keeps_running_baseline",
     "list_presets",
     "setting_docs",
-    "setting_rules",
     "setting_types",
 ]
 
@@ -69,9 +67,8 @@ class AdvantageInputs:
     rewards: Tensor
     action_mask: Tensor
     gamma: float = 1.0
-    lam: float | Tensor = 1.0
-    """GAE λ (float or ``[B]``); replaced by the length-adaptive λ when ``lam_alpha`` is set."""
-    lam_alpha: float | None = None
+    lam: float | Tensor | AdaptiveLambda = 1.0
+    """GAE λ: a float, a ``[B]`` tensor, or the length-adaptive rule (a preset's ``lam_policy``)."""
     values: Tensor | None = None
     """Critic values; required by ``gae``."""
     response_mask: Tensor | None = None
@@ -105,7 +102,7 @@ def _gae_estimator(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     _require(chain, "response_mask (skip_observation=False)", "gae")
     assert chain is not None and x.values is not None
     # VAPO's l counts the model's own tokens: observation tokens are not "length" the policy wrote
-    lam = x.lam if x.lam_alpha is None else length_adaptive_lambda(x.action_mask, x.lam_alpha)
+    lam = length_adaptive_lambda(x.action_mask, x.lam.alpha) if isinstance(x.lam, AdaptiveLambda) else x.lam
     fn = skip_observation_gae if x.skip_observation else token_gae
     return fn(x.rewards, x.values, chain, x.gamma, lam)
 

@@ -180,7 +180,7 @@ def build_learner(cfg: SaorlConfig):
 
     policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=cfg.model.device,
                          seed=cfg.seed)
-    preset = cfg.algo.resolve()
+    preset = cfg.algo.preset
     critic = build_critic(cfg, policy, preset, cfg.model.critic)
     return runtime_learner(cfg, preset, policy, critic, run_tokenizer(cfg.model).pad_token_id)
 
@@ -214,7 +214,7 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
     from saorl.runtime.weights.files import FilePublisher, FileSource
 
     pack = cfg.rollout.local_engine.pack_weights
-    bs, g = cfg.trainer.batch_size, cfg.algo.resolve().group_size
+    bs, g = cfg.trainer.batch_size, cfg.algo.preset.group_size
     if len(trajs) < bs:
         raise ValueError(f"learner_profile needs at least batch_size={bs} trajectories, got {len(trajs)}")
     learner = build_learner(cfg)
@@ -267,7 +267,7 @@ def learner_profile(cfg: SaorlConfig, trajs: list[Trajectory], repeats: int = 3)
 def train_cost_fit(cfg: SaorlConfig, trajs: list[Trajectory], sizes: tuple[int, int], repeats: int = 2
                    ) -> tuple[float, float]:
     """``(a, b)`` with step seconds ≈ a + b · action tokens, from steps on two batch sizes."""
-    g = cfg.algo.resolve().group_size
+    g = cfg.algo.preset.group_size
     learner = build_learner(cfg)
     pts = []
     for n in sizes:
@@ -321,7 +321,7 @@ def contention(cfg: SaorlConfig, trajs: list[Trajectory], seconds: float, worker
     try:
         torch.set_num_threads(trainer_threads)
         learner = build_learner(cfg)
-        bs, g = cfg.trainer.batch_size, cfg.algo.resolve().group_size
+        bs, g = cfg.trainer.batch_size, cfg.algo.preset.group_size
         learner.step(trajs[:bs], group_ids(bs, g))  # warm-up while the child loads
         _from_child(q, child)
         time.sleep(2.0)  # the child's own warm-up

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as e:
             fail(str(e))
         cfg = sized.model_copy(update={"model": cfg.model})  # the run's model settings (its tokenizer) kept
-    if not cfg.algo.resolve().use_critic:
+    if not cfg.algo.preset.use_critic:
         fail(f"saorl value-pretrain: algorithm {cfg.algo.name!r} trains no critic")
     check_run(cfg, demonstrations=cfg.sft.enabled and args.policy is None)  # SFT runs only without --policy
     policy = args.policy if args.policy is not None else warm_start(cfg)

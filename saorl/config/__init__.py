@@ -11,10 +11,10 @@ file, the dotted path of the field and the reason (unknown keys get a "did you m
 
 The ``algo`` section holds a preset name plus optional overrides (``None`` = the preset's value);
 its fields, documentation and rules are derived from :class:`saorl.algo.presets.AlgoPreset`, where
-each setting is declared once, and :meth:`AlgoConfig.resolve` returns the frozen preset the trainer
-uses. Because ``None`` means "keep the preset's value", the preset fields that are themselves
-optional (``vapo_alpha``, ``value_clip``) can be changed to another number here but not switched
-off; pick a preset that has them off instead.
+each setting is declared once. The section resolves the preset once, when it is validated, and
+:attr:`AlgoConfig.preset` is that frozen preset, which the run passes to what it builds. Because
+``None`` means "keep the preset's value", a preset field that is itself optional (``value_clip``)
+can be changed to another number here but not switched off; pick a preset that has it off instead.
 
 The tree is split by concern: :mod:`saorl.config.sections` (run, model, tasks, rollouts),
 :mod:`saorl.config.engines` (``rollout.engine``: one section per engine kind, and the flat

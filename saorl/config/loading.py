@@ -4,7 +4,6 @@ validation into one-paragraph :class:`ConfigError` s; and writing the resolved c
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import os
 import warnings
@@ -20,7 +19,7 @@ from pydantic import (
 
 from saorl.atomic import write_text
 from saorl.config.engines import ENGINE_CONFIGS, FLAT_SPELLINGS, engine_section
-from saorl.config.schema import SaorlConfig
+from saorl.config.schema import LAM_POLICY_SPELLINGS, SaorlConfig
 from saorl.config.sections import ConfigError, FieldError
 from saorl.run_paths import RunPaths
 
@@ -81,6 +80,8 @@ def _check_path(schema: type[BaseModel], parts: list[str], item: str) -> None:
         if part not in fields:
             if i == 1 and parts[0] == "rollout" and part in FLAT_SPELLINGS:
                 return  # a flat spelling of before: moved into rollout.engine when validated
+            if i == 1 and parts[0] == "algo" and part in LAM_POLICY_SPELLINGS:
+                return  # made algo.lam_policy's typed value when validated
             why = RENAMED.get(where) or _unknown(part, list(fields))
             raise ConfigError(f"bad override {item!r}: {where}: {why}")
         annotation = fields[part].annotation
@@ -316,12 +317,9 @@ def config_to_yaml(cfg: SaorlConfig) -> str:
 
 
 def resolved_algo_dict(cfg: SaorlConfig) -> dict[str, Any]:
-    """The resolved algorithm preset as a dict; ``lam_policy`` reads ``adaptive`` where
-    ``vapo_alpha`` sets the length-adaptive rule (its fixed value is then unused)."""
-    out = dataclasses.asdict(cfg.algo.resolve())
-    if out["vapo_alpha"] is not None:
-        out["lam_policy"] = "adaptive"
-    return out
+    """The run's resolved algorithm preset as a plain dict (``lam_policy`` a number or
+    ``{adaptive: {alpha: α}}``, as the config writes it)."""
+    return cfg.algo.preset.model_dump(mode="json")
 
 
 def absolute_paths(cfg: SaorlConfig) -> SaorlConfig:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     Field,
+    PrivateAttr,
     create_model,
     field_validator,
     model_validator,
@@ -49,52 +51,75 @@ class _AlgoSection(Section):
                              + f"; known: {', '.join(names)}")
         return v
 
-    @model_validator(mode="after")
-    def _resolvable(self) -> _AlgoSection:
-        from saorl.algo.presets import SettingError
+    _preset: Any = PrivateAttr(None)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_lam_policy(cls, data: Any) -> Any:
+        """The spellings of λ_policy that configs have (and saved runs kept) made the one typed
+        value: ``adaptive`` is ``{adaptive: {alpha: α}}`` with α = ``vapo_alpha`` if given, else
+        the preset's, else the paper's :data:`PAPER_VAPO_ALPHA`; ``vapo_alpha: α`` alone
+        (:data:`LAM_POLICY_SPELLINGS`) is the rule with that α. A number beside a ``vapo_alpha`` is
+        refused (one would be ignored)."""
+        if not isinstance(data, dict) or not {"lam_policy", "vapo_alpha"} & set(data):
+            return data
+        from saorl.algo.presets import PRESETS, AdaptiveLambda
+
+        data = dict(data)
+        lam, alpha = data.get("lam_policy"), data.pop("vapo_alpha", None)
+        if alpha is not None and not (lam is None or lam == "adaptive"):
+            raise FieldError("lam_policy", f"is {lam!r} while algo.vapo_alpha is set too, and a fixed "
+                             "λ_policy and the length-adaptive one exclude each other: drop algo.vapo_alpha "
+                             "for a fixed λ, or write algo.lam_policy: adaptive")
+        if isinstance(lam, str) and lam != "adaptive":
+            raise FieldError("lam_policy", "must be a number in [0, 1], 'adaptive' or "
+                             f"{{adaptive: {{alpha: α}}}}, got {lam!r}")
+        if lam == "adaptive" and alpha is None:
+            own = getattr(PRESETS.get(data.get("name", "sao")), "lam_policy", None)
+            alpha = own.alpha if isinstance(own, AdaptiveLambda) else PAPER_VAPO_ALPHA
+        if alpha is not None:
+            data["lam_policy"] = {"adaptive": {"alpha": alpha}}
+        return data
+
+    @model_validator(mode="after")
+    def _resolve(self) -> _AlgoSection:
+        """The run's preset: ``name`` with the fields set here applied, resolved here once (again
+        only on assignment to a field) and read as :attr:`preset`; the preset's own checks (ranges;
+        e.g. grpo needs group_size >= 2) are reported under ``algo.<field>``."""
+        from pydantic import ValidationError
+
+        from saorl.algo.presets import get_preset
+
+        fields = [k for k in type(self).model_fields if k != "name"]
+        overrides = {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
         try:
-            self.resolve()  # the preset's own checks (ranges; e.g. grpo needs group_size >= 2)
-        except SettingError as e:
-            raise FieldError(e.field, f"algorithm {self.name!r}: {e.reason}") from None
+            self._preset = get_preset(self.name).with_overrides(**overrides)
+        except ValidationError as e:
+            err = e.errors()[0]
+            why = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+            raise FieldError(".".join(map(str, err["loc"])), f"algorithm {self.name!r}: {why}") from None
         return self
 
-    def overrides(self) -> dict[str, Any]:
-        """The fields set here (not None), i.e. what changes relative to the preset, with
-        ``lam_policy`` translated: ``adaptive`` sets ``vapo_alpha`` (this section's, else the
-        preset's, else the paper's :data:`PAPER_VAPO_ALPHA`); a number switches a preset's
-        adaptive rule off. Setting both a number and ``vapo_alpha`` is refused (one would be
-        ignored)."""
-        from saorl.algo.presets import get_preset
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> _AlgoSection:
+        """A copy; with ``update``, validated and its preset resolved again (pydantic's copy would
+        keep the preset of the fields before the update)."""
+        out = super().model_copy(update=update, deep=deep)
+        return type(self).model_validate(out.model_dump()) if update else out
 
-        out = {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
-        lam = out.pop("lam_policy", None)
-        if lam == "adaptive":
-            advantage = out.get("advantage", get_preset(self.name).advantage)
-            if advantage != "gae":
-                raise FieldError("lam_policy", f"is 'adaptive', a rule for GAE's λ, but algorithm "
-                                 f"{self.name!r} computes its advantages by {advantage!r}, which has no λ: "
-                                 "pick a preset with a critic (sao, sao_paper, vapo, ppo) or drop "
-                                 "algo.lam_policy")
-            out.setdefault("vapo_alpha", get_preset(self.name).vapo_alpha or PAPER_VAPO_ALPHA)
-        elif lam is not None:
-            if "vapo_alpha" in out:
-                raise FieldError("lam_policy", f"is the number {lam!r} while algo.vapo_alpha is set too, "
-                                 "and a fixed λ_policy and the length-adaptive one exclude each other: "
-                                 "drop algo.vapo_alpha for a fixed λ, or write algo.lam_policy: adaptive")
-            out.update(lam_policy=lam, vapo_alpha=None)
-        return out
-
-    def resolve(self) -> Any:
-        """The preset ``name`` with the non-None overrides applied (an ``AlgoPreset``)."""
-        from saorl.algo.presets import get_preset
-
-        return get_preset(self.name).with_overrides(**self.overrides())
+    @property
+    def preset(self) -> AlgoPreset:
+        """The resolved preset (:class:`saorl.algo.presets.AlgoPreset`): the algorithm the run
+        trains with, resolved once when this section was validated."""
+        return self._preset
 
 
 PAPER_VAPO_ALPHA = 1.5
 """α of the length-adaptive λ_policy = 1 − 1/(α·l) as the SAO paper runs it (docs/method.md,
 "Fidelity to the paper"); ``algo.lam_policy: adaptive`` uses it when nothing else sets α."""
+
+LAM_POLICY_SPELLINGS = ("vapo_alpha",)
+"""Keys of the ``algo`` section that are no fields but older spellings of ``lam_policy`` (configs and
+saved runs have them): ``vapo_alpha: α`` is ``lam_policy: {adaptive: {alpha: α}}``."""
 
 NOT_IN_CONFIG = ("name", "mode")
 """Preset fields the ``algo`` section does not override: ``name`` picks the preset, and the
@@ -103,20 +128,20 @@ schedule is ``runtime.mode``."""
 
 def _algo_config() -> type[_AlgoSection]:
     """``AlgoConfig``: every other preset field, optional (None = the preset's value), with the
-    preset's own documentation and rule. A setting is declared once, in the preset."""
-    from saorl.algo.presets import setting_docs, setting_rules, setting_types
+    preset's own type, bounds and documentation. A setting is declared once, in the preset."""
+    from saorl.algo.presets import setting_docs, setting_types
 
-    docs, rules = setting_docs(), setting_rules()
+    docs = setting_docs()
     fields: dict[str, Any] = {}
     for name, hint in setting_types().items():
         if name in NOT_IN_CONFIG:
             continue
-        rule = f" Must be {rules[name]}." if rules[name] else ""
-        if name == "lam_policy":  # the config's extra spelling, translated by ``overrides``
-            hint = hint | Literal["adaptive"]
-            rule += (" ``adaptive``: the length-adaptive rule with α = ``vapo_alpha`` (the preset's, "
-                     f"else {PAPER_VAPO_ALPHA}); a number switches a preset's adaptive rule off.")
-        fields[name] = (hint | None, Field(None, description=f"{docs[name]}{rule} None: the preset's value."))
+        more = ""
+        if name == "lam_policy":  # the config's older spellings, made the typed value by ``_one_lam_policy``
+            more = (" Also spelled ``adaptive``: the rule with the preset's α, else "
+                     f"{PAPER_VAPO_ALPHA} (``vapo_alpha: α`` beside it, or alone, gives α); a number "
+                     "switches a preset's adaptive rule off.")
+        fields[name] = (hint | None, Field(None, description=f"{docs[name]}{more} None: the preset's value."))
     return create_model("AlgoConfig", __base__=_AlgoSection, __module__=__name__, **fields)
 
 
@@ -355,7 +380,7 @@ class SaorlConfig(Section):
         if self.run.name is None:  # what the run is: <algo>-<env>
             env = self.env.type.rpartition(":")[2].rpartition(".")[2]
             self.run.name = f"{self.algo.name}-{env}"
-        group = self.algo.resolve().group_size
+        group = self.algo.preset.group_size
         if self.trainer.batch_size % group:
             raise FieldError(
                 "trainer.batch_size",
@@ -363,12 +388,12 @@ class SaorlConfig(Section):
                 f"({group}, algo {self.algo.name!r}): every update takes whole groups; set "
                 f"trainer.batch_size to a multiple of {group} (e.g. trainer.batch_size={group})"
             )
-        if self.trainer.critic_warmup_steps and not self.algo.resolve().use_critic:
+        if self.trainer.critic_warmup_steps and not self.algo.preset.use_critic:
             raise FieldError("trainer.critic_warmup_steps",
                              f"algo {self.algo.name!r} trains no critic, so there is nothing to warm "
                              "up; set trainer.critic_warmup_steps=0, or pick an algorithm with a critic "
                              "(sao, vapo)")
-        if self.env.type == "openai_agent" and self.algo.resolve().advantage == "grpo":
+        if self.env.type == "openai_agent" and self.algo.preset.advantage == "grpo":
             raise FieldError(
                 "algo.name",
                 f"algo {self.algo.name!r} baselines each rollout against its group (advantage=grpo), and "
@@ -431,4 +456,4 @@ class SaorlConfig(Section):
         one already resolved from this config; None resolves it)."""
         if self.runtime.mode != "auto":
             return self.runtime.mode
-        return (preset or self.algo.resolve()).mode
+        return (preset or self.algo.preset).mode

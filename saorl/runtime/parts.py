@@ -136,10 +136,10 @@ def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: Ru
                 preset: AlgoPreset | None = None) -> WorkerSpec:
     """What a rollout worker (a process or a Ray actor) builds its engine from: the policy's local
     directory (a Hub id is resolved here, once) and the run's tokenizer spec, so it loads exactly
-    what the trainer did. ``preset``: the run's, resolved once (None: resolved from ``cfg``)."""
+    what the trainer did. ``preset``: the run's (None: ``cfg``'s)."""
     r = cfg.rollout
     local = policy_source(policy_spec)
-    replay = (preset or cfg.algo.resolve()).routing_replay
+    replay = (preset or cfg.algo.preset).routing_replay
     served = not isinstance(r.engine, LocalEngineConfig)
     layers, experts = moe_layout(local) if replay and served else (0, 0)
     layout = RouteLayout(layers, experts) if layers else None  # a dense policy: the learner refuses it
@@ -222,7 +222,7 @@ def server_check(cfg: SaorlConfig, tokenizer, preset: AlgoPreset | None = None) 
 
     e = cfg.rollout.engine
     kind = server_kind(e.kind)
-    replay = (preset or cfg.algo.resolve()).routing_replay
+    replay = (preset or cfg.algo.preset).routing_replay
     layout = RouteLayout(*moe_layout(policy_source(cfg.model.policy))) if replay else None
     options = ClientOptions(return_routes=replay, route_layout=layout)
     prompt = list(tokenizer.encode("The weight check compares the server with the trainer:"))

@@ -136,8 +136,8 @@ def replay(cfg: SaorlConfig, run_dir: Path, from_step: int, *, steps: int | None
     journal = Journal(paths.journal)
     manifest = verify(ckpt, journal)
     data = recorded(run_dir, ckpt, manifest)
-    own = load_config(paths.config).algo.resolve().group_size
-    preset = cfg.algo.resolve()
+    own = load_config(paths.config).algo.preset.group_size
+    preset = cfg.algo.preset
     group = preset.group_size
     if group != own:
         raise ReplayError(f"the run sampled groups of {own} rollouts per prompt and its batches are "

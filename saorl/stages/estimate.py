@@ -238,7 +238,7 @@ def phase_estimates(cfg: SaorlConfig, cal: Calibration, shape: Shape, *, sft_cac
                     critic_cached: bool = False, cores: int | None = None) -> list[dict]:
     """One row per phase: ``phase``, ``size`` (words), ``seconds`` (None: not estimated: a
     server's generation) and ``each`` (an RL step's or one evaluation's seconds), ``note``."""
-    preset = cfg.algo.resolve()
+    preset = cfg.algo.preset
     rows: list[dict] = []
 
     if cfg.sft.enabled:

@@ -73,7 +73,7 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
     except TrackerUnavailable as e:
         raise StartupError(str(e)) from None
     factory = check_env(cfg)
-    check_models(cfg.model, use_critic=cfg.algo.resolve().use_critic, log=log)
+    check_models(cfg.model, use_critic=cfg.algo.preset.use_critic, log=log)
     check_learning_rates(cfg, log)
     check_device(cfg.model.device)
     check_observations(cfg, factory)

@@ -81,7 +81,7 @@ _TASK_SEED_OFFSET = 15485863
 # ------------------------------------------------------------------------------------- key, cache
 def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
     """Hash of everything that determines the pretrained critic (16 hex digits)."""
-    p, r = cfg.algo.resolve(), cfg.rollout
+    p, r = cfg.algo.preset, cfg.rollout
     ident = {
         "policy": policy_spec, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
         "env": cfg.env.model_dump(exclude=_unused_env_fields(cfg), exclude_defaults=True), "seed": cfg.seed,
@@ -124,7 +124,7 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
     ``value_pretrain.enabled`` is False); else the cached ``run.out_dir/.cache/critic-<key>``,
     pretrained on rollouts of ``policy_spec`` first if it is not there yet.
     """
-    preset = cfg.algo.resolve()
+    preset = cfg.algo.preset
     if not preset.use_critic:
         return None
     if cfg.model.critic:
@@ -287,7 +287,7 @@ def run_value_pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path,
     critic as fraction 0). Returns the ``value_pretrain/*`` metrics of the 100% fit. The caller's
     torch RNG state is left as it was (a cached critic and a fresh one leave a run identical).
     """
-    if not cfg.algo.resolve().use_critic:
+    if not cfg.algo.preset.use_critic:
         raise ValueError(f"algorithm {cfg.algo.name!r} has no critic to pretrain")
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
@@ -295,7 +295,7 @@ def run_value_pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path,
 
 
 def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[str], None]) -> dict:
-    vp, preset = cfg.value_pretrain, cfg.algo.resolve()
+    vp, preset = cfg.value_pretrain, cfg.algo.preset
     t0 = time.monotonic()
     tokenizer = run_tokenizer(cfg.model)
     policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)

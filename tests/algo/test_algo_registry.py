@@ -1,6 +1,6 @@
-import dataclasses
 import inspect
 
+import pydantic
 import pytest
 import torch
 
@@ -11,6 +11,7 @@ from saorl.algo.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
     PRESETS,
+    AdaptiveLambda,
     AdvantageInputs,
     AlgoPreset,
     get_advantage_estimator,
@@ -22,7 +23,7 @@ from saorl.algo.registry import (
 FIELDS = [
     "name", "mode", "advantage", "policy_loss", "behaviour", "group_size", "use_critic", "critic_updates",
     "freeze_critic_attention", "skip_observation", "value_pretrain", "gamma", "lam_policy", "lam_critic",
-    "vapo_alpha", "eps_low", "eps_high", "value_clip", "lm_loss_coef", "entropy_coef", "advantage_values",
+    "eps_low", "eps_high", "value_clip", "lm_loss_coef", "entropy_coef", "advantage_values",
     "routing_replay",
     "baseline_momentum", "advantage_norm",
 ]
@@ -30,10 +31,10 @@ FIELDS = [
 
 def test_presets_exist_validate_and_dispatch():
     assert list_presets() == ["grpo", "grpo_dis", "ppo", "reinforce_rm", "sao", "sao_paper", "vapo"]
-    assert [f.name for f in dataclasses.fields(AlgoPreset)] == FIELDS
+    assert list(AlgoPreset.model_fields) == FIELDS
     for name, preset in PRESETS.items():
         assert preset.name == name and get_preset(name) is preset
-        assert dataclasses.replace(preset) == preset  # re-validates
+        assert AlgoPreset.model_validate(preset.model_dump()) == preset  # its dump loads back, validated
         assert preset.advantage in ADVANTAGE_ESTIMATORS and preset.policy_loss in POLICY_LOSSES
 
 
@@ -44,8 +45,8 @@ def test_preset_contents():
     assert sao.skip_observation and sao.value_pretrain and sao.lam_critic == 1.0 and sao.gamma == 1.0
     assert (sao.eps_low, sao.eps_high) == (0.3, 5.0)
     paper = get_preset("sao_paper")  # sao with the paper's length-adaptive λ_policy, nothing else
-    assert {f for f in FIELDS if getattr(sao, f) != getattr(paper, f)} == {"name", "vapo_alpha"}
-    assert paper.vapo_alpha == 1.5
+    assert {f for f in FIELDS if getattr(sao, f) != getattr(paper, f)} == {"name", "lam_policy"}
+    assert (sao.lam_policy, paper.lam_policy) == (0.95, AdaptiveLambda(alpha=1.5))
     grpo, grpo_dis = get_preset("grpo"), get_preset("grpo_dis")
     assert (grpo.advantage, grpo.policy_loss, grpo.group_size, grpo.use_critic) == ("grpo", "ppo", 8, False)
     assert (grpo.eps_low, grpo.eps_high) == (0.2, 0.2)
@@ -53,7 +54,8 @@ def test_preset_contents():
     diff = {f for f in FIELDS if getattr(grpo, f) != getattr(grpo_dis, f)}
     assert diff == {"name", "policy_loss", "eps_low", "eps_high"}
     vapo = get_preset("vapo")
-    assert (vapo.policy_loss, vapo.eps_low, vapo.eps_high, vapo.vapo_alpha) == ("ppo", 0.2, 0.28, 0.05)
+    assert (vapo.policy_loss, vapo.eps_low, vapo.eps_high) == ("ppo", 0.2, 0.28)
+    assert vapo.lam_policy == AdaptiveLambda(alpha=0.05)
     assert vapo.lam_critic == 1.0 and vapo.lm_loss_coef == 0.1 and vapo.value_pretrain
     rm = get_preset("reinforce_rm")
     assert (rm.mode, rm.advantage, rm.policy_loss, rm.use_critic) == ("async", "running_mean", "dis", False)
@@ -66,7 +68,7 @@ def test_with_overrides_and_frozen():
     sao = get_preset("sao")
     tuned = sao.with_overrides(eps_low=0.8, eps_high=3.0)
     assert (tuned.eps_low, tuned.eps_high) == (0.8, 3.0) and sao.eps_low == 0.3
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         sao.eps_low = 0.1  # type: ignore[misc]
     with pytest.raises(ValueError, match="bogus"):
         sao.with_overrides(bogus=1)
@@ -79,14 +81,26 @@ def test_with_overrides_and_frozen():
     [
         ("eps_low", 1.0), ("eps_low", -0.1), ("eps_high", 0.0), ("gamma", 1.5), ("gamma", -0.1),
         ("lam_policy", -0.1), ("lam_critic", 2.0), ("critic_updates", 0), ("group_size", 0),
-        ("vapo_alpha", 0.0), ("value_clip", -1.0), ("baseline_momentum", 1.0), ("lm_loss_coef", -1.0),
+        ("lam_policy", {"adaptive": {"alpha": -1.0}}), ("lam_policy", "adaptive"), ("lam_policy", 1.5),
+        ("lam_critic", True), ("value_clip", -1.0), ("baseline_momentum", 1.0), ("lm_loss_coef", -1.0),
         ("entropy_coef", -0.01), ("mode", "bogus"), ("advantage", "vtrace"), ("policy_loss", "a2c"),
         ("use_critic", "yes"), ("group_size", 1.5), ("gamma", float("nan")), ("name", ""),
     ],
 )
 def test_bad_overrides_name_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(pydantic.ValidationError, match=field) as info:  # pydantic's error, no hand check
         get_preset("sao").with_overrides(**{field: value})
+    assert info.value.errors()[0]["loc"][0] == field
+
+
+def test_lam_policy_is_one_typed_value():
+    rule = AdaptiveLambda(alpha=0.05)
+    assert rule.model_dump() == {"adaptive": {"alpha": 0.05}}  # its one spelling, which loads back
+    assert AdaptiveLambda.model_validate({"adaptive": {"alpha": 0.05}}) == rule
+    assert get_preset("sao").with_overrides(lam_policy={"adaptive": {"alpha": 2.0}}).lam_policy.alpha == 2.0
+    assert get_preset("vapo").with_overrides(lam_policy=0.9).lam_policy == 0.9  # a number turns the rule off
+    with pytest.raises(pydantic.ValidationError, match="alpha"):
+        AdaptiveLambda(alpha=0.0)
 
 
 def test_cross_field_rules():
@@ -95,6 +109,9 @@ def test_cross_field_rules():
     with pytest.raises(ValueError, match="group_size"):
         get_preset("grpo").with_overrides(group_size=1)
     assert get_preset("grpo").with_overrides(critic_updates=0).critic_updates == 0
+    with pytest.raises(ValueError, match="lam_policy") as info:  # the adaptive rule is GAE's
+        get_preset("grpo").with_overrides(lam_policy=AdaptiveLambda(alpha=1.5))
+    assert "'grpo'" in str(info.value)
 
 
 # --------------------------------------------------------------------------- registries
@@ -115,7 +132,7 @@ def test_gae_estimator_dispatch():
     adv, ret = est(AdvantageInputs(rewards, mask, gamma=0.9, lam=0.8, values=values))
     ref = skip_observation_gae(rewards, values, mask, 0.9, 0.8)
     assert torch.equal(adv, ref[0]) and torch.equal(ret, ref[1])
-    adv, _ = est(AdvantageInputs(rewards, mask, values=values, lam_alpha=0.5))
+    adv, _ = est(AdvantageInputs(rewards, mask, values=values, lam=AdaptiveLambda(alpha=0.5)))
     ref_adv, _ = skip_observation_gae(rewards, values, mask, 1.0, length_adaptive_lambda(mask, 0.5))
     assert torch.equal(adv, ref_adv)
     inputs = AdvantageInputs(rewards, mask, values=values, response_mask=response, skip_observation=False)
@@ -123,7 +140,7 @@ def test_gae_estimator_dispatch():
     assert torch.equal(adv, token_gae(rewards, values, response, 1.0, 1.0)[0])
     # VAPO's length-adaptive λ on the token chain still counts action tokens only
     vapo = AdvantageInputs(rewards, mask, values=values, response_mask=response, skip_observation=False,
-                           lam_alpha=0.5)
+                           lam=AdaptiveLambda(alpha=0.5))
     lam = length_adaptive_lambda(mask, 0.5)
     assert not torch.equal(lam, length_adaptive_lambda(response, 0.5))
     assert torch.equal(est(vapo)[0], token_gae(rewards, values, response, 1.0, lam)[0])

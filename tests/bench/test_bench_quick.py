@@ -75,7 +75,7 @@ def test_mode_configs():
 
     spec = BenchSpec(budget_s=30)
     s, a = mode_config(spec, "sync", Path("/tmp/x")), mode_config(spec, "async", Path("/tmp/x"))
-    assert (s.algo.name, s.algo.resolve().group_size, s.runtime.mode) == ("grpo", 4, "sync")
+    assert (s.algo.name, s.algo.preset.group_size, s.runtime.mode) == ("grpo", 4, "sync")
     assert (a.algo.name, a.runtime.mode) == ("sao", "async")
     for c in (s, a):
         assert c.trainer.max_wall_s == 30 and not c.sft.enabled and c.model.policy == "tiny-moe"

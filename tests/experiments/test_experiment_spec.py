@@ -1,10 +1,10 @@
 """The experiment spec: shipped specs load and resolve; bad specs fail naming the field."""
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
+from saorl.algo.presets import AdaptiveLambda
 from saorl.experiments.runner import ExperimentRunner, Selection
 from saorl.experiments.spec import (
     SpecError,
@@ -44,8 +44,8 @@ def test_math_arms_are_the_comparison_asked_for():
     spec = load_spec(find_spec("math"))
     cfgs = {a: arm_config(spec, find_spec("math"), a, 0) for a in spec.arms}
     assert cfgs["grpo_async"].resolved_mode() == "async" and cfgs["grpo_sync"].resolved_mode() == "sync"
-    assert cfgs["sao"].algo.resolve().policy_loss == "dis"
-    assert cfgs["vapo"].algo.resolve().policy_loss == "ppo"
+    assert cfgs["sao"].algo.preset.policy_loss == "dis"
+    assert cfgs["vapo"].algo.preset.policy_loss == "ppo"
     assert {c.trainer.batch_size for c in cfgs.values()} == {4}
     assert {c.sft.seed for c in cfgs.values()} == {0}  # every seed starts from one SFT model
     assert {c.trainer.policy_lr for c in cfgs.values()} == {1e-4}
@@ -76,8 +76,8 @@ def test_lr_staleness_arms_are_the_grid_their_names_say():
                     for lr in (1e-5, 3e-5, 1e-4) for n in (16, 64)}
     for arm, c in cfgs.items():
         assert c.trainer.batch_size == 4 and c.rollout.engine.slots == c.rollout.concurrent_episodes, arm
-        assert c.algo.resolve().advantage_norm == ("batch" if arm == "sao_advnorm" else "none"), arm
-        assert (c.algo.resolve().group_size == 4) == arm.startswith("grpo_dis"), arm
+        assert c.algo.preset.advantage_norm == ("batch" if arm == "sao_advnorm" else "none"), arm
+        assert (c.algo.preset.group_size == 4) == arm.startswith("grpo_dis"), arm
     # the advantage-normalisation arm differs from the reference in that setting alone
     ref, norm = cfgs["sao_lr1e4_c16"], cfgs["sao_advnorm"]
     assert norm.model_copy(update={"algo": ref.algo}) == ref
@@ -86,12 +86,12 @@ def test_lr_staleness_arms_are_the_grid_their_names_say():
 
 def test_mismatch_arms_differ_where_they_say():
     spec = load_spec(find_spec("mismatch"))
-    algos = {a: arm_config(spec, find_spec("mismatch"), a, 0).algo.resolve() for a in spec.arms}
+    algos = {a: arm_config(spec, find_spec("mismatch"), a, 0).algo.preset for a in spec.arms}
     assert algos["grpo_uncorrected"].behaviour == "trainer" and algos["grpo_rollout"].behaviour == "rollout"
     dis = algos["grpo_dis"]
     assert (dis.policy_loss, dis.eps_low, dis.eps_high) == ("dis", 0.3, 5.0)
-    assert algos["grpo_dis_high028"] == dataclasses.replace(dis, eps_high=0.28)
-    assert algos["grpo_dis_low099"] == dataclasses.replace(dis, eps_low=0.99)
+    assert algos["grpo_dis_high028"] == dis.with_overrides(eps_high=0.28)
+    assert algos["grpo_dis_low099"] == dis.with_overrides(eps_low=0.99)
     # the safeguard arm is SAO with the staleness-aware learning rate, and nothing else changed
     sao, guarded = (arm_config(spec, find_spec("mismatch"), a, 0) for a in ("sao", "sao_staleness_lr"))
     assert (sao.trainer.staleness_lr_ref, guarded.trainer.staleness_lr_ref) == (None, 5.0)
@@ -105,7 +105,7 @@ def test_mismatch_arms_differ_where_they_say():
 def test_shift_whitening_arm_is_sao_with_batch_normalised_advantages_only():
     spec = load_spec(find_spec("shift"))
     sao, norm = (arm_config(spec, find_spec("shift"), a, 0) for a in ("sao", "sao_advnorm"))
-    assert (sao.algo.resolve().advantage_norm, norm.algo.resolve().advantage_norm) == ("none", "batch")
+    assert (sao.algo.preset.advantage_norm, norm.algo.preset.advantage_norm) == ("none", "batch")
     assert norm.algo.model_copy(update={"advantage_norm": sao.algo.advantage_norm}) == sao.algo
     assert norm.model_copy(update={"algo": sao.algo, "run": sao.run}) == sao
 
@@ -217,8 +217,8 @@ def test_claims_paper_arms_are_sao_with_the_papers_knobs_only():
     spec = load_spec(find_spec("claims"))
     sao, paper, warm = (arm_config(spec, find_spec("claims"), a, 0)
                         for a in ("sao", "sao_paper", "sao_paper_warmup"))
-    assert dataclasses.replace(paper.algo.resolve(), name="sao", vapo_alpha=None) == sao.algo.resolve()
-    assert paper.algo.resolve().vapo_alpha == 1.5
+    assert paper.algo.preset.with_overrides(name="sao", lam_policy=0.95) == sao.algo.preset
+    assert paper.algo.preset.lam_policy == AdaptiveLambda(alpha=1.5)
     warmups = [c.trainer.critic_warmup_steps for c in (sao, paper, warm)]
     assert warmups == [0, 0, 10]
     assert warm.model_copy(update={"trainer": paper.trainer, "run": paper.run}) == paper

@@ -235,7 +235,7 @@ def test_model_critic_may_be_a_gguf_file_whose_trunk_starts_the_critic(cache, ti
     check_critic(str(path))  # converts it (preflight), then a directory check
     cfg = SaorlConfig()
     cfg.model.policy, cfg.model.critic = "tiny-dense", str(path)
-    critic = build_critic(cfg, load_policy("tiny-dense"), cfg.algo.resolve(), cfg.model.critic)
+    critic = build_critic(cfg, load_policy("tiny-dense"), cfg.algo.preset, cfg.model.critic)
     assert type(critic.trunk).__name__ == "LlamaModel"
     for name, value in model.model.state_dict().items():
         assert torch.equal(critic.trunk.state_dict()[name], value), name

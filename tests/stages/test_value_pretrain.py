@@ -163,12 +163,12 @@ def _traj():
 
 def test_chain_targets_follow_the_preset():
     b = collate([_traj()], pad_id=1)
-    sao = load_config(None, ["algo.gamma=0.5"]).algo.resolve()
+    sao = load_config(None, ["algo.gamma=0.5"]).algo.preset
     returns, mask = vp.chain_targets(b, sao)
     assert mask.tolist() == [[0, 0, 1, 1, 0, 0, 1]]
     # action chain a=(2, 3, 6); reward 1 credited to position 3; R_6 = 2, R_3 = 1 + .5·2, R_2 = .5·2
     assert returns.tolist() == [[0, 0, 1.0, 2.0, 0, 0, 2.0]]
-    vapo = load_config(None, ["algo.name=vapo", "algo.gamma=0.5", "trainer.batch_size=8"]).algo.resolve()
+    vapo = load_config(None, ["algo.name=vapo", "algo.gamma=0.5", "trainer.batch_size=8"]).algo.preset
     returns, mask = vp.chain_targets(b, vapo)
     assert mask.tolist() == [[0, 0, 1, 1, 1, 1, 1]]
     # token chain through the observation: R_6 = 2, R_5 = 1, R_4 = 1 + .5, R_3 = .75, R_2 = .375
@@ -201,7 +201,7 @@ def test_cli_errors_exit_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("frozen", [True, False])
 def test_fit_critic_moves_only_what_the_preset_trains(frozen):
-    preset = load_config(None, [f"algo.freeze_critic_attention={str(frozen).lower()}"]).algo.resolve()
+    preset = load_config(None, [f"algo.freeze_critic_attention={str(frozen).lower()}"]).algo.preset
     trajs = [_traj() for _ in range(4)]
     critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
     before = {n: p.detach().clone() for n, p in critic.named_parameters()}
@@ -217,7 +217,7 @@ def test_fit_critic_moves_only_what_the_preset_trains(frozen):
 
 
 def test_fit_critic_reports_progress_after_every_step():
-    preset = load_config(None, []).algo.resolve()
+    preset = load_config(None, []).algo.preset
     critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
     calls = []
     vp.fit_critic(critic, [_traj() for _ in range(4)], preset, steps=3, batch_size=2, lr=1e-3, grad_clip=1.0,
@@ -237,7 +237,7 @@ def test_critic_key_follows_the_env_version(tmp_path, monkeypatch):
 def test_fit_critic_micro_batches_accumulate_to_the_one_pass_step_and_roll_back_non_finite():
     """Packed or padded token-budget micro-batches take the one-pass step (within float rounding,
     scaled by Adam as in SFT's test); an infinite learning rate is rolled back, every step."""
-    preset = load_config(None, []).algo.resolve()
+    preset = load_config(None, []).algo.preset
     trajs = [_traj() for _ in range(6)]
     states = {}
     for name, kw in {"one pass": dict(max_tokens_per_microbatch=10_000, packing=False),

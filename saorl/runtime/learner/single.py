@@ -300,7 +300,7 @@ class Learner:
                 return torch.zeros_like(batch.action_mask)
             advantages, _ = ADVANTAGE_ESTIMATORS[p.advantage](AdvantageInputs(
                 rewards=batch.rewards, action_mask=batch.action_mask, gamma=p.gamma, lam=p.lam_policy,
-                lam_alpha=p.vapo_alpha, values=values, response_mask=batch.response_mask,
+                values=values, response_mask=batch.response_mask,
                 skip_observation=p.skip_observation, group_ids=gid,
                 baseline=self.baseline))
             advantages = advantages * batch.action_mask
