@@ -182,11 +182,14 @@ class ModelSource:
         process (a later call is a look-up, redone only if the directory has gone)."""
         if self.resolved:
             return self
-        key = (self.kind, self.spec, os.getcwd(), str(cache_root()))
+        path = Path(self.spec).expanduser()
+        st = path.stat() if self.kind == "gguf" else None  # a file rewritten in place is another model
+        key = (self.kind, self.spec, os.getcwd(), str(cache_root()),
+               None if st is None else (st.st_size, st.st_mtime_ns, st.st_ino))
         local = _RESOLVED.get(key)
         if local is None or not local.is_dir():
             row = _ROWS[self.kind]
-            local = row.local(self.spec, Path(self.spec).expanduser(), self.what)
+            local = row.local(self.spec, path, self.what)
             _RESOLVED[key] = local
         return dataclasses.replace(self, local=local)
 
@@ -202,8 +205,9 @@ class ModelSource:
         return self.spec if self.tiny else str(self.resolve().local)
 
 
-_RESOLVED: dict[tuple[str, str, str, str], Path] = {}
-"""(kind, spec, working directory, saorl's cache) -> local directory, for this process."""
+_RESOLVED: dict[tuple, Path] = {}
+"""(kind, spec, working directory, saorl's cache, a GGUF file's size, mtime and inode) -> local
+directory, for this process."""
 
 
 def resolve_source(spec: str, what: str = "model.policy") -> Path:

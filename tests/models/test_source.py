@@ -151,3 +151,23 @@ def test_parse_and_config_loading_import_no_torch():
             "parse('tiny-moe'); parse('Qwen/Qwen3-0.6B'); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_gguf_file_rewritten_in_place_is_resolved_again(tmp_path, monkeypatch):
+    made = []
+
+    def gguf_dir(spec, path, what):
+        made.append(path.read_bytes())
+        out = tmp_path / f"entry-{len(made)}"
+        out.mkdir()
+        return out
+
+    monkeypatch.setattr(src, "_RESOLVED", {})
+    monkeypatch.setattr(src, "_ROWS", {**src._ROWS, "gguf": src.dataclasses.replace(src._ROWS["gguf"],
+                                                                                    local=gguf_dir)})
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF one")
+    assert parse(str(f)).resolve().local == parse(str(f)).resolve().local == tmp_path / "entry-1"
+    f.write_bytes(b"GGUF two, longer")
+    assert parse(str(f)).resolve().local == tmp_path / "entry-2"
+    assert made == [b"GGUF one", b"GGUF two, longer"]
