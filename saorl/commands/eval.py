@@ -30,8 +30,8 @@ evaluation and this one compare; ``--temperature 0`` is greedy decoding.
   merged into the base its ``saorl_base.json`` names; settings as for an HF directory;
 - a tiny kind (``tiny-moe``, ``tiny-dense``): a freshly initialised model (from ``seed``);
 - a ``.gguf`` file, a short model name (``smollm2-135m-instruct``) or a Hugging Face Hub id: the
-  model :func:`~saorl.models.hub.resolve_source` makes of it (a GGUF converted once into saorl's
-  cache); settings as for an HF directory.
+  model source it names (:mod:`saorl.models.source`: classified once, made local once, a GGUF
+  converted once into saorl's cache); settings as for an HF directory.
 
 The evaluation is the trainer's (:func:`saorl.stages.evaluate.evaluate_config`); the test tasks
 are the first ``--tasks`` of the run's test split, so numbers compare with the run's ``eval/*``.
@@ -54,6 +54,8 @@ from saorl.run_paths import RunPaths
 
 if TYPE_CHECKING:  # torch is imported when a policy is loaded, not when the parser is built
     import torch
+
+    from saorl.models.source import ModelSource
 
 _ROWS = (("accuracy", "eval/accuracy", ".3f"), ("reward mean", "eval/reward_mean", ".3f"),
          ("turns mean", "eval/turns_mean", ".2f"), ("action tokens mean", "eval/action_tokens_mean", ".1f"),
@@ -98,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------- targets
-def _policy_loader(spec: str, cfg: SaorlConfig, state_file: Path | None = None) -> Callable:
+def _policy_loader(spec: str | ModelSource, cfg: SaorlConfig, state_file: Path | None = None) -> Callable:
     def load() -> torch.nn.Module:
         from saorl.models.loading import load_policy
         from saorl.models.serialize import load_safetensors
@@ -108,7 +110,7 @@ def _policy_loader(spec: str, cfg: SaorlConfig, state_file: Path | None = None) 
             from saorl.models.lora import load_adapter_state, merged_copy
             from saorl.runtime.parts import lora_policy
 
-            model = lora_policy(cfg, model, spec)
+            model = lora_policy(cfg, model, spec if isinstance(spec, str) else spec.spec)
             load_adapter_state(model, load_safetensors(state_file, device=cfg.model.device))
             model = merged_copy(model)
         elif state_file is not None:
@@ -189,58 +191,42 @@ def _config_target(config: str, model: str | None, overrides: list[str]) -> Targ
 def _source_target(spec: str, cfg: SaorlConfig, description: str) -> Target:
     """``spec`` (a tiny kind, a directory, a GGUF, a short name, a Hub id) under ``cfg``; a model
     source is made into its local directory now (converted once)."""
-    from saorl.models.tiny import TINY_KINDS
+    from saorl.models.source import ModelSourceError, parse
 
-    if spec not in TINY_KINDS:
-        from saorl.models.hub import ModelSourceError, resolve_source
-
-        try:
-            resolve_source(spec, "model.policy")
-        except ModelSourceError as e:
-            raise TargetError(str(e)) from None
-    return Target(cfg, description, _policy_loader(spec, cfg))
+    try:
+        source = parse(spec, "model.policy").resolve()
+    except ModelSourceError as e:
+        raise TargetError(str(e)) from None
+    return Target(cfg, description, _policy_loader(source, cfg))
 
 
 def is_config_file(target: str) -> bool:
     return Path(target).suffix.lower() in (".yaml", ".yml")
 
 
-def _is_model_source(target: str, path: Path) -> bool:
-    """A ``.gguf`` file, or (not an existing path) a short model name or a Hub id."""
-    from saorl.models.hub import REGISTRY_MODELS, is_hub_id
-
-    if path.exists():
-        return path.is_file() and path.suffix.lower() == ".gguf"
-    return target in REGISTRY_MODELS or is_hub_id(target)
-
-
 def resolve_target(target: str, overrides: list[str], model: str | None = None) -> Target:
     """Config and policy loader for ``target`` (see the module docstring; ``model``: the MODEL after
     a config file); ``TargetError`` if none fits."""
-    from saorl.models.tiny import TINY_KINDS
+    from saorl.models.source import ModelSourceError, parse
 
     if is_config_file(target):
         return _config_target(target, model, overrides)
-
-    if target in TINY_KINDS:
+    try:
+        source = parse(target, "the eval target")
+    except ModelSourceError as e:
+        raise TargetError(f"{e}; or a run directory, a checkpoint directory or a LoRA adapter "
+                          "directory") from None
+    if source.tiny:
         cfg = load_config(None, overrides, policy=target)
-        return Target(cfg, f"{target} (freshly initialised, seed {cfg.seed})", _policy_loader(target, cfg))
+        return Target(cfg, f"{target} (freshly initialised, seed {cfg.seed})", _policy_loader(source, cfg))
     path = Path(target).expanduser()
-    if _is_model_source(target, path):  # a GGUF file, a short name, a Hub id: one local directory
-        from saorl.models.hub import ModelSourceError, resolve_source
-
+    if source.kind != "directory":  # a GGUF file, a short name, a Hub id: one local directory
         cfg = load_config(None, overrides, policy=str(path.resolve()) if path.exists() else target)
         try:
-            local = resolve_source(cfg.model.policy, "the eval target")
+            local = parse(cfg.model.policy, "the eval target").resolve()
         except ModelSourceError as e:
             raise TargetError(str(e)) from None
-        return Target(cfg, f"{target} ({local})", _policy_loader(cfg.model.policy, cfg))
-    if not path.exists():
-        raise TargetError(f"{target!r} does not exist and is not a tiny kind ({', '.join(TINY_KINDS)}), a "
-                          "short model name (smollm2-135m-instruct) or a Hugging Face Hub id (org/name)")
-    if not path.is_dir():
-        raise TargetError(f"{target!r} is a file; expected a run directory, a checkpoint directory, "
-                          "an HF policy directory or a tiny kind")
+        return Target(cfg, f"{target} ({local.local})", _policy_loader(local, cfg))
     if RunPaths(path).config.is_file():
         return run_target(path, overrides)
     if (path / "manifest.json").is_file() and (path / "policy.safetensors").is_file():

@@ -31,10 +31,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saorl.config.engines import LocalEngineConfig
 from saorl.run_paths import RunPaths
+
+if TYPE_CHECKING:
+    from saorl.models.source import ModelSource
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,8 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="log every HTTP request")
 
 
-def load_model(name: str, seed: int = 0, device: str = "cpu"):
-    """A tiny model by kind, or an HF causal LM from a local directory (no hub access)."""
+def load_model(name: str | ModelSource, seed: int = 0, device: str = "cpu"):
+    """A tiny model by kind, or an HF causal LM from a model source (:func:`saorl.models.source.parse`)."""
     from saorl.models.loading import load_policy
 
     return load_policy(name, seed=seed, device=device)
@@ -167,19 +170,16 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _served(args: argparse.Namespace, source: str, model, tokenizer):
+def _served(args: argparse.Namespace, source: ModelSource, model, tokenizer):
     """The :class:`~saorl.engines.serve.served.ServedModel` of the options; ValueError for a context past
     the model's or defaults the engine cannot apply."""
     from saorl.engines.serve.served import ServedModel, generation_defaults, unhonoured_default
-    from saorl.models.hub import resolve_source
-    from saorl.models.tiny import TINY_KINDS
 
     most = int(model.config.max_position_embeddings)
     if args.max_model_len is not None and args.max_model_len > most:
         raise ValueError(f"--max-model-len {args.max_model_len} is past the model's max_position_embeddings "
                          f"({most})")
-    local = None if source in TINY_KINDS else resolve_source(source, "--model")
-    defaults, eos_ids = generation_defaults(local, args.generation_config)
+    defaults, eos_ids = generation_defaults(source.local, args.generation_config)  # local: None if tiny
     problem = unhonoured_default(defaults)
     if problem:
         raise ValueError(problem)
@@ -187,7 +187,7 @@ def _served(args: argparse.Namespace, source: str, model, tokenizer):
     vocab = int(model.config.vocab_size)
     extra = () if args.no_stop_on_eos else tuple(e for e in eos_ids if e != eos and 0 <= e < vocab)
     names = tuple(args.served_model_name or (args.model,))
-    return ServedModel(names, source, args.max_model_len or most, defaults, eos, extra)
+    return ServedModel(names, source.spec, args.max_model_len or most, defaults, eos, extra)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.engines.serve.emulated import emulation_of
     from saorl.engines.serve.server import ServerLimits, bind, create_app, make_server
     from saorl.models.codec import check_vocab
+    from saorl.models.source import parse
 
     try:
         emulation = emulation_of(args.emulate, "--emulate")
@@ -207,14 +208,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2
     try:
-        tokenizer = _load_tokenizer(args, source)
-        model = loader() if loader is not None else load_model(source, args.seed, args.device)
-    except (FileNotFoundError, NotADirectoryError) as e:  # not a model: a file, a directory of other things
+        model_source = parse(source, "--model").resolve()  # classified and made local once, here
+        tokenizer = _load_tokenizer(args, model_source.load_spec)
+        model = loader() if loader is not None else load_model(model_source, args.seed, args.device)
+    except (FileNotFoundError, NotADirectoryError) as e:  # ModelSourceError; a directory of other things
         print(f"saorl serve: {e}", file=sys.stderr)
         return 2
     check_vocab(tokenizer, model, "--model")
     try:
-        served = _served(args, source, model, tokenizer)
+        served = _served(args, model_source, model, tokenizer)
         if args.moe_top_k is not None or args.router_noise:
             from saorl.models.routing import perturb_routing
 

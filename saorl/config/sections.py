@@ -222,7 +222,9 @@ class ModelConfig(Section):
     @classmethod
     def _nonempty(cls, v: str) -> str:
         if not v.strip():
-            raise ValueError("must name a tiny kind, a model directory or a Hub model id")
+            from saorl.models.source import accepted
+
+            raise ValueError(f"must name {accepted()}")
         return v
 
     @field_validator("device")

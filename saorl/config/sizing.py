@@ -14,21 +14,18 @@ value pretraining, SFT and evaluation at the tiny sizes would take hours on it. 
 config or an override are never changed; the run's saved ``config.yaml`` holds the filled ones,
 so a resume trains with what the run started with.
 
-Reading only ``config.json`` (no tensor library): the parameter count of a directory is estimated
-from its sizes (embeddings plus 12·hidden² a layer), close enough to tell 2M from 100M.
+Which model is small is a column of the model source's table (:mod:`saorl.models.source`, no
+tensor library): the parameter count of a directory is estimated from its ``config.json`` sizes
+(embeddings plus 12·hidden² a layer), close enough to tell 2M from 100M.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-SMALL_PARAMS = 20_000_000
-"""A model directory with fewer (estimated) parameters gets the small set."""
+from saorl.models.source import SMALL_PARAMS, ModelSourceError, estimated_params, parse
 
-TINY_NAMES = ("tiny-moe", "tiny-dense")
-"""The built-in tiny kinds (as :data:`saorl.models.tiny.TINY_KINDS`, without importing torch)."""
+__all__ = ["SIZED", "SMALL_PARAMS", "estimated_params", "fill_sized", "is_small"]
 
 SIZED: dict[tuple[str, str], tuple[Any, Any]] = {
     ("trainer", "policy_lr"): (3e-5, 1e-5),
@@ -47,33 +44,14 @@ SIZED: dict[tuple[str, str], tuple[Any, Any]] = {
 """``(section, field): (small model's value, pretrained model's value)``."""
 
 
-def estimated_params(config: dict) -> int | None:
-    """Parameters of a transformers ``config.json`` (dict), roughly; None without its sizes."""
-    if not isinstance(config, dict):
-        return None
-    for part in (config.get("text_config"), config):  # a multimodal config's sizes, else the top's
-        if not isinstance(part, dict):
-            continue
-        try:
-            hidden, layers = int(part["hidden_size"]), int(part["num_hidden_layers"])
-            vocab = int(part.get("vocab_size") or 0)
-        except (KeyError, TypeError, ValueError):
-            continue
-        return vocab * hidden + layers * 12 * hidden * hidden
-    return None
-
-
 def is_small(policy: str) -> bool:
     """Whether ``policy`` (``model.policy``) gets the small set: a tiny kind, or a local
-    directory whose ``config.json`` estimates under :data:`SMALL_PARAMS` parameters."""
-    if policy in TINY_NAMES:
-        return True
-    config = Path(policy).expanduser() / "config.json"
+    directory whose ``config.json`` estimates under :data:`SMALL_PARAMS` parameters. A spec that
+    names no model source counts as pretrained here; preflight names what is wrong with it."""
     try:
-        params = estimated_params(json.loads(config.read_text()))
-    except (OSError, ValueError):
-        return False  # a Hub id, a short name, a GGUF file, or no readable config: pretrained
-    return params is not None and params < SMALL_PARAMS
+        return parse(policy).small()
+    except ModelSourceError:
+        return False
 
 
 def fill_sized(cfg) -> None:

@@ -261,21 +261,21 @@ def as_run_tokenizer(tokenizer: Any) -> RunTokenizer:
 def tokenizer_source(policy: str, tokenizer: str | None) -> str | None:
     """Where a run's tokenizer comes from: ``tokenizer`` when set; else the policy's own (its
     directory or Hub id); None (the shipped tokenizer) for a tiny kind."""
-    from saorl.models.tiny import TINY_KINDS
+    from saorl.models.source import is_tiny
 
     if tokenizer:
         return tokenizer
-    return None if policy in TINY_KINDS else policy
+    return None if is_tiny(policy) else policy
 
 
 def tokenizer_spec(model: Any) -> TokenizerSpec:
     """The :class:`TokenizerSpec` of a ``model`` config section (a Hub id resolved to its local
     snapshot, so workers never ask the Hub)."""
-    from saorl.models.hub import resolve_source
+    from saorl.models.source import LOCAL_KINDS, parse
 
     source = tokenizer_source(model.policy, model.tokenizer)
     what = "model.tokenizer" if model.tokenizer else "model.policy"
-    local = None if source is None else str(resolve_source(source, what))
+    local = None if source is None else str(parse(source, what, LOCAL_KINDS).resolve().local)
     return TokenizerSpec(local, model.chat_template, dict(model.chat_template_kwargs))
 
 
@@ -304,10 +304,10 @@ def run_tokenizer(model: Any) -> RunTokenizer:
 
 
 def _check_same_vocab(tok: RunTokenizer, policy: str, tokenizer: str) -> None:
-    from saorl.models.hub import resolve_source
+    from saorl.models.source import parse
     from saorl.models.tokenizer import TOKENIZER_FILES, load_tokenizer
 
-    policy_dir = resolve_source(policy, "model.policy")
+    policy_dir = parse(policy).resolve().local
     if Path(policy_dir).resolve() == Path(tok.spec.source or "").resolve():
         return
     if not any((policy_dir / name).is_file() for name in TOKENIZER_FILES):

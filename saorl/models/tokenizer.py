@@ -82,9 +82,9 @@ def load_tokenizer(path: str | Path | None = None, what: str = "model.tokenizer"
     """
     from transformers import AutoTokenizer
 
-    from saorl.models.hub import resolve_source
+    from saorl.models.source import LOCAL_KINDS, parse
 
-    source = ASSET_DIR if path is None else resolve_source(str(path), what)
+    source = ASSET_DIR if path is None else parse(str(path), what, LOCAL_KINDS).resolve().local
     if not any((source / name).is_file() for name in TOKENIZER_FILES):
         field = "--tokenizer" if what.startswith("--") else "model.tokenizer"  # serve: the flag
         raise FileNotFoundError(

@@ -78,13 +78,14 @@ def build_critic(cfg: SaorlConfig, policy, preset: AlgoPreset, critic_spec: str 
     if not preset.use_critic:
         return None
     if critic_spec:
-        from saorl.models.hub import resolve_source
         from saorl.models.serialize import load_critic
+        from saorl.models.source import LOCAL_KINDS, parse
 
         p = next(policy.parameters())
-        if (Path(critic_spec).expanduser() / "critic.json").is_file():
+        source = parse(critic_spec, "model.critic", LOCAL_KINDS)
+        if source.kind == "critic":
             return lora_critic(cfg.model.lora, load_critic(critic_spec, device=p.device), cfg.seed)
-        trunk = str(resolve_source(critic_spec, "model.critic"))
+        trunk = source.load_spec
         critic = Critic.from_policy(trunk, dtype=p.dtype, device=p.device, seed=cfg.seed)
         return lora_critic(cfg.model.lora, critic, cfg.seed)
     return lora_critic(cfg.model.lora, Critic.from_policy(policy, seed=cfg.seed), cfg.seed)

@@ -352,11 +352,11 @@ def start_up_estimate(cfg: SaorlConfig, run_dir: Path, log: Callable[[str], None
     (``run.estimate``, null: for a policy that is not a tiny kind; never for a sharded trainer,
     whose model may not fit one process, nor for a resume: the fresh run's stays in
     ``estimate.json``)."""
-    from saorl.models.tiny import TINY_KINDS
+    from saorl.models.source import is_tiny
 
     wanted = cfg.run.estimate
     if wanted is None:
-        wanted = cfg.model.policy not in TINY_KINDS
+        wanted = not is_tiny(cfg.model.policy)
     if not wanted or resume or cfg.trainer.shard == "fsdp2":
         return None
     spec, sft_cached, critic_cached = cached_stages(cfg)

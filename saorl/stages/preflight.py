@@ -147,34 +147,32 @@ def describe_servers(cfg: SaorlConfig) -> list:
 
 # ---------------------------------------------------------------------------------------- models
 def check_models(m: ModelConfig, *, use_critic: bool, log: Callable[[str], None] | None = None) -> None:
-    """``model.policy``, ``model.tokenizer`` and (with a critic) ``model.critic`` name usable things;
-    ``log`` hears when a Hub id is looked up (a download can take minutes, and ``saorl`` turns the
-    Hub's progress bars off)."""
-    from saorl.models.hub import is_hub_id, resolve_source
+    """``model.policy``, ``model.tokenizer`` and (with a critic) ``model.critic`` name usable things,
+    each resolved here once for the process (:meth:`saorl.models.source.ModelSource.resolve`: a Hub
+    download, a GGUF conversion); ``log`` hears when a Hub id is looked up (a download can take
+    minutes, and ``saorl`` turns the Hub's progress bars off)."""
     from saorl.models.loading import check_model_dir
-    from saorl.models.tiny import TINY_KINDS
+    from saorl.models.source import LOCAL_KINDS, ModelSourceError, accepted, parse
 
-    if m.policy not in TINY_KINDS:
-        if log is not None and is_hub_id(m.policy) and not Path(m.policy).expanduser().exists():
+    try:
+        policy = parse(m.policy, "model.policy")
+        if log is not None and policy.kind == "hub":
             log(f"model.policy {m.policy}: a Hugging Face Hub model, taken from the local cache or "
                 "downloaded into it now (HF_HUB_DISABLE_PROGRESS_BARS=0 shows the download's progress)")
-        try:  # a Hub id resolves to its snapshot in the local cache, downloaded first when reachable
-            path = resolve_source(m.policy, "model.policy")
-        except (FileNotFoundError, NotADirectoryError) as e:  # ModelSourceError: says what to do
-            raise StartupError(str(e)) from None
+        policy = policy.resolve()  # a Hub id: its snapshot in the local cache, downloaded if reachable
+    except ModelSourceError as e:  # says what to do
+        raise StartupError(str(e)) from None
+    if not policy.tiny:
         try:
-            check_model_dir(path)
+            check_model_dir(policy.local)
         except (FileNotFoundError, NotADirectoryError) as e:
-            raise StartupError(
-                f"model.policy: {e}. It must be a tiny kind ({', '.join(TINY_KINDS)}), a directory written "
-                "by save_pretrained (config.json + *.safetensors), e.g. a run's final/policy or the output "
-                "of saorl sft --out DIR, or a Hub model id") from None
+            raise StartupError(f"model.policy: {e}. It must be {accepted()}") from None
     if m.lora.enabled:
         check_lora_targets(m)
     if m.tokenizer is not None:
         try:
-            path = resolve_source(m.tokenizer, "model.tokenizer")
-        except (FileNotFoundError, NotADirectoryError) as e:
+            path = parse(m.tokenizer, "model.tokenizer", LOCAL_KINDS).resolve().local
+        except ModelSourceError as e:
             raise StartupError(str(e)) from None
         if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
             raise StartupError(f"model.tokenizer={m.tokenizer}: holds no tokenizer.json or "
@@ -184,26 +182,29 @@ def check_models(m: ModelConfig, *, use_critic: bool, log: Callable[[str], None]
         check_critic(m.critic)
 
 
+CRITIC_KINDS = ("critic", "gguf", "directory", "registry", "hub")
+"""What ``model.critic`` may be: a critic saorl wrote, or a model whose trunk starts the critic."""
+
+
 def check_critic(spec: str) -> None:
     """``model.critic`` is a critic saorl wrote (``critic.json``) or a model whose trunk starts the
     critic: a model directory, a ``.gguf`` file, a short model name or a Hub id."""
-    from saorl.models.hub import REGISTRY_MODELS, is_hub_id, resolve_source
     from saorl.models.loading import check_model_dir
+    from saorl.models.source import ModelSourceError, accepted, parse
 
-    path = Path(spec).expanduser()
-    if (path / "critic.json").is_file():
-        return
-    is_model = (path / "config.json").is_file() or (path.is_file() and path.suffix.lower() == ".gguf") or (
-        not path.exists() and (spec in REGISTRY_MODELS or is_hub_id(spec)))
-    if not is_model:
-        why = "does not exist" if not path.exists() else "holds neither critic.json nor config.json"
-        raise StartupError(f"model.critic={spec}: {why}. Point it at a critic that saorl wrote (the --out "
-                           "DIR of saorl value-pretrain, or a run's final/critic), at a model whose trunk "
-                           "starts the critic (a model directory, a .gguf file, a short model name such as "
-                           "smollm2-135m-instruct, or a Hub id; it must read the policy's tokenizer), or set "
-                           "model.critic=null to initialise the critic from the policy")
+    null = ("; or set model.critic=null to initialise the critic from the policy (a model whose trunk starts "
+            "the critic must read the policy's tokenizer)")
     try:
-        check_model_dir(resolve_source(spec, "model.critic"), "model.critic")
+        source = parse(spec, "model.critic", CRITIC_KINDS)
+    except ModelSourceError as e:
+        raise StartupError(f"{e}{null}") from None
+    if source.kind == "directory" and not (Path(spec).expanduser() / "config.json").is_file():
+        raise StartupError(f"model.critic={spec}: holds neither critic.json nor config.json; it takes "
+                           f"{accepted(CRITIC_KINDS)}{null}")
+    if source.kind == "critic":
+        return
+    try:
+        check_model_dir(source.resolve().local, "model.critic")
     except (FileNotFoundError, NotADirectoryError) as e:  # ModelSourceError included: says what to do
         raise StartupError(str(e)) from None
 
@@ -217,9 +218,9 @@ Instruct into a policy that ends every answer at once within 5 steps."""
 def check_learning_rates(cfg: SaorlConfig, log: Callable[[str], None] | None) -> None:
     """A warning (not an error: a user may know better) when a pretrained policy is trained at
     learning rates sized for the tiny built-in models."""
-    from saorl.models.tiny import TINY_KINDS
+    from saorl.models.source import is_tiny
 
-    if log is None or cfg.model.policy in TINY_KINDS:
+    if log is None or is_tiny(cfg.model.policy):
         return
     high = {k: getattr(cfg.trainer, k) for k, limit in PRETRAINED_LR_LIMITS.items()
             if getattr(cfg.trainer, k) > limit}

@@ -65,7 +65,7 @@ def test_eval_json_defaults_to_the_runs_test_set(policy_dir, capsys):
 
 
 @pytest.mark.parametrize("make, why", [
-    (lambda p: p / "missing", "does not exist and is not a tiny kind"),
+    (lambda p: p / "missing", "does not exist (relative to"),
     (lambda p: (p / "file.txt").write_text("x") and p / "file.txt", "is a file"),
     (lambda p: p, "is not a run directory (no config.yaml)"),
 ])
@@ -73,6 +73,9 @@ def test_bad_target_is_one_clear_line(tmp_path, capsys, make, why):
     rc = main(["eval", str(make(tmp_path))])
     err = capsys.readouterr().err
     assert rc == 2 and why in err and err.count("\n") == 1 and err.startswith("saorl eval: ")
+    if "relative to" in why or "is a file" in why:  # the one message of the model source's kinds
+        assert "a tiny built-in kind (tiny-moe, tiny-dense)" in err and "a .gguf file" in err
+        assert "a short model name (smollm2-135m-instruct" in err and "a run directory" in err
 
 
 def test_bad_override_and_bad_tasks(policy_dir, capsys):

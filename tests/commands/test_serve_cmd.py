@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
     (["--emulate", "http"], "--emulate must be one of vllm, sglang, got 'http'"),
     (["--model", "/etc"], "--model '/etc' holds no tokenizer (none of tokenizer.json"),
     (["--model", "/etc"], "set --tokenizer to the directory"),
-    (["--model", "/etc/passwd"], "--model '/etc/passwd' is a file; expected a directory"),
+    (["--model", "/etc/passwd"], "--model '/etc/passwd' is a file, not a model; --model takes a tiny"),
     (["--model", "/etc", "--tokenizer", str(ASSET_DIR)], "policy directory '/etc' has no config.json"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, message):

