@@ -55,7 +55,8 @@ def entries(category: str) -> dict[str, dict[str, Any]]:
     from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
 
     data = resources.files(MODULE) / "data"
-    answers = {a["id"]: a["ground_truth"] for a in _lines(data / "possible_answer" / f"BFCL_v4_{category}.json")}
+    answer_file = data / "possible_answer" / f"BFCL_v4_{category}.json"
+    answers = {a["id"]: a["ground_truth"] for a in _lines(answer_file)}
     out: dict[str, dict[str, Any]] = {}
     for entry in _lines(data / f"BFCL_v4_{category}.json"):
         docs = [doc for cls in entry["involved_classes"]

@@ -87,7 +87,8 @@ def _finite(value: Any) -> bool:
     return True
 
 
-def call_string(name: str, arguments: dict[str, Any], schema: dict[str, Any] | None) -> tuple[str | None, str]:
+def call_string(name: str, arguments: dict[str, Any],
+                schema: dict[str, Any] | None) -> tuple[str | None, str]:
     """``(BFCL's call string, "")`` for a call that may run, else ``(None, why not)``: the name is a
     function of the task (``schema`` not None), every argument name one of its parameters, every
     value finite JSON; the string is ``name(key=repr(value), ...)``, which BFCL's executor evaluates.
@@ -108,7 +109,8 @@ def call_string(name: str, arguments: dict[str, Any], schema: dict[str, Any] | N
 def format_calls(calls: list[tuple[str, dict[str, Any]]], fmt: str) -> str:
     """Calls written as a model asked for ``fmt`` writes them (for the demonstration)."""
     if fmt == "hermes":
-        return "\n".join(f"{HERMES_OPEN}{json.dumps({'name': n, 'arguments': a})}{HERMES_CLOSE}" for n, a in calls)
+        return "\n".join(f"{HERMES_OPEN}{json.dumps({'name': n, 'arguments': a})}{HERMES_CLOSE}"
+                         for n, a in calls)
     key = "parameters" if fmt == "llama3" else "arguments"
     return ("; " if fmt == "llama3" else "\n").join(json.dumps({"name": n, key: a}) for n, a in calls)
 
@@ -120,7 +122,8 @@ class BfclEnv(Env):
     observation_role = "user"
     max_turns = 64
 
-    def __init__(self, category: str = "multi_turn_base", tool_format: Literal["hermes", "json", "llama3"] = "hermes",
+    def __init__(self, category: str = "multi_turn_base",
+                 tool_format: Literal["hermes", "json", "llama3"] = "hermes",
                  tool_prompt: Literal["json", "list"] = "json", steps_per_turn: int = 20,
                  prompt: Literal["chat", "text"] = "chat", **options: Any) -> None:
         """Options: ``category`` (``multi_turn_base``), ``tool_format`` (the call format asked for
@@ -130,7 +133,7 @@ class BfclEnv(Env):
         observations, for a tokenizer without a chat template)."""
         super().__init__(**options)
         if category not in bfcl_data.CATEGORIES:
-            raise ValueError(f"category {category!r} is not played (yet): env.options.category must be one of "
+            raise ValueError(f"category {category!r} is not played (yet): env.options.category must be "
                              f"{list(bfcl_data.CATEGORIES)}")
         if tool_format not in ("hermes", "json", "llama3"):
             raise ValueError(f"tool_format must be hermes, json or llama3, got {tool_format!r}")
@@ -165,8 +168,8 @@ class BfclEnv(Env):
         if self.toolbox is not None:
             raise ValueError("env bfcl offers each task's own functions: leave env.tools empty")
         if self.observation_format == "chat" and self.observation_role != "user":
-            raise ValueError("env bfcl sends the next request as a user message: env.observation_role must be "
-                             f"user, got {self.observation_role!r}")
+            raise ValueError("env bfcl sends the next request as a user message: env.observation_role "
+                             f"must be user, got {self.observation_role!r}")
         self._entry, self._turn, self._steps = entry, 0, 0
         self._schema = {s["function"]["name"]: s for s in self._schemas(entry)}
         self._decoded: list[list[list[str]]] = [[]]  # per request, per step: the call strings run
@@ -174,7 +177,8 @@ class BfclEnv(Env):
         self._key = f"saorl_{uuid.uuid4().hex}"
         self._finalizer = weakref.finalize(self, _forget, self._key)
         self.max_turns = len(entry["question"]) * (self.steps_per_turn + 2)
-        system = f"{INSTRUCTION}\n\n{tools_system_prompt(list(self._schema.values()), self.tool_prompt, self.tool_format)}"
+        tools = tools_system_prompt(list(self._schema.values()), self.tool_prompt, self.tool_format)
+        system = f"{INSTRUCTION}\n\n{tools}"
         request = self._request(0)
         if self.prompt == "text":
             return f"{system}\n\n{request}"
@@ -193,8 +197,9 @@ class BfclEnv(Env):
         if call is None:
             known = f"; the functions are: {', '.join(self._schema)}" if why.startswith("unknown") else ""
             return f"error: {why}{known}", None
-        results, _ = execute_multi_turn_func_call([call], self._entry["initial_config"],
-                                                  self._entry["involved_classes"], self._key, self._entry["id"])
+        entry = self._entry
+        results, _ = execute_multi_turn_func_call([call], entry["initial_config"], entry["involved_classes"],
+                                                  self._key, entry["id"])
         return results[0], call
 
     def step(self, action: str) -> StepResult:
@@ -207,7 +212,8 @@ class BfclEnv(Env):
         if self._turn < len(self._entry["question"]):
             self._decoded.append([])
             request = self._request(self._turn)
-            return StepResult(request if self.observation_format == "chat" else f"\n\n{request}\n\n", 0.0, False)
+            text = request if self.observation_format == "chat" else f"\n\n{request}\n\n"
+            return StepResult(text, 0.0, False)
         return self._end(force_quit=False)
 
     def _calls(self, calls: list, errors: list[str]) -> StepResult:
@@ -238,15 +244,16 @@ class BfclEnv(Env):
             result = {"valid": False, "error_type": "multi_turn:force_terminated"}
         else:
             try:
-                result = multi_turn_checker(self._decoded, entry["ground_truth"], entry, self.category, self._key)
+                result = multi_turn_checker(self._decoded, entry["ground_truth"], entry, self.category,
+                                            self._key)
             except Exception as e:  # the checker's own asserts; never the policy's win
                 result = {"valid": False, "error_type": f"checker raised {type(e).__name__}: {e}"}
         self._finalizer()
         success = bool(result.get("valid"))
         metrics = {"tool_calls": float(self.calls), "tool_errors": float(self.errors),
                    "requests": float(self._turn), "force_quit": float(force_quit)}
-        return StepResult("", 1.0 if success else 0.0, True,
-                          {"success": success, "error_type": str(result.get("error_type", "")), "metrics": metrics})
+        info = {"success": success, "error_type": str(result.get("error_type", "")), "metrics": metrics}
+        return StepResult("", 1.0 if success else 0.0, True, info)
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
         """The possible answer: each request's calls in one reply, then a reply without a call."""
