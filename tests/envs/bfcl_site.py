@@ -40,8 +40,8 @@ def _install(site: Path) -> None:
         tmp = site.with_name(f".{site.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp),
-                                  PACKAGE], capture_output=True, text=True, timeout=300)
+            pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp), PACKAGE]
+            out = subprocess.run(pip, capture_output=True, text=True, timeout=300)
             if out.returncode != 0:
                 tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-6:])
                 raise Unavailable(f"pip install --no-deps {PACKAGE} failed (exit {out.returncode}):\n{tail}")

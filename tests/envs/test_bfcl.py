@@ -120,8 +120,9 @@ def test_the_split_is_disjoint_stable_and_seeded():
     split = bfcl_data.split_ids("multi_turn_base")
     assert len(split["train"]) == 160 and len(split["test"]) == 40
     assert not set(split["train"]) & set(split["test"])
-    pinned = [1, 4, 7, 8, 17, 18, 32, 34, 37, 40, 41, 44, 45, 47, 50, 58, 62, 65, 66, 82, 85, 89, 90, 91, 92, 93,
-              99, 112, 127, 129, 139, 140, 144, 161, 168, 184, 185, 190, 194, 198]  # docs/envs.md lists them
+    # the held-out ids (docs/envs.md lists them)
+    pinned = [1, 4, 7, 8, 17, 18, 32, 34, 37, 40, 41, 44, 45, 47, 50, 58, 62, 65, 66, 82, 85, 89, 90, 91, 92,
+              93, 99, 112, 127, 129, 139, 140, 144, 161, 168, 184, 185, 190, 194, 198]
     assert split["test"] == [f"multi_turn_base_{k}" for k in pinned]  # the held-out set must never move
     e = env()
     test = e.generate_tasks("test", 100, seed=3)
@@ -154,8 +155,8 @@ def test_an_episode_through_the_agent_loop_is_token_exact():
     from saorl.models.tokenizer import load_tokenizer
 
     hf = load_tokenizer()
-    hf.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    hf.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     tok = RunTokenizer(hf)
     e = BfclEnv()
     task = Task("multi_turn_base_12", {"category": "multi_turn_base", "id": "multi_turn_base_12"})
