@@ -23,8 +23,9 @@ model reply is parsed for calls (:func:`saorl.agent.tool_calls.parse_tool_calls`
 builds that string itself from the parsed JSON: the name must be one of the task's functions, each
 argument name one of that function's parameters (identifiers by construction), each value a JSON
 value written with ``repr`` (strings quoted and escaped, numbers, booleans, None, lists, dicts;
-non-finite numbers refused). A call that fails this (an unknown function, an unexpected argument)
-is not run: its result is an ``error:`` line the model reads, counted in ``tool_errors``, as is a
+non-finite numbers refused, and the few MathAPI arguments that would stall the process past a
+bound, :data:`COSTLY`). A call that fails this (an unknown function, an unexpected argument) is not
+run: its result is an ``error:`` line the model reads, counted in ``tool_errors``, as is a
 malformed call (bad JSON, no name) and a call the backend answers with an error (``Error during
 execution: ...``: a missing argument, a value of the wrong type, as BFCL leaves types to the
 backends). None of them ends the episode.
@@ -68,12 +69,19 @@ INSTRUCTION = ("You are an assistant that fulfils the user's requests by calling
                "without a call; the next request follows.")
 
 
+COSTLY: dict[tuple[str, str], int] = {("power", "exponent"): 1000, ("square_root", "precision"): 1000,
+                                      ("logarithm", "precision"): 1000}
+"""MathAPI arguments refused above these magnitudes: ``power``'s ``base ** exponent`` and the
+precision ``square_root`` and ``logarithm`` set (Decimal's context, mpmath's global ``mp.dps``) would
+stall the worker that plays the episode (the possible answers use precision 2 to 10)."""
+
+
 def _forget(key: str) -> None:
     """Drop BFCL's executor's backends of the episode keyed ``key`` (module docstring)."""
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
     space = vars(multi_turn_utils)
-    for name in [n for n in space if n.startswith(f"{key}_")]:
+    for name in [n for n in list(space) if n.startswith(f"{key}_")]:
         space.pop(name, None)
 
 
@@ -103,6 +111,9 @@ def call_string(name: str, arguments: dict[str, Any],
                           f"{', '.join(props) or 'none'})")
         if not _finite(value):
             return None, f"bad arguments for {name}: argument {key!r} holds a non-finite number"
+        limit = COSTLY.get((name, key))
+        if limit is not None and isinstance(value, (int, float)) and abs(value) > limit:
+            return None, f"bad arguments for {name}: {key} above {limit} in magnitude is refused"
     return f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})", ""
 
 

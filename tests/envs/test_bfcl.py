@@ -25,6 +25,12 @@ def env(**options):
     return BfclEnv(prompt="text", **options)
 
 
+def bfcl_tasks():
+    from saorl.envs import bfcl_data
+
+    return [(i, e["involved_classes"]) for i, e in bfcl_data.entries("multi_turn_base").items()]
+
+
 def call(name, **arguments):
     return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
 
@@ -101,6 +107,12 @@ def test_hostile_calls_run_nothing(tmp_path):
     assert not marker.exists()
     out = e.step('<tool_call>{"name": "cd", "arguments": {"folder": NaN}}</tool_call>')
     assert "non-finite" in out.observation
+    math_task = next(t for t in bfcl_tasks() if "MathAPI" in t[1])[0]
+    e = env()
+    e.reset(Task(math_task, {"id": math_task}))
+    out = e.step(call("power", base=10, exponent=10**9) +
+                 call("logarithm", value=2, base=10, precision=10**9))
+    assert out.observation.count("above 1000 in magnitude is refused") == 2
     assert not marker.exists()
 
 
