@@ -30,7 +30,7 @@ import yaml
 from saorl.data.tasks import load_tasks
 from saorl.envs.base import Progress, prompt_text
 from saorl.envs.demo import play_demonstration, token_counts
-from saorl.envs.extras import EXTRAS, INSTALL, installed
+from saorl.envs.extras import EXTRAS, installed
 from saorl.envs.registry import BUILTIN_ENVS, EnvResolveError, MissingExtra, make_env_factory, resolve_env
 
 _STYLES = {"PROMPT": "bold", "ACT": "green", "OBS": "cyan", "INFO": "yellow"}
@@ -109,7 +109,7 @@ def _run_list() -> int:
     for name, target in BUILTIN_ENVS.items():
         extra = EXTRAS.get(name)
         status = "" if extra is None else f"  [{extra.package}: " + \
-            ("installed]" if installed(extra.module) else f"not installed: {INSTALL}]")
+            ("installed]" if installed(extra.module) else f"not installed: {extra.install_line}]")
         try:
             cls = resolve_env(name)
         except MissingExtra:

@@ -41,6 +41,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "reasoning_gym": "saorl.envs.reasoning_gym_env:ReasoningGymEnv",
     "textarena": "saorl.envs.textarena_env:TextArenaEnv",
     "openenv": "saorl.envs.openenv_env:OpenEnvEnv",
+    "bfcl": "saorl.envs.bfcl_env:BfclEnv",
     "mix": "saorl.envs.mix:MixEnv",
 }
 

@@ -32,6 +32,21 @@ def test_a_missing_package_stops_the_start_naming_the_extra(monkeypatch, kind, m
     assert INSTALL in message and "\n" not in message
 
 
+def test_bfcls_package_is_named_with_its_own_install_line(monkeypatch, capsys):
+    """bfcl-eval is not in the envs extra: the message and the listing give pip install --no-deps."""
+    monkeypatch.setitem(sys.modules, "bfcl_eval", None)
+    with pytest.raises(StartupError) as e:
+        check_env(config_from_dict({"env": {"type": "bfcl"}}))
+    message = str(e.value)
+    assert message.startswith("env.type: env 'bfcl' needs the package bfcl-eval==2026.3.23, which is not "
+                              "installed")
+    assert "pip install --no-deps bfcl-eval==2026.3.23" in message and INSTALL not in message
+    assert "\n" not in message
+    assert _run_list() == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("bfcl "))
+    assert line.endswith("[bfcl-eval==2026.3.23: not installed: pip install --no-deps bfcl-eval==2026.3.23]")
+
+
 def test_a_missing_package_of_a_part_of_a_mix_is_named_too(monkeypatch):
     monkeypatch.setitem(sys.modules, "textarena", None)
     cfg = config_from_dict({"env": {"mix": [{"type": "math_tool"},

@@ -12,7 +12,7 @@ from saorl.envs.style_shift import StyleShiftEnv
 def test_builtin_names_and_paths_resolve():
     assert set(BUILTIN_ENVS) == {"math_tool", "math_levels", "noisy_lookup", "code_repair", "style_shift",
                                  "synthetic", "prompt_reward", "openai_agent", "reasoning_gym", "textarena",
-                                 "openenv", "mix"}
+                                 "openenv", "bfcl", "mix"}
     assert resolve_env("math_tool") is MathToolEnv
     assert resolve_env("style_shift") is StyleShiftEnv
     assert resolve_env("saorl.envs.style_shift:StyleShiftEnv") is StyleShiftEnv
@@ -31,8 +31,8 @@ def test_code_repair_resolves_when_present():
 
 
 @pytest.mark.parametrize("type_str, message", [
-    ("mathtool", "not a built-in (code_repair, math_levels, math_tool, mix, noisy_lookup, openai_agent, "
-                 "openenv, prompt_reward, reasoning_gym, style_shift, synthetic, textarena)"),
+    ("mathtool", "not a built-in (bfcl, code_repair, math_levels, math_tool, mix, noisy_lookup, "
+                 "openai_agent, openenv, prompt_reward, reasoning_gym, style_shift, synthetic, textarena)"),
     ("no_such_module_xyz:Foo", "no module named 'no_such_module_xyz'"),
     ("saorl.envs.base:Nope", "has no attribute 'Nope'"),
     ("saorl.envs.base:Task", "not a subclass of saorl.envs.base.Env"),
