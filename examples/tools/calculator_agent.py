@@ -30,7 +30,9 @@ def run_call(name: str, arguments: str) -> str:
         return f"error: no tool named {name!r}; the tools are {', '.join(FUNCTIONS)}"
     try:
         args = json.loads(arguments)
-        return str(fn(**args)) if isinstance(args, dict) else f"error: arguments must be an object, got {arguments}"
+        if not isinstance(args, dict):
+            return f"error: arguments must be an object, got {arguments}"
+        return str(fn(**args))
     except (json.JSONDecodeError, TypeError) as e:
         return f"error: {e}"
 

@@ -15,7 +15,8 @@ learn (with every demonstration right the SFT alone solves the task: docs/agents
 ``--tiny-tokenizer`` also writes ``tokenizer/``: the tiny built-in model's tokenizer with a ChatML
 chat template (it has none, and tools need one), for ``configs/examples/tools_tiny.yaml``.
 
-    python examples/tools/make_data.py data/tools [--test 64 --seed 0 --demo-error-rate 0.4] [--tiny-tokenizer]
+    python examples/tools/make_data.py data/tools [--test 64 --seed 0 --demo-error-rate 0.4]
+        [--tiny-tokenizer]
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def demo(a: int, b: int, rng: random.Random | None = None) -> list[str]:
     ``rng`` (a failing one) one of three mistakes: no call and a guessed product, a mistyped operand
     in the call (its wrong result copied), or the right call's result copied with a typo."""
     def call(x: int, y: int) -> str:
-        return "<tool_call>" + json.dumps({"name": "multiply", "arguments": {"a": x, "b": y}}) + "</tool_call>"
+        body = json.dumps({"name": "multiply", "arguments": {"a": x, "b": y}})
+        return f"<tool_call>{body}</tool_call>"
 
     if rng is None:
         return [call(a, b), f"{float(a * b)}"]
@@ -81,7 +83,8 @@ def main() -> None:
     test, train = pairs[:args.test], pairs[args.test:]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     demo_rng = random.Random(args.seed + 1)
-    rows = {"train": [row(a, b, demo_rng if demo_rng.random() < args.demo_error_rate else None) for a, b in train],
+    rate = args.demo_error_rate
+    rows = {"train": [row(a, b, demo_rng if demo_rng.random() < rate else None) for a, b in train],
             "test": [row(a, b) for a, b in test]}
     for name, split in rows.items():
         (args.out_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in split))
