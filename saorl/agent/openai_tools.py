@@ -9,14 +9,14 @@ string (read into the object chat templates take). Then the run's chat template 
   and renders the earlier calls itself;
 - a template that does not (SmolLM2's, ChatML without tools) gets them as a block at the end of the
   system message (one is added first when there is none), as ``env.tools`` describes them
-  (:func:`saorl.agent.tool_prompt.with_tool_system_prompt`, its ``json`` style: the schemas as JSON
+  (:func:`saorl.envs.tool_prompt.with_tool_system_prompt`, its ``json`` style: the schemas as JSON
   lines inside ``<tools></tools>`` and the instruction to answer a call in the ``tool_format``, by
   default ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``). An assistant message with
   ``tool_calls`` is then rendered as the text the model wrote, when it is a reply this episode gave
   (so the conversation joins token-exactly, :mod:`saorl.agent.openai_record`), else as its content
   followed by one ``<tool_call>`` block per call.
 
-The reply's calls are read with :func:`saorl.agent.tool_calls.parse_tool_calls` in the env's
+The reply's calls are read with :func:`saorl.envs.tool_calls.parse_tool_calls` in the env's
 ``tool_format`` (``hermes`` by default): the reply's ``content`` is the text outside the calls (None
 when there is none), its ``tool_calls`` the calls with their arguments as JSON strings. A malformed
 call stays in the content as text, as a server without a parser would return it.
@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from saorl.agent.tool_calls import TOOL_CALL_FORMATS, parse_tool_calls
-from saorl.agent.tool_prompt import template_supports_tools, with_tool_system_prompt
+from saorl.envs.tool_calls import TOOL_CALL_FORMATS, parse_tool_calls
+from saorl.envs.tool_prompt import template_supports_tools, with_tool_system_prompt
 from saorl.models.codec import RunTokenizer
 
 

@@ -5,8 +5,8 @@ For an env that has tools (``env.toolbox``, given by the run's env factory:
 ``GRPOTrainer(tools=[...])`` does between the model's turns::
 
     prompt: the tools' schemas through the chat template (tools=...) if it reads them,
-            else in the system message (saorl.agent.tool_prompt)
-    each turn, the model's reply is parsed in its family's call format (saorl.agent.tool_calls):
+            else in the system message (saorl.envs.tool_prompt)
+    each turn, the model's reply is parsed in its family's call format (saorl.envs.tool_calls):
         calls (or malformed calls) and turns left -> each call checked against its schema and run
             (under env.call_timeout_s); every result, or the error text, is a `tool` message
             (one per call) that the loop adds through the template; env.step is not called
@@ -22,7 +22,7 @@ each result as ``{"role": "tool", "name": ..., "content": ...}``, the final repl
 functions as the completion, as TRL does.
 
 Errors never end the episode: a malformed call (bad JSON, no name, arguments not an object), an
-unknown function, arguments that do not fit the schema (:func:`~saorl.agent.tool_calls.argument_errors`)
+unknown function, arguments that do not fit the schema (:func:`~saorl.envs.tool_calls.argument_errors`)
 or cannot be bound, a tool that raises or runs past the deadline are each one ``tool`` message
 starting ``error:`` that the model reads. The final step's ``info["metrics"]`` gets ``tool_calls``
 and ``tool_errors``, the episode's counts, logged per trainer step as ``env/tool_calls`` and
@@ -42,14 +42,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from saorl.agent.tool_calls import argument_errors, function_schema, parse_tool_calls, tool_stop_strings
-from saorl.agent.tool_prompt import (
+from saorl.envs.base import Env, Prompt
+from saorl.envs.tool_calls import argument_errors, function_schema, parse_tool_calls, tool_stop_strings
+from saorl.envs.tool_prompt import (
     call_format,
     template_supports_tools,
     tools_system_prompt,
     with_tool_system_prompt,
 )
-from saorl.envs.base import Env, Prompt
 from saorl.envs.toolbox import Tools
 from saorl.models.codec import RunTokenizer
 
@@ -62,8 +62,8 @@ def _schema(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def tool_schemas(functions: Mapping[str, Callable[..., Any]]) -> list[dict[str, Any]]:
-    """The schema of each tool, in order (:func:`~saorl.agent.tool_calls.function_schema`, cached);
-    :class:`~saorl.agent.tool_calls.ToolSchemaError` for one that cannot be a tool."""
+    """The schema of each tool, in order (:func:`~saorl.envs.tool_calls.function_schema`, cached);
+    :class:`~saorl.envs.tool_calls.ToolSchemaError` for one that cannot be a tool."""
     return [_schema(fn) for fn in functions.values()]
 
 

@@ -7,9 +7,9 @@ travel booking, vehicle control, messages, posts, tickets, math) made from the e
 ``initial_config``, and a possible answer (the calls of each request).
 
 **An episode.** The prompt is a system message describing the task's functions (the docs of its
-``involved_classes``, as JSON schemas: :func:`saorl.agent.tool_prompt.tools_system_prompt`, style
+``involved_classes``, as JSON schemas: :func:`saorl.envs.tool_prompt.tools_system_prompt`, style
 ``tool_prompt``, calls asked in ``tool_format``) and the first request as the user's message. Each
-model reply is parsed for calls (:func:`saorl.agent.tool_calls.parse_tool_calls`):
+model reply is parsed for calls (:func:`saorl.envs.tool_calls.parse_tool_calls`):
 
 - a reply with calls: each call runs, in order, on this episode's backends, and the results come
   back as the next message (role ``user``, each result in ``<tool_response>`` tags, as Qwen's
@@ -58,10 +58,10 @@ import uuid
 import weakref
 from typing import Any, ClassVar, Literal
 
-from saorl.agent.tool_calls import HERMES_CLOSE, HERMES_OPEN, parse_tool_calls
-from saorl.agent.tool_prompt import tools_system_prompt
 from saorl.envs import bfcl_data
 from saorl.envs.base import Env, Progress, Prompt, Split, StepResult, Task
+from saorl.envs.tool_calls import HERMES_CLOSE, HERMES_OPEN, parse_tool_calls
+from saorl.envs.tool_prompt import tools_system_prompt
 
 INSTRUCTION = ("You are an assistant that fulfils the user's requests by calling the functions below, "
                "which act on the user's system. Make the calls a request needs, read their results, and "

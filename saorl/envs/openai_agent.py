@@ -30,12 +30,12 @@ from typing import Any, ClassVar
 
 from saorl.envs.base import Env, Progress, Prompt, Split, StepResult, Task
 from saorl.envs.registry import EnvResolveError, import_object
+from saorl.envs.tool_calls import TOOL_CALL_FORMATS
 
 __all__ = ["TOOL_FORMATS", "AgentResult", "OpenAIAgentEnv", "agent_result"]
 
-TOOL_FORMATS = ("hermes", "llama3", "json")
-"""The formats ``tool_format`` may name: :data:`saorl.agent.tool_calls.TOOL_CALL_FORMATS` (envs do not
-import the agent package; a test checks that the two agree)."""
+TOOL_FORMATS = TOOL_CALL_FORMATS
+"""The formats ``tool_format`` may name (:data:`saorl.envs.tool_calls.TOOL_CALL_FORMATS`)."""
 
 
 class AgentResult:
@@ -93,7 +93,7 @@ class OpenAIAgentEnv(Env):
         reward or dict), ``success_threshold`` (0.5: success is reward >= it when the agent does not
         say), ``prompt_column`` ("prompt": what the start-up screen of prompt lengths measures),
         ``tool_format`` ("hermes": how the model's tool calls are read when a call gives ``tools``,
-        one of :data:`saorl.agent.tool_calls.TOOL_CALL_FORMATS`), ``model`` ("policy": the model name
+        one of :data:`saorl.envs.tool_calls.TOOL_CALL_FORMATS`), ``model`` ("policy": the model name
         the endpoint serves, which the agent's calls pass as ``model``)."""
         super().__init__(**options)
         if agent is None:

@@ -54,8 +54,8 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
             raise StartupError(f"env.options: {e}") from None  # that does not import): its own message
         raise StartupError(f"env.options: {e}. {_accepted_options(cls)}") from None
     if factory.tools is not None:
-        from saorl.agent.tool_calls import ToolSchemaError  # the tensor-free agent modules
         from saorl.agent.tool_turns import tool_schemas
+        from saorl.envs.tool_calls import ToolSchemaError  # the tensor-free agent modules
 
         try:
             tool_schemas(factory.tools.functions)

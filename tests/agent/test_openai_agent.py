@@ -425,8 +425,8 @@ def test_the_agent_runs_on_a_vllm_server_engine_too(tok):
 
 
 def test_the_env_knows_the_tool_call_formats_and_refuses_bad_options():
-    from saorl.agent.tool_calls import TOOL_CALL_FORMATS
     from saorl.envs.openai_agent import TOOL_FORMATS
+    from saorl.envs.tool_calls import TOOL_CALL_FORMATS
 
     assert TOOL_FORMATS == TOOL_CALL_FORMATS
     with pytest.raises(ValueError, match=r"tool_format must be one of \[.hermes., .llama3., .json.\], got"):

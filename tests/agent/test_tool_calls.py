@@ -6,7 +6,7 @@ from typing import Literal
 
 import pytest
 
-from saorl.agent.tool_calls import (
+from saorl.envs.tool_calls import (
     TOOL_CALL_FORMATS,
     ToolCall,
     ToolSchemaError,

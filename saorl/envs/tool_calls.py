@@ -7,7 +7,7 @@ through :func:`function_schema`.
 **Formats** (:data:`TOOL_CALL_FORMATS`), the way a family of models writes a call:
 
 - ``hermes`` — Hermes, Qwen2/2.5/3 and the system-prompt format saorl writes for a template
-  without tools support (:mod:`saorl.agent.tool_prompt`): each call is
+  without tools support (:mod:`saorl.envs.tool_prompt`): each call is
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; several may follow each other.
 - ``llama3`` — Llama 3.1/3.2/3.3 with custom tools: the reply is a JSON object
   ``{"name": ..., "parameters": {...}}`` (``arguments`` is taken too), optionally after
