@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from saorl.agent.tool_calls import TOOL_CALL_FORMATS, parse_tool_calls
+from saorl.envs.tool_calls import TOOL_CALL_FORMATS, parse_tool_calls
 
 REPLY = re.compile(r"\[act 1\]\n(.*?)\n\[(?:reward|obs) 1", re.S)
 
