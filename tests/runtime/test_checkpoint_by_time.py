@@ -39,7 +39,7 @@ def _wait_for_checkpoint(proc, run_dir, log, timeout_s: float = 60.0):
 def test_a_checkpoint_by_time_is_written_long_before_the_step_cadence_and_a_kill_loses_nothing(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
     proc = start_train(run_dir, "trainer.steps=1000", "run.checkpoint_every=1000", "run.checkpoint_every_s=1",
-                       log=log)
+                       "run.eval_at_start=false", log=log)  # (no step-0 evaluation: nothing here reads it)
     try:
         wait_for_steps(proc, run_dir, 1, log)
         ckpt = _wait_for_checkpoint(proc, run_dir, log)
@@ -67,7 +67,7 @@ def test_a_run_stopped_by_its_budget_checkpoints_its_last_step(tmp_path, capsys)
     run_dir = tmp_path / "run"
     assert main(["train", *BASE, "runtime.backend=inprocess", "trainer.steps=1000",
                  "run.checkpoint_every=1000", "run.checkpoint_every_s=null", "trainer.max_wall_s=3",
-                 "--run-dir", str(run_dir)]) == 0
+                 "run.eval_at_start=false", "--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr()
     assert "wall-clock budget of 3s reached" in out.out + out.err
     last = effective_rows(read_jsonl(run_dir / "trained.jsonl"))[-1]["step"]

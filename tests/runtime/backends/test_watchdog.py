@@ -111,9 +111,9 @@ def _backend(tmp_path, setup_s: float) -> LocalBackend:
 
 @pytest.mark.slow
 def test_a_worker_silent_for_seconds_while_it_works_is_not_restarted(tmp_path):
-    """Each episode's env keeps the worker's event loop busy for 2.5 s: no message for longer than
+    """Each episode's env keeps the worker's event loop busy for 1.5 s: no message for longer than
     runtime.worker_stall_s (1 s) — a heartbeat watchdog killed it — but CPU is used all along."""
-    backend = _backend(tmp_path, setup_s=2.5)
+    backend = _backend(tmp_path, setup_s=1.5)
     try:
         pid = backend.pids()[0]
         for rid in range(2):  # no weights published: the ones it started with

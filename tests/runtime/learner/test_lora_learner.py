@@ -182,8 +182,9 @@ def test_a_lora_critic_trains_its_adapter_and_head_only(kind):
     assert any("self_attn" in n for n in names) and any("mlp" in n for n in names) == (kind == "tiny-dense")
     base = {n: p.detach().clone() for n, p in lrn.critic.named_parameters() if n not in names}
     trainable = {n: p.detach().clone() for n, p in lrn.critic.named_parameters() if n in names}
-    for _ in range(2):
-        lrn.step(_matched_trajs(lrn.policy, _trajs()))
+    # one step is K = 2 critic updates: B moves on the first, A (zero gradient while B is 0) on the second
+    assert lrn.preset.critic_updates == 2
+    lrn.step(_matched_trajs(lrn.policy, _trajs()))
     after = dict(lrn.critic.named_parameters())
     assert all(torch.equal(base[n], after[n]) for n in base)  # attention, MLP and experts alike
     moved = {n for n in trainable if not torch.equal(trainable[n], after[n])}
