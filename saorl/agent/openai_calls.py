@@ -102,9 +102,33 @@ class Episode:
     tool_format: str = "hermes"
     log: CallLog | None = None
     gen_seconds: float = 0.0
-    """Seconds the episode's calls spent in the engine."""
+    """Seconds the episode's calls spent in the engine (summed over calls, parallel ones too)."""
+    in_engine: int = 0
+    """Calls of the episode in the engine now."""
+    busy_seconds: float = 0.0
+    """Seconds during which at least one call was in the engine, up to the last that left it."""
+    busy_since: float = 0.0
     error: BaseException | None = None
     """An engine failure during a call: the episode fails with it, whatever the agent made of the 500."""
+
+    def engine_seconds(self, now: float) -> float:
+        """Wall seconds (``time.perf_counter``) during which a call of the episode was in the engine,
+        up to ``now``: the time the agent waited on the model, not its own."""
+        return self.busy_seconds + (now - self.busy_since if self.in_engine else 0.0)
+
+    def enter_engine(self) -> float:
+        now = time.perf_counter()
+        if not self.in_engine:
+            self.busy_since = now
+        self.in_engine += 1
+        return now
+
+    def leave_engine(self, t0: float) -> None:
+        now = time.perf_counter()
+        self.gen_seconds += now - t0
+        self.in_engine -= 1
+        if not self.in_engine:
+            self.busy_seconds += now - self.busy_since
 
     def __post_init__(self) -> None:
         self.log = self.log or CallLog()
@@ -169,10 +193,12 @@ async def sample(ep: Episode, req: AgentChatRequest) -> tuple[list[int], Generat
     except ValueError as e:
         raise Refused(f"messages: {e}"[:600], "messages") from None
     params = _params(ep, req, len(prompt), len(ep.log.calls))
-    t0 = time.perf_counter()
+    t0 = ep.enter_engine()
     try:
-        res = await ep.engine.agenerate(list(prompt), params)
-        ep.gen_seconds += time.perf_counter() - t0
+        try:
+            res = await ep.engine.agenerate(list(prompt), params)
+        finally:
+            ep.leave_engine(t0)
         if res.finish_reason == "abort" or not res.token_ids or len(res.logprobs) != len(res.token_ids):
             raise EngineError(f"the engine returned {len(res.token_ids)} tokens ({res.finish_reason})")
     except EngineError as e:

@@ -15,8 +15,12 @@ and what is refused: :mod:`saorl.agent.openai_calls`; the endpoint: :mod:`saorl.
 an agent that blocks (a synchronous HTTP call, ``time.sleep``, a CPU-bound step) would otherwise
 stop the worker's loop, which serves every episode's calls and drives the engine, and with it
 every other episode of the worker, and its own calls could never be answered. The worker's loop
-waits for the agent's result at most ``env.call_timeout_s`` (the whole episode's deadline; None:
-no deadline). Past it, the episode is closed (its calls get 410), the agent's task is cancelled
+waits for the agent's result until the agent's own time passes ``env.call_timeout_s`` (None: no
+deadline). The agent's own time is the episode's wall clock less the time its calls spent waiting on
+the model (while at least one call is in the engine the clock stops): a slow engine, a loaded CPU or
+a long queue of other episodes' requests does not eat into the agent's deadline, which bounds what
+the agent does itself (its code, its tools, a hang). Past it, the episode is closed (its calls get
+410), the agent's task is cancelled
 in its loop, and the rollout fails with :class:`~saorl.agent.loop.EpisodeTimeout`, which the run
 reports as any user code past its deadline. An agent blocked in a call that never yields cannot be
 stopped from outside its thread: that thread is left behind as a daemon, its calls refused. When
@@ -79,15 +83,24 @@ class _AgentThread:
         if not self.done.done():
             self.done.set_result(result)
 
-    async def run(self, timeout_s: float | None) -> Any:
-        """The agent's return value (its exception raised); :class:`_Deadline` past ``timeout_s``."""
+    async def run(self, timeout_s: float | None, waited: Callable[[float], float]) -> Any:
+        """The agent's return value (its exception raised); :class:`_Deadline` once its own time
+        passes ``timeout_s``: the wall clock since it started less ``waited(now)``, the seconds its
+        calls spent in the engine (module docstring)."""
         threading.Thread(target=self._thread, name="saorl-openai-agent", daemon=True).start()
         fut = asyncio.wrap_future(self.done)
-        finished, _ = await asyncio.wait({fut}, timeout=timeout_s)
-        if not finished:
-            fut.cancel()
-            raise _Deadline
-        return fut.result()
+        t0 = time.perf_counter()
+        while True:
+            left = None
+            if timeout_s is not None:
+                now = time.perf_counter()
+                left = timeout_s - (now - t0 - waited(now))
+                if left <= 0:
+                    fut.cancel()
+                    raise _Deadline
+            finished, _ = await asyncio.wait({fut}, timeout=left)
+            if finished:
+                return fut.result()
 
     def stop(self) -> None:
         """Cancel the agent's coroutine if it still runs (a no-op once it has ended)."""
@@ -112,11 +125,13 @@ async def play_agent_episode(engine: InferenceEngine, env: OpenAIAgentEnv, task:
     where = env.call_site("run", task)
     t0, why = time.perf_counter(), "the agent returned"
     try:
-        value = await runner.run(env.call_timeout_s)
+        value = await runner.run(env.call_timeout_s, ep.engine_seconds)
     except _Deadline:
         why = f"the agent ran past env.call_timeout_s={env.call_timeout_s}s"
-        raise EpisodeTimeout(f"{where} ran past its deadline of {env.call_timeout_s}s (env.call_timeout_s) "
-                             "and was cancelled") from None
+        waited = ep.engine_seconds(time.perf_counter())
+        raise EpisodeTimeout(f"{where} ran past its deadline of {env.call_timeout_s}s of its own time "
+                             f"(env.call_timeout_s; the {waited:.1f}s its calls waited on the model not "
+                             "counted) and was cancelled") from None
     except Exception as e:
         why = f"the agent raised {type(e).__name__}"
         if ep.error is not None:

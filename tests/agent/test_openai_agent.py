@@ -281,7 +281,7 @@ def test_an_agent_that_raises_or_hangs_fails_its_rollout_and_late_calls_get_410(
     import time
 
     t0 = time.monotonic()
-    with pytest.raises(EpisodeTimeout, match=r"ran past its deadline of 0.5s \(env.call_timeout_s\)"):
+    with pytest.raises(EpisodeTimeout, match=r"ran past its deadline of 0.5s of its own time \(env.call_timeout_s; the 0.0s its calls "):
         _play(tok, hangs, timeout_s=0.5)
     with pytest.raises(EpisodeTimeout):
         _play(tok, blocks, timeout_s=0.5)
@@ -459,3 +459,44 @@ def test_a_reply_that_fails_to_parse_is_a_500_not_a_dropped_connection(tok, monk
     with pytest.raises(EngineError, match="maximum recursion depth"):
         _play(tok, tool_agent_500, engine=engine, max_total_tokens=512)
     assert "saorl failed on this call: RecursionError" in SEEN["500"]
+
+
+class _Slow(_Scripted):
+    """A scripted engine that takes ``delay`` seconds a call, as a loaded CPU's does."""
+
+    def __init__(self, tok, texts, delay):
+        super().__init__(tok, texts)
+        self.delay = delay
+
+    async def agenerate(self, prompt_ids, params):
+        await asyncio.sleep(self.delay)
+        return await super().agenerate(prompt_ids, params)
+
+
+async def three_calls_then_thinks(task, client):
+    """Three calls in a row, two of them in parallel, then ``think`` seconds of its own."""
+    msgs = [{"role": "user", "content": "x"}]
+    await client.chat.completions.create(model="policy", messages=msgs, max_tokens=2)
+    await asyncio.gather(*(client.chat.completions.create(model="policy", messages=msgs, max_tokens=2)
+                           for _ in range(2)))
+    await asyncio.sleep(task["think"])
+    return 1.0
+
+
+def test_the_deadline_counts_the_agent_s_own_time_not_the_time_its_calls_wait_on_the_model(tok):
+    """A slow engine (0.6 s a call, 1.2 s of waiting in all: the two parallel calls overlap) does not
+    time out an agent whose deadline is 0.8 s and whose own time is ~0.1 s; the same agent taking
+    1.0 s of its own is timed out, and the error names the seconds it waited."""
+    import time
+
+    def play(think: float):
+        return asyncio.run(play_agent_episode(
+            _Slow(tok, ["a", "b", "c"], 0.6), _env(three_calls_then_thinks, 0.8), Task("t", {"think": think}),
+            tok, sampling=SamplingParams(max_new_tokens=4), max_total_tokens=64))
+
+    t0 = time.monotonic()
+    traj = play(0.1)
+    assert time.monotonic() - t0 > 1.2 and traj.episode.gen_seconds >= 1.8  # 3 calls of 0.6 s, summed
+    assert 1.2 <= traj.episode.gen_seconds + traj.episode.env_seconds
+    with pytest.raises(EpisodeTimeout, match=r"deadline of 0.8s of its own time .*the 1\.[2-9]s its calls waited"):
+        play(1.0)
