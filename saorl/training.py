@@ -37,6 +37,7 @@ import torch
 from saorl.config import SaorlConfig, absolute_paths
 from saorl.envs.escapees import kill_run_escapees, new_run_mark
 from saorl.errors import RunFailure, StartupError
+from saorl.models.shelf import PolicyShelf
 from saorl.proctitle import name_run
 from saorl.run_paths import RunPaths
 from saorl.runtime.assemble import build_run
@@ -178,9 +179,11 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads())
     start_up_estimate(cfg, run_dir, resume=resume)  # what each phase below will take, timed here
-    policy_spec = warm_start(cfg)
-    critic_spec = initial_critic(cfg, policy_spec)
-    parts = build_parts(cfg, cfg.algo.preset, run_dir, policy_spec, critic_spec)  # resolved at load
+    shelf = PolicyShelf()  # the policy in memory, handed from phase to phase (saorl.models.shelf)
+    policy_spec = warm_start(cfg, shelf=shelf)
+    critic_spec = initial_critic(cfg, policy_spec, shelf=shelf)
+    parts = build_parts(cfg, cfg.algo.preset, run_dir, policy_spec, critic_spec, shelf)  # resolved at load
+    shelf.clear()  # what no phase took is freed before the run
     try:
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
         return build_run(cfg, run_dir, parts, evaluator, resume=resume, restart=restart, observer=observer)

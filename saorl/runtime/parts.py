@@ -25,8 +25,9 @@ from saorl.engines.kinds import ClientOptions, server_kind, updated_in_place
 from saorl.envs.registry import EnvFactory, env_factory_for, tool_options_for
 from saorl.models.codec import RunTokenizer, check_vocab, run_tokenizer
 from saorl.models.critic import Critic
-from saorl.models.loading import checkpoint_activations, load_policy, moe_layout, policy_source, train_dtype
+from saorl.models.loading import checkpoint_activations, moe_layout, policy_source, train_dtype
 from saorl.models.lora import lora_critic
+from saorl.models.shelf import PolicyShelf
 from saorl.run_paths import RunPaths
 from saorl.runtime.backends.base import Backend
 from saorl.runtime.backends.local import LocalBackend
@@ -235,14 +236,16 @@ def server_check(cfg: SaorlConfig, tokenizer, preset: AlgoPreset | None = None) 
 
 
 def build_parts(cfg: SaorlConfig, preset: AlgoPreset, run_dir: Path, policy_spec: str,
-                critic_spec: str | None) -> RunParts:
+                critic_spec: str | None, shelf: PolicyShelf | None = None) -> RunParts:
     """Everything a :class:`~saorl.runtime.run.Run` needs, starting from ``policy_spec`` (the SFT
     warm start or ``model.policy``) and ``critic_spec`` (a pretrained critic, or None), for the
-    algorithm ``preset`` (resolved from ``cfg`` once, by the caller)."""
+    algorithm ``preset`` (resolved from ``cfg`` once, by the caller). The trainer's policy is taken
+    from ``shelf`` when an earlier phase holds it there (:mod:`saorl.models.shelf`), else loaded."""
+    shelf = shelf if shelf is not None else PolicyShelf()
     tokenizer = run_tokenizer(cfg.model)
     # sharded: the full models stay on the CPU; each rank's shards go to its device
     device = "cpu" if cfg.trainer.shard == "fsdp2" else cfg.model.device
-    policy = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
+    policy = shelf.take(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     critic = build_critic(cfg, policy, preset, critic_spec)
     if critic is not None:

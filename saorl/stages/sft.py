@@ -35,10 +35,11 @@ from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
 from saorl.envs.registry import env_factory_for, env_version_key
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
-from saorl.models.loading import load_policy, train_dtype
+from saorl.models.loading import train_dtype
 from saorl.models.logprobs import token_logprobs
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import export_policy
+from saorl.models.shelf import PolicyShelf
 from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.shard_stages import sharded_here
 from saorl.runtime.recorder import PROGRESS_EVERY_S, CountProgress
@@ -156,13 +157,20 @@ def sft_key(cfg: SaorlConfig) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print) -> dict:
-    """Fine-tune ``cfg.model.policy`` on demonstrations of training tasks and export it to ``out_dir``."""
+def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print,
+            shelf: PolicyShelf | None = None) -> dict:
+    """Fine-tune ``cfg.model.policy`` on demonstrations of training tasks and export it to ``out_dir``.
+
+    With a ``shelf``, the policy is taken from it (held there by an earlier phase, or loaded), and
+    the fine-tuned one is put on it as what ``out_dir`` loads (not when sharded: each rank trained
+    its shards), so the next phase does not read it back from disk (:mod:`saorl.models.shelf`)."""
+    shelf = shelf if shelf is not None else PolicyShelf()
     tokenizer = run_tokenizer(cfg.model)
     seed = sft_seed(cfg)
     # sharded: the whole model stays on the CPU; each rank's shards go to its device
     device = "cpu" if sharded_here(cfg) else cfg.model.device
-    policy = load_policy(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=device, seed=seed)
+    policy = shelf.take(cfg.model.policy, dtype=train_dtype(cfg.model.dtype), device=device, seed=seed)
+    loaded_attention = policy.config._attn_implementation  # sft switches it to packed sequences
     check_vocab(tokenizer, policy)
     env_factory = env_factory_for(cfg.env, deadline=False)
     tasks = load_split(env_factory(), cfg.env, "train", cfg.sft.num_demos, seed + 7919)
@@ -194,20 +202,23 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print)
         else:
             metrics = sft(policy, demos, tokenizer.pad_token_id, on_step=on_step, **kwargs)
     export_policy(policy, tokenizer, out_dir)
+    if not sharded_here(cfg):
+        shelf.put(str(out_dir), policy, attn_implementation=loaded_attention)
     metrics |= {"sft/demos": len(demos), "sft/demo_success_frac": success}
     (out_dir / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 
-def warm_start(cfg: SaorlConfig, log: Callable[[str], None] = print) -> str:
-    """The policy spec RL starts from: ``cfg.model.policy``, or its cached SFT warm start."""
+def warm_start(cfg: SaorlConfig, log: Callable[[str], None] = print, shelf: PolicyShelf | None = None) -> str:
+    """The policy spec RL starts from: ``cfg.model.policy``, or its cached SFT warm start (trained
+    now if need be, and then held on ``shelf`` for the phases after this one)."""
     if not cfg.sft.enabled:
         return cfg.model.policy
     out = cached_sft_dir(cfg)
     if (out / "config.json").exists():
         log(f"sft: using the cached warm start {out}")
         return str(out)
-    run_sft(cfg, out, log)
+    run_sft(cfg, out, log, shelf)
     return str(out)
 
 

@@ -65,6 +65,7 @@ from saorl.models.loading import load_policy, train_dtype
 from saorl.models.lora import lora_critic
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
+from saorl.models.shelf import PolicyShelf
 from saorl.runtime.backends.messages import RolloutRequest
 from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.shard_stages import sharded_here
@@ -116,13 +117,15 @@ def cached_critic_dir(cfg: SaorlConfig, policy_spec: str) -> Path:
     return Path(cfg.run.out_dir) / ".cache" / f"critic-{value_pretrain_key(cfg, policy_spec)}"
 
 
-def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None] = print) -> str | None:
+def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None] = print,
+                   shelf: PolicyShelf | None = None) -> str | None:
     """The critic directory RL starts from, or None for a critic initialised from the policy.
 
     None when the preset trains no critic. Otherwise ``cfg.model.critic`` when set; None when
     value pretraining is off (``algo.value_pretrain`` resolves to False, or
     ``value_pretrain.enabled`` is False); else the cached ``run.out_dir/.cache/critic-<key>``,
-    pretrained on rollouts of ``policy_spec`` first if it is not there yet.
+    pretrained on rollouts of ``policy_spec`` first if it is not there yet (the policy borrowed
+    from ``shelf``: it stays there for the run's parts, :mod:`saorl.models.shelf`).
     """
     preset = cfg.algo.preset
     if not preset.use_critic:
@@ -135,7 +138,7 @@ def initial_critic(cfg: SaorlConfig, policy_spec: str, log: Callable[[str], None
     if (out / "critic.json").exists():
         log(f"value pretraining: using the cached critic {out}")
         return str(out)
-    run_value_pretrain(cfg, policy_spec, out, log)
+    run_value_pretrain(cfg, policy_spec, out, log, shelf)
     return str(out)
 
 
@@ -279,26 +282,32 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
 
 # ----------------------------------------------------------------------------------------- run
 def run_value_pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path,
-                       log: Callable[[str], None] = print) -> dict:
+                       log: Callable[[str], None] = print, shelf: PolicyShelf | None = None) -> dict:
     """Sample rollouts of ``policy_spec``, fit the critic, save it to ``out_dir``; final metrics.
 
     Writes ``out_dir`` (``save_critic`` layout) and ``out_dir/value_pretrain_metrics.json``
     (``{"final": {...}, "curve": [row, ...]}``, one row per data fraction plus the unfitted
     critic as fraction 0). Returns the ``value_pretrain/*`` metrics of the 100% fit. The caller's
-    torch RNG state is left as it was (a cached critic and a fresh one leave a run identical).
+    torch RNG state is left as it was (a cached critic and a fresh one leave a run identical). The
+    policy is borrowed from ``shelf`` (read only: sampled with, its trunk copied) and stays there.
     """
     if not cfg.algo.preset.use_critic:
         raise ValueError(f"algorithm {cfg.algo.name!r} has no critic to pretrain")
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        return _pretrain(cfg, policy_spec, Path(out_dir), log)
+        return _pretrain(cfg, policy_spec, Path(out_dir), log, shelf if shelf is not None else PolicyShelf())
 
 
-def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[str], None]) -> dict:
+def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[str], None],
+              shelf: PolicyShelf) -> dict:
     vp, preset = cfg.value_pretrain, cfg.algo.preset
     t0 = time.monotonic()
     tokenizer = run_tokenizer(cfg.model)
-    policy = load_policy(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    # read only here; it stays on the shelf when the run's trainer wants the same model (not
+    # float16's float32 copy, nor a sharded trainer's on the CPU)
+    same = train_dtype(cfg.model.dtype) == cfg.model.dtype and cfg.trainer.shard != "fsdp2"
+    get = shelf.borrow if same else shelf.take
+    policy = get(policy_spec, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
     check_vocab(tokenizer, policy)
     log(f"value pretraining: sampling {vp.rollouts} rollouts of {policy_spec} on {cfg.env.type}")
     with CountProgress("value pretraining rollouts", enabled=cfg.run.progress, log=log) as count:

@@ -110,7 +110,7 @@ def test_the_run_directory_exists_during_the_warm_start_and_a_failed_start_remov
     run_dir = out / "sao-x"
     seen = []
 
-    def warm_start(cfg, log=print):
+    def warm_start(cfg, log=print, shelf=None):
         seen.append((run_dir.is_dir(), (run_dir / ".lock").is_file()))
         if cached:
             (out / ".cache" / "sft-key").mkdir(parents=True)

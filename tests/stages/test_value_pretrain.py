@@ -105,7 +105,7 @@ def test_without_the_curve_only_the_full_fit_runs_under_the_same_cache_key(tmp_p
 
 
 def _fake_pretrain(calls):
-    def fake(cfg, policy_spec, out_dir, log=print):
+    def fake(cfg, policy_spec, out_dir, log=print, shelf=None):
         calls.append(policy_spec)
         save_critic(Critic.from_policy(build_tiny("tiny-dense", seed=0)), out_dir)
         return {}
