@@ -154,3 +154,23 @@ def test_the_agent_recipe_is_the_tools_recipe_as_an_openai_agent():
         assert getattr(agent, section) == getattr(tools, section)
     t, a = tools.trainer, agent.trainer
     assert (t.policy_lr, t.critic_lr, t.batch_size) == (a.policy_lr, a.critic_lr, a.batch_size)
+
+
+def test_plot_recipes_draws_a_panel_per_group_and_refuses_a_group_without_runs(tmp_path):
+    for group, accs in (("tools", (0.25, 0.75)), ("agent", (0.5, 1.0))):
+        run = tmp_path / group / "s0"
+        run.mkdir(parents=True)
+        rows = [{"step": 0, "eval/accuracy": accs[0]}, {"step": 1, "reward/mean": 0.0},
+                {"step": 2, "reward/mean": 1.0, "eval/accuracy": accs[1]}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "p.png"),
+                          str(tmp_path / "tools"), str(tmp_path / "agent")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "tools s0 step 0: 0.250 step 2: 0.750" in out.stdout
+    assert "agent s0 step 0: 0.500 step 2: 1.000" in out.stdout
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "empty").mkdir()
+    bad = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "q.png"),
+                          str(tmp_path / "empty")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "no run directories" in bad.stderr and not (tmp_path / "q.png").exists()
