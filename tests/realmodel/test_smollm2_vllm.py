@@ -18,6 +18,16 @@ float32 tolerance (``rollout.engine.verify_tol``'s default). 30 float32 layers a
 head round off more than the tiny test models (< 1e-5, tests/vllm): measured 2.4e-5 to 1.3e-4 here
 over 3 runs, with ``mismatch/kl_s0`` 6.8e-12 to 1.2e-9 and the DIS ratios within 2.3e-4 of 1."""
 
+RATIO_TOL = 1e-2
+"""How far a DIS ratio of a sync run may sit from 1. Not float32 round-off alone: at top-p 0.95 the
+server may keep one token more or less at a position where the nucleus's edge is decided by
+round-off (docs/engines.md: the server check leaves such positions out), which moves that position's log-prob by the edge token's
+share of the mass. vLLM's CPU numerics depend on how requests were batched, so it happens in some
+runs only: one CI run beside other jobs (load 5+) measured a ratio of 1.0059 at step 2 (``mismatch/
+kl_s0`` 3.6e-7, check gap 8.9e-4, every token kept), and the same test rerun passed within 1e-3.
+``mismatch/kl_s0`` and the check's gap above stay the exactness tests; this one catches a gross
+mismatch (another model's or raw log-probs: ratios off by far more than 1%)."""
+
 pytestmark = pytest.mark.vllm_real
 
 
@@ -61,5 +71,5 @@ def test_a_sync_sao_run_of_the_real_model_on_vllm_is_exact(server, tmp_path):
     assert all(r["mismatch/tokens_s0"] > 0 for r in rows)
     for r in rows:  # sync: exact sampling, and every published version verified on the server
         assert r["mismatch/kl_s0"] <= KL_S0_MAX and r["weights/verify_max_gap"] < GAP_MAX
-        assert abs(r["policy/ratio_max"] - 1) < 1e-3 and abs(r["policy/ratio_min"] - 1) < 1e-3
+        assert abs(r["policy/ratio_max"] - 1) < RATIO_TOL and abs(r["policy/ratio_min"] - 1) < RATIO_TOL
         assert r["policy/dis_kept_frac"] == 1.0
