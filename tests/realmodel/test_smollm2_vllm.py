@@ -19,14 +19,15 @@ head round off more than the tiny test models (< 1e-5, tests/vllm): measured 2.4
 over 3 runs, with ``mismatch/kl_s0`` 6.8e-12 to 1.2e-9 and the DIS ratios within 2.3e-4 of 1."""
 
 RATIO_TOL = 1e-2
-"""How far a DIS ratio of a sync run may sit from 1. Not float32 round-off alone: at top-p 0.95 the
-server may keep one token more or less at a position where the nucleus's edge is decided by
+"""How far a DIS ratio of a sync run may sit from 1. Not float32 round-off alone: at top-p 0.95
+the server may keep one token more or less at a position where the nucleus's edge is decided by
 round-off (docs/engines.md: the server check leaves such positions out), which moves that
-position's log-prob by the edge token's share of the mass. vLLM's CPU numerics depend on how requests were batched, so it happens in some
-runs only: one CI run beside other jobs (load 5+) measured a ratio of 1.0059 at step 2 (``mismatch/
-kl_s0`` 3.6e-7, check gap 8.9e-4, every token kept), and the same test rerun passed within 1e-3.
-``mismatch/kl_s0`` and the check's gap above stay the exactness tests; this one catches a gross
-mismatch (another model's or raw log-probs: ratios off by far more than 1%)."""
+position's log-prob by the edge token's share of the mass. vLLM's CPU numerics depend on how
+requests were batched, so it happens in some runs only: one CI run beside other jobs (load 5+)
+measured a ratio of 1.0059 at step 2 (``mismatch/kl_s0`` 3.6e-7, check gap 8.9e-4, every token
+kept), and the same test rerun passed within 1e-3. ``mismatch/kl_s0`` and the check's gap above
+stay the exactness tests; this one catches a gross mismatch (another model's or raw log-probs:
+ratios off by far more than 1%)."""
 
 pytestmark = pytest.mark.vllm_real
 
