@@ -133,6 +133,15 @@ def _as_call(obj: Any, index: int, where: str) -> ToolCall | str:
     return ToolCall(name.strip(), args, call_id if isinstance(call_id, str) and call_id else f"call_{index}")
 
 
+def _skip_block(text: str, start: int, why: str, n: int, errors: list[str]) -> int:
+    """Record the ``n``-th ``<tool_call>`` block as an error (``why``, then the text from ``start`` to
+    the block's close) and return where reading goes on: after its ``</tool_call>``, or the end."""
+    close = text.find(HERMES_CLOSE, start)
+    stop = len(text) if close < 0 else close + len(HERMES_CLOSE)
+    errors.append(f"<tool_call> {n}: {why}: {_preview(text[start:stop])}")
+    return stop
+
+
 def _parse_hermes(text: str) -> tuple[list[str], list[Any], list[str]]:
     """(text pieces outside the calls, decoded call bodies in order, errors)."""
     pieces, bodies, errors = [], [], []
@@ -144,11 +153,7 @@ def _parse_hermes(text: str) -> tuple[list[str], list[Any], list[str]]:
         try:
             obj, end = _DECODER.raw_decode(text, at)
         except _JSON_ERRORS as e:
-            close = text.find(HERMES_CLOSE, body)
-            stop = len(text) if close < 0 else close + len(HERMES_CLOSE)
-            errors.append(f"<tool_call> {len(bodies) + len(errors) + 1}: not JSON ({_why(e)}): "
-                          f"{_preview(text[body:stop])}")
-            pos = stop
+            pos = _skip_block(text, body, f"not JSON ({_why(e)})", len(bodies) + len(errors) + 1, errors)
             continue
         rest = len(text) - len(text[end:].lstrip())
         if text.startswith(HERMES_CLOSE, rest):
@@ -156,11 +161,8 @@ def _parse_hermes(text: str) -> tuple[list[str], list[Any], list[str]]:
         elif rest == len(text):  # the reply ended inside the block: the call is whole
             pos = rest
         else:
-            close = text.find(HERMES_CLOSE, end)
-            stop = len(text) if close < 0 else close + len(HERMES_CLOSE)
-            errors.append(f"<tool_call> {len(bodies) + len(errors) + 1}: text after the JSON object "
-                          f"before </tool_call>: {_preview(text[end:stop])}")
-            pos = stop
+            pos = _skip_block(text, end, "text after the JSON object before </tool_call>",
+                              len(bodies) + len(errors) + 1, errors)
             continue
         bodies.append(obj)
     pieces.append(text[pos:])
