@@ -151,8 +151,11 @@ def _health_latencies(url: str, stop: threading.Event, out: list[float]) -> None
 MEDIAN_S, SLOWEST_S = 0.1, 1.0
 
 
-def _while_health_is_polled(url: str, fn) -> tuple[object, float, float]:
-    """``fn()``'s result while another thread polls /health; the median and the slowest answer."""
+def _while_health_is_polled(url: str, fn, min_polls: int = 6) -> tuple[object, float, float]:
+    """``fn()``'s result while another thread polls /health; the median and the slowest answer.
+
+    ``min_polls`` makes sure the polls overlapped the work; a request that is meant to be
+    answered quickly (a refusal) asks for fewer, since how many fit depends on the machine."""
     stop, lat = threading.Event(), []
     poller = threading.Thread(target=_health_latencies, args=(url, stop, lat))
     poller.start()
@@ -162,7 +165,7 @@ def _while_health_is_polled(url: str, fn) -> tuple[object, float, float]:
     finally:
         stop.set()
         poller.join()
-    assert len(lat) > 5, lat
+    assert len(lat) >= min_polls, lat
     return result, sorted(lat)[len(lat) // 2], max(lat)
 
 
@@ -182,8 +185,8 @@ def test_prompts_too_long_are_refused_before_all_are_tokenized_and_health_answer
         prompts = ["the sweet moon, " * (60_000 // 16)] * 64
         data = json.dumps({"prompt": prompts, "max_tokens": 4}).encode()
         t0 = time.monotonic()
-        r, median, slowest = _while_health_is_polled(
-            url, lambda: _post(f"{url}/v1/completions", content=data))
+        r, median, slowest = _while_health_is_polled(  # (a quick refusal leaves room for few polls)
+            url, lambda: _post(f"{url}/v1/completions", content=data), min_polls=2)
         took = time.monotonic() - t0
         assert r.status_code == 400 and r.json()["error"]["param"] == "input_tokens", r.text
         assert "prompt 0 has" in r.json()["error"]["message"]
