@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 
 from saorl.data.task import Task
+from saorl.errors import StartupError
 
 Draw = Callable[[random.Random], "tuple[str, Callable[[str], Task]]"]
 """Draws one candidate: its content digest and a function making its :class:`Task` from it."""
@@ -37,7 +38,8 @@ def distinct_tasks(split: str, n: int, rng: random.Random, draw: Draw, test_frac
     """``n`` distinct tasks (by id) whose content hashes into ``split``, in the order drawn.
 
     Candidates of the other split and repeats are drawn again, up to ``50 n + 1000`` draws; then a
-    ``ValueError`` says how many distinct ``what`` were found (a content space too small for ``n``).
+    ``StartupError`` (a ``ValueError``) says how many distinct ``what`` were found (a content space too
+    small for ``n``) and which setting to lower.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -51,5 +53,8 @@ def distinct_tasks(split: str, n: int, rng: random.Random, draw: Draw, test_frac
         task = make(digest)
         tasks.setdefault(task.id, task)
     if len(tasks) < n:
-        raise ValueError(f"could only find {len(tasks)} distinct {split} {what}; asked for {n}")
+        raise StartupError(
+            f"could only find {len(tasks)} distinct {split} {what}; asked for {n}: set "
+            f"env.num_{split}_tasks to at most {len(tasks)}, or widen the env's options so that more "
+            "distinct problems exist")
     return list(tasks.values())
