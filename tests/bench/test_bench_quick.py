@@ -16,7 +16,9 @@ from saorl.cli import main
 @pytest.mark.timeout(400)
 def test_quick_benchmark_writes_summary_and_timeline(tmp_path: Path, capsys):
     out = tmp_path / "bench"
-    assert main(["bench", "pipeline", "--quick", "--out", str(out)]) == 0
+    # --budget-s 10: each of the two runs trains for 10 s, not --quick's 20 (what is asserted needs a
+    # step of each, which comes within a few seconds)
+    assert main(["bench", "pipeline", "--quick", "--budget-s", "10", "--out", str(out)]) == 0
     summary = (out / "summary.md").read_text()
     assert "| " + " | ".join(RUN_COLUMNS) + " |" in summary
     for needle in ("| sync | 1 |", "| async | 1 |", "async/sync trained tokens/s", "## Targets",

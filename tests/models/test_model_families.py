@@ -98,6 +98,7 @@ def test_train_with_the_policys_own_tokenizer_end_to_end(family, tmp_path):
     name, path = family
     cfg = load_config(None, [
         f"model.policy={path}", "env.type=model_families:TurnsEnv", "env.num_train_tasks=16",
+        "env.call_timeout_s=null",  # in-process: hosted, its calls start a pool of child processes
         "env.num_test_tasks=2", "sft.steps=2", "sft.num_demos=4", "sft.batch_size=2",
         "value_pretrain.rollouts=4", "value_pretrain.steps=2", "value_pretrain.batch_size=2",
         "runtime.backend=inprocess", "rollout.num_workers=1", "rollout.concurrent_episodes=4",

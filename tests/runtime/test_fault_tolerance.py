@@ -43,7 +43,9 @@ def test_a_stopped_rollout_worker_is_named_killed_and_restarted_within_the_stall
     import time
 
     run_dir, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = start_train(run_dir, "trainer.steps=16", "runtime.worker_stall_s=3", log=log)
+    # 8 steps: stopped after step 2, the worker leaves at most 8 rollouts (rollout.concurrent_episodes,
+    # two steps) to train, so the run must wait for its restart to reach step 8
+    proc = start_train(run_dir, "trainer.steps=8", "runtime.worker_stall_s=3", log=log)
     try:
         wait_for_steps(proc, run_dir, 2, log)
         workers = rollout_worker_pids(proc.pid)
@@ -75,7 +77,7 @@ def test_a_stopped_rollout_worker_is_named_killed_and_restarted_within_the_stall
     assert "runtime.worker_stall_s=3" in text
     assert "killed; restarted" in text
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(17)) and rows[-1]["rollout/worker_restarts"] == 1
+    assert [r["step"] for r in rows] == list(range(9)) and rows[-1]["rollout/worker_restarts"] == 1
     rids = [rid for r in read_jsonl(run_dir / "trained.jsonl") for rid in r["rids"]]
     assert len(rids) == len(set(rids))
 
