@@ -242,7 +242,14 @@ class TextArenaEnv(Env):
             return StepResult(observation, 0.0, False)
         rewards, game_info = self._game.close()
         info = (game_info or {}).get(0, {})
-        reward = float((rewards or {}).get(0, 0.0))
+        raw = (rewards or {}).get(0, 0.0)
+        try:
+            reward = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"game {self.game!r} ended the episode with a reward that is not a number "
+                             f"({raw!r}; reason {info.get('reason')!r}): a bug in the game's code (textarena "
+                             "0.7.4's ThreeCardMonte-v0 passes its invalid-move message as the reward); "
+                             "pick another game") from None
         self._game = None
         metrics = {"invalid_move": float(bool(info.get("invalid_move"))),
                    "turn_count": float(info.get("turn_count", 0))}

@@ -47,6 +47,16 @@ def test_an_invalid_move_is_what_the_game_makes_of_it():
     assert second.info["metrics"]["invalid_move"] == 1.0 and second.info["reason"].startswith("Invalid Move")
 
 
+def test_a_game_whose_reward_is_not_a_number_is_named_as_the_games_bug():
+    # textarena 0.7.4's ThreeCardMonte-v0 calls set_invalid_move(0.0, message): the message becomes
+    # the reward of a malformed move's ending; the error names the game and the value, not float()
+    env = _factory("ThreeCardMonte-v0")()
+    task = env.generate_tasks("train", 1, seed=0)[0]
+    with pytest.raises(ValueError, match=r"game 'ThreeCardMonte-v0' ended the episode with a reward that is "
+                                         r"not a number \('Bad action"):
+        play(env, task, ["hello", "hello", "hello"])
+
+
 def _minesweeper(factory, task):
     return [r.observation for r in play(factory(), task, ["[2 2]", "[0 0]", "[4 4]"])]
 
