@@ -247,8 +247,9 @@ class TextArenaEnv(Env):
             reward = float(raw)
         except (TypeError, ValueError):
             raise ValueError(f"game {self.game!r} ended the episode with a reward that is not a number "
-                             f"({raw!r}; reason {info.get('reason')!r}): a bug in the game's code, not in the "
-                             "model's move; pick another game (docs/envs.md lists the ids known to play)") from None
+                             f"({raw!r}; reason {info.get('reason')!r}): a bug in the game's code, not "
+                             "in the model's move; pick another game (docs/envs.md lists the ids known "
+                             "to play)") from None
         self._game = None
         metrics = {"invalid_move": float(bool(info.get("invalid_move"))),
                    "turn_count": float(info.get("turn_count", 0))}
