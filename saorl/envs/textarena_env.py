@@ -19,6 +19,8 @@ reset for one player with the task's seed; its rules, messages, rewards and end 
   reward ≥ ``success_threshold``, 1.0; ``info["metrics"]``: the game's ``invalid_move`` and
   ``turn_count``). At ``max_turns`` model turns (default: the game's own turn limit, else 30)
   without an end the episode stops unsuccessful, with no reward.
+- demonstrations (for the SFT warm start): the moves of a scripted player, for the games that
+  have one (GuessTheNumber, FrozenLake, TowerOfHanoi: :mod:`saorl.envs.textarena_players`).
 
 **Determinism.** A task is a seed (``Game-v0-<seed>``); a seed's split is decided by the content
 of its start (the first observation hashes into one split, :mod:`saorl.envs.splits`), so no test
@@ -150,6 +152,7 @@ def _make(game: str) -> tuple[Any, list[Any]]:
 
 class TextArenaEnv(Env):
     name: ClassVar[str] = "textarena"
+    version: ClassVar[int] = 2  # 2: demonstrations
     requires: ClassVar[tuple[str, ...]] = ("textarena",)
 
     def __init__(self, game: str | None = None, max_turns: int | None = None, success_threshold: float = 1.0,
@@ -256,3 +259,27 @@ class TextArenaEnv(Env):
         return StepResult(observation, reward, True, {"success": reward >= self.success_threshold,
                                                       "reason": str(info.get("reason", "")),
                                                       "metrics": metrics})
+
+    def demonstration(self, task: Task, rng: random.Random) -> list[str]:
+        """The moves of the game's scripted player (:mod:`saorl.envs.textarena_players`), played on a
+        game of its own made as :meth:`reset` makes it, so the env replays the same game."""
+        from saorl.envs.textarena_players import PLAYERS
+
+        game, wrappers = _make(self.game)
+        player = PLAYERS.get(type(game).__name__)
+        if player is None:
+            games = ", ".join(sorted(name.removesuffix("Env") for name in PLAYERS))
+            raise NotImplementedError(f"textarena game {self.game!r} has no scripted player; the games "
+                                      f"with one (any of their ids): {games}")
+        randomness = _Randomness(task.data["seed"])
+        randomness.run(game.reset, num_players=1, seed=task.data["seed"])
+        actions: list[str] = []
+        for _ in range(self.max_turns):
+            actions.append(player(game, rng))
+            move = actions[-1]
+            for wrapper in wrappers:
+                move = wrapper(game).action(move)
+            done, _ = randomness.run(game.step, move)
+            if done:
+                break
+        return actions

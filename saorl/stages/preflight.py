@@ -362,9 +362,10 @@ def check_demonstrations(cfg: SaorlConfig, factory: Callable[[], Env]) -> None:
     env, _ = _reset(factory, first[0], f"training task {first[0].id!r}", cfg.env.type)
     try:
         env.demonstration(first[0], random.Random(0))
-    except NotImplementedError:
+    except NotImplementedError as e:
+        why = f" ({e})" if str(e) and "has no demonstrations" not in str(e) else ""
         raise StartupError(
-            f"env {cfg.env.type} has no demonstrations, so the SFT warm start (sft.enabled, on by default) "
+            f"env {cfg.env.type} has no demonstrations{why}, so the SFT warm start (sft.enabled, on by default) "
             "has nothing to learn from. Set sft.enabled=false to start RL from model.policy as it is "
             "(best a model that already follows the env's action format), or give the env a "
             "demonstration(task, rng) method") from None
