@@ -10,16 +10,18 @@ deadline kept by the parent, the whole group killed) — and :class:`CallTimeout
 (:meth:`~saorl.envs.base.Env.call_site`: the reward function and the task's row) and the deadline.
 
 Children are warm: a :class:`HostPool` keeps the idle ones and starts one only when every child is
-busy, or to replace one that was killed. A child's start is mostly the imports of the env's module
-(one that imports torch takes seconds of CPU), so at most :data:`STARTS_AT_ONCE` children start at
-once (one per CPU core): a call that finds every child busy and that many starting waits for the
-first child to come free or for a start of its own, whichever comes first. Sixteen calls at once
-on a cold pool are then served by the first few children instead of sixteen that all start
-together and all finish late. No child belongs to an episode: the env's state travels
+busy, or to replace one that was killed. No child belongs to an episode: the env's state travels
 with each call (pickled both ways), so an episode holds no child between its calls, the pool holds
-as many children as there are calls at once (not episodes), and a killed child takes only the call
-that ran past its deadline with it. What a call costs on top of running in-process:
+at most as many children as there are calls at once (not episodes), and a killed child takes only
+the call that ran past its deadline with it. What a call costs on top of running in-process:
 ``benchmarks/bench_env_calls.py`` (docs/performance.md).
+
+A child's start is mostly the imports of the env's module (seconds of CPU for one that imports
+torch), so at most :data:`STARTS_AT_ONCE` children start at once (one per CPU core): a call that
+finds every child busy and that many starting waits for the first child to come free or for a
+start slot of its own, whichever comes first. Sixteen calls at once on a cold pool are then served
+by the first few children, instead of sixteen children that share the cores, all start together
+and all finish late.
 
 What a child starts outside its process group (a ``setsid``) is killed by the mark in its
 environment (:mod:`saorl.envs.escapees`): one child's on its deadline, every child's when the pool
