@@ -199,7 +199,10 @@ class HostPool:
 
     def _take(self) -> _Host:
         """An idle child, else one this call starts, else (``starts_at_once`` starting) the first of
-        the two that comes: a child come free, or a start of its own."""
+        the two that comes: a child come free, or a start of its own; waited for at most
+        :data:`HOST_START_TIMEOUT_S`, as a start is (an ``__init__`` that hangs fails every call
+        in that time, not one start slot after another)."""
+        deadline = time.monotonic() + HOST_START_TIMEOUT_S
         with self._freed:
             while True:
                 if self._closed:
@@ -209,7 +212,11 @@ class HostPool:
                 if self._starting < self._starts_at_once:
                     self._starting += 1
                     break
-                self._freed.wait()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HostDied(f"no process for {self.what} came free or could start within "
+                                   f"{HOST_START_TIMEOUT_S:g} s ({self._starting} starting)")
+                self._freed.wait(left)
         try:
             return self._start_one()
         finally:

@@ -131,6 +131,25 @@ def test_a_child_that_dies_while_starting_names_its_exit_code(user_code):
         HostPool(user_code.Dies, {"gate": ""}).call(None, "reset", (None,), 30.0, "reset")
 
 
+def test_calls_waiting_behind_a_start_that_hangs_fail_within_the_start_timeout(user_code, tmp_path,
+                                                                                monkeypatch):
+    import saorl.envs.hosted as hosted
+
+    monkeypatch.setattr(hosted, "HOST_START_TIMEOUT_S", 1.0)
+    pool = HostPool(user_code.Gated, {"gate": str(tmp_path / "never")}, starts_at_once=1)
+    threads, out = _at_once(3, lambda i: _episode(pool, "x"))
+    for t in threads:
+        t.join(30.0)  # each gives up after 1 s of its own waiting or its own start: 2 s at most
+    assert len(out) == 3 and all(isinstance(e, HostDied) for e in out.values()), out
+    started = "the process for env hosted_start_code:Gated did not start within 1 s"
+    waited = "no process for env hosted_start_code:Gated came free or could start within 1 s (1 starting)"
+    # the first call's own start times out; a call behind it waits no longer than that, not for a
+    # start slot and then a whole start of its own (one slot: the third cannot have had both)
+    assert {str(e) for e in out.values()} == {started, waited}
+    assert pool.pids() == []
+    pool.close()
+
+
 def test_close_ends_the_calls_that_wait_for_a_child(user_code, tmp_path):
     pool = HostPool(user_code.Gated, {"gate": str(tmp_path / "never")}, starts_at_once=1)
     threads, out = _at_once(3, lambda i: _episode(pool, "x"))
