@@ -12,9 +12,16 @@ deadline kept by the parent, the whole group killed) — and :class:`CallTimeout
 Children are warm: a :class:`HostPool` keeps the idle ones and starts one only when every child is
 busy, or to replace one that was killed. No child belongs to an episode: the env's state travels
 with each call (pickled both ways), so an episode holds no child between its calls, the pool holds
-as many children as there are calls at once (not episodes), and a killed child takes only the call
-that ran past its deadline with it. What a call costs on top of running in-process:
+at most as many children as there are calls at once (not episodes), and a killed child takes only
+the call that ran past its deadline with it. What a call costs on top of running in-process:
 ``benchmarks/bench_env_calls.py`` (docs/performance.md).
+
+A child's start is mostly the imports of the env's module (seconds of CPU for one that imports
+torch), so at most :data:`STARTS_AT_ONCE` children start at once (one per CPU core): a call that
+finds every child busy and that many starting waits for the first child to come free or for a
+start slot of its own, whichever comes first. Sixteen calls at once on a cold pool are then served
+by the first few children, instead of sixteen children that share the cores, all start together
+and all finish late.
 
 What a child starts outside its process group (a ``setsid``) is killed by the mark in its
 environment (:mod:`saorl.envs.escapees`): one child's on its deadline, every child's when the pool
@@ -51,6 +58,9 @@ HOST_START_TIMEOUT_S = 120.0
 """Seconds a new child may take to start and build one env (imports included) before it is given
 up; not part of any call's deadline."""
 
+STARTS_AT_ONCE = max(2, os.cpu_count() or 1)
+"""Children a pool starts at once at most (see the module docstring)."""
+
 
 class CallTimeout(TimeoutError):
     """A call into user code ran past its deadline; its process was killed."""
@@ -85,14 +95,16 @@ class _Host:
         self._lock = threading.Lock()  # a call's thread and close() may both end it
 
     def handshake(self, preload: bytes, what: str) -> None:
-        self.conn.send_bytes(preload)
-        if not self.conn.poll(HOST_START_TIMEOUT_S):
+        try:
+            self.conn.send_bytes(preload)
+            ready = self.conn.poll(HOST_START_TIMEOUT_S)
+            reply = self.conn.recv_bytes() if ready else None
+        except (EOFError, OSError):  # OSError: it died with our frame unread (a reset), or close() ran
+            raise HostDied(f"the process for {what} died while starting (exit code {self.kill()})") from None
+        if reply is None:
             self.kill()
             raise HostDied(f"the process for {what} did not start within {HOST_START_TIMEOUT_S:g} s")
-        try:
-            kind, text = pickle.loads(self.conn.recv_bytes())
-        except EOFError:
-            raise HostDied(f"the process for {what} died while starting (exit code {self.kill()})") from None
+        kind, text = pickle.loads(reply)
         if kind != "ready":
             self.kill()
             raise HostDied(f"the process for {what} could not build it: {text}")
@@ -137,7 +149,9 @@ class _Host:
 class HostPool:
     """Warm children that run calls on envs of ``cls(**options)``, one call at a time each."""
 
-    def __init__(self, cls: type[Env], options: dict[str, Any]) -> None:
+    def __init__(self, cls: type[Env], options: dict[str, Any], starts_at_once: int = STARTS_AT_ONCE) -> None:
+        if starts_at_once < 1:
+            raise ValueError(f"starts_at_once must be at least 1, got {starts_at_once}")
         self.what = f"env {cls.__module__}:{cls.__qualname__}"
         self.role = "reward host" if getattr(cls, "name", None) == "prompt_reward" else "env host"
         """What ``ps`` calls its children (:mod:`saorl.proctitle`), numbered as they start."""
@@ -153,6 +167,10 @@ class HostPool:
         self._idle: list[_Host] = []
         self._live: set[_Host] = set()
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        """Notified when a child comes free (idle), a start ends or the pool closes."""
+        self._starts_at_once = starts_at_once
+        self._starting = 0
         self._closed = False
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="saorl-env-host")
         self.mark = f"{run_mark()}/{os.getpid()}.{next(_POOLS)}"
@@ -180,11 +198,33 @@ class HostPool:
         raise exc
 
     def _take(self) -> _Host:
-        with self._lock:
-            if self._closed:
-                raise HostDied(f"the processes for {self.what} were closed (the run is stopping)")
-            if self._idle:
-                return self._idle.pop()
+        """An idle child, else one this call starts, else (``starts_at_once`` starting) the first of
+        the two that comes: a child come free, or a start of its own; waited for at most
+        :data:`HOST_START_TIMEOUT_S`, as a start is (an ``__init__`` that hangs fails every call
+        in that time, not one start slot after another)."""
+        deadline = time.monotonic() + HOST_START_TIMEOUT_S
+        with self._freed:
+            while True:
+                if self._closed:
+                    raise HostDied(f"the processes for {self.what} were closed (the run is stopping)")
+                if self._idle:
+                    return self._idle.pop()
+                if self._starting < self._starts_at_once:
+                    self._starting += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HostDied(f"no process for {self.what} came free or could start within "
+                                   f"{HOST_START_TIMEOUT_S:g} s ({self._starting} starting)")
+                self._freed.wait(left)
+        try:
+            return self._start_one()
+        finally:
+            with self._freed:
+                self._starting -= 1
+                self._freed.notify_all()
+
+    def _start_one(self) -> _Host:
         try:
             host = self._starter.submit(self._start).result()  # started from the pool's own thread
         except RuntimeError as e:  # the starter was shut down: close() ran meanwhile
@@ -223,9 +263,10 @@ class HostPool:
         return host
 
     def _give(self, host: _Host) -> None:
-        with self._lock:
+        with self._freed:
             if not self._closed:
                 self._idle.append(host)
+                self._freed.notify_all()
                 return
         self._drop(host)
 
@@ -243,11 +284,12 @@ class HostPool:
 
     def close(self) -> None:
         """Kill every child, busy ones too (their calls raise :class:`HostDied`); later calls fail."""
-        with self._lock:
+        with self._freed:
             self._closed = True
             hosts, idle = list(self._live), set(self._idle)
             self._live.clear()
             self._idle.clear()
+            self._freed.notify_all()  # the calls waiting for a child raise HostDied
         for host in hosts:
             host.kill(close=host in idle, escapees=False)
         kill_marked(self.mark)  # what any child started outside its group, in one pass

@@ -41,8 +41,9 @@ class CoinEnv(Env):
 
 
 # env.call_timeout_s=null: CoinEnv is a class from outside saorl, so by default every call would run in
-# warm child processes (saorl.envs.hosted), a dozen of them started for 16 rollouts (~35 s on CI's
-# 2 cores); the hosting has its own tests (tests/envs/test_hosted.py), these are about the critic.
+# warm child processes (saorl.envs.hosted), each of which imports this module, torch included (~6 s of
+# CPU per child, a few of them on CI's 2 cores); the hosting has its own tests (tests/envs/test_hosted.py,
+# test_hosted_start.py), these are about the critic.
 TINY = [f"env.type={__name__}:CoinEnv", "env.call_timeout_s=null", "model.policy=tiny-dense",
         "sft.enabled=false", "value_pretrain.rollouts=16", "value_pretrain.steps=10",
         "value_pretrain.batch_size=8", "rollout.max_new_tokens=6", "rollout.max_total_tokens=64",
