@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def guess_the_number(game: Any, rng: random.Random) -> str:
@@ -58,7 +59,7 @@ def frozen_lake(game: Any, rng: random.Random) -> str:
 def _hanoi(n: int, source: str, target: str, spare: str) -> list[tuple[str, str]]:
     if n == 0:
         return []
-    return _hanoi(n - 1, source, spare, target) + [(source, target)] + _hanoi(n - 1, spare, target, source)
+    return [*_hanoi(n - 1, source, spare, target), (source, target), *_hanoi(n - 1, spare, target, source)]
 
 
 def tower_of_hanoi(game: Any, rng: random.Random) -> str:
