@@ -85,5 +85,18 @@ def test_tower_of_hanoi_plays_the_optimal_solution():
 def test_a_game_without_a_scripted_player_says_which_games_have_one():
     env = _env("Blackjack-v0")
     task = env.generate_tasks("train", 1, seed=0)[0]
-    with pytest.raises(NotImplementedError, match="'Blackjack-v0' has no scripted player.*GuessTheNumber"):
+    with pytest.raises(NotImplementedError, match=r"'Blackjack-v0' has no scripted player.*GuessTheNumber"):
         env.demonstration(task, random.Random(0))
+
+
+def test_an_sft_run_on_a_game_without_a_player_stops_at_start_up_naming_the_games_with_one():
+    from saorl.config.loading import load_config
+    from saorl.stages.preflight import StartupError, check_demonstrations
+
+    cfg = load_config(None, ["env.type=textarena", "env.options.game=Blackjack-v0", "sft.enabled=true"])
+    with pytest.raises(StartupError) as e:
+        check_demonstrations(cfg, make_env_factory("textarena", {"game": "Blackjack-v0"}))
+    assert "has no demonstrations (textarena game 'Blackjack-v0' has no scripted player" in str(e.value)
+    assert "FrozenLake, GuessTheNumber, TowerOfHanoi" in str(e.value) and "sft.enabled=false" in str(e.value)
+    ok = load_config(None, ["env.type=textarena", "env.options.game=GuessTheNumber-v0", "sft.enabled=true"])
+    check_demonstrations(ok, make_env_factory("textarena", {"game": "GuessTheNumber-v0"}))
