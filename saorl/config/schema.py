@@ -211,7 +211,8 @@ class TrainerConfig(Section):
     than one bucket of the full model at a time."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
-    (less memory for long sequences, about a third more compute); policy and critic."""
+    (less memory for long sequences, about a third more compute); policy and critic, in RL, in
+    the SFT warm start and in value pretraining (not yet in those two stages with ``shard: fsdp2``)."""
     max_tokens_per_microbatch: int = Field(4096, ge=1)
     """Token budget of one forward/backward pass of the policy or the critic: a batch is cut into
     micro-batches of at most this many positions (with ``shard: fsdp2``, each rank's share of

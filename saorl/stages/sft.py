@@ -35,7 +35,7 @@ from saorl.data.tasks import load_split
 from saorl.data.trajectory import Trajectory
 from saorl.envs.registry import env_factory_for, env_version_key
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
-from saorl.models.loading import train_dtype
+from saorl.models.loading import checkpoint_activations, train_dtype
 from saorl.models.logprobs import token_logprobs
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import export_policy
@@ -87,7 +87,8 @@ def lr_at(step: int, steps: int, lr: float, warmup: int = WARMUP_STEPS) -> float
 def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps: int, batch_size: int,
         lr: float, seed: int, warmup_steps: int = WARMUP_STEPS, grad_clip: float = 1.0,
         on_step: Callable[[int, dict], None] | None = None, max_tokens_per_microbatch: int = 4096,
-        packing: bool = True, updater: Updater | None = None) -> dict[str, float]:
+        packing: bool = True, updater: Updater | None = None,
+        activation_checkpointing: bool = False) -> dict[str, float]:
     """Train ``policy`` in place on ``demos`` for ``steps`` AdamW steps; return the last step's metrics.
 
     Minibatches of ``batch_size`` demonstrations, reshuffled (seeded) every epoch. Each step is the
@@ -95,7 +96,9 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
     (``max_tokens_per_microbatch``, ``packing``, as RL's), gradients accumulated to the minibatch's
     token mean, and a step whose loss, gradient or updated weights are not finite rolled back
     (counted in ``sft/nonfinite_skips``). With the sharded trainer's ``updater`` every rank trains
-    its share of each minibatch (every rank holds ``demos``).
+    its share of each minibatch (every rank holds ``demos``). ``activation_checkpointing``
+    (``trainer.activation_checkpointing``): each decoder layer's activations are recomputed in the
+    backward pass instead of kept, switched off again when SFT ends.
     """
     if not demos:
         raise ValueError("sft needs at least one demonstration")
@@ -110,6 +113,8 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
     metrics: dict[str, float] = {}
     skips = 0
     policy.train()
+    if activation_checkpointing:
+        checkpoint_activations(policy)
     t0 = time.monotonic()
     for step in range(steps):
         if len(order) < batch_size:
@@ -137,6 +142,8 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
                    "sft/elapsed_s": time.monotonic() - t0}
         if on_step is not None:
             on_step(step + 1, metrics)
+    if activation_checkpointing:
+        policy.activation_checkpointing_disable()
     policy.eval()
     return metrics
 
@@ -199,8 +206,9 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print,
             pad = tokenizer.pad_token_id
             policy, metrics = run_sharded(sft, policy, demos, pad, which="policy", **kwargs)
             on_step(s.steps, metrics)
-        else:
-            metrics = sft(policy, demos, tokenizer.pad_token_id, on_step=on_step, **kwargs)
+        else:  # (the sharded learner checkpoints its own way: not in its stages yet)
+            metrics = sft(policy, demos, tokenizer.pad_token_id, on_step=on_step,
+                          activation_checkpointing=cfg.trainer.activation_checkpointing, **kwargs)
     export_policy(policy, tokenizer, out_dir)
     if not sharded_here(cfg):
         shelf.put(str(out_dir), policy, attn_implementation=loaded_attention)

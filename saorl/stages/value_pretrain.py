@@ -61,7 +61,7 @@ from saorl.engines.base import SamplingParams
 from saorl.envs.registry import env_factory_for, env_version_key
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.critic import Critic
-from saorl.models.loading import load_policy, train_dtype
+from saorl.models.loading import checkpoint_activations, load_policy, train_dtype
 from saorl.models.lora import lora_critic
 from saorl.models.packed import use_varlen_attention
 from saorl.models.serialize import save_critic
@@ -227,8 +227,8 @@ def critic_metrics(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPres
 def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, *, steps: int,
                batch_size: int, lr: float, grad_clip: float, pad_id: int, seed: int,
                device: str = "cpu", max_tokens_per_microbatch: int = 4096, packing: bool = True,
-               updater: Updater | None = None,
-               progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+               updater: Updater | None = None, progress: Callable[[int, int], None] | None = None,
+               activation_checkpointing: bool = False) -> dict[str, float]:
     """Train ``critic`` in place on ``trajs`` for ``steps`` minibatch steps; last step's metrics.
 
     Frozen attention per ``preset.freeze_critic_attention`` (frozen parameters never change).
@@ -238,7 +238,9 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     or updated weights are not finite rolled back (``critic/nonfinite_skips``). With the sharded
     trainer's ``updater`` every rank trains its share of each minibatch. ``progress`` is called
     with ``(steps done, steps)`` after every step (a :class:`CountProgress` prints a line at most
-    every 10 s: a real model's fit takes minutes).
+    every 10 s: a real model's fit takes minutes). ``activation_checkpointing``: the trunk's decoder
+    layers recompute their activations in the backward pass (``trainer.activation_checkpointing``),
+    switched off again when the fit ends.
     """
     if not trajs:
         raise ValueError("fit_critic needs at least one trajectory")
@@ -254,6 +256,8 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     metrics: dict[str, float] = {}
     skips = 0
     critic.train()
+    if activation_checkpointing:
+        checkpoint_activations(critic.trunk)
     for step in range(steps):
         if len(order) < size:  # a new epoch; a short remainder is dropped
             order = list(range(len(trajs)))
@@ -276,6 +280,8 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
                    "critic/nonfinite_skips": skips}
         if progress is not None:
             progress(step + 1, steps)
+    if activation_checkpointing:
+        critic.trunk.activation_checkpointing_disable()
     critic.eval()
     return metrics
 
@@ -341,7 +347,8 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
         else:
             with CountProgress(f"value pretraining fit on {n} rollouts", enabled=cfg.run.progress,
                                log=log) as count:
-                fit = fit_critic(critic, train[:n], preset, progress=count, **fit_kw)
+                fit = fit_critic(critic, train[:n], preset, progress=count,
+                                 activation_checkpointing=cfg.trainer.activation_checkpointing, **fit_kw)
         val_m = critic_metrics(critic, val, preset, batch_size=vp.batch_size, **kw)
         rows.append(_row(n / len(train), n, val_m, fit["critic/value_loss"]))
         log(f"value pretraining: {n} rollouts: val loss {val_m['loss']:.4f}, "

@@ -149,3 +149,38 @@ def test_demonstrations_report_their_progress():
     seen = []
     demonstrations(factory, tasks, tok, seed=1, on_done=lambda done, total: seen.append((done, total)))
     assert seen == [(i, 5) for i in range(1, 6)]
+
+
+def _layer_calls(model) -> list[int]:
+    """A counter of the calls into the first decoder layer's MLP (a module the layer calls, so a
+    recompute inside the checkpointed layer counts too; a pre-hook, as the recompute stops early,
+    once it has what the backward needs)."""
+    calls = [0]
+    model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_activation_checkpointing_recomputes_layers_in_sft_and_leaves_the_step_unchanged():
+    """``trainer.activation_checkpointing`` reaches SFT: each decoder layer runs again in the backward
+    pass (two forward calls a micro-batch, not one), the losses and weights are the plain run's, and
+    the switch is off again afterwards (the warm start goes on the shelf as loaded)."""
+    demos = _varied_demos()
+    runs = {}
+    for on in (False, True):
+        policy = build_tiny("tiny-dense", seed=0)
+        calls, during, losses = _layer_calls(policy), [], []
+
+        def on_step(_, m, policy=policy, losses=losses, during=during):
+            losses.append(m["sft/loss"])
+            during.append(policy.model.layers[0].gradient_checkpointing)
+
+        sft(policy, demos, pad_id=1, steps=3, batch_size=8, lr=1e-4, seed=0, warmup_steps=1,
+            max_tokens_per_microbatch=10_000, packing=False, on_step=on_step, activation_checkpointing=on)
+        assert during == [on] * 3
+        assert not policy.model.layers[0].gradient_checkpointing
+        runs[on] = (policy.state_dict(), losses, calls[0])
+    (plain, plain_losses, plain_calls), (ckpt, ckpt_losses, ckpt_calls) = runs[False], runs[True]
+    assert plain_calls == 3 and ckpt_calls == 6  # one pass a step; recomputed in each backward
+    assert ckpt_losses == pytest.approx(plain_losses, rel=1e-6)
+    for k, v in plain.items():
+        torch.testing.assert_close(ckpt[k], v, rtol=0, atol=1e-6, msg=k)

@@ -310,3 +310,27 @@ def test_value_pretraining_hands_the_run_sampler_to_the_rollouts(tmp_path, monke
         vp.run_value_pretrain(_cfg(tmp_path, "model.policy=tiny-moe", "rollout.engine.moe_top_k=1"),
                               "tiny-moe", tmp_path / "critic", log=lambda _: None)
     assert seen[0] is not None and seen[0].top_k == 1
+
+
+def test_activation_checkpointing_recomputes_the_critic_trunk_and_leaves_the_fit_unchanged():
+    """``trainer.activation_checkpointing`` reaches value pretraining: the trunk's layers run again in
+    each backward (counted by a pre-hook on a module inside the first layer), the fitted critic is
+    the plain fit's, and the switch is off once the fit ends."""
+    preset = load_config(None, []).algo.preset
+    trajs = [_traj() for _ in range(6)]
+    fits = {}
+    for on in (False, True):
+        critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
+        calls = [0]
+        critic.trunk.layers[0].mlp.register_forward_pre_hook(lambda *_, c=calls: c.__setitem__(0, c[0] + 1))
+        fit = vp.fit_critic(critic, trajs, preset, steps=3, batch_size=4, lr=1e-4, grad_clip=1.0, pad_id=1,
+                            seed=0, max_tokens_per_microbatch=10_000, packing=False,
+                            activation_checkpointing=on)
+        assert not critic.trunk.layers[0].gradient_checkpointing
+        state = {k: v.clone() for k, v in critic.state_dict().items()}
+        fits[on] = (state, fit["critic/value_loss"], calls[0])
+    (plain, plain_loss, plain_calls), (ckpt, ckpt_loss, ckpt_calls) = fits[False], fits[True]
+    assert ckpt_calls == 2 * plain_calls > 0
+    assert ckpt_loss == pytest.approx(plain_loss, rel=1e-6)
+    for k, v in plain.items():
+        torch.testing.assert_close(ckpt[k], v, rtol=0, atol=1e-6, msg=k)
