@@ -217,7 +217,8 @@ def test_eval_checks_conversation_prompts_before_it_plays(policy_dir, tmp_path, 
     for path, q in ((train, "2+2?"), (test, "1+1?")):
         path.write_text(json.dumps({"prompt": [{"role": "user", "content": q}], "answer": 2}) + "\n")
     assert main(["eval", str(policy_dir), "--tasks", "1", "env.type=prompt_reward",
-                 "rollout.max_new_tokens=6", "env.options.reward_fn=saorl.envs.rewards:number_answer", f"env.tasks_file={train}",
+                 "rollout.max_new_tokens=6", "env.options.reward_fn=saorl.envs.rewards:number_answer",
+                 f"env.tasks_file={train}",
                  f"env.test_tasks_file={test}", "env.num_test_tasks=1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"saorl eval: {train}: row 1 (task id 'row-")
