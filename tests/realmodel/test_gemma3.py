@@ -56,7 +56,7 @@ def test_a_base_model_prompt_is_its_text_after_bos_with_or_without_model_chat_te
         tok = run_tokenizer(ModelConfig(policy=NAME, chat_template=flag))
         assert not tok.applies_chat_template and len(tok.hf) == 262_144
         assert tok.prompt_ids(text) == [2, *tok.ids(text)]  # <bos>, no template to apply
-    with pytest.raises(ValueError, match="the prompt is a conversation .* has none"):
+    with pytest.raises(ValueError, match=r"the prompt is a conversation .* has none"):
         tok.prompt_ids([{"role": "user", "content": text}])
 
 
