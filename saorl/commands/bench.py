@@ -43,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        description="time one SAO trainer step (policy, critic with K = 2, AdamW) of a "
                        "model on synthetic trajectories, split it, and compare its FLOP/s with this "
                        "machine's measured matmul peak")
-    s.add_argument("model", help="a model directory, a GGUF file, a short name (smollm2-135m-instruct), "
-                   "a Hub id or a tiny kind")
+    s.add_argument("model", help="a model directory, a GGUF file, a short name (smollm2-135m-instruct, "
+                   "gemma3-270m), a Hub id or a tiny kind")
     s.add_argument("--batch", type=int, default=8, help="trajectories a step")
     s.add_argument("--tokens", type=int, default=128, help="tokens a trajectory")
     s.add_argument("--action-frac", type=float, default=0.5, help="the action's share of each trajectory")

@@ -29,8 +29,8 @@ evaluation and this one compare; ``--temperature 0`` is greedy decoding.
 - a LoRA adapter directory (``adapter_config.json``, e.g. ``RUN/final/adapter``): the adapter
   merged into the base its ``saorl_base.json`` names; settings as for an HF directory;
 - a tiny kind (``tiny-moe``, ``tiny-dense``): a freshly initialised model (from ``seed``);
-- a ``.gguf`` file, a short model name (``smollm2-135m-instruct``) or a Hugging Face Hub id: the
-  model source it names (:mod:`saorl.models.source`: classified once, made local once, a GGUF
+- a ``.gguf`` file, a short model name (``smollm2-135m-instruct``, ``gemma3-270m``) or a Hugging Face
+  Hub id: the model source it names (:mod:`saorl.models.source`: classified once, made local once, a GGUF
   converted once into saorl's cache); settings as for an HF directory.
 
 The evaluation is the trainer's (:func:`saorl.stages.evaluate.evaluate_config`); the test tasks
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a config file (a recipe: its env, test split and settings; then MODEL, default its "
                         "model.policy), or the model alone: a run directory, a checkpoint directory, an HF "
                         "policy directory, a LoRA adapter directory, a tiny kind, a .gguf file, a short "
-                        "model name (smollm2-135m-instruct) or a Hugging Face Hub id")
+                        "model name (smollm2-135m-instruct, gemma3-270m) or a Hugging Face Hub id")
     p.add_argument("overrides", nargs="*", metavar="[MODEL] KEY=VALUE",
                    help="after a config file, the model to evaluate (any of the forms above); then dotted "
                         "config overrides, e.g. env.type=code_repair rollout.max_new_tokens=64")
@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     from saorl.runtime.recorder import CountProgress
     from saorl.stages.env_check import prepare_tasks
     from saorl.stages.evaluate import evaluate_config
-    from saorl.stages.preflight import check_device, check_env, check_observations
+    from saorl.stages.preflight import check_device, check_env, check_observations, check_tasks
 
     model = None
     if is_config_file(args.target) and args.overrides and "=" not in args.overrides[0]:
@@ -299,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:  # a tokenizer that is not the policy's
             raise TargetError(str(e)) from e
         check_observations(target.cfg, factory, tokenizer)  # before the policy loads
+        check_tasks(target.cfg, factory)  # a conversation needs the tokenizer's chat template
         try:
             policy = target.load()
             check_vocab(tokenizer, policy)

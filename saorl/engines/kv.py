@@ -8,8 +8,8 @@ passed explicitly per row, so a row's padding does not shift its positions.
 
 Operations between decode steps: :func:`merge` (append newly prefilled rows, padding both sides
 on the left to a common ``L``), :func:`select_rows` (drop finished rows) and :func:`trim` (drop
-leading columns that are padding in every row). Only full-attention ``DynamicLayer`` caches are
-supported (no sliding window layers).
+leading columns that are padding in every row). Every layer is a full-attention ``DynamicLayer``
+(:func:`new_cache`), a sliding-window layer's too: the model's mask applies the window.
 
 Prefix reuse (a session's next turn): :func:`row_kv` copies one row's real keys / values out of a
 batch cache, :func:`from_rows` stacks such copies into a left-padded cache that a prefill of the
@@ -24,11 +24,37 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
+"""The decoder layer types the engine's cache serves (``config.layer_types``; none listed: full)."""
 
-def check_supported(cache: DynamicCache) -> None:
-    kinds = {type(layer).__name__ for layer in cache.layers}
-    if kinds - {"DynamicLayer"}:
-        raise ValueError(f"LocalEngine supports full-attention DynamicLayer caches only, got {sorted(kinds)}")
+
+def check_supported(config) -> None:
+    """ValueError for a model with layers of another kind than :data:`ATTENTION_KINDS` (linear
+    attention, state-space layers, chunked attention): the left-padded cache cannot hold them."""
+    text = config.get_text_config(decoder=True)
+    kinds = set(getattr(text, "layer_types", None) or ()) - ATTENTION_KINDS
+    if kinds:
+        raise ValueError(f"LocalEngine serves full- and sliding-window-attention layers only; "
+                         f"{type(text).__name__} has {sorted(kinds)} layers")
+
+
+def new_cache(config) -> DynamicCache:
+    """An empty cache of one full-attention ``DynamicLayer`` per decoder layer, sliding-window layers
+    included: such a layer keeps every key here, and the model's sliding-window mask hides those
+    outside the window. That mask counts cache columns, which are the tokens' distances as long as
+    each row's real tokens are contiguous (:func:`compact`; a prefill on top of stored rows keeps
+    them so for a model with a window: :func:`sliding_window`)."""
+    cache = DynamicCache()
+    cache.layers = [DynamicLayer() for _ in range(config.get_text_config(decoder=True).num_hidden_layers)]
+    return cache
+
+
+def sliding_window(config) -> int | None:
+    """The model's sliding window (tokens), if any of its layers has one."""
+    text = config.get_text_config(decoder=True)
+    if "sliding_attention" not in (getattr(text, "layer_types", None) or ()):
+        return None
+    return getattr(text, "sliding_window", None)
 
 
 def _set(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -99,7 +125,7 @@ def from_rows(config, rows: list[RowKV | None]) -> tuple[DynamicCache, torch.Ten
     left-padded to the longest; returns ``(cache, mask [B, L])``. At least one row is not None."""
     some = next(r for r in rows if r is not None)
     length = max(r[0][0].shape[-2] for r in rows if r is not None)
-    cache = DynamicCache(config=config)
+    cache = new_cache(config)
     for i, layer in enumerate(cache.layers):
         keys = some[i][0]
         empty = keys.new_zeros(keys.shape[0], 0, keys.shape[-1])

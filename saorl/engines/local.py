@@ -51,7 +51,7 @@ from saorl.config.engines import LocalEngineConfig
 from saorl.engines import kv
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
 from saorl.engines.packed import PackedLinears, packing_available
-from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs
+from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs, prefill_groups
 from saorl.engines.request import Deliver, OnToken, Request, fed_routes, finish_reason, validate_request
 from saorl.engines.sampling import sample_rows, top_alternatives
 from saorl.engines.updates import update_state
@@ -116,7 +116,8 @@ class LocalEngine:
         eos = tokenizer.eos_token_id
         self._eos = frozenset([eos]) if (stop_on_eos and eos is not None) else frozenset()
         self._pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
-        kv.check_supported(DynamicCache(config=model.config))
+        kv.check_supported(model.config)
+        self._window = kv.sliding_window(model.config)
         self._version = version
         self._adapter = AdapterMerger()
         self._cond = threading.Condition()
@@ -366,8 +367,8 @@ class LocalEngine:
         rest = [(r, e) for r, e in pairs if not any(r is j for j, _ in join)]
         if join:
             self._join(join)
-        if rest:
-            self._prefill(rest)
+        for group in prefill_groups(rest, self._window):
+            self._prefill(group)
 
     def _join(self, pairs: list[tuple[Request, Prefix | None]]) -> None:
         """Merge the sessions' stored rows (or empty rows) into the running batch; the decode steps
@@ -400,7 +401,7 @@ class LocalEngine:
                 cache, past = kv.from_rows(self.model.config, [e and e.kv for _, e in pairs])
             mask = torch.cat([past, new_mask.to(self.device)], dim=1)
         else:
-            cache, mask = DynamicCache(config=self.model.config), new_mask.to(self.device)
+            cache, mask = kv.new_cache(self.model.config), new_mask.to(self.device)
         self._stats["prefix_hits"] += sum(n > 0 for n in done)
         self._stats["prefix_tokens_reused"] += sum(done)
         for r, e in pairs:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -63,6 +64,21 @@ def new_token_inputs(prompts: list[list[int]], done: list[int], pad: int
         mask[i, length - len(new):] = 1
         pos[i, length - len(new):] = torch.arange(n, n + len(new))
     return ids, mask, pos
+
+
+def prefill_groups(pairs: list[tuple[Any, Prefix | None]], window: int | None
+                   ) -> list[list[tuple[Any, Prefix | None]]]:
+    """The prefill forwards of ``pairs`` (a request, its stored prefix or None): one, except for a
+    model with sliding-window layers (``window``) whose rows extend stored prefixes by different
+    numbers of tokens. Left-padded (:func:`new_token_inputs`), a shorter row's new tokens would sit
+    columns apart from its past, and the model's window counts columns: each number of new tokens
+    gets a forward of its own."""
+    if not pairs or window is None or not any(e for _, e in pairs):
+        return [pairs] if pairs else []
+    groups: dict[int, list[tuple[Any, Prefix | None]]] = {}
+    for r, e in pairs:
+        groups.setdefault(len(r.prompt) - (len(e.tokens) if e else 0), []).append((r, e))
+    return list(groups.values())
 
 
 @dataclass

