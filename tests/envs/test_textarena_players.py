@@ -100,3 +100,24 @@ def test_an_sft_run_on_a_game_without_a_player_stops_at_start_up_naming_the_game
     assert "FrozenLake, GuessTheNumber, TowerOfHanoi" in str(e.value) and "sft.enabled=false" in str(e.value)
     ok = load_config(None, ["env.type=textarena", "env.options.game=GuessTheNumber-v0", "sft.enabled=true"])
     check_demonstrations(ok, make_env_factory("textarena", {"game": "GuessTheNumber-v0"}))
+
+
+def test_the_textarena_recipe_loads_and_its_demonstrations_fit_its_budgets():
+    """configs/recipes/smollm2_135m_textarena.yaml: the game and the SFT warm start it measured; each
+    scripted move fits ``rollout.max_new_tokens`` (counted by the shipped tokenizer: SmolLM2's need
+    not be on this machine) and ends at the stop string, as the model's moves are cut."""
+    from pathlib import Path
+
+    from saorl.config.loading import load_config
+    from saorl.models.tokenizer import load_tokenizer
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "smollm2_135m_textarena.yaml"
+    cfg = load_config(recipe)
+    game = "GuessTheNumber-v0-hardcore"
+    assert (cfg.env.type, cfg.env.options["game"], cfg.sft.enabled) == ("textarena", game, True)
+    env = make_env_factory(cfg.env.type, cfg.env.options)()
+    tokenizer = load_tokenizer(None)
+    for task in env.generate_tasks("train", 8, seed=cfg.seed):
+        for move in env.demonstration(task, random.Random(0)):
+            assert move.endswith(tuple(env.stop_strings))
+            assert len(tokenizer(move, add_special_tokens=False)["input_ids"]) <= cfg.rollout.max_new_tokens
