@@ -14,6 +14,8 @@ from saorl.envs.hosted import CallTimeout, HostDied, HostedEnv, child_traceback
 from saorl.envs.prompt_reward import RewardFunctionError
 from saorl.envs.registry import make_env_factory
 
+from .procs import gone
+
 USER_CODE = '''
 import os, re, time
 
@@ -79,14 +81,6 @@ def _reward_env(fn: str, timeout_s: float = 30.0):
     return make_env_factory("prompt_reward", options, call_timeout_s=timeout_s)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def test_a_hosted_reward_function_scores_as_in_process_in_one_warm_child(user_code):
     with _reward_env("ok") as factory:
         results = []
@@ -109,7 +103,7 @@ def test_the_reward_function_runs_in_the_child_not_here(user_code):
         env.reset(TASK)
         child = int(env.step("x").reward)
     assert child != os.getpid()
-    assert _gone(child)  # closing the factory ended it
+    assert gone(child)  # closing the factory ended it
 
 
 @pytest.mark.parametrize("fn", ["busy", "gil", "sleepy"])
@@ -142,7 +136,7 @@ def test_the_killed_child_is_gone_and_the_pool_goes_on(user_code, tmp_path):
         env.reset(task)
         with pytest.raises(CallTimeout):
             env.step("x")
-        assert _gone(int((tmp_path / "pid").read_text()))
+        assert gone(int((tmp_path / "pid").read_text()))
 
 
 ESCAPE = """
@@ -187,20 +181,20 @@ def _escapees(tmp_path, fn: str, timeout_s: float, n: int) -> list[int]:
         env.reset(task)
         try:
             env.step("x")
-            assert not any(_gone(p) for p in found())  # alive while the pool is open
+            assert not any(gone(p) for p in found())  # alive while the pool is open
         except CallTimeout:  # on the deadline, the detached one is gone with the child at once
-            assert found() and all(_gone(p) for p in found()), found()
+            assert found() and all(gone(p) for p in found()), found()
     return found()
 
 
 def test_processes_a_reward_function_detaches_are_killed_when_the_pool_closes(user_code, tmp_path):
     pids = _escapees(tmp_path, "escape", timeout_s=30.0, n=3)
-    assert len(pids) == 3 and all(_gone(p) for p in pids), pids
+    assert len(pids) == 3 and all(gone(p) for p in pids), pids
 
 
 def test_a_process_detached_by_a_call_past_its_deadline_is_killed_with_it(user_code, tmp_path):
     pids = _escapees(tmp_path, "escape_and_hang", timeout_s=1.0, n=1)
-    assert len(pids) == 1 and all(_gone(p) for p in pids), pids
+    assert len(pids) == 1 and all(gone(p) for p in pids), pids
 
 
 def test_an_exception_in_user_code_comes_back_as_itself_with_the_childs_traceback(user_code):
@@ -292,13 +286,13 @@ def test_a_stuck_child_dies_with_its_parent_however_the_parent_died(user_code, t
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
-        assert not _gone(child)
+        assert not gone(child)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
         deadline = time.monotonic() + 10.0
-        while not _gone(child) and time.monotonic() < deadline:
+        while not gone(child) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _gone(child)
+        assert gone(child)
     finally:
         parent.kill()
 

@@ -1,7 +1,6 @@
 """How a HostPool starts its children (saorl.envs.hosted): calls at once on a cold pool, at most
 ``starts_at_once`` children starting, starts that fail. Real child processes."""
 
-import os
 import sys
 import threading
 import time
@@ -9,6 +8,8 @@ import time
 import pytest
 
 from saorl.envs.hosted import HostDied, HostPool
+
+from .procs import gone
 
 USER_CODE = '''
 import os, time
@@ -51,14 +52,6 @@ def user_code(tmp_path, monkeypatch):
     import hosted_start_code
 
     return hosted_start_code
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _episode(pool: HostPool, action: str) -> tuple[float, int]:
@@ -110,7 +103,7 @@ def test_calls_at_once_on_a_cold_pool_wait_for_the_starts_in_flight_and_all_answ
     finally:
         pids = pool.pids()
         pool.close()
-    assert pids and all(_gone(p) for p in pids)
+    assert pids and all(gone(p) for p in pids)
 
 
 def test_each_call_gets_the_clear_error_of_a_child_that_cannot_build_the_env(user_code):
@@ -161,7 +154,7 @@ def test_close_ends_the_calls_that_wait_for_a_child(user_code, tmp_path):
     assert not any(t.is_alive() for t in threads)
     assert len(out) == 3 and all(isinstance(e, HostDied) for e in out.values()), out
     assert sum("were closed" in str(e) for e in out.values()) >= 2  # the waiting ones
-    assert _gone(pid) and pool.started == 1
+    assert gone(pid) and pool.started == 1
 
 
 def test_starts_at_once_must_be_positive(user_code):
