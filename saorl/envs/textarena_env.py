@@ -150,6 +150,14 @@ def _make(game: str) -> tuple[Any, list[Any]]:
     return entry(**spec.kwargs), actions
 
 
+def _play(game: Any, wrappers: list[Any], randomness: _Randomness, action: str) -> bool:
+    """Step ``game`` with ``action`` through the id's action wrappers; whether the game is done."""
+    for wrapper in wrappers:
+        action = wrapper(game).action(action)
+    done, _ = randomness.run(game.step, action)
+    return done
+
+
 class TextArenaEnv(Env):
     name: ClassVar[str] = "textarena"
     version: ClassVar[int] = 2  # 2: demonstrations
@@ -236,9 +244,7 @@ class TextArenaEnv(Env):
     def step(self, action: str) -> StepResult:
         if self._game is None or self._rng is None:
             raise RuntimeError("TextArenaEnv.step called before reset (or after the episode ended)")
-        for wrapper in self._actions:
-            action = wrapper(self._game).action(action)
-        done, _ = self._rng.run(self._game.step, action)
+        done = _play(self._game, self._actions, self._rng, action)
         new = self._observe()
         observation = f"\n{new}\n" if new else ""  # on its own lines after the action
         if not done:
@@ -276,10 +282,6 @@ class TextArenaEnv(Env):
         actions: list[str] = []
         for _ in range(self.max_turns):
             actions.append(player(game, rng))
-            move = actions[-1]
-            for wrapper in wrappers:
-                move = wrapper(game).action(move)
-            done, _ = randomness.run(game.step, move)
-            if done:
+            if _play(game, wrappers, randomness, actions[-1]):
                 break
         return actions

@@ -363,11 +363,9 @@ def check_demonstrations(cfg: SaorlConfig, factory: Callable[[], Env]) -> None:
     try:
         env.demonstration(first[0], random.Random(0))
     except NotImplementedError as e:
-        why = str(e) if str(e) and "has no demonstrations" not in str(e) else ""
-        why = f" ({why})" if why else ""
+        why = f" ({e})" if str(e) and "has no demonstrations" not in str(e) else ""
         raise StartupError(
             f"env {cfg.env.type} has no demonstrations{why}, so the SFT warm start (sft.enabled, on by "
-            "default) "
-            "has nothing to learn from. Set sft.enabled=false to start RL from model.policy as it is "
-            "(best a model that already follows the env's action format), or give the env a "
+            "default) has nothing to learn from. Set sft.enabled=false to start RL from model.policy as "
+            "it is (best a model that already follows the env's action format), or give the env a "
             "demonstration(task, rng) method") from None
