@@ -55,7 +55,7 @@ from saorl.engines.local import LocalEngine
 from saorl.envs.base import Progress
 from saorl.envs.registry import env_factory_for
 from saorl.models.codec import run_tokenizer
-from saorl.models.loading import load_policy, sync_device, train_dtype
+from saorl.models.loading import checkpoint_activations, load_policy, sync_device, train_dtype
 
 PROMPTS_READ = 4
 """Training tasks whose prompts are tokenized for the mean prompt length."""
@@ -151,6 +151,8 @@ def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
         with torch.no_grad():
             model(input_ids=torch.randint(0, vocab, (1, 16), device=device))  # kernels set up once
         model.train()
+        if cfg.trainer.activation_checkpointing:  # time the passes as the run makes them, and keep
+            checkpoint_activations(model)  # a long sequence's activations as small as the run does
         one = _time_pass(model, 1, n, vocab, device)
         one = min(one, _time_pass(model, 1, n, vocab, device))  # the first pass of a shape is slower
         cheap = one < CHEAP_PASS_S

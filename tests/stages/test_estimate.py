@@ -118,3 +118,33 @@ def test_the_run_prints_the_table_and_writes_it_or_says_why_not(tmp_path, monkey
     monkeypatch.setattr(est, "calibrate", broken)
     assert est.start_up_estimate(cfg, tmp_path, log=lines.append) is None
     assert lines == ["start-up estimate skipped: RuntimeError: no memory for the calibration"]
+
+
+def test_calibration_times_the_passes_with_activation_checkpointing_when_the_run_uses_it(monkeypatch):
+    """With ``trainer.activation_checkpointing`` the calibration's passes recompute each layer as the
+    run's do (a long sequence's activations then stay as small in the calibration as in the run):
+    the first layer's MLP runs again in each backward pass, and not without it."""
+    small = ["model.policy=tiny-dense", "sft.enabled=false", "rollout.engine.slots=2", "trainer.batch_size=2",
+             "value_pretrain.batch_size=2", "rollout.max_new_tokens=8", "rollout.max_total_tokens=64"]
+    shape = est.trajectory_shape(load_config(None, small))
+    calls: dict[bool, list[int]] = {}
+    load = est.load_policy
+    monkeypatch.setattr(est, "CHEAP_PASS_S", float("inf"))  # each phase's pass timed for real, both runs
+    for on in (False, True):
+        cfg = load_config(None, [*small, f"trainer.activation_checkpointing={str(on).lower()}"])
+        counter = calls[on] = [0, 0]  # forward pre-hook calls in eval mode, and in training mode
+
+        def count(module, *_, counter=counter):
+            counter[module.training] += 1
+
+        def counted(*a, **k):
+            model = load(*a, **k)
+            model.model.layers[0].mlp.register_forward_pre_hook(count)
+            return model
+
+        monkeypatch.setattr(est, "load_policy", counted)
+        est.calibrate(cfg, "tiny-dense", shape)
+    passes = calls[False][1]  # each timed training pass calls the layer once without checkpointing
+    assert passes == 2 + 2 * 2  # the best of two at full length, then two each for the fit and RL
+    assert calls[True][1] == 2 * passes  # and again in its backward with it
+    assert calls[True][0] == calls[False][0] > 0  # decoding (eval mode) is not checkpointed
