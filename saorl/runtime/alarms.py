@@ -14,6 +14,11 @@ end-of-run summary (:mod:`saorl.runtime.run_signals`, whose thresholds these are
   steps in a row rewarded exactly 0 — after a rewarded step that is the collapse the summary
   counts (:func:`~saorl.runtime.run_signals.collapse_step`), from the start a task the policy
   cannot solve yet;
+- ``held-out episodes cut short``: an evaluation's ``eval/truncated_frac`` (step 0's included)
+  above :data:`~saorl.runtime.run_signals.CUT_SHORT_FRAC`: that share of the held-out episodes
+  ended at a limit (``rollout.max_total_tokens``, ``rollout.max_new_tokens``, the env's turns),
+  not by the env, so the budget, not the policy, decided their score (a training batch's
+  ``rollout/truncated_frac`` is too noisy for an alarm: a handful of episodes a step);
 - ``critic not learning``: ``critic/explained_var`` ≤ 0 for
   :data:`~saorl.runtime.run_signals.CRITIC_BAD_STEPS` steps in a row (steps whose returns have no
   variance, explained variance 0 by definition, neither count nor break the stretch).
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from saorl.runtime.run_signals import (
     COLLAPSE_MIN_STEPS,
     CRITIC_BAD_STEPS,
+    CUT_SHORT_FRAC,
     DIS_KEPT_MIN,
     DRIFT_KL,
     LENGTH_COLLAPSE_FRAC,
@@ -44,7 +50,8 @@ from saorl.runtime.run_signals import (
 @dataclass(frozen=True)
 class Alarm:
     kind: str
-    """``drift burst``, ``action-length collapse``, ``zero reward`` or ``critic not learning``."""
+    """``drift burst``, ``action-length collapse``, ``zero reward``, ``critic not learning``,
+    or ``held-out episodes cut short``."""
     step: int
     key: str
     """The metric that raised it, and its value at ``step``."""
@@ -72,6 +79,8 @@ class _Detector:
     kind: str
     check: Callable[[Mapping], tuple[bool, str, float, str] | None]
     rearm_after: int
+    at_start: bool = False
+    """Checked on the step-0 row (the evaluation before training) too."""
     firing: bool = False
     healthy: int = 0
 
@@ -109,14 +118,17 @@ class RunAlarms:
             _Detector("action-length collapse", self._length, WINDOW),
             _Detector("zero reward", self._zero_reward, 1),
             _Detector("critic not learning", self._critic, 1),
+            _Detector("held-out episodes cut short", _cut_short, 1, at_start=True),
         ]
 
     def observe(self, row: Mapping) -> list[Alarm]:
-        """The alarms that start at this metrics row (a trainer step's; step 0 rows are ignored)."""
+        """The alarms that start at this metrics row (a trainer step's; of a step-0 row, the
+        evaluation before training, only the held-out checks)."""
         step = int(row.get("step", 0))
-        if step <= 0:
+        if step < 0:
             return []
-        return [a for d in self._detectors if (a := d.observe(step, row)) is not None]
+        return [a for d in self._detectors
+                if (step > 0 or d.at_start) and (a := d.observe(step, row)) is not None]
 
     # ------------------------------------------------------------------ the checks
     def _drift(self, row: Mapping) -> tuple[bool, str, float, str] | None:
@@ -173,3 +185,14 @@ class RunAlarms:
         return (True, "critic/explained_var", ev,
                 f"critic/explained_var ≤ 0 for {self._critic_bad} steps in a row (now {ev:.3f}): the value "
                 "model predicts returns no better than their mean; check trainer.critic_lr")
+
+
+def _cut_short(row: Mapping) -> tuple[bool, str, float, str] | None:
+    frac = _num(row, "eval/truncated_frac")
+    if frac is None:
+        return None
+    return (frac > CUT_SHORT_FRAC, "eval/truncated_frac", frac,
+            f"eval/truncated_frac {frac:.2f} > {CUT_SHORT_FRAC:g}: {frac:.0%} of the held-out episodes "
+            "ended at a limit (rollout.max_total_tokens, rollout.max_new_tokens or the env's turns), not "
+            "by the env, so the budget decided their score; raise the limit, or look at the samples "
+            "for replies that ramble or repeat")

@@ -108,7 +108,10 @@ class Run:
             if self.step == 0 and s.eval_tasks and s.eval_at_start:  # step 0: what later evals compare with
                 start = self._evaluate()
                 if start:  # not when a stop dropped it
-                    self.recorder.log_step({"step": 0, "policy/version": self.learner.version, **start})
+                    row = {"step": 0, "policy/version": self.learner.version, **start}
+                    self.recorder.log_step(row)
+                    for alarm in self.alarms.observe(row):
+                        self.recorder.alarm(alarm.row())
             self._wait_until_ready()
             self.clock.start()
             self._checkpointed_at = time.monotonic()  # run.checkpoint_every_s counts training time

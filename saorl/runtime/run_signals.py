@@ -36,6 +36,9 @@ too: most sampled tokens' ratio to the trainer left the trust band, so most are 
 LENGTH_COLLAPSE_FRAC = 0.25
 """A step whose mean action length is below this fraction of the median over the run's steps
 before it counts as an action-length collapse (the policy learned to stop at once)."""
+CUT_SHORT_FRAC = 0.25
+"""The share of a held-out evaluation's episodes ended by a limit, not by the env
+(``eval/truncated_frac``), above which the held-out-episodes-cut-short alarm fires."""
 CRITIC_BAD_STEPS = WINDOW
 """Steps in a row of ``critic/explained_var`` ≤ 0 that count as a critic that does not learn."""
 

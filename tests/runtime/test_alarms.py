@@ -98,3 +98,44 @@ def test_a_real_run_with_a_huge_learning_rate_prints_the_drift_alarm_when_it_hap
     (row,) = [json.loads(line) for line in (run_dir / "alarms.jsonl").read_text().splitlines()]
     assert row["alarm"] == "drift burst" and row["value"] > 1.0
     assert lines[alarm[0]].startswith(f"alarm at step {row['step']}: ")
+
+
+def test_held_out_episodes_cut_short_are_checked_from_the_evaluation_before_training():
+    alarms = RunAlarms()
+    start = alarms.observe({"step": 0, "eval/accuracy": 0.2, "eval/truncated_frac": 0.31})
+    assert [(a.kind, a.step, a.key, a.value) for a in start] == [
+        ("held-out episodes cut short", 0, "eval/truncated_frac", 0.31)]
+    assert "31% of the held-out episodes" in start[0].text
+    # still cut at the next evaluation: no second line; steps without an evaluation say nothing
+    assert alarms.observe({"step": 1, **HEALTHY}) == []
+    assert alarms.observe({"step": 10, **HEALTHY, "eval/truncated_frac": 0.53}) == []
+    assert alarms.observe({"step": 20, **HEALTHY, "eval/truncated_frac": 0.1}) == []
+    again = alarms.observe({"step": 30, **HEALTHY, "eval/truncated_frac": 0.4})
+    assert [(a.kind, a.step) for a in again] == [("held-out episodes cut short", 30)]
+    # a step-0 row raises none of the training alarms, whatever it holds; a threshold's share does not fire
+    assert RunAlarms().observe({"step": 0, "mismatch/kl": 99.0, "reward/mean": 0.0, "reward/std": 0.0}) == []
+    assert RunAlarms().observe({"step": 5, **HEALTHY, "eval/truncated_frac": 0.25}) == []
+    assert "eval/truncated_frac 0.31 > 0.25" in start[0].text and "rollout.max_total_tokens" in start[0].text
+
+
+def test_a_real_run_whose_replies_are_cut_says_so_at_the_evaluation_before_training(tmp_path, capsys):
+    """Replies cut at 2 tokens: the step-0 evaluation's alarm is on the console before step 1's line
+    and in alarms.jsonl, once, though the later evaluation is cut as well."""
+    import json
+
+    from runtime_helpers import BASE
+
+    from saorl.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main(["train", *BASE, "runtime.backend=inprocess", "rollout.max_new_tokens=2", "run.eval_tasks=4",
+                 "run.eval_every=1", "trainer.steps=2", "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr()
+    lines = (out.out + out.err).splitlines()
+    alarm = [i for i, line in enumerate(lines) if line.startswith("alarm at step")]
+    assert len(alarm) == 1, lines
+    assert lines[alarm[0]].startswith("alarm at step 0: held-out episodes cut short: eval/truncated_frac 1.00")
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step 1 "))
+    assert alarm[0] < first_step
+    (row,) = [json.loads(line) for line in (run_dir / "alarms.jsonl").read_text().splitlines()]
+    assert (row["step"], row["alarm"], row["value"]) == (0, "held-out episodes cut short", 1.0)
