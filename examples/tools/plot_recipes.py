@@ -4,8 +4,11 @@ Each GROUP is a directory of run directories (``runs/tools/s0``, ``runs/tools/s1
 held-out accuracy of each evaluation (``eval/accuracy`` in ``metrics.jsonl``; step 0 is the model
 the run started from) against the trainer step, solid with markers, and the training reward of
 each step's batch, dotted. A dashed grey line at ``--before`` marks the model before the SFT.
+``--minutes`` puts the minutes into the RL loop (``time/elapsed_s``; 0 at the step-0 evaluation)
+on the x axis instead of the step.
 
     python examples/tools/plot_recipes.py OUT.png GROUP [GROUP ...] [--titles A B] [--before 0.0]
+        [--minutes]
 """
 
 from __future__ import annotations
@@ -15,18 +18,21 @@ import json
 from pathlib import Path
 
 
-def series(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(held-out accuracy by step, training reward by step) of one run."""
+def series(run_dir: Path, minutes: bool = False) -> tuple[list[tuple[float, float]],
+                                                          list[tuple[float, float]]]:
+    """(held-out accuracy by step, training reward by step) of one run; by minutes into the RL loop
+    with ``minutes``."""
     evals, rewards = [], []
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
     for line in path.read_text().splitlines():
         r = json.loads(line)
+        x = r.get("time/elapsed_s", 0.0) / 60 if minutes else r["step"]
         if "eval/accuracy" in r:
-            evals.append((r["step"], r["eval/accuracy"]))
+            evals.append((x, r["eval/accuracy"]))
         if "reward/mean" in r:
-            rewards.append((r["step"], r["reward/mean"]))
+            rewards.append((x, r["reward/mean"]))
     return evals, rewards
 
 
@@ -36,6 +42,7 @@ def main() -> None:
     p.add_argument("groups", type=Path, nargs="+")
     p.add_argument("--titles", nargs="+", help="one per group (default: the directories' names)")
     p.add_argument("--before", type=float, default=0.0, help="held-out accuracy before the SFT")
+    p.add_argument("--minutes", action="store_true", help="minutes into the RL loop on the x axis, not steps")
     args = p.parse_args()
     titles = args.titles or [g.name for g in args.groups]
     if len(titles) != len(args.groups):
@@ -52,16 +59,17 @@ def main() -> None:
         if not runs:
             raise SystemExit(f"{group}: no run directories with a metrics.jsonl")
         for i, run in enumerate(runs):
-            evals, rewards = series(run)
+            evals, rewards = series(run, args.minutes)
             color = f"C{i}"
             ax.plot([s for s, _ in evals], [a for _, a in evals], marker="o", color=color,
                     label=f"{run.name}: held-out")
             ax.plot([s for s, _ in rewards], [r for _, r in rewards], linestyle=":", color=color,
                     label=f"{run.name}: training reward")
-            print(title, run.name, " ".join(f"step {s}: {a:.3f}" for s, a in evals))
+            at = (lambda x: f"min {x:.1f}") if args.minutes else (lambda x: f"step {x}")
+            print(title, run.name, " ".join(f"{at(s)}: {a:.3f}" for s, a in evals))
         ax.axhline(args.before, color="grey", linestyle="--", linewidth=1, label="before the SFT")
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("trainer step (0: the SFT model)")
+        ax.set_xlabel("minutes into the RL loop" if args.minutes else "trainer step (0: the SFT model)")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="lower right")

@@ -160,8 +160,9 @@ def test_plot_recipes_draws_a_panel_per_group_and_refuses_a_group_without_runs(t
     for group, accs in (("tools", (0.25, 0.75)), ("agent", (0.5, 1.0))):
         run = tmp_path / group / "s0"
         run.mkdir(parents=True)
-        rows = [{"step": 0, "eval/accuracy": accs[0]}, {"step": 1, "reward/mean": 0.0},
-                {"step": 2, "reward/mean": 1.0, "eval/accuracy": accs[1]}]
+        rows = [{"step": 0, "eval/accuracy": accs[0]},
+                {"step": 1, "reward/mean": 0.0, "time/elapsed_s": 30.0},
+                {"step": 2, "reward/mean": 1.0, "eval/accuracy": accs[1], "time/elapsed_s": 90.0}]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "p.png"),
                           str(tmp_path / "tools"), str(tmp_path / "agent")], capture_output=True, text=True,
@@ -170,6 +171,11 @@ def test_plot_recipes_draws_a_panel_per_group_and_refuses_a_group_without_runs(t
     assert "tools s0 step 0: 0.250 step 2: 0.750" in out.stdout
     assert "agent s0 step 0: 0.500 step 2: 1.000" in out.stdout
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    by_time = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "m.png"),
+                              str(tmp_path / "tools"), "--minutes"],
+                             capture_output=True, text=True, timeout=120)
+    assert by_time.returncode == 0, by_time.stderr
+    assert "tools s0 min 0.0: 0.250 min 1.5: 0.750" in by_time.stdout  # time/elapsed_s of the evaluations
     (tmp_path / "empty").mkdir()
     bad = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "q.png"),
                           str(tmp_path / "empty")], capture_output=True, text=True, timeout=120)

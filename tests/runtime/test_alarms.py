@@ -128,13 +128,14 @@ def test_a_real_run_whose_replies_are_cut_says_so_at_the_evaluation_before_train
     from saorl.cli import main
 
     run_dir = tmp_path / "run"
-    assert main(["train", *BASE, "runtime.backend=inprocess", "rollout.max_new_tokens=2", "run.eval_tasks=4",
-                 "run.eval_every=1", "trainer.steps=2", "--run-dir", str(run_dir)]) == 0
+    assert main(["train", *BASE, "runtime.backend=inprocess", "rollout.max_new_tokens=2",
+                 "run.eval_tasks=4", "run.eval_every=1", "trainer.steps=2", "--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr()
     lines = (out.out + out.err).splitlines()
     alarm = [i for i, line in enumerate(lines) if line.startswith("alarm at step")]
     assert len(alarm) == 1, lines
-    assert lines[alarm[0]].startswith("alarm at step 0: held-out episodes cut short: eval/truncated_frac 1.00")
+    assert lines[alarm[0]].startswith(
+        "alarm at step 0: held-out episodes cut short: eval/truncated_frac 1.00")
     first_step = next(i for i, line in enumerate(lines) if line.startswith("step 1 "))
     assert alarm[0] < first_step
     (row,) = [json.loads(line) for line in (run_dir / "alarms.jsonl").read_text().splitlines()]
