@@ -6,7 +6,7 @@ seed against the reference arm (:func:`saorl.experiments.stats.paired_interval`)
 
 - ``acc@S``: test accuracy at the last evaluation at or before trainer step S, S the fewest steps
   any run took (:func:`saorl.runtime.run_signals.accuracy_at`);
-- ``acc@Mmin``: test accuracy of the policy the run had at M minutes of its RL loop
+- ``acc@M`` (``acc@5min``): test accuracy of the policy the run had M into its RL loop
   (:func:`accuracy_at_wall`): the last evaluation of a step reached by then (``time/elapsed_s``
   of that step, evaluations included in the clock). A run that finished its steps before M counts
   with its final policy, the one it had at M;
@@ -61,11 +61,12 @@ def accuracy_at_wall(evals: Sequence[dict], seconds: float) -> float | None:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:g}min"
+    """A wall-clock mark as a column name: ``5min``, or ``90s`` where it is not whole minutes."""
+    return f"{seconds / 60:g}min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
 
 
 def outcomes(run, steps: int, marks: Sequence[float]) -> dict[str, float | None]:
-    """One run's outcomes: ``acc@S``, ``acc@Mmin`` per mark, ``reward AUC`` over the first S steps."""
+    """One run's outcomes: ``acc@S``, ``acc@M`` per mark, ``reward AUC`` over the first S steps."""
     rows = [r for r in run.metrics if 0 < r.get("step", 0) <= steps]
     out = {f"acc@{steps}": accuracy_at(run.evals, steps)}
     out |= {f"acc@{_minutes(m)}": accuracy_at_wall(run.evals, m) for m in marks}
@@ -103,8 +104,8 @@ def verdict_section(trained: Sequence, ref: str, marks: Sequence[float] = ()) ->
     return [f"## Verdicts against `{ref}`, at equal trainer steps ({steps}) and at equal wall clock", "",
             _table(["outcome", "arm", "arm", ref, f"arm − {ref} (paired)", "verdict"], rows), "",
             f"acc@{steps}: test accuracy at the last evaluation at or before step {steps} (the fewest "
-            f"steps any run took); acc@Mmin (marks: {marks_text}): test accuracy of the policy each "
-            "run had M minutes into its RL loop (the last evaluation of a step reached by then, "
+            f"steps any run took); acc@M (marks: {marks_text}): test accuracy of the policy each "
+            "run had M into its RL loop (the last evaluation of a step reached by then, "
             "evaluations counted in the clock; a run that finished its steps earlier counts with its "
             f"final policy); reward AUC: the mean training reward over the first {steps} steps. Cells: "
             f"mean [95% t-interval]. Verdict (docs/results.md's rule): with ≥ {MIN_SEEDS} paired seeds, "
