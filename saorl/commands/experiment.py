@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         note += f" Not finished, left out of the table and plots: {', '.join(left_out)}."
     report = write_report(out, spec.name, spec.description, arms, spec.plots, start_arm=spec.start_arm,
                           switches=switch_steps(cfg) if "switches" in spec.plots else (), note=note,
-                          reference=spec.reference_arm(sel.arms))
+                          reference=spec.reference_arm(sel.arms), verdicts=spec.verdicts,
+                          wall_marks=spec.wall_marks(args.quick))
     print(report.read_text(encoding="utf-8").split("\n\n![", 1)[0])
     print(f"\nreport: {report}")
     return status

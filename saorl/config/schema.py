@@ -188,7 +188,13 @@ class TrainerConfig(Section):
     continues the count), makes the critic's K updates on it, and leaves the policy as it is (its
     version does not advance, nothing new is published; its log-probs are still computed for the
     metrics, ``critic/warmup`` is 1). The SAO paper warms the critic up for 10 steps at the start
-    of RL."""
+    of RL. ``critic_warmup`` says how those steps warm it up."""
+    critic_warmup: Literal["steps", "lr"] = "steps"
+    """How the critic is warmed up over ``critic_warmup_steps``. ``steps``: critic-only steps,
+    the policy frozen (above). ``lr``: the policy trains from step 1 and the critic's learning
+    rate ramps linearly, ``critic_lr × min(1, k / critic_warmup_steps)`` at trainer step k (times
+    the ``warmup_steps`` ramp, when that is set; ``critic/lr`` logs it). Two readings of the
+    paper's "critic warm-up"; ``lr`` needs ``critic_warmup_steps`` > 0."""
     staleness_lr_ref: float | None = Field(None, gt=0.0)
     """A staleness-aware learning rate: each step's policy learning rate is ``policy_lr`` times
     ``min(1, staleness_lr_ref / s)``, ``s`` the batch's mean staleness over its action tokens
@@ -394,6 +400,10 @@ class SaorlConfig(Section):
                              f"algo {self.algo.name!r} trains no critic, so there is nothing to warm "
                              "up; set trainer.critic_warmup_steps=0, or pick an algorithm with a critic "
                              "(sao, vapo)")
+        if self.trainer.critic_warmup == "lr" and not self.trainer.critic_warmup_steps:
+            raise FieldError("trainer.critic_warmup",
+                             "'lr' ramps the critic's learning rate over trainer.critic_warmup_steps, "
+                             "which is 0; set trainer.critic_warmup_steps to the ramp's length (e.g. 10)")
         if self.env.type == "openai_agent" and self.algo.preset.advantage == "grpo":
             raise FieldError(
                 "algo.name",

@@ -26,6 +26,13 @@ the dataset's score (0 to 1; some datasets give partial credit); ``info["success
 ``success_threshold`` (1.0). The demonstration (for an SFT warm start) is the oracle answer in its
 tags, no reasoning.
 
+**A reward that can be gamed.** reasoning-gym's default scorer (``ProceduralDataset.score_answer``,
+kept by ``basic_arithmetic`` and many others) gives an answer that *contains* the oracle answer
+partial credit, ``len(oracle) / len(answer)``: ``<answer>17</answer>`` earns 0.5 for 7, and an
+answer listing every digit earns 0.1 for any one-digit result. Metric ``rewarded_wrong`` (logged
+``env/rewarded_wrong``, ``eval/env/rewarded_wrong``) is 1 for a reply rewarded (score > 0) but not
+a success: the share of rewarded-but-wrong replies.
+
 **Hostile answers.** Some of reasoning-gym's scorers evaluate the answer as Python
 (``spiral_matrix``, ``string_insertion``, ``binary_matrix``, ``n_queens`` call ``eval``) or as a
 sympy expression (``countdown``, ``puzzle24``, the integration and polynomial datasets:
@@ -241,12 +248,14 @@ class ReasoningGymEnv(Env):
         refused = refusal(answer, self.dataset)
         if refused is not None:
             return StepResult(f"Refused: {refused}.", 0.0, True, {
-                "success": False, "refused": refused, "metrics": {"answered": 1.0, "answers_refused": 1.0}})
+                "success": False, "refused": refused,
+                "metrics": {"answered": 1.0, "answers_refused": 1.0, "rewarded_wrong": 0.0}})
         scorer = _dataset(self.dataset, self.config_json, int(task.data["seed"]))
         score = float(scorer.score_answer(answer, entry))
-        return StepResult("", score, True, {"success": score >= self.success_threshold,
-                                            "metrics": {"answered": float(answer is not None),
-                                                                        "answers_refused": 0.0}})
+        success = score >= self.success_threshold
+        return StepResult("", score, True, {"success": success, "metrics": {
+            "answered": float(answer is not None), "answers_refused": 0.0,
+            "rewarded_wrong": float(score > 0 and not success)}})
 
     def demonstration(self, task: Task, rng: random.Random) -> list[str]:
         return [f"<answer>{task.data['answer']}</answer>"]

@@ -406,9 +406,11 @@ def stability_section(trained: Sequence[ArmData], ref: str) -> list[str]:
 
 def write_report(out: Path, title: str, description: str, arms: Sequence[ArmData], wanted: Sequence[str], *,
                  start_arm: str | None = None, switches: Sequence[int] = (), note: str = "",
-                 reference: str | None = None) -> Path:
+                 reference: str | None = None, verdicts: bool = False,
+                 wall_marks: Sequence[float] = ()) -> Path:
     """``OUT/report.md`` (table, comparisons with confidence intervals against ``reference``,
-    signals, plots) and ``OUT/plots/*.png``; returns the report's path."""
+    signals, plots; with ``verdicts``, :mod:`saorl.experiments.verdicts`' sections, accuracy at
+    ``wall_marks`` seconds included) and ``OUT/plots/*.png``; returns the report's path."""
     import json
 
     sw = [s for s in switches if s > 0] if "switches" in wanted else []
@@ -423,6 +425,12 @@ def write_report(out: Path, title: str, description: str, arms: Sequence[ArmData
                      f"{SMOOTH} post-switch steps) is back to {RECOVERY_FRACTION:.0%} of its level over the "
                      f"{PRE_WINDOW} steps before S; mean over the seeds that recovered (recovered/seeds).")
     lines += ["", *comparison_sections(arms, reference, start_arm)]
+    trained = [a for a in arms if a.runs and a.name != start_arm]
+    if verdicts and trained:
+        from saorl.experiments.verdicts import arm_section, verdict_section
+
+        ref = reference if any(a.name == reference for a in trained) else trained[0].name
+        lines += [*verdict_section(trained, ref, wall_marks), *arm_section(trained)]
     lines += ["", *(f"![{p.stem}](plots/{p.name})" for p in plots), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")

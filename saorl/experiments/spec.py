@@ -40,6 +40,12 @@ class SpecError(ValueError):
     """An experiment spec that cannot be used; the message names the file and the field."""
 
 
+def _positive_marks(v: list[float]) -> list[float]:
+    if any(not m > 0 for m in v):
+        raise ValueError(f"wall-clock marks must be seconds > 0, got {v}")
+    return sorted(v)
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -60,6 +66,13 @@ class Quick(_Model):
     """How many of ``seeds`` (the first ones) ``--quick`` runs."""
     arms: list[str] | None = None
     """Arms ``--quick`` runs (None: all)."""
+    wall_marks_s: list[float] | None = None
+    """``wall_marks_s`` with ``--quick`` (None: the full spec's)."""
+
+    @field_validator("wall_marks_s")
+    @classmethod
+    def _marks(cls, v: list[float] | None) -> list[float] | None:
+        return None if v is None else _positive_marks(v)
 
 
 class ExperimentSpec(_Model):
@@ -85,6 +98,14 @@ class ExperimentSpec(_Model):
     """Trainer steps and wall-clock seconds per arm × seed."""
     quick: Quick = Field(default_factory=Quick)
     """Tiny settings for ``--quick``."""
+    verdicts: bool = False
+    """Add the report's "Verdicts" section (test accuracy at equal trainer steps and at each of
+    ``wall_marks_s``, reward AUC: paired intervals against the reference with results.md's verdict
+    rule) and its "Per arm" section (staleness, collapses, rewarded-but-wrong replies):
+    :mod:`saorl.experiments.verdicts`."""
+    wall_marks_s: list[float] = Field(default_factory=list)
+    """Seconds of each run's RL loop at which the "Verdicts" section compares test accuracy (equal
+    wall clock: the policy each run had by then)."""
     plots: list[str] = Field(default_factory=lambda: ["accuracy", "reward"])
     """Plots to draw: ``accuracy``, ``reward``, ``value_loss``, ``dis_kept_frac``, ``staleness``,
     ``entropy``, ``switches`` (reward with the env's switch points, plus recovery steps),
@@ -112,6 +133,11 @@ class ExperimentSpec(_Model):
                                      "the budget; put it in the spec's overrides or budget instead")
         return v
 
+    @field_validator("wall_marks_s")
+    @classmethod
+    def _marks(cls, v: list[float]) -> list[float]:
+        return _positive_marks(v)
+
     @field_validator("plots")
     @classmethod
     def _plots(cls, v: list[str]) -> list[str]:
@@ -132,6 +158,12 @@ class ExperimentSpec(_Model):
             raise ValueError(f"quick.arms names unknown arm(s) {unknown}; "
                              f"arms: {', '.join(self.arm_names())}")
         return self
+
+    def wall_marks(self, quick: bool = False) -> list[float]:
+        """The wall-clock marks (seconds) the report compares accuracy at; with ``quick``, the quick ones."""
+        if quick and self.quick.wall_marks_s is not None:
+            return list(self.quick.wall_marks_s)
+        return list(self.wall_marks_s)
 
     def reference_arm(self, selected: list[str] | None = None) -> str:
         """The arm comparisons are made against: ``reference``, or the first (selected) trained arm."""

@@ -108,3 +108,20 @@ def test_answers_that_a_scorer_would_evaluate_are_refused_and_never_run(capsys):
     assert module.eval("[1, 2]") == [1, 2]
     with pytest.raises(ValueError):
         module.eval('print("PWNED")')
+
+
+def test_rewarded_but_wrong_replies_are_counted():
+    # the default scorer's partial credit: a reply that contains the oracle answer earns a share
+    env = _env()
+    task = env.generate_tasks("test", 1, seed=5)[0]
+    answer = task.data["answer"]
+    cases = {f"<answer>{answer}</answer>": (1.0, 0.0), f"<answer>9{answer}</answer>": (None, 1.0),
+             "<answer>no idea</answer>": (0.0, 0.0), "no tag": (0.0, 0.0)}
+    for text, (reward, gamed) in cases.items():
+        (result,) = play(env, task, [text])
+        assert result.info["metrics"]["rewarded_wrong"] == gamed, text
+        if reward is None:  # partial: len(answer) / len(9answer), rewarded and not a success
+            assert result.reward == pytest.approx(len(answer) / (len(answer) + 1))
+            assert not result.info["success"]
+        else:
+            assert result.reward == reward

@@ -1,4 +1,5 @@
-"""``saorl experiment code|stability|mismatch|levels|shift|noisy_obs|claims --quick`` end to end (math:
+"""``saorl experiment code|stability|mismatch|levels|shift|noisy_obs|claims|real|real_game --quick`` end to
+end (math:
 test_experiment_e2e), with the same even smaller settings: every quick arm trains its steps from one
 SFT start; the report has one row per arm in its table and in its comparisons (with the reference
 arm named) and the plots its spec asks for (shift: the switch columns too); the metrics the
@@ -28,6 +29,8 @@ NEEDS = {  # experiment -> metrics its report relies on, in every trained arm's 
     "shift": ["env/matched_preferred", "reward/mean"],
     "noisy_obs": ["adv/first_token_std", "adv/return_std", "critic/explained_var"],
     "claims": ["mismatch/kl", "adv/first_token_std", "adv/return_std", "policy/entropy"],
+    "real": ["env/rewarded_wrong", "rollout/staleness_mean", "reward/mean"],
+    "real_game": ["rollout/staleness_mean", "reward/mean"],
 }
 SUBSET = {  # CI time: arms that differ only in a resolved knob (checked in test_experiment_spec) stay out
     "levels": ["sao", "grpo", "full_critic", "sft"],
@@ -35,6 +38,8 @@ SUBSET = {  # CI time: arms that differ only in a resolved knob (checked in test
     "mismatch": ["grpo_uncorrected", "grpo_rollout", "grpo_dis", "sao", "sft"],
     "claims": ["sao", "grpo_uncorrected", "vapo", "sft"],  # vapo: asynchronous with a group of 4 only here
     "shift": ["sao", "reinforce_rm_m09", "reinforce_rm_m099", "sao_before_update"],
+    "real": ["sao", "grpo", "grpo_async", "sao_paper_warmup_lr", "sft"],  # the others: test_experiment_spec
+    "real_game": ["sao", "grpo_dis_async", "sft"],
 }
 ARM_NEEDS = {  # arm -> further metrics that arm must log
     "grpo_dis": ["policy/dis_kept_frac"], "sao": ["policy/dis_kept_frac", "critic/explained_var"],
@@ -57,7 +62,8 @@ def _pngs(spec) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["code", "stability", "mismatch", "levels", "shift", "noisy_obs", "claims"])
+@pytest.mark.parametrize("name", ["code", "stability", "mismatch", "levels", "shift", "noisy_obs", "claims",
+                                  "real", "real_game"])
 def test_quick_experiment_end_to_end(name, tmp_path, capsys):
     spec = load_spec(find_spec(name))
     extra = TINY + (ONLINE if name in SWITCHING else OFFLINE)
@@ -90,10 +96,20 @@ def test_quick_experiment_end_to_end(name, tmp_path, capsys):
     # the comparisons and signals tables: one row per trained arm, differences from the reference
     ref = spec.reference_arm(arms)
     assert f"final acc − {ref}" in report
-    compared = [r.split("|")[1].strip() for r in report.split("## Comparisons", 1)[1].splitlines()
-                if r.startswith("| ")]
+    comparisons, _, verdicts = report.split("## Comparisons", 1)[1].partition("## Verdicts")
+    compared = [r.split("|")[1].strip() for r in comparisons.splitlines() if r.startswith("| ")]
     assert compared == ["arm", *trained] * 3  # comparisons, signals, then stability at equal steps
     assert f"reward AUC − {ref}" in report and f"Fisher p vs {ref}" in report
+    if spec.verdicts:  # outcomes at equal steps and at each wall-clock mark, then the per-arm table
+        outcomes = {r.split("|")[1].strip() for r in verdicts.split("## Per arm")[0].splitlines()
+                    if r.startswith("| ")}
+        marks = {f"acc@{m:g}s" for m in spec.wall_marks(quick=True)}
+        assert outcomes == {"outcome", f"acc@{steps}", *marks, "reward AUC"}
+        per_arm = {r.split("|")[1].strip(): r for r in verdicts.split("## Per arm")[1].splitlines()
+                   if r.startswith("| ")}
+        assert set(per_arm) == {"arm", *trained}
+        if "env/rewarded_wrong" in NEEDS[name]:  # a share in training and held-out, for every arm
+            assert all(per_arm[a].count("(of 4)") == 1 for a in trained)
     for arm in trained:
         rows = read_jsonl(out / arm / "seed-0" / "metrics.jsonl")
         logged = {k for r in rows if r.get("step", 0) > 0 for k in r}

@@ -16,7 +16,8 @@ from saorl.experiments.spec import (
     spec_from_dict,
 )
 
-SHIPPED = ("math", "code", "stability", "mismatch", "levels", "shift", "noisy_obs", "lr_staleness")
+SHIPPED = ("math", "code", "stability", "mismatch", "levels", "shift", "noisy_obs", "lr_staleness", "real",
+           "real_game")
 
 
 def _spec(**kw):
@@ -123,6 +124,8 @@ def test_shift_whitening_arm_is_sao_with_batch_normalised_advantages_only():
     ({"start_arm": "a"}, "start_arm"),
     ({"name": "a/b"}, "name"),
     ({"reference": "zzz"}, "reference"),
+    ({"wall_marks_s": [300, 0]}, "wall_marks_s"),
+    ({"quick": {"wall_marks_s": [-5]}}, "quick.wall_marks_s"),
 ])
 def test_bad_spec_names_the_field(data, field):
     with pytest.raises(SpecError) as e:
@@ -222,3 +225,35 @@ def test_claims_paper_arms_are_sao_with_the_papers_knobs_only():
     warmups = [c.trainer.critic_warmup_steps for c in (sao, paper, warm)]
     assert warmups == [0, 0, 10]
     assert warm.model_copy(update={"trainer": paper.trainer, "run": paper.run}) == paper
+
+
+@pytest.mark.parametrize("name", ["real", "real_game"])
+def test_real_arms_are_the_comparison_asked_for(name):
+    path = find_spec(name)
+    spec = load_spec(path)
+    assert spec.seeds == list(range(8)) and spec.verdicts and spec.reference == "sao"
+    assert spec.wall_marks() == [300, 600, 900, 1200, 1800]
+    assert spec.wall_marks(quick=True) != spec.wall_marks()  # a tiny run's seconds
+    cfg = {a: arm_config(spec, path, a, 0) for a in spec.arms}
+    shape = {a: (c.algo.name, c.resolved_mode(), c.algo.preset.behaviour, c.algo.preset.group_size)
+             for a, c in cfg.items()}
+    assert {a: shape[a] for a in ("sao", "sao_paper", "grpo", "grpo_dis_async", "grpo_async")} == {
+        "sao": ("sao", "async", "rollout", 1), "sao_paper": ("sao_paper", "async", "rollout", 1),
+        "grpo": ("grpo", "sync", "rollout", 4), "grpo_dis_async": ("grpo_dis", "async", "rollout", 4),
+        "grpo_async": ("grpo", "async", "trainer", 4)}
+    for c in cfg.values():  # a pretrained model, held-out sets of 128, equal batches and budgets
+        assert c.model.policy == "smollm2-135m-instruct"
+        assert (c.env.num_test_tasks, c.run.eval_tasks, c.trainer.batch_size) == (128, 128, 8)
+        assert (c.trainer.steps, c.trainer.max_wall_s) == (60, 1800)
+        assert c.rollout.concurrent_episodes == 16
+    assert cfg["sao"].env.type == ("reasoning_gym" if name == "real" else "textarena")
+    if name == "real_game":
+        assert set(spec.arms) == {"sao", "sao_paper", "grpo", "grpo_dis_async", "grpo_async"}
+        return
+    # the warm-up pair: the paper's SAO with one knob each, nothing else
+    paper, steps, lr = cfg["sao_paper"], cfg["sao_paper_warmup_steps"], cfg["sao_paper_warmup_lr"]
+    assert [(c.trainer.critic_warmup, c.trainer.critic_warmup_steps) for c in (paper, steps, lr)] == \
+        [("steps", 0), ("steps", 10), ("lr", 10)]
+    for c in (steps, lr):
+        assert c.algo == paper.algo
+        assert c.model_copy(update={"trainer": paper.trainer, "run": paper.run}) == paper

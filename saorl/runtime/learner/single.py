@@ -117,8 +117,9 @@ class OptimConfig:
     """Linear learning-rate warm-up (policy and critic) over this many trainer steps (the
     policy's counted from its first update, after any critic warm-up)."""
     critic_warmup_steps: int = 0
-    """The first this many trainer steps train the critic alone: the policy is scored (its
-    log-probs and entropy, for the metrics) but not updated, so its version does not advance."""
+    critic_warmup: str = "steps"
+    """``steps``: the first ``critic_warmup_steps`` steps train the critic alone (the policy scored,
+    not updated: its version stays). ``lr``: the critic's rate at step k × min(1, k / those steps)."""
     staleness_lr_ref: float | None = None
     """The policy's rate is scaled by ``min(1, ref / mean staleness of the batch)`` (None: off)."""
 
@@ -192,20 +193,23 @@ class Learner:
         return self.counters.baseline
 
     def _apply_lr(self, staleness: Tensor, act: Tensor) -> None:
-        """This step's learning rates: the warm-up's scale (policy and critic) and, with
+        """This step's learning rates: the warm-up's scale (policy and critic; the critic's ramp
+        with ``critic_warmup = "lr"``) and, with
         ``staleness_lr_ref``, the policy's staleness scale from the whole batch's mean
         ``staleness`` over its action tokens ``act`` (summed across ranks, so every rank steps
         with the same rate)."""
-        warm = self.optim.warmup_steps
+        warm, critic_warm = self.optim.warmup_steps, self.optim.critic_warmup_steps
         scale = min(1.0, (self.steps_done + 1) / warm) if warm else 1.0
-        policy_steps = max(0, self.steps_done - self.optim.critic_warmup_steps)  # its own updates so far
+        by_lr = self.optim.critic_warmup == "lr"
+        policy_steps = self.steps_done if by_lr else max(0, self.steps_done - critic_warm)  # its own so far
         policy_scale = min(1.0, (policy_steps + 1) / warm) if warm else 1.0
+        ramp = min(1.0, (self.steps_done + 1) / critic_warm) if by_lr and critic_warm else 1.0
         if self.optim.staleness_lr_ref is not None:
             stale, count = self.updater.sum([float((staleness * act).sum()), float(act.sum())])
             if stale > 0:  # mean staleness stale / count; none (all fresh): the rate unchanged
                 policy_scale *= min(1.0, self.optim.staleness_lr_ref * count / stale)
         for opt, lr in ((self.policy_opt, self.optim.policy_lr * policy_scale),
-                        (self.critic_opt, self.optim.critic_lr * scale)):
+                        (self.critic_opt, self.optim.critic_lr * scale * ramp)):
             if opt is not None:
                 for g in opt.param_groups:
                     g["lr"] = lr
@@ -412,10 +416,12 @@ class Learner:
         batch, micro, passes = share.batch, share.micro, share.passes
         act = batch.action_mask
         staleness = self.version - batch.versions  # before the update
-        frozen = p.use_critic and self.steps_done < self.optim.critic_warmup_steps  # critic warm-up
+        frozen = (p.use_critic and self.optim.critic_warmup == "steps"  # critic-only warm-up steps
+                  and self.steps_done < self.optim.critic_warmup_steps)
         self._apply_lr(staleness, act)
         self.counters.steps_done += 1
         skips, lr = self.counters.nonfinite_skips, self.policy_opt.param_groups[0]["lr"]
+        critic_lr = self.critic_opt.param_groups[0]["lr"] if self.critic_opt is not None else None
         values, critic_columns = self._critic_updates(batch, passes) if p.use_critic else (None, {})
         advantages = self._advantages(batch, values, gids, empty=not trajs)
         lm_tokens = None
@@ -441,8 +447,9 @@ class Learner:
             metrics["policy/update_rel"] = self.updater.moved  # ‖Δθ‖ / ‖θ‖ of this step
         metrics["policy/version"] = self.version
         metrics["train/nonfinite_skips"] = self.nonfinite_skips
-        if self.optim.critic_warmup_steps:
+        if self.optim.critic_warmup_steps and self.critic_opt is not None:
             metrics["critic/warmup"] = float(frozen)
+            metrics["critic/lr"] = critic_lr
         if frozen:  # no policy update: its loss and rate do not apply (null, never 0)
             metrics["policy/loss"] = metrics["policy/lr"] = math.nan
         return StepResult(metrics, skipped=self.nonfinite_skips > skips, version=self.version, frozen=frozen)

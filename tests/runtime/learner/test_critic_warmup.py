@@ -1,7 +1,8 @@
 """Critic warm-up (``trainer.critic_warmup_steps``): the first steps train the critic alone, the
 policy is scored but not moved and its version does not advance; the policy's learning-rate
 warm-up starts at its own first update; a resume from a checkpoint continues the count; the run
-publishes nothing new during it; a critic-free algorithm refuses the setting."""
+publishes nothing new during it; a critic-free algorithm refuses the setting. The other reading,
+``trainer.critic_warmup=lr``: the policy trains from step 1 while the critic's rate ramps up."""
 
 import pytest
 import torch
@@ -93,3 +94,44 @@ def test_a_run_with_a_critic_warm_up_trains_journals_and_publishes_after_it(tmp_
     assert len([t for t in trained if "step" in t]) == 3  # every step's trajectories consumed and recorded
     assert last["policy/version"] == 1
     assert published[-1:] == [1] and published.count(0) <= 1  # the start's version 0, not once a warm-up step
+
+
+# ------------------------------------------------ the other reading: the critic's rate warmed up
+def test_lr_warm_up_trains_the_policy_from_step_1_and_ramps_the_critics_rate():
+    # critic_lr 1e-3 ramped over 4 steps: k/4 of it at step k = 1..4, all of it from step 5 on
+    lrn = _learner(critic_warmup_steps=4, critic_warmup="lr")
+    seen = []
+    for step in range(1, 7):
+        policy = _snapshot(lrn.policy)
+        result = lrn.step(_matched_trajs(lrn.policy, _trajs(seed=step)))
+        assert not result.frozen and result["critic/warmup"] == 0.0
+        assert _changed(policy, lrn.policy)  # the policy moves from the first step on
+        seen.append((lrn.critic_opt.param_groups[0]["lr"], result["critic/lr"], result["policy/lr"],
+                     result["policy/version"]))
+    assert [s[0] for s in seen] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert [s[1] for s in seen] == pytest.approx([s[0] for s in seen])  # logged as it was used
+    assert [s[2] for s in seen] == pytest.approx([1e-3] * 6)  # the policy's rate untouched
+    assert [s[3] for s in seen] == [1, 2, 3, 4, 5, 6]
+
+
+def test_lr_warm_up_multiplies_with_the_lr_warm_up_and_resumes_mid_ramp(tmp_path):
+    # warmup_steps 2 (both rates) × the critic's ramp over 4: step 1 1/2·1/4, step 2 1·2/4, step 3 3/4
+    lrn = _learner(critic_warmup_steps=4, critic_warmup="lr", warmup_steps=2)
+    rates = [lrn.step(_trajs(seed=1))["critic/lr"]]
+    manifest = {**lrn.save_state(tmp_path), **lrn.counters.state()}
+    again = _learner(critic_warmup_steps=4, critic_warmup="lr", warmup_steps=2)
+    again.load_state(tmp_path, manifest)
+    rates += [again.step(_trajs(seed=s))["critic/lr"] for s in (2, 3)]
+    assert rates == pytest.approx([1e-3 * 0.5 * 0.25, 1e-3 * 0.5, 1e-3 * 0.75])
+
+
+def test_steps_stays_the_default_and_lr_needs_a_length():
+    cfg = load_config(None, ["trainer.critic_warmup_steps=3"])
+    assert cfg.trainer.critic_warmup == "steps"
+    assert OptimConfig.from_trainer(cfg.trainer).critic_warmup == "steps"
+    lr = load_config(None, ["trainer.critic_warmup=lr", "trainer.critic_warmup_steps=3"]).trainer
+    assert lr.critic_warmup == "lr"
+    with pytest.raises(ConfigError, match=r"trainer\.critic_warmup: 'lr' ramps .* which is 0"):
+        load_config(None, ["trainer.critic_warmup=lr"])
+    with pytest.raises(ConfigError, match=r"trainer\.critic_warmup"):
+        load_config(None, ["trainer.critic_warmup=both", "trainer.critic_warmup_steps=3"])
