@@ -1,6 +1,7 @@
 """``train``: the stages before RL, in order, then the run.
 
 0. start-up checks (:mod:`saorl.stages.preflight`): env, models, device, task files, demonstrations;
+   the run's estimated peak memory against the machine's free memory (:mod:`saorl.stages.memory_check`);
 1. warm start: the policy RL starts from (``model.policy``, or its cached SFT fine-tune);
 2. value pretraining: the critic RL starts from (cached), when the algorithm asks for one;
 3. the run's parts (models, env, task splits, backend, weights), then :class:`~saorl.runtime.run.Run`
@@ -52,6 +53,7 @@ from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_r
 from saorl.runtime.trackers import TrackerFailed
 from saorl.stages.estimate import start_up_estimate
 from saorl.stages.evaluate import TestEvaluator
+from saorl.stages.memory_check import check_memory
 from saorl.stages.preflight import check_ray, check_run, check_servers
 from saorl.stages.sft import warm_start
 from saorl.stages.value_pretrain import initial_critic
@@ -182,11 +184,12 @@ def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observe
     check_run(cfg)
     check_servers(cfg)  # before minutes of warm start: a server the run cannot use is refused now
     check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
+    check_memory(cfg)  # a machine with less memory free than the run's estimate: said now
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads())
-    memory.enter("start-up estimate")
-    start_up_estimate(cfg, run_dir, resume=resume)  # what each phase below will take, timed here
     shelf = PolicyShelf()  # the policy in memory, handed from phase to phase (saorl.models.shelf)
+    memory.enter("start-up estimate")
+    start_up_estimate(cfg, run_dir, resume=resume, shelf=shelf)  # each phase's time, timed here
     memory.enter("warm start")
     policy_spec = warm_start(cfg, shelf=shelf)
     memory.enter("value pretraining")
