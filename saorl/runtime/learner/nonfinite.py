@@ -11,8 +11,10 @@ weights, so the learners (:class:`~saorl.runtime.learner.single.Learner` and, on
 
 :func:`trial_step` takes the optimizer's step **a chunk of parameters at a time** (the optimizer's
 param groups narrowed to the chunk, their settings kept): the chunk's parameters and optimizer
-state are copied into one buffer (allocated for the step, freed after it), stepped, checked,
-measured and copied back, and the state a first step created is dropped again. So the guard
+state are copied into one buffer (allocated for the step, freed after it) and the step lands on
+the copies (each parameter's ``data`` swapped for its copy for the while; a sharded ``DTensor``
+is stepped in place and copied back instead), which are checked and measured, and the state a
+first step created is dropped again. So the guard
 holds one chunk's copy (about :data:`CHUNK_BYTES`, or one parameter with its state when that is
 larger), and only during the step, not a second copy of the model and its AdamW moments kept for
 good: on SmolLM2-135M that copy was 2.4 GB of the trainer's 7 GB. The price is the optimizer's
@@ -29,7 +31,9 @@ tries, checks and restores its own shard.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import torch
 
@@ -103,13 +107,61 @@ def _step_only(optimizer: torch.optim.Optimizer, chunk: list) -> None:
             g["params"] = kept
 
 
+@contextlib.contextmanager
+def _stepped_on_copies(optimizer: torch.optim.Optimizer, chunk: list, had_state: list,
+                       copies: list[torch.Tensor]) -> Iterator[None]:
+    """For the block, the chunk's parameters hold ``copies`` (``p.data``) and its optimizer state
+    is made of them, so a step lands on the copies; the real tensors are back after, untouched."""
+    datas = [p.data for p in chunk]
+    states = {p: optimizer.state[p] for p in had_state}
+    rest = iter(copies[len(chunk):])
+    try:
+        for p, c in zip(chunk, copies):
+            p.data = c
+        for p, st in states.items():
+            optimizer.state[p] = {k: next(rest) if torch.is_tensor(v) else copy.copy(v)
+                                  for k, v in st.items()}
+        yield
+    finally:
+        for p, d in zip(chunk, datas):
+            p.data = d
+        _drop_new_state(optimizer, chunk, had_state)
+        for p, st in states.items():
+            optimizer.state[p] = st
+
+
+@contextlib.contextmanager
+def _stepped_in_place(optimizer: torch.optim.Optimizer, chunk: list, had_state: list,
+                      copies: list[torch.Tensor]) -> Iterator[None]:
+    """For the block, a step lands on the real tensors (a DTensor's shard cannot be swapped for a
+    copy); after it, they are copied back from ``copies``."""
+    others = {(p, k): copy.copy(v) for p in had_state for k, v in optimizer.state[p].items()
+              if not torch.is_tensor(v)}
+    try:
+        yield
+    finally:
+        _drop_new_state(optimizer, chunk, had_state)
+        for (p, k), v in others.items():
+            optimizer.state[p][k] = v
+        with torch.no_grad():
+            torch._foreach_copy_(_tensors(optimizer, chunk, had_state), copies)
+
+
+def _drop_new_state(optimizer: torch.optim.Optimizer, chunk: list, had_state: list) -> None:
+    """The state a first step created for the parameters of ``chunk`` that had none, dropped."""
+    stateful = {id(p) for p in had_state}
+    for p in chunk:
+        if id(p) not in stateful:
+            optimizer.state.pop(p, None)
+
+
 def trial_step(params, optimizer: torch.optim.Optimizer,
                limit: int = CHUNK_BYTES) -> tuple[bool, list[float]]:
     """Whether ``optimizer.step()`` would leave every (local) parameter of ``params`` finite, and
     the step's movement sums ``[Σ ‖θ_after − θ_before‖², Σ ‖θ_before‖²]`` (the caller sums them
     over the ranks: ``policy/update_rel`` is the root of their ratio; zeros when not finite),
-    found by taking it a chunk at a time and undoing each (the module docstring). Parameters and
-    optimizer state are left bit for bit as they were; the gradients are kept for the real step."""
+    found by taking it a chunk at a time on copies (module docstring). Parameters and optimizer
+    state are left bit for bit as they were; the gradients are kept for the real step."""
     moved = torch.zeros((), dtype=torch.float64)
     total = torch.zeros((), dtype=torch.float64)
     runs = chunks(params, optimizer, limit)
@@ -121,30 +173,21 @@ def trial_step(params, optimizer: torch.optim.Optimizer,
     for chunk in runs:
         had_state = [p for p in chunk if optimizer.state.get(p)]
         tensors = _tensors(optimizer, chunk, had_state)
-        saved = _views(buf, tensors)
-        others = {(p, k): copy.copy(v) for p in had_state for k, v in optimizer.state[p].items()
-                  if not torch.is_tensor(v)}
-        torch._foreach_copy_(saved, tensors)
-        try:
+        copies = _views(buf, tensors)
+        torch._foreach_copy_(copies, tensors)
+        swap = not any(hasattr(p, "to_local") for p in chunk)
+        n = len(chunk)
+        before = tensors[:n] if swap else copies[:n]
+        with (_stepped_on_copies if swap else _stepped_in_place)(optimizer, chunk, had_state, copies):
             _step_only(optimizer, chunk)
             with torch.no_grad():
                 after = [_local(p.detach()) for p in chunk]
                 finite = bool(torch.stack([a.sum() for a in after]).isfinite().all())
                 if finite:
                     moved += torch.stack([torch.linalg.vector_norm((a - b).float()) ** 2
-                                          for a, b in zip(after, saved)]).sum().cpu().double()
+                                          for a, b in zip(after, before)]).sum().cpu().double()
                     total += torch.stack([torch.linalg.vector_norm(b.float()) ** 2
-                                          for b in saved[:len(chunk)]]).sum().cpu().double()
-        finally:  # undone even when the step raised
-            stateful = {id(p) for p in had_state}
-            for p in chunk:
-                if id(p) not in stateful:
-                    optimizer.state.pop(p, None)
-            for (p, k), v in others.items():
-                optimizer.state[p][k] = v
-            with torch.no_grad():
-                torch._foreach_copy_(_tensors(optimizer, chunk, had_state), saved)
+                                          for b in before]).sum().cpu().double()
         if not finite:
             return False, [0.0, 0.0]
     return True, [float(moved), float(total)]
-
