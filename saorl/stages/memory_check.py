@@ -18,7 +18,8 @@ The parts, in MiB (``N`` the policy's parameters, ``b`` bytes a parameter in the
   (activation checkpointing keeps a layer's input only; chunked scoring one chunk's logits);
 - each rollout worker (``runtime.backend: local``, engine ``local``; in the trainer with
   ``inprocess``): :data:`BASE_MIB`, the engine's model, its oneDNN-packed copy (float32 on a CPU,
-  ``pack_weights``), the weights of an update as they are read, and the KV cache of its slots;
+  ``pack_weights``), the largest tensor of an update (read one at a time:
+  :class:`~saorl.models.hf_format.FileWeights`), and the KV cache of its slots;
 - :data:`SLACK` on top: the allocator's free memory it keeps between steps.
 
 Measured on SmolLM2-135M-Instruct, the sums recipe (``docs/performance.md``, "Memory"): the constants
@@ -103,7 +104,9 @@ def _shape(spec: str) -> dict:
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     linear = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
-    return {"params": total, "trunk": total - head_own, "mlp": mlp, "linear": linear, "layers": layers,
+    largest = max(p.numel() for p in params.values())
+    return {"params": total, "trunk": total - head_own, "mlp": mlp, "linear": linear, "largest": largest,
+            "layers": layers,
             "hidden": hidden,
             "vocab": cfg.vocab_size, "kv_per_token": 2 * layers * kv_heads * head_dim}
 
@@ -138,7 +141,7 @@ def estimate_memory(cfg: SaorlConfig) -> MemoryEstimate | None:
     if isinstance(engine, LocalEngineConfig):
         eb = _bytes(engine.dtype or cfg.model.dtype)
         worker = {"base": BASE_MIB, "engine's model": s["params"] * eb / MIB,
-                  "weights of an update": s["params"] * eb / MIB,
+                  "weights of an update": s["largest"] * eb / MIB,
                   "KV cache": engine.slots * r.max_total_tokens * s["kv_per_token"] * eb / MIB}
         if engine.pack_weights and eb == 4:  # every nn.Linear, the (tied) vocabulary projection too
             worker["packed copy"] = s["linear"] * eb / MIB
@@ -197,7 +200,7 @@ def memory_paragraph(cfg: SaorlConfig, est: MemoryEstimate, available: float) ->
     big = sorted(est.trainer.items(), key=lambda kv: -kv[1])[:4]
     parts = ", ".join(f"{k} {size(SLACK * v)}" for k, v in big)
     workers = (f" + {est.workers} rollout worker{'s' if est.workers > 1 else ''} of {size(est.worker_mib)} "
-               "(the engine's model, its packed copy, an update's weights)" if est.workers else "")
+               "(the engine's model, its packed copy, its KV cache)" if est.workers else "")
     return (f"memory: this run is estimated to need {size(est.total_mib)} at its peak (the trainer "
             f"{size(est.trainer_mib)}: {parts}{workers}), but this machine has {size(available)} "
             "available (MemAvailable); short of it, the OOM killer ends the run without a word. Lower it "

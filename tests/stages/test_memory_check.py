@@ -3,6 +3,9 @@ setting changes, the paragraph when the machine is short, and a refusal only pas
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from saorl.config import load_config
@@ -102,3 +105,24 @@ def test_meminfo_reads_kib_lines_as_mib(tmp_path):
 def test_a_bad_mode_fails_at_load():
     with pytest.raises(Exception, match="memory_check"):
         _cfg("run.memory_check=maybe")
+
+
+SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+           "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5}
+"""SmolLM2-135M-Instruct's sizes (its config.json), so the estimate is built without its weights."""
+
+
+def test_the_estimate_is_near_what_the_sums_recipe_measured(tmp_path):
+    # docs/performance.md, "Memory": peak RSS of the recipe's RL steps on this project's machine
+    # (trainer.steps=2, after the guard, the shelf and the per-tensor updates): trainer 4,794 MiB,
+    # rollout worker 2,144 MiB, the run in all 6,767 MiB
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "smollm2_135m_sums.yaml"
+    cfg = load_config(recipe, [f"model.policy={tmp_path}"])
+    est = estimate_memory(cfg)
+    assert est.trainer["policy"] == pytest.approx(134_515_008 * 4 / MIB)  # its parameters, float32
+    assert 0.9 * 4794 <= est.trainer_mib <= 1.25 * 4794
+    assert 0.75 * 2144 <= est.worker_mib <= 1.1 * 2144
+    assert 0.9 * 6767 <= est.total_mib <= 1.2 * 6767
