@@ -6,7 +6,8 @@ says nothing about which phase reached it. :class:`MemoryWatch` splits it by pha
 
 - **this process** (the trainer): at each phase switch its ``VmHWM`` since the last switch is read
   and then reset (``5`` written to ``/proc/self/clear_refs``), so a phase's peak includes spikes
-  shorter than a sample; where the reset is refused, the samples below alone;
+  shorter than a sample; where the reset is refused, the samples below alone. (So, in a process
+  where a watch ran, ``ru_maxrss`` is the peak since its last switch, not since the start;)
 - **its descendants**: a thread reads ``VmRSS`` of every process under this one every
   ``interval_s`` (``/proc/PID/task/*/children``), each under its label — a saorl helper's title
   (``rollout worker 0``: :mod:`saorl.proctitle`), anything else summed as ``other processes`` —
