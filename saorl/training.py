@@ -1,6 +1,7 @@
 """``train``: the stages before RL, in order, then the run.
 
 0. start-up checks (:mod:`saorl.stages.preflight`): env, models, device, task files, demonstrations;
+   the run's estimated peak memory against the machine's free memory (:mod:`saorl.stages.memory_check`);
 1. warm start: the policy RL starts from (``model.policy``, or its cached SFT fine-tune);
 2. value pretraining: the critic RL starts from (cached), when the algorithm asks for one;
 3. the run's parts (models, env, task splits, backend, weights), then :class:`~saorl.runtime.run.Run`
@@ -44,6 +45,7 @@ from saorl.runtime.assemble import build_run
 from saorl.runtime.checkpoint import check_restart
 from saorl.runtime.disk import checkpoint_bytes, disk_errno, disk_failure, probe_run_dir
 from saorl.runtime.learner import shard_group
+from saorl.runtime.memory import MemoryWatch
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import build_learner, build_parts
 from saorl.runtime.run import Run
@@ -51,6 +53,7 @@ from saorl.runtime.rundir import RunDirLock, check_run_dir, claim_run_dir, new_r
 from saorl.runtime.trackers import TrackerFailed
 from saorl.stages.estimate import start_up_estimate
 from saorl.stages.evaluate import TestEvaluator
+from saorl.stages.memory_check import check_memory
 from saorl.stages.preflight import check_ray, check_run, check_servers
 from saorl.stages.sft import warm_start
 from saorl.stages.value_pretrain import initial_critic
@@ -84,6 +87,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
     probe_run_dir(run_dir)  # and a read-only or full disk too
     created = _first_missing(run_dir)  # what to remove again if the start fails (None: it existed)
     locks: list[RunDirLock] = []
+    memory = MemoryWatch().start("start-up checks")  # peak RSS per phase, into end.json (runtime/memory.py)
     try:
         # created (a fresh run) and locked now, before minutes of checks, warm start and pretraining:
         # the path printed first exists while they run, and a second trainer is refused at once
@@ -96,12 +100,14 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
                       f"exported to final/; nothing to do. To train on: saorl train --resume {run_dir} "
                       f"trainer.steps={max(2 * done, done + 1)}")
                 locks.pop().release()
+                memory.stop()
                 if group is not None:
                     group.command("close")  # the other ranks wait for the stages or the learner
                     shard_group.leave()
                 return run_dir, {}
-        run = _start(cfg, run_dir, resume, restart, observer)
+        run = _start(cfg, run_dir, resume, restart, observer, memory)
     except BaseException as e:
+        memory.stop()
         for lock in locks:
             lock.release()
         # a failed start leaves no (empty or half-written) run directory behind, nor removes a tracker's files
@@ -128,6 +134,7 @@ def train(cfg: SaorlConfig, run_dir: Path | None = None, *, resume: bool = False
             run.learner.close()
             shard_group.leave()
         locks[0].release()
+        memory.stop()
     return run_dir, final
 
 
@@ -170,23 +177,30 @@ def finished_at(run_dir: Path, steps: int) -> int | None:
     return step if step >= steps else None
 
 
-def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observer: Observer | None) -> Run:
+def _start(cfg: SaorlConfig, run_dir: Path, resume: bool, restart: bool, observer: Observer | None,
+           memory: MemoryWatch) -> Run:
     """Checks, warm start, value pretraining, parts: a :class:`Run` ready to loop in ``run_dir``
-    (created and locked by the caller)."""
+    (created and locked by the caller); ``memory`` is told each phase as it begins."""
     check_run(cfg)
     check_servers(cfg)  # before minutes of warm start: a server the run cannot use is refused now
     check_ray(cfg)  # and a Ray cluster that does not answer, or lacks the workers' resources
+    check_memory(cfg)  # a machine with less memory free than the run's estimate: said now
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads())
-    start_up_estimate(cfg, run_dir, resume=resume)  # what each phase below will take, timed here
     shelf = PolicyShelf()  # the policy in memory, handed from phase to phase (saorl.models.shelf)
+    memory.enter("start-up estimate")
+    start_up_estimate(cfg, run_dir, resume=resume, shelf=shelf)  # each phase's time, timed here
+    memory.enter("warm start")
     policy_spec = warm_start(cfg, shelf=shelf)
+    memory.enter("value pretraining")
     critic_spec = initial_critic(cfg, policy_spec, shelf=shelf)
+    memory.enter("run parts")
     parts = build_parts(cfg, cfg.algo.preset, run_dir, policy_spec, critic_spec, shelf)  # resolved at load
     shelf.clear()  # what no phase took is freed before the run
     try:
         evaluator = TestEvaluator(cfg, parts.tokenizer, parts.env_factory, parts.test_tasks)
-        return build_run(cfg, run_dir, parts, evaluator, resume=resume, restart=restart, observer=observer)
+        return build_run(cfg, run_dir, parts, evaluator, resume=resume, restart=restart, observer=observer,
+                         memory=memory)
     except BaseException:
         try:
             parts.backend.shutdown()  # a Ray cluster is up from build_parts on: never leave it behind

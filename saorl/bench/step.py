@@ -21,8 +21,9 @@ the policy) plus the causal attention's ``2·layers·T·width`` (``T`` the traje
 gradients); a critic backward the input gradients (``2·layers`` a position, and twice the
 attention's forward) plus the weight gradients of its trainable parameters (``2·trainable``). Achieved FLOP/s
 is the step's FLOPs over its seconds; its fraction of the float32 peak says how far the step is
-from what this machine's matmuls do. Peak memory: the process's peak RSS (the loaded model
-included), and CUDA's peak allocation on a GPU.
+from what this machine's matmuls do. Peak memory: the process's peak RSS per phase (loading the
+model and building the critic and learner, the warm-up step, the timed steps, the optimizer and
+vocabulary timings: :mod:`saorl.runtime.memory`), and CUDA's peak allocation on a GPU.
 
 The DIS ratios of the first step compare the learner's scoring with the float32 log-probs the
 same weights recorded: numerics alone (the learner's packed attention against a padded pass, or
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import resource
 import time
 from dataclasses import dataclass
 
@@ -45,6 +45,7 @@ from saorl.models.critic import Critic
 from saorl.models.loading import load_policy, sync_device
 from saorl.models.logprobs import chunked_logprobs, decoder_and_head, scored_logprobs, token_logprobs
 from saorl.runtime.learner.single import Learner, OptimConfig
+from saorl.runtime.memory import MemoryWatch, format_memory
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,14 @@ def bench_step(spec: StepSpec, log=print) -> dict:
              for d in (torch.float32, torch.bfloat16)}
     log(f"matmul peak ({spec.matmul_n}^3, {torch.get_num_threads()} threads): "
         + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" if v else f"{k} not computed" for k, v in peaks.items()))
+    memory = MemoryWatch(interval_s=0.25).start("model, critic and learner built")
+    try:
+        return _bench(spec, peaks, memory, log)
+    finally:
+        memory.stop()
+
+
+def _bench(spec: StepSpec, peaks: dict, memory: MemoryWatch, log) -> dict:
     policy = load_policy(spec.model, device=spec.device)
     critic = Critic.from_policy(policy, seed=0)
     preset = get_preset("sao")
@@ -202,8 +211,10 @@ def bench_step(spec: StepSpec, log=print) -> dict:
     log(f"step: {spec.batch} trajectories of {spec.tokens} tokens, warm-up then {spec.steps} timed")
     cast = (torch.autocast(torch.device(spec.device).type, dtype=torch.bfloat16) if spec.autocast
             else contextlib.nullcontext())
+    memory.enter("warm-up step")
     with cast:
         first = learner.step(trajs)  # warm-up (kernels, optimizer moments), on the recording weights
+    memory.enter("timed steps")
     walls, splits = [], []
     for _ in range(spec.steps):
         learner.timings.reset()
@@ -216,6 +227,7 @@ def bench_step(spec: StepSpec, log=print) -> dict:
         splits.append(dict(learner.timings.seconds))
     wall = min(walls)
     split = splits[walls.index(wall)]
+    memory.enter("optimizer and vocabulary timed alone")
     opt_policy = _time_optimizer(learner.policy_opt, learner.policy_params)
     opt_critic = _time_optimizer(learner.critic_opt, learner.critic_params)
     vocab_s = _time_vocab(policy, spec.batch, spec.tokens)
@@ -223,7 +235,7 @@ def bench_step(spec: StepSpec, log=print) -> dict:
     peak = peaks["float32"]
     policy_s = split.get("policy forward", 0.0) + split.get("policy backward + optimizer", 0.0)
     critic_s = sum(v for k, v in split.items() if k.startswith("critic"))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    mem = memory.stop()
     out = {
         "model": spec.model, "params": params(policy), "critic_trainable": params(critic, trainable=True),
         "batch": spec.batch, "tokens": spec.tokens, "threads": torch.get_num_threads(), "peaks": peaks,
@@ -231,7 +243,8 @@ def bench_step(spec: StepSpec, log=print) -> dict:
                                                                             "critic": opt_critic},
         "vocab_s": vocab_s, "flops": flops, "positions_per_s": spec.batch * spec.tokens / wall,
         "action_tokens_per_s": sum(sum(t.action_mask) for t in trajs) / wall,
-        "policy_s": policy_s, "critic_s": critic_s, "peak_rss_mib": rss, "autocast": spec.autocast,
+        "policy_s": policy_s, "critic_s": critic_s, "autocast": spec.autocast,
+        "peak_rss_mib": mem["peak"].get("trainer_mib"), "memory": mem,
         "ratio_first": {k: first.get(f"policy/ratio_{k}") for k in ("min", "max")},
         "mismatch_kl_first": first.get("mismatch/kl"),
         "ratio": {k: metrics.get(f"policy/ratio_{k}") for k in ("min", "max")},
@@ -288,6 +301,9 @@ def format_step(r: dict) -> str:
               "last (updates since)"]
     lines += ["", f"trained positions/s {r['positions_per_s']:.0f}, action tokens/s "
               f"{r['action_tokens_per_s']:.0f}; step {r['step_s']:.2f} s (best of "
-              f"{', '.join(f'{x:.2f}' for x in r['step_s_all'])}); peak RSS {r['peak_rss_mib']:.0f} MiB"
+              f"{', '.join(f'{x:.2f}' for x in r['step_s_all'])})"
+              + (f"; peak RSS {r['peak_rss_mib']:.0f} MiB" if r["peak_rss_mib"] else "")
               + (f", CUDA peak {r['cuda_peak_mib']:.0f} MiB" if r["cuda_peak_mib"] else "")]
+    if r.get("memory"):
+        lines += ["", format_memory(r["memory"])]
     return "\n".join(lines)

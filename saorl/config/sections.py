@@ -81,6 +81,13 @@ class RunConfig(Section):
     phase's estimated wall clock (SFT, value pretraining, evaluations, RL) and write it to
     ``RUN/estimate.json`` (:mod:`saorl.stages.estimate`). null: for a policy that is not a built-in
     tiny kind (whose phases the docs state). Never for a sharded trainer."""
+    memory_check: Literal["auto", "warn", "skip"] = "auto"
+    """At start-up, estimate the run's peak memory (the trainer's policy, AdamW moments, critic and
+    a pass's activations; each rollout worker's engine) and, when the machine's available memory
+    (``MemAvailable``) is less, say so in one paragraph with the settings that lower it
+    (:mod:`saorl.stages.memory_check`). ``auto``: stop the start only when the estimate is more than
+    the machine's whole memory; ``warn``: never stop; ``skip``: no check. Not for a GPU's memory,
+    servers or a sharded trainer."""
     report_to: list[str] = Field(default_factory=lambda: ["tensorboard"])
     """Trackers that get every step's metrics besides ``metrics.jsonl`` (always written): any of
     ``tensorboard`` (in ``RUN/tb``), ``wandb``, ``mlflow``, ``comet_ml``, ``aim``, ``clearml``,

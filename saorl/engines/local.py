@@ -41,7 +41,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -122,7 +122,7 @@ class LocalEngine:
         self._adapter = AdapterMerger()
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
-        self._updates: deque[tuple[dict[str, torch.Tensor], int, threading.Event]] = deque()
+        self._updates: deque[tuple[Mapping[str, torch.Tensor], int, threading.Event]] = deque()
         self._closed = False
         self._seed_rng = torch.Generator().manual_seed(torch.initial_seed() % (2**63))
         self._active: list[Request] = []
@@ -304,7 +304,7 @@ class LocalEngine:
         for *_, done in updates:
             done.set()
 
-    def _apply_update(self, weights: dict[str, torch.Tensor], version: int) -> None:
+    def _apply_update(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()
         with torch.no_grad():
             for name, t in weights.items():

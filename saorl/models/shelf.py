@@ -1,9 +1,10 @@
 """The policies a process has in memory, handed from one start-up phase to the next.
 
-``saorl train`` runs several phases before RL step 1 that each want the policy: the SFT warm start
-(trains ``model.policy``), value pretraining (samples with the warm start and copies its trunk into
-the critics) and the run's parts (the trainer's copy, and the in-process backend's engine). Each
-used to load it from disk again. A :class:`PolicyShelf` holds what a phase has in memory, under
+``saorl train`` runs several phases before RL step 1 that each want the policy: the start-up
+estimate's calibration (times it, borrowed), the SFT warm start (trains ``model.policy``), value
+pretraining (samples with the warm start and copies its trunk into the critics) and the run's
+parts (the trainer's copy, and the in-process backend's engine). Each used to load it from disk
+again. A :class:`PolicyShelf` holds what a phase has in memory, under
 what :func:`~saorl.models.loading.load_policy` would load — the source, the dtype, the device (and
 a tiny kind's seed) — so the next phase asking for the same takes it instead of loading it again:
 

@@ -18,6 +18,7 @@ from saorl.config import SaorlConfig, config_to_dict, save_resolved
 from saorl.run_paths import RunPaths
 from saorl.runtime.disk import check_room, checkpoint_bytes
 from saorl.runtime.journal import Journal
+from saorl.runtime.memory import MemoryWatch
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import RunParts, build_learner
 from saorl.runtime.recorder import RunRecorder
@@ -29,12 +30,16 @@ from saorl.runtime.trackers import Trackers
 
 
 def build_run(cfg: SaorlConfig, run_dir: Path, parts: RunParts, evaluate: Evaluator, *, resume: bool = False,
-              restart: bool = False, observer: Observer | None = None) -> Run:
+              restart: bool = False, observer: Observer | None = None,
+              memory: MemoryWatch | None = None) -> Run:
     """The run of ``cfg`` in ``run_dir`` (created and locked by the caller) over ``parts``;
     ``resume`` continues from the directory's checkpoint and journal, ``restart`` (with it) from
-    step 0 even if training on record is lost. On failure the weights, journal and recorder are
-    closed; the backend and env are the caller's."""
+    step 0 even if training on record is lost; ``memory`` is the watch of the stages before (the
+    run starts its own when None). On failure the weights, journal and recorder are closed; the
+    backend and env are the caller's."""
     settings, paths = RunSettings.from_config(cfg), RunPaths(run_dir)
+    if memory is not None:
+        memory.enter("learner")
     learner = build_learner(cfg, parts.preset, parts.policy, parts.critic, parts.tokenizer.pad_token_id)
     journal = Journal(paths.journal)
     recorder = RunRecorder(paths.root, parts.tokenizer, progress=settings.progress,
@@ -50,7 +55,8 @@ def build_run(cfg: SaorlConfig, run_dir: Path, parts: RunParts, evaluate: Evalua
                             fallback=settings.resume_fallback, restart=restart)
         save_resolved(cfg, paths.root)  # on resume: the config now in force, overrides included
         learner.publish(parts.weights)
-        run = Run(settings, paths, parts, learner, journal, recorder, evaluate, start, observer=observer)
+        run = Run(settings, paths, parts, learner, journal, recorder, evaluate, start, observer=observer,
+                  memory=memory)
         recorder.trackers = Trackers(cfg.run.report_to, paths.root, project=cfg.run.tracker_project,
                                      options=cfg.run.tracker_options, config=config_to_dict(cfg))
     except BaseException:

@@ -19,7 +19,8 @@ with ``step > S`` were rolled back. :func:`effective_rows` applies the markers, 
 of ``trained.jsonl`` counts each rollout once. Marker rows have no ``step`` key.
 
 A start that ends in order (its steps done, its budget spent, stopped by Ctrl-C, or failed in a
-way it could report) writes ``end.json``, ``{"step": S, "steps": N, "why": ..., "time": ...}``; a
+way it could report) writes ``end.json``, ``{"step": S, "steps": N, "why": ..., "memory": ..., "time": ...}``
+(``memory``: the peak RSS per phase, :meth:`saorl.runtime.memory.MemoryWatch.report`); a
 run killed (kill -9, the OOM killer) has none written after its last resume marker, which is how
 ``saorl plot`` tells a run that stopped without finishing.
 """

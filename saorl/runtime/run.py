@@ -36,6 +36,7 @@ from saorl.runtime.backends.inprocess import Stopped
 from saorl.runtime.checkpoint import latest_checkpoint, oldest_journal_segment, save_checkpoint
 from saorl.runtime.journal import Journal, RolloutCursor
 from saorl.runtime.learner.single import Learner
+from saorl.runtime.memory import MemoryWatch, format_memory
 from saorl.runtime.observe import Observer
 from saorl.runtime.parts import RunParts
 from saorl.runtime.recorder import RunRecorder, StepClock
@@ -70,10 +71,14 @@ class Run:
 
     def __init__(self, settings: RunSettings, paths: RunPaths, parts: RunParts, learner: Learner,
                  journal: Journal, recorder: RunRecorder, evaluate: Evaluator, start: Start | None = None, *,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, memory: MemoryWatch | None = None) -> None:
         self.settings, self.paths, self.parts, self.evaluate = settings, paths, parts, evaluate
         self.learner, self.journal, self.recorder = learner, journal, recorder
         self.observer = observer or Observer()
+        self._own_memory = memory is None
+        self.memory = MemoryWatch() if memory is None else memory
+        """Peak RSS per phase (the stages before, when ``saorl train`` passed its watch), into
+        ``end.json`` and the console at the end (:mod:`saorl.runtime.memory`)."""
         start = start or Start()
         self.step = start.step
         self._skipped_in_a_row = 0
@@ -99,6 +104,10 @@ class Run:
 
     # ------------------------------------------------------------------- loop
     def loop(self) -> dict:
+        if self._own_memory:
+            self.memory.start("workers starting")
+        else:
+            self.memory.enter("workers starting")
         self.parts.backend.start()
         self.feed.start()
         metrics: dict = {}
@@ -113,6 +122,7 @@ class Run:
                     for alarm in self.alarms.observe(row):
                         self.recorder.alarm(alarm.row())
             self._wait_until_ready()
+            self.memory.enter("RL steps")
             self.clock.start()
             self._checkpointed_at = time.monotonic()  # run.checkpoint_every_s counts training time
             while self.step < s.steps and not self._stop:
@@ -229,7 +239,7 @@ class Run:
         t0 = time.monotonic()
         step = self.step
         try:
-            with self.recorder.count(f"eval step {step}") as count:
+            with self.recorder.count(f"eval step {step}") as count, self.memory.phase("evaluation"):
                 m = self.evaluate(self.learner.full_models()[0], self._progress(), count,
                                   should_stop=lambda: self._stop,
                                   on_error=lambda text: self.recorder.error(f"eval step {step}: {text}"))
@@ -267,6 +277,7 @@ class Run:
         """Final checkpoint and policy, then everything closed and ``end.json`` written; ``failed``:
         an exception ends the run (as one raised here does), whatever its steps or budget say."""
         self.feed.stop()  # nothing arrives after this: the final checkpoint is consistent
+        self.memory.enter("final checkpoint and shutdown")
         try:
             # a step checkpointed already is not written again: rewriting its directory would leave a
             # moment without it, and what arrived since is in the journal, which a resume reads
@@ -294,8 +305,12 @@ class Run:
     def _ended(self, failed: bool) -> None:
         """``end.json``; a failure to write it (a full disk) never replaces the run's own outcome."""
         why = "failed" if failed else self._why()
+        memory = self.memory.stop() if self._own_memory else self.memory.report()
+        if memory["phases"]:
+            self.recorder.message(format_memory(memory))
         try:
-            self.recorder.ended({"step": self.step, "steps": self.settings.steps, "why": why})
+            self.recorder.ended({"step": self.step, "steps": self.settings.steps, "why": why,
+                                 "memory": memory})
         except OSError as e:
             self.recorder.message(f"end.json not written: {type(e).__name__}: {e}")
 

@@ -56,6 +56,7 @@ from saorl.envs.base import Progress
 from saorl.envs.registry import env_factory_for
 from saorl.models.codec import run_tokenizer
 from saorl.models.loading import checkpoint_activations, load_policy, sync_device, train_dtype
+from saorl.models.shelf import PolicyShelf
 
 PROMPTS_READ = 4
 """Training tasks whose prompts are tokenized for the mean prompt length."""
@@ -137,15 +138,20 @@ def trajectory_shape(cfg: SaorlConfig) -> Shape:
                  tokens=min(budget, prompt + generated), demo_tokens=demo, demo_s=demo_s)
 
 
-def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
+def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape,
+              shelf: PolicyShelf | None = None) -> Calibration:
     """Time a forward + backward pass, an AdamW step and (local engine) decode steps of the policy
-    ``policy_spec``; the global RNG is left as it was (on a GPU, its generator too)."""
+    ``policy_spec``; the global RNG is left as it was (on a GPU, its generator too). With a
+    ``shelf``, the policy is borrowed from it (loaded and held there for the phases after, which
+    then do not load it again: :mod:`saorl.models.shelf`) and left as a load is: its AdamW step has a
+    zero learning rate (bit for bit no change), its gradients are dropped, its mode is eval."""
     t0 = time.perf_counter()
     device = cfg.model.device
     gpu = [torch.device(device).index or 0] if str(device).startswith("cuda") else []
     with torch.random.fork_rng(devices=gpu):
         torch.manual_seed(cfg.seed)
-        model = load_policy(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
+        get = shelf.borrow if shelf is not None else load_policy
+        model = get(policy_spec, dtype=train_dtype(cfg.model.dtype), device=device, seed=cfg.seed)
         vocab = model.config.vocab_size
         n = max(8, int(shape.tokens))
         with torch.no_grad():
@@ -177,10 +183,12 @@ def calibrate(cfg: SaorlConfig, policy_spec: str, shape: Shape) -> Calibration:
         opt_s = 0.0 if cfg.model.lora.enabled else time.perf_counter() - t  # LoRA: an adapter's step
         del opt
         model.zero_grad(set_to_none=True)
+        if cfg.trainer.activation_checkpointing:
+            model.activation_checkpointing_disable()  # the shelf's policy left as loaded
         model.eval()
         slots = min(cfg.rollout.local_engine.slots, cfg.rollout.concurrent_episodes)
         decode, prefill = _time_decode(cfg, model, slots, max(1, int(shape.prompt)), vocab)
-    model = None  # freed before the phases load their own copies
+    model = None  # freed before the phases (or on the shelf, for them)
     if gpu:
         torch.cuda.empty_cache()  # the memory back to the rollout workers on this GPU
     return Calibration(sft_pass=sft_pass, fit_pass=fit_pass, rl_pass=rl_pass, per_token=one / n, opt=opt_s,
@@ -319,12 +327,13 @@ def format_estimate(rows: list[dict], cal: Calibration, shape: Shape) -> str:
 
 
 def estimate_phases(cfg: SaorlConfig, policy_spec: str, run_dir: Path, *, sft_cached: bool,
-                    critic_cached: bool, log: Callable[[str], None] = print) -> list[dict] | None:
+                    critic_cached: bool, log: Callable[[str], None] = print,
+                    shelf: PolicyShelf | None = None) -> list[dict] | None:
     """Calibrate, print the table and write ``RUN/estimate.json``; None (and a line saying why)
     when the calibration itself fails: an estimate never stops a run."""
     try:
         shape = trajectory_shape(cfg)
-        cal = calibrate(cfg, policy_spec, shape)
+        cal = calibrate(cfg, policy_spec, shape, shelf)
         rows = phase_estimates(cfg, cal, shape, sft_cached=sft_cached, critic_cached=critic_cached)
     except Exception as e:  # an estimate never stops a run: its own stages report real problems
         log(f"start-up estimate skipped: {type(e).__name__}: {e}")
@@ -349,7 +358,7 @@ def cached_stages(cfg: SaorlConfig) -> tuple[str, bool, bool]:
 
 
 def start_up_estimate(cfg: SaorlConfig, run_dir: Path, log: Callable[[str], None] = print, *,
-                      resume: bool = False) -> list[dict] | None:
+                      resume: bool = False, shelf: PolicyShelf | None = None) -> list[dict] | None:
     """:func:`estimate_phases` for the run of ``cfg`` in ``run_dir`` as ``saorl train`` starts it
     (``run.estimate``, null: for a policy that is not a tiny kind; never for a sharded trainer,
     whose model may not fit one process, nor for a resume: the fresh run's stays in
@@ -362,4 +371,5 @@ def start_up_estimate(cfg: SaorlConfig, run_dir: Path, log: Callable[[str], None
     if not wanted or resume or cfg.trainer.shard == "fsdp2":
         return None
     spec, sft_cached, critic_cached = cached_stages(cfg)
-    return estimate_phases(cfg, spec, run_dir, sft_cached=sft_cached, critic_cached=critic_cached, log=log)
+    return estimate_phases(cfg, spec, run_dir, sft_cached=sft_cached, critic_cached=critic_cached, log=log,
+                           shelf=shelf)

@@ -50,6 +50,11 @@ def test_the_command_on_a_tiny_model(tmp_path, capsys):
     assert 0 < r["fraction"]["step"] < 2 and r["peaks"]["float32"] > 0
     assert {"policy forward", "policy backward + optimizer", "critic forward (grad)"} <= set(r["split"])
     assert abs(r["ratio"]["min"] - 1) < 0.05 and abs(r["ratio"]["max"] - 1) < 0.05  # own log-probs
+    phases = [row["phase"] for row in r["memory"]["phases"]]  # peak RSS per phase
+    assert phases == ["model, critic and learner built", "warm-up step", "timed steps",
+                      "optimizer and vocabulary timed alone"]
+    assert r["peak_rss_mib"] == max(row["trainer_mib"] for row in r["memory"]["phases"]) > 100
+    assert "| timed steps |" in text and "peak: trainer" in text
     assert main(["bench", "step", "tiny-dense", "--tokens", "1"]) == 2
     assert main(["bench", "step", "tiny-dense", "--batch", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err

@@ -46,6 +46,13 @@ def test_train_on_a_parquet_dataset_with_a_reward_function_module(tmp_path):
     assert len(trained) == 8 and set(trained) <= train_ids
     end = read_jsonl(run_dir / "end.json")[0]  # how it ended: saorl plot tells it from a killed run
     assert (end["step"], end["steps"], end["why"]) == (2, 2, "done")
+    phases = {r["phase"]: r for r in end["memory"]["phases"]}  # peak RSS per phase (runtime/memory.py)
+    assert {"start-up checks", "run parts", "learner", "workers starting", "evaluation", "RL steps",
+            "final checkpoint and shutdown"} <= set(phases)
+    steps = phases["RL steps"]
+    assert steps["trainer_mib"] > 100 and steps["helpers_mib"]["rollout worker 0"] > 100
+    assert steps["total_mib"] >= steps["trainer_mib"] + steps["helpers_mib"]["rollout worker 0"] - 50
+    assert "peak memory (RSS, MiB" in out.stdout + out.stderr and "| RL steps |" in out.stdout + out.stderr
 
 
 TRL_REWARDS = '''

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from saorl.runtime.memory import MemoryWatch
 from saorl.runtime.run import Run
 
 
@@ -43,6 +44,7 @@ def _run(tmp_path, recorder, *, step=0, steps=5, expired=False) -> Run:
     run.learner = SimpleNamespace(full_models=lambda: (), version=0)
     run.paths = SimpleNamespace(root=tmp_path)
     run.observer = SimpleNamespace(run_finished=lambda: None)
+    run.memory, run._own_memory = MemoryWatch(), True
     return run
 
 
@@ -94,3 +96,7 @@ def test_a_loop_that_raises_after_its_budget_expired_is_recorded_as_failed(tmp_p
     with pytest.raises(RuntimeError, match="the batch failed"):
         run.loop()
     assert [end["why"] for end in recorder.ends] == ["failed"]
+    phases = [r["phase"] for r in recorder.ends[0]["memory"]["phases"]]  # the run's own watch
+    assert phases == ["workers starting", "RL steps", "final checkpoint and shutdown"]
+    assert any(line.startswith("peak memory (RSS, MiB") for line in recorder.lines)
+    assert run.memory.current is None  # stopped

@@ -58,6 +58,15 @@ def test_the_trainer_loads_the_policy_once_before_step_1_with_worker_processes(m
 
 
 @pytest.mark.slow
+def test_the_start_up_estimate_s_calibration_borrows_the_policy_the_phases_then_take(monkeypatch, tmp_path):
+    """``run.estimate``: its calibration (a pass, an AdamW step of zero rate, decode steps) times
+    the model the phases after it train, not a load of its own (SmolLM2: one load in all, not two)."""
+    made = _loads_before_step_1(monkeypatch, tmp_path, [*SMALL, "run.estimate=true"])
+    assert made == ["tiny tiny-moe"], made
+    assert (tmp_path / "run" / "estimate.json").is_file()
+
+
+@pytest.mark.slow
 def test_the_in_process_engine_loads_its_own_copy(monkeypatch, tmp_path):
     """``runtime.backend: inprocess``: the engine's model is a load of its own (a copy's log-probs
     differ from a load's by ~1e-7), the trainer's is SFT's (4 loads before)."""

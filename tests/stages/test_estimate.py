@@ -78,6 +78,24 @@ def test_calibration_on_a_tiny_model_times_every_part_and_leaves_the_rng_alone(t
     assert cal.slots == 2 and cal.took_s > 0
 
 
+def test_a_calibration_on_a_borrowed_policy_leaves_it_as_a_load_is(tmp_path):
+    from saorl.models.loading import load_policy
+    from saorl.models.shelf import PolicyShelf
+
+    cfg = load_config(None, ["model.policy=tiny-dense", "trainer.batch_size=2", "rollout.engine.slots=2",
+                             "rollout.max_new_tokens=8", f"run.out_dir={tmp_path}"])
+    shelf = PolicyShelf()
+    est.calibrate(cfg, "tiny-dense", est.trajectory_shape(cfg), shelf)
+    assert shelf.loads == 1 and len(shelf) == 1  # borrowed: held for the phases after
+    model = shelf.take("tiny-dense", seed=cfg.seed)
+    fresh = load_policy("tiny-dense", seed=cfg.seed)
+    assert not model.training and all(p.grad is None for p in model.parameters())
+    own, want = model.state_dict(), fresh.state_dict()
+    assert own.keys() == want.keys() and all(torch.equal(own[k], want[k]) for k in own)  # bit for bit
+    ids = torch.tensor([[1, 5, 9, 2]])
+    assert torch.equal(model(input_ids=ids).logits, fresh(input_ids=ids).logits)  # its own forwards back
+
+
 def test_a_server_engine_leaves_the_rollouts_generation_unestimated_but_not_the_trainers():
     cal = Calibration(sft_pass=None, fit_pass=0.4, rl_pass=1.0, per_token=0.01, opt=0.1, decode=0.02,
                       prefill_per_token=0.001, slots=4, took_s=1.0, rl_generation=False)
@@ -137,13 +155,17 @@ def test_calibration_times_the_passes_with_activation_checkpointing_when_the_run
         def count(module, *_, counter=counter):
             counter[module.training] += 1
 
-        def counted(*a, **k):
-            model = load(*a, **k)
-            model.model.layers[0].mlp.register_forward_pre_hook(count)
-            return model
+        loaded = []
+
+        def counted(*a, loaded=loaded, **k):
+            loaded.append(load(*a, **k))
+            loaded[-1].model.layers[0].mlp.register_forward_pre_hook(count)
+            return loaded[-1]
 
         monkeypatch.setattr(est, "load_policy", counted)
         est.calibrate(cfg, "tiny-dense", shape)
+        (model,) = loaded
+        assert not model.model.layers[0].gradient_checkpointing  # left as loaded (a shelf's policy too)
     passes = calls[False][1]  # each timed training pass calls the layer once without checkpointing
     assert passes == 2 + 2 * 2  # the best of two at full length, then two each for the fit and RL
     assert calls[True][1] == 2 * passes  # and again in its backward with it

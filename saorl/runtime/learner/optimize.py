@@ -8,9 +8,9 @@ their optimizer steps through :func:`update`:
    (:meth:`Updater.token_total`), so the summed losses are the batch's token mean — is
    back-propagated as soon as it is computed, so one pass's activations are alive at a time;
 2. the accumulated gradients are clipped and applied in one step — unless the summed loss or the
-   gradient norm is not finite, or the step leaves a parameter non-finite, in which case nothing
-   reaches the weights (the step is rolled back, :mod:`saorl.runtime.learner.nonfinite`) and ``None`` is
-   returned in place of the gradient norm.
+   gradient norm is not finite, or the step would leave a parameter non-finite, in which case
+   nothing reaches the weights (the step is tried first, :mod:`saorl.runtime.learner.nonfinite`) and
+   ``None`` is returned in place of the gradient norm.
 
 An :class:`Updater` says how those pieces run in this process. The one here is a single process;
 the sharded trainer's (:class:`~saorl.runtime.learner.shard_update.ShardedUpdater`) counts tokens over
@@ -33,7 +33,7 @@ import torch
 from saorl.data.batch import Batch, collate
 from saorl.data.packing import MicroBatch, microbatches
 from saorl.data.trajectory import Trajectory
-from saorl.runtime.learner.nonfinite import movement, params_finite, roll_back, snapshot
+from saorl.runtime.learner.nonfinite import trial_step
 
 Tensor = torch.Tensor
 T = TypeVar("T")
@@ -88,19 +88,19 @@ class Updater:
         if not torch.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)
             return None
-        saved = snapshot(params, optimizer)
-        optimizer.step()
+        finite, moved = trial_step(params, optimizer)
+        if finite:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if params_finite(params):
-            self.moved = relative(self.sum(movement(params, saved)))
-            return float(norm)
-        roll_back(params, optimizer, saved)
-        return None
+        if not finite:
+            return None
+        self.moved = relative(self.sum(moved))
+        return float(norm)
 
 
 def relative(sums: list[float]) -> float:
-    """``sqrt(moved² / total²)`` from :func:`~saorl.runtime.learner.nonfinite.movement`'s sums (0 for all-zero
-    parameters, as LoRA's B matrices start)."""
+    """``sqrt(moved² / total²)`` from :func:`~saorl.runtime.learner.nonfinite.trial_step`'s sums
+    (0 for all-zero parameters, as LoRA's B matrices start)."""
     moved, total = sums
     return math.sqrt(moved / total) if total > 0 else (0.0 if moved == 0 else math.inf)
 

@@ -27,7 +27,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from saorl.data.packing import MicroBatch, idle_microbatch
-from saorl.runtime.learner.nonfinite import movement, params_finite, roll_back, snapshot
+from saorl.runtime.learner.nonfinite import trial_step
 from saorl.runtime.learner.optimize import Updater, relative
 from saorl.runtime.learner.shard_group import ShardGroup
 
@@ -98,11 +98,13 @@ class ShardedUpdater(Updater):
         if not math.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)
             return None
-        saved = snapshot(params, optimizer)  # of this rank's shards
-        optimizer.step()
+        finite, moved = trial_step(params, optimizer)  # of this rank's shards
+        # every rank steps, or none does (even where its own shards are finite)
+        finite = not self.group.all_sum([0.0 if finite else 1.0])[0]
+        if finite:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if not self.group.all_sum([0.0 if params_finite(params) else 1.0])[0]:
-            self.moved = relative(self.sum(movement(params, saved)))  # the whole model's, on every rank
-            return norm
-        roll_back(params, optimizer, saved)  # on every rank, even where its own shards are finite
-        return None
+        if not finite:
+            return None
+        self.moved = relative(self.sum(moved))  # the whole model's, on every rank
+        return norm
