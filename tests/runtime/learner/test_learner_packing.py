@@ -64,8 +64,14 @@ def _run(name, kind, trajs, gids, **learner_kw):
             for group in opt.param_groups:
                 group["eps"] = 1e-4
             params = [p for g in opt.param_groups for p in g["params"]]
-            opt.register_step_pre_hook(
-                lambda o, a, k, key=key, params=params: grads[key].append([p.grad.clone() for p in params]))
+            real = [p.data_ptr() for p in params]
+
+            def record(o, a, k, key=key, params=params, real=real):
+                # the step on the weights themselves: the non-finite guard's trial steps land on copies
+                if [p.data_ptr() for p in params] == real:
+                    grads[key].append([p.grad.clone() for p in params])
+
+            opt.register_step_pre_hook(record)
     metrics = lrn.step(trajs, gids)
     weights = {n: p.detach().clone() for n, p in lrn.policy.named_parameters()}
     if critic is not None:
