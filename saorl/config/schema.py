@@ -232,8 +232,8 @@ class TrainerConfig(Section):
     model whose attention ignores restarting position ids."""
     max_nonfinite_skips: int = Field(3, ge=1)
     """Stop the run (non-zero exit, after a checkpoint of the last finite weights) when this many
-    trainer steps in a row had an update rolled back because its loss, gradient or updated
-    parameters were not finite."""
+    trainer steps in a row had an update skipped because its loss, gradient or updated
+    parameters would not be finite."""
 
 
 class RuntimeConfig(Section):

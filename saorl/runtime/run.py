@@ -152,7 +152,7 @@ class Run:
         train_start, train_end = self.clock.train_interval()
         if result.skipped:
             self.recorder.message(f"step {self.step + 1}: a non-finite loss, gradient or updated weight; "
-                                  f"that update was rolled back ({self.learner.nonfinite_skips} so far)")
+                                  f"that update was skipped ({self.learner.nonfinite_skips} so far)")
         self.step += 1
         if not result.frozen:  # a critic warm-up step leaves the published policy as it is
             self.learner.publish(self.parts.weights)

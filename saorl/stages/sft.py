@@ -94,7 +94,7 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
     Minibatches of ``batch_size`` demonstrations, reshuffled (seeded) every epoch. Each step is the
     trainer's optimizer routine (:func:`saorl.runtime.learner.optimize.update`): token-budget micro-batches
     (``max_tokens_per_microbatch``, ``packing``, as RL's), gradients accumulated to the minibatch's
-    token mean, and a step whose loss, gradient or updated weights are not finite rolled back
+    token mean, and a step whose loss, gradient or updated weights would not be finite skipped
     (counted in ``sft/nonfinite_skips``). With the sharded trainer's ``updater`` every rank trains
     its share of each minibatch (every rank holds ``demos``). ``activation_checkpointing``
     (``trainer.activation_checkpointing``): each decoder layer's activations are recomputed in the

@@ -235,7 +235,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     Minibatches of ``min(batch_size, len(trajs))`` distinct rollouts, reshuffled every epoch. Each
     step is the trainer's optimizer routine (:func:`saorl.runtime.learner.optimize.update`): token-budget
     micro-batches as in RL, the minibatch's token-mean value loss, and a step whose loss, gradient
-    or updated weights are not finite rolled back (``critic/nonfinite_skips``). With the sharded
+    or updated weights would not be finite skipped (``critic/nonfinite_skips``). With the sharded
     trainer's ``updater`` every rank trains its share of each minibatch. ``progress`` is called
     with ``(steps done, steps)`` after every step (a :class:`CountProgress` prints a line at most
     every 10 s: a real model's fit takes minutes). ``activation_checkpointing``: the trunk's decoder

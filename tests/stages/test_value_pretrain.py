@@ -241,7 +241,7 @@ def test_critic_key_follows_the_env_version(tmp_path, monkeypatch):
 
 def test_fit_critic_micro_batches_accumulate_to_the_one_pass_step_and_roll_back_non_finite():
     """Packed or padded token-budget micro-batches take the one-pass step (within float rounding,
-    scaled by Adam as in SFT's test); an infinite learning rate is rolled back, every step."""
+    scaled by Adam as in SFT's test); an infinite learning rate is skipped, every step."""
     preset = load_config(None, []).algo.preset
     trajs = [_traj() for _ in range(6)]
     states = {}

@@ -39,7 +39,7 @@ class LearnerCounters:
     steps_done: int = 0
     """Trainer steps taken (skipped updates included)."""
     nonfinite_skips: int = 0
-    """Optimizer steps rolled back because a loss, a gradient or a weight was not finite."""
+    """Optimizer steps skipped because a loss, a gradient or a weight would not be finite."""
 
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "learner_steps": self.steps_done,
@@ -54,13 +54,13 @@ class LearnerCounters:
 class StepResult(dict):
     """What :meth:`~saorl.runtime.learner.single.Learner.step` returns: the step's metrics (it is their
     dict, ``result["policy/loss"]``, written to ``metrics.jsonl`` as is), whether an update of the
-    step was rolled back, and the policy version after it."""
+    step was skipped, and the policy version after it."""
 
     def __init__(self, metrics: Mapping[str, Any], *, skipped: bool, version: int,
                  frozen: bool = False) -> None:
         super().__init__(metrics)
         self.skipped = skipped
-        """An optimizer step of this trainer step (critic or policy) was rolled back: non-finite."""
+        """An optimizer step of this trainer step (critic or policy) was skipped: non-finite."""
         self.version = version
         self.frozen = frozen
         """A critic warm-up step (``trainer.critic_warmup_steps``): the policy was not updated."""

@@ -201,7 +201,7 @@ def _opt_state(opt):
 def test_an_update_that_makes_the_weights_non_finite_is_rolled_back(budget):
     # finite loss and gradients, but a learning rate of inf (the config refuses it; the Learner's
     # own API does not) turns every parameter non-finite; budget 40: packed micro-batches, whose
-    # accumulated gradients make one step, rolled back as a whole
+    # accumulated gradients make one step, skipped as a whole
     lrn = _learner("sao", kind="tiny-dense")
     lrn.max_tokens = budget
     trajs = _trajs()
