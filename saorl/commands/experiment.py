@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"saorl experiment: {e}", file=sys.stderr)
         return 2
     print(f"experiment {spec.name}: arms {', '.join(sel.arms)}; seeds {sel.seeds} -> {out}")
-    for line in cost_lines(spec, sel.arms, sel.seeds, args.quick):
+    for line in cost_lines(spec, sel.arms, sel.seeds, args.quick,
+                           (cfg.trainer.steps, cfg.trainer.max_wall_s)):
         print(line)
     weak = weak_start(spec, path, trained[0], sel, cfg) if args.quick else None
     if weak:

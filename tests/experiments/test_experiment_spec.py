@@ -193,6 +193,13 @@ def test_cost_lines_and_switch_steps():
                      "so no time bound)"]
     quick_line = cost_lines(spec, arms[:2], [0], quick=True)[1]
     assert quick_line.startswith("this run: may take up to 2 arms x 1 seeds")
+    # the command line's budget overrides (resolved into the arms' configs) are what this run costs
+    lines = cost_lines(capped, list(capped.arms), [0, 1], quick=False, budget=(5, 30.0))
+    assert lines[1].startswith("this run: may take up to 13 arms x 2 seeds x 30 s = 13m00s of RL (5 steps")
+    assert len(cost_lines(capped, list(capped.arms), [0, 1], quick=False, budget=(100, 400.0))) == 1
+    no_cap = cost_lines(capped, list(capped.arms), [0, 1], quick=False, budget=(7, None))
+    assert no_cap[1] == ("this run: 13 trained arms x 2 seeds x 7 steps (no wall-clock limit in the spec, "
+                         "so no time bound)")
     assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0, quick=True)) == [0, 10, 20]
     assert switch_steps(arm_config(spec, find_spec("shift"), "sao", 0)) == [0, 100, 200]
     assert switch_steps(arm_config(load_spec(find_spec("math")), find_spec("math"), "sao", 0)) == []
