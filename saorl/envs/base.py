@@ -110,6 +110,9 @@ class Env(ABC):
     calls_user_code: ClassVar[bool] = False
     """True for a built-in env whose ``reset`` / ``step`` call code given by the user (a reward
     function): they run under ``env.call_timeout_s`` like those of an env class from outside saorl."""
+    reward_only_options: ClassVar[tuple[str, ...]] = ()
+    """Options that change only the reward, not the tasks, prompts or demonstrations: the cached SFT
+    warm start is keyed without them (its data does not depend on them), so changing one reuses it."""
 
     def __init__(self, **options: Any) -> None:
         if options:

@@ -17,8 +17,11 @@ reset for one player with the task's seed; its rules, messages, rewards and end 
   game's own error allowance; the episode ends when the game says ``done``; its reward is the
   game's reward for the player (``env.close()``), given on the last turn (``info["success"]``:
   reward ≥ ``success_threshold``, 1.0; ``info["metrics"]``: the game's ``invalid_move`` and
-  ``turn_count``). At ``max_turns`` model turns (default: the game's own turn limit, else 30)
-  without an end the episode stops unsuccessful, with no reward.
+  ``turn_count``, and ``rewarded_wrong``, 1 for a lost game the game still rewarded: its shaping,
+  e.g. GuessTheNumber's closeness of the last guess). ``reward: win`` gives 1 for a success and 0
+  otherwise instead, for games whose shaping can be gamed. At ``max_turns`` model turns (default:
+  the game's own turn limit, else 30) without an end the episode stops unsuccessful, with no
+  reward.
 - demonstrations (for the SFT warm start): the moves of a scripted player, for the games that
   have one (GuessTheNumber, FrozenLake, TowerOfHanoi: :mod:`saorl.envs.textarena_players`).
 
@@ -162,14 +165,20 @@ class TextArenaEnv(Env):
     name: ClassVar[str] = "textarena"
     version: ClassVar[int] = 2  # 2: demonstrations
     requires: ClassVar[tuple[str, ...]] = ("textarena",)
+    reward_only_options: ClassVar[tuple[str, ...]] = ("reward",)
 
     def __init__(self, game: str | None = None, max_turns: int | None = None, success_threshold: float = 1.0,
-                 stop: list[str] | None = None, **options: Any) -> None:
+                 stop: list[str] | None = None, reward: str = "game", **options: Any) -> None:
         """Options: ``game`` (required: a single-player TextArena id), ``max_turns`` (model turns
         before the episode stops; default the game's turn limit, else 30), ``success_threshold``
         (1.0: success is the game's reward ≥ it), ``stop`` (strings that end a turn, e.g. ``["]"]``;
-        default none: eos or ``rollout.max_new_tokens``)."""
+        default none: eos or ``rollout.max_new_tokens``), ``reward`` (``game``: the game's own
+        reward, its shaping of a lost game included; ``win``: 1 for a success, else 0)."""
         super().__init__(**options)
+        if reward not in ("game", "win"):
+            raise ValueError(f"reward must be 'game' (the game's own reward) or 'win' (1 for a success, "
+                             f"else 0), got {reward!r}")
+        self.reward_kind = reward
         import difflib
 
         ids = game_ids()
@@ -260,9 +269,13 @@ class TextArenaEnv(Env):
                              "in the model's move; pick another game (docs/envs.md lists the ids known "
                              "to play)") from None
         self._game = None
+        success = reward >= self.success_threshold
         metrics = {"invalid_move": float(bool(info.get("invalid_move"))),
-                   "turn_count": float(info.get("turn_count", 0))}
-        return StepResult(observation, reward, True, {"success": reward >= self.success_threshold,
+                   "turn_count": float(info.get("turn_count", 0)),
+                   "rewarded_wrong": float(reward > 0 and not success)}
+        if self.reward_kind == "win":
+            reward = float(success)
+        return StepResult(observation, reward, True, {"success": success,
                                                       "reason": str(info.get("reason", "")),
                                                       "metrics": metrics})
 

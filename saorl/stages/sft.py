@@ -157,11 +157,24 @@ def sft_seed(cfg: SaorlConfig) -> int:
 def sft_key(cfg: SaorlConfig) -> str:
     ident = {
         "policy": cfg.model.policy, "tokenizer": cfg.model.tokenizer, "dtype": cfg.model.dtype,
-        "env": cfg.env.model_dump(exclude_defaults=True), "seed": sft_seed(cfg),
+        "env": _env_key(cfg), "seed": sft_seed(cfg),
         "sft": cfg.sft.model_dump(exclude={"enabled", "seed"}),
         "format": 1, **prompt_format_key(cfg.model), **env_version_key(cfg.env.type),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _env_key(cfg: SaorlConfig) -> dict:
+    """The env's settings less the options that change only its reward (``Env.reward_only_options``):
+    the demonstrations do not depend on them."""
+    from saorl.envs.registry import resolve_env
+
+    env = cfg.env.model_dump(exclude_defaults=True)
+    options = env.get("options")
+    if cfg.env.type and isinstance(options, dict):
+        drop = set(resolve_env(cfg.env.type).reward_only_options)
+        env["options"] = {k: v for k, v in options.items() if k not in drop}
+    return env
 
 
 def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print,

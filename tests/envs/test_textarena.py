@@ -34,7 +34,7 @@ def test_tower_of_hanoi_solved_over_seven_turns_earns_the_games_reward():
                                       "A: [3, 2]\nB: []\nC: [1]\n.\n")
     assert [r.reward for r in results] == [0.0] * 6 + [1.0]
     assert results[-1].info["success"]
-    assert results[-1].info["metrics"] == {"invalid_move": 0.0, "turn_count": 7.0}
+    assert results[-1].info["metrics"] == {"invalid_move": 0.0, "turn_count": 7.0, "rewarded_wrong": 0.0}
     assert env.max_turns == 14  # the game's own turn limit
 
 
@@ -111,3 +111,46 @@ def test_no_test_game_starts_as_a_train_game_does():
     guess = _factory("GuessTheNumber-v0")()  # few starts (the secret): split by them
     train, test = guess.generate_tasks("train", 40, seed=0), guess.generate_tasks("test", 10, seed=0)
     assert not {guess.start(t.data["seed"]) for t in train} & {guess.start(t.data["seed"]) for t in test}
+
+
+def test_a_lost_game_the_game_still_rewards_is_counted_and_reward_win_gives_it_nothing():
+    # GuessTheNumber scores a lost game by how close the last guess was: two repeats of one guess
+    # end a hardcore game (its error allowance) with that shaping reward, a game never won
+    def lose(**options):
+        env = _factory("GuessTheNumber-v0-hardcore", **options)()
+        task = env.generate_tasks("train", 1, seed=3)[0]
+        secret = _secret(env, task)
+        guess = 25 if secret != 25 else 24
+        return play(env, task, [f"[{guess}]"] * 3)[-1], secret, guess
+
+    game, secret, guess = lose()
+    assert game.done and not game.info["success"]
+    assert game.reward == pytest.approx(1 - abs(guess - secret) / 49, abs=0.02) and game.reward > 0
+    assert game.info["metrics"]["rewarded_wrong"] == 1.0 and game.info["metrics"]["invalid_move"] == 1.0
+    win, _, _ = lose(reward="win")
+    assert win.reward == 0.0 and win.info["metrics"]["rewarded_wrong"] == 1.0
+
+    env = _factory("GuessTheNumber-v0-hardcore", reward="win")()
+    task = env.generate_tasks("train", 1, seed=3)[0]
+    won = play(env, task, [f"[{_secret(env, task)}]"])[-1]
+    assert won.done and won.reward == 1.0 and won.info["success"]
+    assert won.info["metrics"]["rewarded_wrong"] == 0.0
+    with pytest.raises(ValueError, match=r"reward must be 'game' .* or 'win' .*, got 'wins'"):
+        _factory("GuessTheNumber-v0-hardcore", reward="wins")()
+
+
+def test_the_sft_warm_start_is_keyed_without_the_reward_option():
+    from saorl.config import load_config
+    from saorl.stages.sft import sft_key
+
+    def key(*extra):
+        return sft_key(load_config(None, ["env.type=textarena", "env.options.game=GuessTheNumber-v0",
+                                          *extra]))
+
+    assert key("env.options.reward=win") == key() == key("env.options.reward=game")
+    assert key("env.options.game=GuessTheNumber-v0-hardcore") != key()
+
+
+def _secret(env, task):
+    env.reset(task)
+    return env._game.state.game_state["game_number"]
