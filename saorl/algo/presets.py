@@ -166,7 +166,7 @@ class AlgoPreset(BaseModel):
     """``batch``: whiten the advantages over the batch's action tokens, ``(A − mean) / (std + 1e-8)``, as verl and TRL do, over every rank's share in a sharded run; ``none`` (every preset): as the estimator gives them (SAO's critic baseline is not re-centred per batch: its batch-mean advantage is nonzero on all-fail or all-success batches)."""  # noqa: E501
 
     critic_train_layers: Annotated[int, Field(ge=1)] | None = None
-    """Train only the critic's top N transformer blocks (under frozen attention their MLP projections, else the whole blocks and the final norm) and its value head; the blocks below are frozen and run once per batch under no_grad, their output shared by the values pass and the K update passes (a departure from the paper, which trains every block; measured in docs/performance.md). At most the critic's layer count (checked when the model is loaded); not with a LoRA critic. None (every preset): every block trains."""  # noqa: E501
+    """Train only the critic's top N transformer blocks (under frozen attention their MLP projections, else the whole blocks and the final norm) and its value head; the blocks below are frozen and run once per batch under no_grad, their output shared by the values pass and the K update passes (a departure from the paper, which trains every block; measured in docs/performance.md). At most the critic's layer count (checked when the model is loaded); not with a LoRA critic nor the sharded trainer. None (every preset): every block trains."""  # noqa: E501
 
     # the rules that tie fields together: each checked on the later field, against earlier ones
     @field_validator("use_critic")

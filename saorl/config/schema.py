@@ -405,6 +405,10 @@ class SaorlConfig(Section):
             raise FieldError("algo.critic_train_layers",
                              f"is {top}, but model.lora.critic puts a LoRA adapter in every layer of the "
                              "critic; train the top layers or the adapter: drop one of the two")
+        if top is not None and self.trainer.shard == "fsdp2":
+            raise FieldError("algo.critic_train_layers",
+                             f"is {top}, but the sharded trainer (trainer.shard: fsdp2) does not run a "
+                             "critic in parts yet; set trainer.shard=none or drop algo.critic_train_layers")
         if self.trainer.critic_warmup == "lr" and not self.trainer.critic_warmup_steps:
             raise FieldError("trainer.critic_warmup",
                              "'lr' ramps the critic's learning rate over trainer.critic_warmup_steps, "

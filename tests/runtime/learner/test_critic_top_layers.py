@@ -86,3 +86,19 @@ def test_all_layers_trained_this_way_is_the_default_step_to_the_bit():
 def test_too_many_layers_for_the_model_is_one_clear_error():
     with pytest.raises(ValueError, match=r"algo\.critic_train_layers must be in \[1, 4\].*got 5"):
         _learner(critic_train_layers=5)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["algo.critic_train_layers=0"], "algo.critic_train_layers: Input should be greater than or equal to 1"),
+    (["algo.name=grpo", "algo.critic_train_layers=2"], "trains no critic"),
+    (["algo.critic_train_layers=2", "model.lora.critic=true", "model.lora.rank=8"],
+     "algo.critic_train_layers: is 2, but model.lora.critic"),
+    (["algo.critic_train_layers=2", "trainer.shard=fsdp2"], "algo.critic_train_layers: is 2, but the sharded"),
+])
+def test_the_setting_is_checked_at_load(overrides, expected):
+    from saorl.config import ConfigError, load_config
+
+    assert load_config(None).algo.preset.critic_train_layers is None  # the default: off
+    assert load_config(None, ["algo.critic_train_layers=3"]).algo.preset.critic_train_layers == 3
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, overrides)
