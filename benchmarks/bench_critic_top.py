@@ -78,7 +78,8 @@ def main() -> None:
             print(f"round {r + 1} layers {s}: step {res['step_s']:.2f} s, critic {res['critic_s']:.2f} s "
                   f"({ {k: round(v, 2) for k, v in res['split'].items()} })", flush=True)
     base = statistics.median(x["step_s"] for x in runs[settings[0]])
-    print(f"\n{args.model}: {args.batch} × {args.tokens} tokens, {args.threads} threads, {args.rounds} rounds "
+    print(f"\n{args.model}: {args.batch} × {args.tokens} tokens, {args.threads} threads, "
+          f"{args.rounds} rounds "
           f"interleaved, median of the rounds' best of {args.steps}\n")
     print("| critic_train_layers | critic trains | SAO step | critic | critic's share | step / baseline |")
     print("|---|---:|---:|---:|---:|---:|")
