@@ -165,6 +165,9 @@ class AlgoPreset(BaseModel):
     advantage_norm: AdvantageNorm = "none"
     """``batch``: whiten the advantages over the batch's action tokens, ``(A − mean) / (std + 1e-8)``, as verl and TRL do, over every rank's share in a sharded run; ``none`` (every preset): as the estimator gives them (SAO's critic baseline is not re-centred per batch: its batch-mean advantage is nonzero on all-fail or all-success batches)."""  # noqa: E501
 
+    critic_train_layers: Annotated[int, Field(ge=1)] | None = None
+    """Train only the critic's top N transformer blocks (under frozen attention their MLP projections, else the whole blocks and the final norm) and its value head; the blocks below are frozen and run once per batch under no_grad, their output shared by the values pass and the K update passes (a departure from the paper, which trains every block; measured in docs/performance.md). At most the critic's layer count (checked when the model is loaded); not with a LoRA critic nor the sharded trainer. None (every preset): every block trains."""  # noqa: E501
+
     # the rules that tie fields together: each checked on the later field, against earlier ones
     @field_validator("use_critic")
     @classmethod
@@ -178,6 +181,13 @@ class AlgoPreset(BaseModel):
     def _a_critic_needs_updates(cls, v: int, info: ValidationInfo) -> int:
         if v < 1 and info.data.get("use_critic"):
             raise ValueError(f"must be >= 1 when use_critic, got {v!r}")
+        return v
+
+    @field_validator("critic_train_layers")
+    @classmethod
+    def _top_layers_of_a_critic(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("use_critic") is False:
+            raise ValueError(f"is {v}, but the algorithm trains no critic (use_critic=False): drop it")
         return v
 
     @field_validator("group_size")

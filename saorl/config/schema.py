@@ -400,6 +400,15 @@ class SaorlConfig(Section):
                              f"algo {self.algo.name!r} trains no critic, so there is nothing to warm "
                              "up; set trainer.critic_warmup_steps=0, or pick an algorithm with a critic "
                              "(sao, vapo)")
+        top = self.algo.preset.critic_train_layers
+        if top is not None and self.model.lora.critic:
+            raise FieldError("algo.critic_train_layers",
+                             f"is {top}, but model.lora.critic puts a LoRA adapter in every layer of the "
+                             "critic; train the top layers or the adapter: drop one of the two")
+        if top is not None and self.trainer.shard == "fsdp2":
+            raise FieldError("algo.critic_train_layers",
+                             f"is {top}, but the sharded trainer (trainer.shard: fsdp2) does not run a "
+                             "critic in parts yet; set trainer.shard=none or drop algo.critic_train_layers")
         if self.trainer.critic_warmup == "lr" and not self.trainer.critic_warmup_steps:
             raise FieldError("trainer.critic_warmup",
                              "'lr' ramps the critic's learning rate over trainer.critic_warmup_steps, "

@@ -13,8 +13,9 @@ The parts, in MiB (``N`` the policy's parameters, ``b`` bytes a parameter in the
   AdamW moments ``2·N·b`` and, during a step, its gradients ``N·b`` (with LoRA: the adapter only, a
   few MB: left out); the critic's trunk (a copy of the policy's without its vocabulary projection
   when untied), its trainable part's moments and gradients (frozen attention: the MLP projections
-  only); one pass's activations, ``tokens · (layers · hidden · 4 B · ACT_FLOATS + vocab · 4 B ·
-  LOGIT_COPIES)`` with ``tokens = min(batch_size · max_total_tokens, max_tokens_per_microbatch)``
+  only; ``algo.critic_train_layers``: the top layers' share of them); one pass's activations,
+  ``tokens · (layers · hidden · 4 B · ACT_FLOATS + vocab · 4 B · LOGIT_COPIES)`` with
+  ``tokens = min(batch_size · max_total_tokens, max_tokens_per_microbatch)``
   (activation checkpointing keeps a layer's input only; chunked scoring one chunk's logits);
 - each rollout worker (``runtime.backend: local``, engine ``local``; in the trainer with
   ``inprocess``): :data:`BASE_MIB`, the engine's model, its oneDNN-packed copy (float32 on a CPU,
@@ -129,6 +130,9 @@ def estimate_memory(cfg: SaorlConfig) -> MemoryEstimate | None:
     if cfg.algo.preset.use_critic:
         trains = 0 if lora and cfg.model.lora.critic else (
             s["mlp"] if cfg.algo.preset.freeze_critic_attention else s["trunk"])
+        top = cfg.algo.preset.critic_train_layers
+        if top is not None:  # only the top blocks train (their share of the layers, roughly)
+            trains = trains * min(top, s["layers"]) / s["layers"]
         est.trainer["critic"] = s["trunk"] * b / MIB
         est.trainer["critic AdamW moments and gradients"] = 3 * trains * b / MIB
     tokens = min(t.batch_size * r.max_total_tokens, t.max_tokens_per_microbatch)

@@ -93,6 +93,8 @@ def value_pretrain_key(cfg: SaorlConfig, policy_spec: str) -> str:
         "skip_observation": p.skip_observation, "grad_clip": cfg.trainer.grad_clip, "format": 1,
         **prompt_format_key(cfg.model), **env_version_key(cfg.env.type),
     }
+    if p.critic_train_layers is not None:  # (absent when off: the keys of caches made before stay valid)
+        ident["critic_train_layers"] = p.critic_train_layers
     if cfg.model.lora.critic:  # (absent when off, like the sampler's keys below)
         lora = cfg.model.lora
         ident["lora_critic"] = {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
@@ -231,7 +233,9 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
                activation_checkpointing: bool = False) -> dict[str, float]:
     """Train ``critic`` in place on ``trajs`` for ``steps`` minibatch steps; last step's metrics.
 
-    Frozen attention per ``preset.freeze_critic_attention`` (frozen parameters never change).
+    Frozen attention per ``preset.freeze_critic_attention`` and only the top
+    ``preset.critic_train_layers`` blocks trained when set (frozen parameters never change; the
+    frozen blocks below run under ``no_grad``).
     Minibatches of ``min(batch_size, len(trajs))`` distinct rollouts, reshuffled every epoch. Each
     step is the trainer's optimizer routine (:func:`saorl.runtime.learner.optimize.update`): token-budget
     micro-batches as in RL, the minibatch's token-mean value loss, and a step whose loss, gradient
@@ -245,7 +249,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     if not trajs:
         raise ValueError("fit_critic needs at least one trajectory")
     updater = updater if updater is not None else Updater()
-    critic.set_frozen_attention(preset.freeze_critic_attention)
+    critic.set_frozen_attention(preset.freeze_critic_attention, preset.critic_train_layers)
     if packing:
         use_varlen_attention(critic.trunk)
     params = critic.trainable_parameters()

@@ -25,7 +25,7 @@ FIELDS = [
     "freeze_critic_attention", "skip_observation", "value_pretrain", "gamma", "lam_policy", "lam_critic",
     "eps_low", "eps_high", "value_clip", "lm_loss_coef", "entropy_coef", "advantage_values",
     "routing_replay",
-    "baseline_momentum", "advantage_norm",
+    "baseline_momentum", "advantage_norm", "critic_train_layers",
 ]
 
 

@@ -132,8 +132,9 @@ def test_initial_critic_is_cached_by_key(tmp_path, monkeypatch):
     keys = {vp.value_pretrain_key(cfg, "tiny-dense"), vp.value_pretrain_key(cfg, "tiny-moe"),
             vp.value_pretrain_key(_cfg(tmp_path, "algo.gamma=0.9"), "tiny-dense"),
             vp.value_pretrain_key(_cfg(tmp_path, "rollout.temperature=0.5"), "tiny-dense"),
-            vp.value_pretrain_key(_cfg(tmp_path, "env.observation_format=chat"), "tiny-dense")}
-    assert len(keys) == 5
+            vp.value_pretrain_key(_cfg(tmp_path, "env.observation_format=chat"), "tiny-dense"),
+            vp.value_pretrain_key(_cfg(tmp_path, "algo.critic_train_layers=2"), "tiny-dense")}
+    assert len(keys) == 6
     # settings that do not change the critic share the cache
     assert vp.value_pretrain_key(_cfg(tmp_path, "env.num_test_tasks=7", "value_pretrain.enabled=true"),
                                  "tiny-dense") == vp.value_pretrain_key(cfg, "tiny-dense")
@@ -219,6 +220,17 @@ def test_fit_critic_moves_only_what_the_preset_trains(frozen):
     assert "value_head.weight" in changed and any(".mlp." in n for n in changed)
     attn = {n for n in before if "self_attn" in n or "embed_tokens" in n}
     assert (changed & attn == set()) if frozen else attn <= changed
+
+
+def test_fit_critic_trains_only_the_top_layers_when_the_preset_says_so():
+    preset = load_config(None, ["algo.critic_train_layers=1"]).algo.preset
+    trajs = [_traj() for _ in range(4)]
+    critic = Critic.from_policy(build_tiny("tiny-dense", seed=0))
+    before = {n: p.detach().clone() for n, p in critic.named_parameters()}
+    vp.fit_critic(critic, trajs, preset, steps=3, batch_size=3, lr=1e-2, grad_clip=1.0, pad_id=1, seed=0)
+    changed = {n for n, p in critic.named_parameters() if not torch.equal(p, before[n])}
+    assert "value_head.weight" in changed and "trunk.layers.3.mlp.up_proj.weight" in changed
+    assert all(n.startswith(("value_head.", "trunk.layers.3.mlp.")) for n in changed)
 
 
 def test_fit_critic_reports_progress_after_every_step():

@@ -12,8 +12,11 @@ For a batch of ``B`` trajectories, with the algorithm preset ``p``:
    against them), plus VAPO's positive-example LM loss and an optional entropy bonus.
 
 That is K + 1 critic forward passes (K with gradient, one without) and one policy pass: the
-fewest the method allows. Monte-Carlo targets need no values, so no forward runs before the
-updates (only value clipping or λ_critic < 1 add one); the values before the updates, for
+fewest the method allows. With ``algo.critic_train_layers = N`` the critic's frozen lower blocks
+run once per micro-batch, under ``no_grad``, and those K + 1 passes run only its top N blocks
+from their output (:class:`~saorl.models.critic.Critic`; timed as ``critic lower blocks``).
+Monte-Carlo targets need no values, so no forward runs before the updates (only value clipping
+or λ_critic < 1 add one); the values before the updates, for
 ``critic/value_loss``, are those of the first update's forward; the values after them serve both
 the advantages and ``critic/*_after``.
 
@@ -163,7 +166,7 @@ class Learner:
                                             weight_decay=optim.weight_decay)
         self.critic_opt = None
         if preset.use_critic:
-            critic.set_frozen_attention(preset.freeze_critic_attention)
+            critic.set_frozen_attention(preset.freeze_critic_attention, preset.critic_train_layers)
             if packing:
                 use_varlen_attention(critic.trunk)
             self.critic_params = [p for p in critic.parameters() if p.requires_grad]
@@ -231,16 +234,28 @@ class Learner:
         return StepRecord.concat(parts) if parts is not None else None
 
     # ----------------------------------------------------------------- critic
-    def _values(self, batch: Batch, micro: list[MicroBatch]) -> Tensor:
+    def _critic_on(self, mb: MicroBatch, lower: dict[int, Tensor | None], span: str) -> Tensor:
+        """The critic's values on ``mb`` (its forward timed as ``span``); with
+        ``algo.critic_train_layers`` its frozen lower blocks' output is computed on the step's first
+        pass over ``mb`` and reused from ``lower`` by every pass after it."""
+        if id(mb) not in lower and self.critic.train_layers is None:
+            lower[id(mb)] = None  # every block trains: the whole trunk runs each pass
+        elif id(mb) not in lower:
+            with self.timings.span("critic lower blocks (no grad, once)"):
+                lower[id(mb)] = self.critic.frozen_hidden(mb.input_ids, **mb.model_args())
+        with self.timings.span(span):
+            return self.critic(mb.input_ids, **mb.model_args(), lower=lower[id(mb)])
+
+    def _values(self, batch: Batch, micro: list[MicroBatch], lower: dict[int, Tensor | None]) -> Tensor:
         """The critic's values ``[B, T]`` over ``micro``, no gradient."""
-        with torch.no_grad(), self.timings.span("critic forward (no grad)"):
-            out = torch.zeros_like(batch.rewards)
+        out = torch.zeros_like(batch.rewards)
+        with torch.no_grad():
             for mb in micro:
-                mb.scatter(self.critic(mb.input_ids, **mb.model_args()), out)
+                mb.scatter(self._critic_on(mb, lower, "critic forward (no grad)"), out)
         return out
 
     def _critic_pass(self, batch: Batch, micro: list[MicroBatch], targets: Tensor, mask: Tensor,
-                     old_values: Tensor | None) -> tuple[Tensor, Tensor]:
+                     old_values: Tensor | None, lower: dict[int, Tensor | None]) -> tuple[Tensor, Tensor]:
         """One critic update, gradients accumulated over ``micro``; returns the values ``[B, T]``
         it saw (before its optimizer step) and the batch's loss."""
         p = self.preset
@@ -250,9 +265,8 @@ class Learner:
         def loss_of(mb: MicroBatch) -> Tensor:
             m = mb.gather(mask)
             clip = {"old_values": mb.gather(old_values), "clip": p.value_clip} if p.value_clip else {}
-            with self.timings.span("critic forward (grad)"):
-                v = self.critic(mb.input_ids, **mb.model_args())
-                loss = value_loss(v, mb.gather(targets), m, **clip)[0] * share_of(m, whole)
+            v = self._critic_on(mb, lower, "critic forward (grad)")
+            loss = value_loss(v, mb.gather(targets), m, **clip)[0] * share_of(m, whole)
             mb.scatter(v.detach(), values)
             return loss
 
@@ -273,16 +287,17 @@ class Learner:
         p = self.preset
         # Monte-Carlo targets (λ_critic = 1) need no values: skip that forward pass
         needs_old = bool(p.value_clip) or p.lam_critic != 1.0
-        old_values = self._values(batch, micro) if needs_old else None
+        lower: dict[int, Tensor | None] = {}  # the frozen lower blocks' output per pass (top layers only)
+        old_values = self._values(batch, micro, lower) if needs_old else None
         targets, mask = value_targets(batch.rewards, old_values, batch.action_mask, batch.response_mask,
                                       gamma=p.gamma, lam=p.lam_critic, skip_observation=p.skip_observation)
         self.critic.train()
         first: Tensor | None = None
         for _ in range(p.critic_updates):
-            seen, _ = self._critic_pass(batch, micro, targets, mask, old_values)
+            seen, _ = self._critic_pass(batch, micro, targets, mask, old_values, lower)
             first = seen if first is None else first
         self.critic.eval()
-        after = self._values(batch, micro)
+        after = self._values(batch, micro, lower)
         columns = {"value_mask": mask, "values_seen": first, "targets": targets, "old_values": old_values,
                    "values_after": after}
         return (first if p.advantage_values == "before_update" else after), columns
