@@ -33,6 +33,9 @@ NEEDS = {  # experiment -> metrics its report relies on, in every trained arm's 
     "real_game": ["rollout/staleness_mean", "reward/mean"],
 }
 SUBSET = {  # CI time: arms that differ only in a resolved knob (checked in test_experiment_spec) stay out
+    # grpo_async: grpo_dis's asynchronous GRPO group of 4 with PPO's clip instead of the band; real's
+    # subset trains it
+    "code": ["grpo_dis", "vapo", "sao", "sft"],
     "levels": ["sao", "grpo", "full_critic", "sft"],
     "noisy_obs": ["skip_obs", "plain_gae", "vapo_lambda", "sft"],
     "mismatch": ["grpo_uncorrected", "grpo_rollout", "grpo_dis", "sao", "sft"],
