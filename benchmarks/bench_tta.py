@@ -1,8 +1,8 @@
 """Time to accuracy: held-out accuracy against wall clock, TRL's GRPOTrainer against saorl SAO and GRPO.
 
     pip install -c constraints-cpu.txt -e ".[bench-trl]"      # TRL, for the trl arm only
-    python benchmarks/bench_tta.py --budget-s 600 --seeds 3 --out /tmp/tta      # SmolLM2-135M-Instruct
-    python benchmarks/bench_tta.py --model tiny-dense --budget-s 30 --seeds 1 --test-n 8 --out /tmp/tta
+    python benchmarks/bench_tta.py --budget-s 600 --seeds 3 --out runs/measure/tta   # SmolLM2-135M-Instruct
+    python benchmarks/bench_tta.py --model tiny-dense --budget-s 30 --seeds 1 --test-n 8 --out runs/tta-tiny
 
 Arms, on the same model, data, reward functions, learning rate (``--lr``), completions per
 optimizer step (``--batch``) and completion cap (``--max-new``):
@@ -30,10 +30,10 @@ started (model loading, value pretraining and worker start-up count). At each fr
 ``--fractions`` the newest weights the arm has produced by ``f × budget`` are snapshotted: for
 saorl, by this process, the version ``RUN/weights/latest.json`` names then (hard-linked; the
 policy version = policy updates); for TRL, by a thread in the child that takes the lock its
-callback holds across each optimizer step and saves the model (``save_pretrained``). At the
-budget the arm is stopped (saorl: two SIGTERMs, TRL exits after its last snapshot; anything
-left is killed). Seeds are interleaved, the arms' order rotated per seed; the 1-minute load
-average is recorded at each arm's start and end and at each snapshot.
+callback holds across each optimizer step, copies the weights and saves them
+(``save_pretrained``). At the budget the arm is stopped (saorl: two SIGTERMs; TRL exits after its
+last snapshot; anything left is killed). Seeds are interleaved, the arms' order rotated per
+seed; the 1-minute load average is recorded at each arm's start and end and at each snapshot.
 
 Then one evaluator (:mod:`tta_eval`), independent of both trainers, scores the base model and
 every snapshot the same way: greedy decoding with transformers on the held-out problems. Output
@@ -154,7 +154,8 @@ def saorl_snapshot(run_dir: Path, arm_dir: Path, fraction: float, t0: float) -> 
 class TrlSnapshots:
     """The TRL child's snapshots: :meth:`run` (a thread, started before TRL is even imported) sleeps
     until each fraction of the budget, takes the lock the callback holds across every optimizer step
-    and saves the model (the base model, unsaved, while training has not begun); then exits the process."""
+    and copies the weights, then saves them (the base model, unsaved, while training has not begun);
+    after the last fraction it exits the process."""
 
     def __init__(self, s: Setup, arm_dir: Path, t0: float) -> None:
         self.s, self.arm_dir, self.t0 = s, arm_dir, t0
@@ -163,18 +164,26 @@ class TrlSnapshots:
     def run(self) -> None:
         for f in self.s.fractions:
             time.sleep(max(0.0, self.t0 + f * self.s.budget_s - time.time()))
-            with self.lock:
+            with self.lock:  # a copy in memory (tied tensors stay tied); written after the lock
                 row = {"fraction": f, "elapsed_s": time.time() - self.t0, "steps": self.updates,
                        "weights": None, "load": load_average()}
-                if self.model is not None:
-                    tmp, dst = self.arm_dir / f".ckpt-{f:g}", self.arm_dir / f"ckpt-{f:g}"
-                    self.model.save_pretrained(tmp)
-                    self.tok.save_pretrained(tmp)
-                    os.replace(tmp, dst)
-                    row["weights"] = dst.name
+                state = None if self.model is None else self._copy()
+            if state is not None:
+                tmp, dst = self.arm_dir / f".ckpt-{f:g}", self.arm_dir / f"ckpt-{f:g}"
+                self.model.save_pretrained(tmp, state_dict=state)
+                self.tok.save_pretrained(tmp)
+                os.replace(tmp, dst)
+                row["weights"] = dst.name
             with open(self.arm_dir / "snapshots.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
         os._exit(0)  # the budget is spent: the arm's process ends here
+
+    def _copy(self) -> dict:
+        copies: dict = {}  # by storage: a tied head stays one tensor
+        for v in self.model.state_dict().values():
+            if v.data_ptr() not in copies:
+                copies[v.data_ptr()] = v.detach().clone()
+        return {k: copies[v.data_ptr()] for k, v in self.model.state_dict().items()}
 
     def callback(self):
         from transformers import TrainerCallback
