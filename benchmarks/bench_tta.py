@@ -281,6 +281,10 @@ def run_arm(arm: str, s: Setup, seed: int, arm_dir: Path, extra: list[str]) -> d
     finally:
         stop(proc)
     exit_s, load1 = time.time() - t0, load_average()
+    from saorl.bench.runs import model_files
+
+    for path in model_files(run_dir):  # published versions, checkpoint, final/: the snapshots are links
+        shutil.rmtree(path, ignore_errors=True)
     path = arm_dir / "snapshots.jsonl"
     snaps = [json.loads(line) for line in open(path, encoding="utf-8")] if path.exists() else []
     if len(snaps) != len(s.fractions):
@@ -312,8 +316,10 @@ def checkpoint_dir(s: Setup, arm_dir: Path, snap: dict) -> Path:
     return ckpt
 
 
-def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict]) -> tuple[dict, list[dict]]:
-    """The base model and every snapshot through :func:`tta_eval.evaluate`; rows into results.jsonl."""
+def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict],
+                 keep: bool = False) -> tuple[dict, list[dict]]:
+    """The base model and every snapshot through :func:`tta_eval.evaluate`; rows into results.jsonl.
+    A snapshot before the budget's end is deleted once scored, unless ``keep`` (SmolLM2: 540 MB each)."""
     gen_dir = out / "generations"
     gen_dir.mkdir(exist_ok=True)
 
@@ -334,6 +340,9 @@ def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict]) -
                 row = {"arm": run["arm"], "seed": run["seed"], "fraction": snap["fraction"], "accuracy": acc,
                        "elapsed_s": snap["elapsed_s"], "steps": snap["steps"], "load": snap.get("load"),
                        "bare_frac": bare, "checkpoint": str(ckpt), "generations": gens}
+                if not keep and snap["fraction"] < 1 and ckpt.is_relative_to(run["dir"]):
+                    shutil.rmtree(ckpt)
+                    row["checkpoint"] = None
                 rows.append(row)
                 fh.write(json.dumps(row) + "\n")
                 print(f"[bench-tta] eval {run['arm']} seed {run['seed']} at {snap['elapsed_s']:.0f}s "
@@ -361,6 +370,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trl-threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--set", action="append", default=[], metavar="ARM:KEY=VALUE",
                     help="an extra override for the saorl arm ARM (sao or grpo); repeatable")
+    ap.add_argument("--keep-checkpoints", action="store_true",
+                    help="keep every snapshot's model (default: only those at the budget's end)")
     ap.add_argument("--out", type=Path, default=Path("bench-tta"))
     ap.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--child-seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -436,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             print("[bench-tta]   snapshots at " + ", ".join(f"{r['elapsed_s']:.0f}s ({r['steps']} steps)"
                                                       for r in run["snapshots"]), flush=True)
             runs.append(run)
-    base, rows = evaluate_all(s, out, runs, test)
+    base, rows = evaluate_all(s, out, runs, test, keep=args.keep_checkpoints)
     meta = {**asdict(s), "model": args.model, "model_dir": s.model, "cores": os.cpu_count(),
             "test_n": len(test), "train_n": len(train), "argv": sys.argv if argv is None else argv}
     print(tta_eval.report(out, rows, [{k: v for k, v in r.items() if k != "snapshots"} for r in runs], base,

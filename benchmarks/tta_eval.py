@@ -83,8 +83,9 @@ def table(rows: list[dict], arms: list[str], fractions: list[float], budget_s: f
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], arms: list[str], base: float, path: Path) -> Path:
-    """Held-out accuracy (mean over seeds) against the mean elapsed wall clock of each fraction."""
+def plot(rows: list[dict], arms: list[str], base: float, path: Path, title: str = "") -> Path:
+    """Held-out accuracy (mean over seeds) against the mean elapsed wall clock of each fraction; each
+    seed's points faint behind the means."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,10 +97,13 @@ def plot(rows: list[dict], arms: list[str], base: float, path: Path) -> Path:
         fracs = sorted({r["fraction"] for r in mine})
         xs = [0.0] + [statistics.fmean(r["elapsed_s"] for r in mine if r["fraction"] == f) for f in fracs]
         ys = [base] + [statistics.fmean(r["accuracy"] for r in mine if r["fraction"] == f) for f in fracs]
-        ax.plot(xs, ys, marker="o", label=arm)
+        (line,) = ax.plot(xs, ys, marker="o", label=arm)
+        ax.scatter([r["elapsed_s"] for r in mine], [r["accuracy"] for r in mine], s=12, alpha=0.35,
+                   color=line.get_color())
     ax.set_xlabel("wall clock since the arm's process started (s)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -125,5 +129,8 @@ def report(out: Path, rows: list[dict], arms_run: list[dict], base: dict, meta: 
     (out / "summary.md").write_text(text, encoding="utf-8")
     (out / "results.json").write_text(json.dumps({"meta": meta, "base": base, "arms": arms_run, "rows": rows},
                                                  indent=1) + "\n", encoding="utf-8")
-    plot(rows, arms, base["accuracy"], out / "tta.png")
+    seeds = len({r["seed"] for r in rows})
+    plot(rows, arms, base["accuracy"], out / "tta.png",
+         f"{meta['model']}: {meta['budget_s']:.0f} s per arm, {seeds} seed(s), "
+         f"{meta['test_n']} held-out problems")
     return text

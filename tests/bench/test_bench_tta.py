@@ -79,9 +79,14 @@ def check_rows(out: Path, evaluated: list[Path], arms: list[str], budget: float)
     assert sorted((r["arm"], r["fraction"]) for r in rows) == sorted((a, f) for a in arms for f in (0.5, 1.0))
     results = json.loads((out / "results.json").read_text())
     assert results["rows"] == rows and len(results["arms"]) == len(arms)
-    assert evaluated[0] == Path(results["meta"]["model_dir"])  # the base model first, the same way
-    assert [Path(r["checkpoint"]) for r in rows] == evaluated[1:]  # then every snapshot of every arm
-    for r in rows:
+    base = Path(results["meta"]["model_dir"])
+    assert evaluated[0] == base  # the base model first, then every snapshot of every arm, the same way
+    assert len(evaluated) == 1 + len(rows)
+    assert [Path(r["generations"]).stem for r in rows] == [f"{r['arm']}-s0-f{r['fraction']:g}" for r in rows]
+    for r, ckpt in zip(rows, evaluated[1:]):
+        # a snapshot before the arm's first update is the base model itself
+        snapshot = out / "seed0" / r["arm"] / f"ckpt-{r['fraction']:g}"
+        assert ckpt == snapshot or (ckpt == base and r["steps"] == 0)
         gens = [json.loads(line) for line in open(r["generations"])]
         assert len(gens) == 8 and r["accuracy"] == tta_eval.accuracy(gens)
         assert 0.0 <= r["accuracy"] <= 1.0
@@ -90,8 +95,12 @@ def check_rows(out: Path, evaluated: list[Path], arms: list[str], budget: float)
         assert r["elapsed_s"] >= r["fraction"] * budget - 0.05
         assert r["elapsed_s"] <= r["fraction"] * budget + 15.0
         assert r["load"] >= 0
-        model = AutoModelForCausalLM.from_pretrained(r["checkpoint"])  # loadable by transformers
-        assert model.config.num_hidden_layers == 4
+        if r["checkpoint"] is None:  # deleted once scored (no --keep-checkpoints): not the final one
+            assert r["fraction"] < 1 and not ckpt.exists()
+        else:
+            assert Path(r["checkpoint"]) == ckpt
+            model = AutoModelForCausalLM.from_pretrained(r["checkpoint"])  # loadable by transformers
+            assert model.config.num_hidden_layers == 4
     for arm in arms:
         mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["fraction"])
         assert mine[0]["steps"] <= mine[1]["steps"]
@@ -109,13 +118,15 @@ def test_saorl_arms_end_to_end(tmp_path: Path, monkeypatch):
     # sizing takes ~45 s on the tiny model); the override is the --set path a lever is measured by
     out, evaluated = run_bench(tmp_path, monkeypatch, "sao,grpo", 25.0,
                                ["--set", "sao:value_pretrain.rollouts=32",
-                                "--set", "sao:value_pretrain.steps=2"])
+                                "--set", "sao:value_pretrain.steps=2", "--keep-checkpoints"])
     rows = check_rows(out, evaluated, ["sao", "grpo"], 25.0)
     final = {r["arm"]: r for r in rows if r["fraction"] == 1.0}
     assert final["grpo"]["steps"] > 0 and final["sao"]["steps"] > 0  # both trained before the budget
     sao_cmd = (out / "seed0" / "sao" / "run" / "config.yaml").read_text()
     assert "rollouts: 32" in sao_cmd  # the --set override reached the sao arm only
     assert "rollouts: 32" not in (out / "seed0" / "grpo" / "run" / "config.yaml").read_text()
+    assert all(r["checkpoint"] for r in rows)  # --keep-checkpoints
+    assert not (out / "seed0" / "grpo" / "run" / "weights").exists()  # the run's model files went
 
 
 @pytest.mark.slow
@@ -124,6 +135,8 @@ def test_trl_arm_end_to_end(tmp_path: Path, monkeypatch):
     pytest.importorskip("trl")
     out, evaluated = run_bench(tmp_path, monkeypatch, "trl", 30.0, [])
     rows = check_rows(out, evaluated, ["trl"], 30.0)
+    assert rows[1]["checkpoint"] == str(out / "seed0" / "trl" / "ckpt-1")  # the final snapshot is kept
+    assert rows[0]["checkpoint"] is None or rows[0]["steps"] == 0  # the other deleted (unless the base)
     assert rows[-1]["steps"] > 0  # TRL made optimizer steps inside the budget
     assert json.loads((out / "results.json").read_text())["arms"][0]["returncode"] == 0  # it exited itself
 
