@@ -48,8 +48,10 @@ def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int 
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.no_grad():
+            # use_cache: a checkpoint TRL saved says false (its training config), which would recompute
+            # every prefix at each token (the same replies, many times slower)
             gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
-                                 pad_token_id=pad, eos_token_id=tok.eos_token_id)
+                                 pad_token_id=pad, eos_token_id=tok.eos_token_id, use_cache=True)
         for r, seq in zip(part, gen[:, width:]):
             reply = tok.decode(seq, skip_special_tokens=True)
             out.append({"question": r["question"], "answer": r["answer"], "reply": reply,
