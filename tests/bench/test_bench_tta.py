@@ -66,7 +66,9 @@ def run_bench(tmp_path: Path, monkeypatch, arms: str, budget: float, extra: list
     monkeypatch.setattr(tta_eval, "evaluate", spy)
     out = tmp_path / "tta"
     argv = ["--model", "tiny-dense", "--arms", arms, "--seeds", "1", "--budget-s", str(budget),
-            "--test-n", "8", "--train-n", "400", "--fractions", "0.5,1", "--out", str(out), *extra]
+            "--test-n", "8", "--train-n", "400", "--fractions", "0.5,1", "--out", str(out),
+            # small steps (4 completions of at most 8 tokens), so that each arm makes some on a loaded machine
+            "--batch", "4", "--group", "2", "--max-new", "8", *extra]
     assert tta.main(argv) == 0
     return out, evaluated
 
@@ -114,17 +116,17 @@ def check_rows(out: Path, evaluated: list[Path], arms: list[str], budget: float)
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_saorl_arms_end_to_end(tmp_path: Path, monkeypatch):
-    # value pretraining cut to a few rollouts so the async arm also trains inside 25 s (its default
+    # value pretraining cut to a few rollouts so the async arm also trains inside 30 s (its default
     # sizing takes ~45 s on the tiny model); the override is the --set path a lever is measured by
-    out, evaluated = run_bench(tmp_path, monkeypatch, "sao,grpo", 25.0,
-                               ["--set", "sao:value_pretrain.rollouts=32",
+    out, evaluated = run_bench(tmp_path, monkeypatch, "sao,grpo", 30.0,
+                               ["--set", "sao:value_pretrain.rollouts=16",
                                 "--set", "sao:value_pretrain.steps=2", "--keep-checkpoints"])
-    rows = check_rows(out, evaluated, ["sao", "grpo"], 25.0)
+    rows = check_rows(out, evaluated, ["sao", "grpo"], 30.0)
     final = {r["arm"]: r for r in rows if r["fraction"] == 1.0}
     assert final["grpo"]["steps"] > 0 and final["sao"]["steps"] > 0  # both trained before the budget
     sao_cmd = (out / "seed0" / "sao" / "run" / "config.yaml").read_text()
-    assert "rollouts: 32" in sao_cmd  # the --set override reached the sao arm only
-    assert "rollouts: 32" not in (out / "seed0" / "grpo" / "run" / "config.yaml").read_text()
+    assert "rollouts: 16" in sao_cmd  # the --set override reached the sao arm only
+    assert "rollouts: 16" not in (out / "seed0" / "grpo" / "run" / "config.yaml").read_text()
     assert all(r["checkpoint"] for r in rows)  # --keep-checkpoints
     assert not (out / "seed0" / "grpo" / "run" / "weights").exists()  # the run's model files went
 
@@ -133,8 +135,8 @@ def test_saorl_arms_end_to_end(tmp_path: Path, monkeypatch):
 @pytest.mark.timeout(300)
 def test_trl_arm_end_to_end(tmp_path: Path, monkeypatch):
     pytest.importorskip("trl")
-    out, evaluated = run_bench(tmp_path, monkeypatch, "trl", 30.0, [])
-    rows = check_rows(out, evaluated, ["trl"], 30.0)
+    out, evaluated = run_bench(tmp_path, monkeypatch, "trl", 40.0, [])  # TRL's imports alone take ~10 s
+    rows = check_rows(out, evaluated, ["trl"], 40.0)
     assert rows[1]["checkpoint"] == str(out / "seed0" / "trl" / "ckpt-1")  # the final snapshot is kept
     assert rows[0]["checkpoint"] is None or rows[0]["steps"] == 0  # the other deleted (unless the base)
     assert rows[-1]["steps"] > 0  # TRL made optimizer steps inside the budget
