@@ -132,10 +132,26 @@ def char_reward(completions: list, char: list[str], **_) -> list[float]:
     return [c.count(t) / len(c) if c else 0.0 for c, t in zip(texts, char)]
 
 
+def grpo_config(out: Path, *, batch: int, group: int, max_new: int, lr: float, seed: int = 0, **more):
+    """TRL's ``GRPOConfig`` as the benchmarks here run it: ``batch`` completions per optimizer step in
+    groups of ``group``, generated right before it (sync), at temperature 1, one iteration per batch,
+    ``beta = 0`` (no reference model), CPU in float32, a log row every step, nothing saved or tracked;
+    ``more`` adds or overrides fields (``bench_tta.py``: ``reward_weights``)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(**{"output_dir": str(out), "per_device_train_batch_size": batch,
+                         "num_generations": group,
+                         "steps_per_generation": 1, "max_completion_length": max_new, "temperature": 1.0,
+                         "learning_rate": lr, "beta": 0.0, "num_iterations": 1, "logging_steps": 1,
+                         "save_strategy": "no", "report_to": "none", "use_cpu": True, "bf16": False,
+                         "max_steps": 10**6, "seed": seed, "disable_tqdm": True,
+                         "gradient_checkpointing": False, **more})
+
+
 def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float, max_new: int = 256) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from saorl.models.loading import load_policy
     from saorl.models.tokenizer import load_tokenizer
@@ -163,11 +179,7 @@ def run_trl(path: Path, budget_s: float, threads: int, out: Path, lr: float, max
             if time.time() - self.t0 >= budget_s:
                 control.should_training_stop = True
 
-    cfg = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=16, num_generations=4,
-                     steps_per_generation=1, max_completion_length=max_new, temperature=1.0, learning_rate=lr,
-                     beta=0.0, num_iterations=1, logging_steps=1, save_strategy="no", report_to="none",
-                     use_cpu=True, bf16=False, max_steps=10**6, seed=0, disable_tqdm=True,
-                     gradient_checkpointing=False)
+    cfg = grpo_config(out / "trl", batch=16, group=4, max_new=max_new, lr=lr)
     clock = Clock()
     trainer = GRPOTrainer(model=load_policy(str(path)), reward_funcs=char_reward, args=cfg,
                           train_dataset=data, processing_class=tok, callbacks=[clock])

@@ -1,0 +1,459 @@
+"""Time to accuracy: held-out accuracy against wall clock, TRL's GRPOTrainer against saorl SAO and GRPO.
+
+    pip install -c constraints-cpu.txt -e ".[bench-trl]"      # TRL, for the trl arm only
+    python benchmarks/bench_tta.py --budget-s 600 --seeds 3 --out runs/measure/tta   # SmolLM2-135M-Instruct
+    python benchmarks/bench_tta.py --model tiny-dense --budget-s 30 --seeds 1 --test-n 8 --out runs/tta-tiny
+
+Arms, on the same model, data, reward functions, learning rate (``--lr``), completions per
+optimizer step (``--batch``) and completion cap (``--max-new``):
+
+- **trl**: TRL's ``GRPOTrainer`` in a child process: ``--batch`` completions a step in groups of
+  ``--group`` generated right before it (sync), at ``--trl-threads`` torch threads
+  (``bench_trl.grpo_config``: no reference model, one iteration per batch, float32);
+- **sao**: ``saorl train`` with ``algo.name=sao runtime.mode=async``: its defaults (critic, value
+  pretraining included), batches of ``--batch`` trajectories;
+- **grpo**: ``saorl train`` with ``algo.name=grpo algo.group_size=--group runtime.mode=sync``.
+
+Both saorl arms: ``sft.enabled=false`` (TRL has no warm start), ``run.eval_tasks=0`` and
+``run.estimate=false`` (the run's own evaluations and start-up estimate would cost it wall clock
+the evaluator here replaces), no checkpoints by steps or time. ``--set ARM:key=value`` adds an
+override to a saorl arm (a lever to measure).
+
+Task (``--task arith``, :mod:`tta_task`): two-digit ``+``/``-`` and one-digit ``*`` problems as a
+chat user message (the text for a model without a chat template); reward 0.5 × (the reply is a
+bare integer) + 1.0 × (its last integer is correct), the same two functions for every arm
+(saorl's ``prompt_reward`` env and TRL's ``reward_funcs``); accuracy = the last integer is
+correct; ``--train-n`` train and ``--test-n`` held-out problems, disjoint.
+
+Clock: each arm is a child process given ``--budget-s`` of wall clock from the moment it is
+started (model loading, value pretraining and worker start-up count). At each fraction f of
+``--fractions`` the newest weights the arm has produced by ``f × budget`` are snapshotted: for
+saorl, by this process, the version ``RUN/weights/latest.json`` names then (hard-linked; the
+policy version = policy updates); for TRL, by a thread in the child that takes the lock its
+callback holds across each optimizer step, copies the weights and saves them
+(``save_pretrained``). At the budget the arm is stopped (saorl: two SIGTERMs; TRL exits after its
+last snapshot; anything left is killed). Seeds are interleaved, the arms' order rotated per
+seed; the 1-minute load average is recorded at each arm's start and end and at each snapshot.
+
+Then one evaluator (:mod:`tta_eval`), independent of both trainers, scores the base model and
+every snapshot the same way: greedy decoding with transformers on the held-out problems. Output
+in ``--out``: ``results.jsonl`` (a row per arm, seed and fraction: accuracy, elapsed_s, steps,
+load, the checkpoint and its generations), ``results.json``, ``summary.md`` (the table) and
+``tta.png`` (held-out accuracy against wall clock, one line per arm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))  # the sibling modules (benchmarks/ is not a package)
+
+import bench_trl  # noqa: E402
+import tta_eval  # noqa: E402
+import tta_task  # noqa: E402
+
+ARMS = ("trl", "sao", "grpo")
+ROOT = BENCH.parent
+
+
+@dataclass
+class Setup:
+    """What every arm is given (written as ``setup.json``; the TRL child reads it)."""
+
+    model: str
+    chat: bool
+    train_file: str
+    test_file: str
+    budget_s: float
+    fractions: list[float]
+    lr: float
+    batch: int
+    group: int
+    max_new: int
+    trl_threads: int
+
+
+def load_average() -> float:
+    return bench_trl.load_average()
+
+
+def child_env() -> dict[str, str]:
+    """The children import saorl from this checkout and ``tta_task`` (the reward functions) from here."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def prepare_model(name: str, out: Path) -> Path:
+    """A tiny kind built and saved (with saorl's tokenizer) under ``out``; anything else resolved as
+    ``model.policy`` resolves it (a directory, a ``.gguf``, a short name)."""
+    from saorl.models.source import TINY_KINDS
+
+    if name in TINY_KINDS:
+        from saorl.models.tiny import build_tiny
+        from saorl.models.tokenizer import load_tokenizer
+
+        path = out / "model"
+        build_tiny(name).save_pretrained(path)
+        load_tokenizer().save_pretrained(path)
+        return path
+    from saorl.models.loading import policy_source
+
+    return Path(policy_source(name))
+
+
+# ------------------------------------------------------------------------------------ saorl arms
+def saorl_command(arm: str, s: Setup, seed: int, run_dir: Path, extra: list[str]) -> list[str]:
+    big = 10**9
+    algo = (["algo.name=sao", "runtime.mode=async"] if arm == "sao"
+            else ["algo.name=grpo", f"algo.group_size={s.group}", "runtime.mode=sync"])
+    return [sys.executable, "-c", "import sys; from saorl.cli import main; sys.exit(main(sys.argv[1:]))",
+            "train", f"model.policy={s.model}", f"model.tokenizer={s.model}", "env.type=prompt_reward",
+            f"env.tasks_file={s.train_file}", f"env.test_tasks_file={s.test_file}",
+            f"env.options.reward_fn=[{', '.join(f'tta_task:{f}' for f in tta_task.REWARD_FUNCS)}]",
+            f"env.options.reward_weights=[{', '.join(map(str, tta_task.REWARD_WEIGHTS))}]",
+            "sft.enabled=false", f"seed={seed}", f"trainer.policy_lr={s.lr}", f"trainer.batch_size={s.batch}",
+            f"rollout.max_new_tokens={s.max_new}", f"rollout.max_total_tokens={s.max_new + 192}",
+            "run.eval_tasks=0", "run.estimate=false", "run.progress=false", f"trainer.steps={big}",
+            f"trainer.max_wall_s={s.budget_s}", f"run.checkpoint_every={big}", "run.checkpoint_every_s=null",
+            *algo, *extra, "--run-dir", str(run_dir)]
+
+
+def saorl_snapshot(run_dir: Path, arm_dir: Path, fraction: float, t0: float) -> dict:
+    """The newest published policy version, hard-linked into ``arm_dir`` (none yet: the base model)."""
+    row = {"fraction": fraction, "elapsed_s": time.time() - t0, "steps": 0, "weights": None,
+           "load": load_average()}
+    try:
+        latest = json.loads((run_dir / "weights" / "latest.json").read_text())
+    except FileNotFoundError:
+        return row
+    src = run_dir / "weights" / latest["file"]
+    if not src.is_file():
+        raise RuntimeError(f"{src}: a published version that is not one file (a sharded or LoRA run); "
+                           "bench_tta.py snapshots the single-process trainer's full weights only")
+    dst = arm_dir / f"snap-{fraction:g}.safetensors"
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system: a copy (the version stays on disk for several steps)
+        shutil.copyfile(src, dst)
+    return row | {"steps": int(latest["version"]), "weights": dst.name}
+
+
+# -------------------------------------------------------------------------------------- TRL arm
+class TrlSnapshots:
+    """The TRL child's snapshots: :meth:`run` (a thread, started before TRL is even imported) sleeps
+    until each fraction of the budget, takes the lock the callback holds across every optimizer step
+    and copies the weights, then saves them (the base model, unsaved, while training has not begun);
+    after the last fraction it exits the process."""
+
+    def __init__(self, s: Setup, arm_dir: Path, t0: float) -> None:
+        self.s, self.arm_dir, self.t0 = s, arm_dir, t0
+        self.lock, self.updates, self.model, self.tok = threading.Lock(), 0, None, None
+
+    def run(self) -> None:
+        for f in self.s.fractions:
+            time.sleep(max(0.0, self.t0 + f * self.s.budget_s - time.time()))
+            with self.lock:  # a copy in memory (tied tensors stay tied); written after the lock
+                row = {"fraction": f, "elapsed_s": time.time() - self.t0, "steps": self.updates,
+                       "weights": None, "load": load_average()}
+                state = None if self.model is None else self._copy()
+            if state is not None:
+                tmp, dst = self.arm_dir / f".ckpt-{f:g}", self.arm_dir / f"ckpt-{f:g}"
+                self.model.save_pretrained(tmp, state_dict=state)
+                self.tok.save_pretrained(tmp)
+                os.replace(tmp, dst)
+                row["weights"] = dst.name
+            with open(self.arm_dir / "snapshots.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+        os._exit(0)  # the budget is spent: the arm's process ends here
+
+    def _copy(self) -> dict:
+        copies: dict = {}  # by storage: a tied head stays one tensor
+        for v in self.model.state_dict().values():
+            if v.data_ptr() not in copies:
+                copies[v.data_ptr()] = v.detach().clone()
+        return {k: copies[v.data_ptr()] for k, v in self.model.state_dict().items()}
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        snaps = self
+
+        class Hold(TrainerCallback):
+            def on_train_begin(self, args, state, control, model=None, **kw):
+                snaps.model = model
+
+            def on_pre_optimizer_step(self, args, state, control, **kw):
+                snaps.lock.acquire()
+
+            def on_optimizer_step(self, args, state, control, **kw):
+                snaps.updates += 1
+                snaps.lock.release()
+
+        return Hold()
+
+
+def trl_child(arm_dir: Path, seed: int, t0: float) -> int:
+    """The TRL arm (in its own process): trains until the last snapshot is written, then exits."""
+    s = Setup(**json.loads((arm_dir.parent.parent / "setup.json").read_text()))
+    snaps = TrlSnapshots(s, arm_dir, t0)
+    threading.Thread(target=snaps.run, daemon=True).start()
+    import torch
+    from datasets import Dataset
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOTrainer
+
+    from saorl.models.loading import load_policy
+    from saorl.models.tokenizer import load_tokenizer
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(s.trl_threads)
+    tok = load_tokenizer(s.model)
+    tok.padding_side = "left"
+    snaps.tok = tok
+    data = Dataset.from_list([json.loads(line) for line in open(s.train_file, encoding="utf-8")])
+    cfg = bench_trl.grpo_config(arm_dir / "trl", batch=s.batch, group=s.group, max_new=s.max_new, lr=s.lr,
+                                seed=seed, reward_weights=list(tta_task.REWARD_WEIGHTS))
+    trainer = GRPOTrainer(model=load_policy(s.model), args=cfg, train_dataset=data, processing_class=tok,
+                          reward_funcs=[getattr(tta_task, f) for f in tta_task.REWARD_FUNCS],
+                          callbacks=[snaps.callback()])
+    trainer.train()  # (a run that ends before the budget: the thread still writes the rest, then exits)
+    time.sleep(max(0.0, t0 + s.budget_s + 600 - time.time()))
+    return 1
+
+
+# ------------------------------------------------------------------------------------ one arm run
+def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """Two SIGTERMs (saorl: the second stops at once), then the whole process group killed."""
+    for _ in range(2):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def run_arm(arm: str, s: Setup, seed: int, arm_dir: Path, extra: list[str]) -> dict:
+    """One arm for the budget; its snapshot rows (``snapshots.jsonl``) and what the run was."""
+    arm_dir.mkdir(parents=True)
+    run_dir = arm_dir / "run"
+    load0, t0 = load_average(), time.time()
+    if arm == "trl":
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", str(arm_dir), "--child-seed",
+               str(seed), "--child-t0", repr(t0)]
+    else:
+        cmd = saorl_command(arm, s, seed, run_dir, extra)
+    with open(arm_dir / "log.txt", "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=arm_dir,
+                                start_new_session=True)
+    try:
+        if arm == "trl":  # the child snapshots and exits; give its last save time to finish
+            try:
+                proc.wait(timeout=max(0.0, t0 + s.budget_s - time.time()) + 120.0)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            with open(arm_dir / "snapshots.jsonl", "w", encoding="utf-8") as fh:
+                for f in s.fractions:
+                    while time.time() < t0 + f * s.budget_s and proc.poll() is None:
+                        time.sleep(0.1)
+                    if proc.poll() not in (None, 0):
+                        break
+                    fh.write(json.dumps(saorl_snapshot(run_dir, arm_dir, f, t0)) + "\n")
+    finally:
+        stop(proc)
+    exit_s, load1 = time.time() - t0, load_average()
+    from saorl.bench.runs import model_files
+
+    for path in model_files(run_dir):  # published versions, checkpoint, final/: the snapshots are links
+        shutil.rmtree(path, ignore_errors=True)
+    path = arm_dir / "snapshots.jsonl"
+    snaps = [json.loads(line) for line in open(path, encoding="utf-8")] if path.exists() else []
+    if len(snaps) != len(s.fractions):
+        tail = (arm_dir / "log.txt").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"arm {arm} (seed {seed}) wrote {len(snaps)} of {len(s.fractions)} snapshots "
+                           f"(exit status {proc.returncode}); the end of {arm_dir / 'log.txt'}:\n{tail}")
+    return {"arm": arm, "seed": seed, "dir": str(arm_dir), "load_start": load0, "load_end": load1,
+            "exit_s": exit_s, "returncode": proc.returncode, "snapshots": snaps}
+
+
+def checkpoint_dir(s: Setup, arm_dir: Path, snap: dict) -> Path:
+    """The snapshot as a transformers model directory (saorl's published state dict over the base
+    model's config; TRL's is one already); the base model itself when no weights were produced yet."""
+    if snap["weights"] is None:
+        return Path(s.model)
+    path = arm_dir / snap["weights"]
+    if path.is_dir():
+        return path
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = arm_dir / f"ckpt-{snap['fraction']:g}"
+    model = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
+    model.load_state_dict(load_file(str(path)), strict=True)
+    model.save_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(s.model).save_pretrained(ckpt)
+    path.unlink()
+    return ckpt
+
+
+def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict],
+                 keep: bool = False) -> tuple[dict, list[dict]]:
+    """The base model and every snapshot through :func:`tta_eval.evaluate`; rows into results.jsonl.
+    A snapshot before the budget's end is deleted once scored, unless ``keep`` (SmolLM2: 540 MB each)."""
+    gen_dir = out / "generations"
+    gen_dir.mkdir(exist_ok=True)
+
+    def score(ckpt: Path, name: str) -> tuple[float, float, str]:
+        gens = tta_eval.evaluate(ckpt, test_rows, s.chat, s.max_new)
+        path = gen_dir / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(g) + "\n" for g in gens), encoding="utf-8")
+        return tta_eval.accuracy(gens), sum(g["bare"] for g in gens) / len(gens), str(path)
+
+    acc, bare, gens = score(Path(s.model), "base")
+    base = {"accuracy": acc, "bare_frac": bare, "generations": gens}
+    rows = []
+    with open(out / "results.jsonl", "w", encoding="utf-8") as fh:
+        for run in runs:
+            for snap in run["snapshots"]:
+                ckpt = checkpoint_dir(s, Path(run["dir"]), snap)
+                acc, bare, gens = score(ckpt, f"{run['arm']}-s{run['seed']}-f{snap['fraction']:g}")
+                row = {"arm": run["arm"], "seed": run["seed"], "fraction": snap["fraction"], "accuracy": acc,
+                       "elapsed_s": snap["elapsed_s"], "steps": snap["steps"], "load": snap.get("load"),
+                       "bare_frac": bare, "checkpoint": str(ckpt), "generations": gens}
+                if not keep and snap["fraction"] < 1 and ckpt.is_relative_to(run["dir"]):
+                    shutil.rmtree(ckpt)
+                    row["checkpoint"] = None
+                rows.append(row)
+                fh.write(json.dumps(row) + "\n")
+                print(f"[bench-tta] eval {run['arm']} seed {run['seed']} at {snap['elapsed_s']:.0f}s "
+                      f"({snap['steps']} steps): {acc:.3f}", flush=True)
+    return base, rows
+
+
+# ----------------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="a tiny kind (tiny-dense, tiny-moe), a directory, a .gguf or a short name")
+    ap.add_argument("--task", choices=["arith"], default="arith")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1, interleaved")
+    ap.add_argument("--budget-s", type=float, default=600.0, help="wall clock per arm, process start to stop")
+    ap.add_argument("--fractions", default="0.25,0.5,0.75,1", help="snapshot times, fractions of the budget")
+    ap.add_argument("--train-n", type=int, default=4000)
+    ap.add_argument("--test-n", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=1e-5, help="the policy's learning rate, every arm")
+    ap.add_argument("--batch", type=int, default=16, help="completions per optimizer step, every arm")
+    ap.add_argument("--group", type=int, default=8, help="group size of trl and grpo")
+    ap.add_argument("--max-new", type=int, default=24,
+                    help="completion cap in tokens, every arm and the evaluator")
+    ap.add_argument("--trl-threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--set", action="append", default=[], metavar="ARM:KEY=VALUE",
+                    help="an extra override for the saorl arm ARM (sao or grpo); repeatable")
+    ap.add_argument("--keep-checkpoints", action="store_true",
+                    help="keep every snapshot's model (default: only those at the budget's end)")
+    ap.add_argument("--out", type=Path, default=Path("bench-tta"))
+    ap.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--child-seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--child-t0", type=float, default=0.0, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> tuple[list[str], list[float], dict[str, list[str]]]:
+    """The arms, fractions and per-arm overrides, or ValueError naming the bad option."""
+    arms = [a for a in args.arms.split(",") if a]
+    if not arms or any(a not in ARMS for a in arms) or len(set(arms)) != len(arms):
+        raise ValueError(f"--arms: distinct names of {', '.join(ARMS)}, got {args.arms!r}")
+    try:
+        fractions = sorted(float(f) for f in args.fractions.split(","))
+    except ValueError:
+        fractions = []
+    if not fractions or not all(0 < f <= 1 for f in fractions) or len(set(fractions)) != len(fractions):
+        raise ValueError(f"--fractions: distinct numbers in (0, 1], got {args.fractions!r}")
+    if args.budget_s <= 0 or args.seeds < 1 or args.max_new < 1 or args.trl_threads < 1 or args.lr <= 0:
+        raise ValueError("need --budget-s > 0, --seeds >= 1, --max-new >= 1, --trl-threads >= 1 and --lr > 0")
+    if args.batch < 1 or args.group < 1 or args.batch % args.group:
+        raise ValueError(f"--batch ({args.batch}) must be a positive multiple of --group ({args.group})")
+    extra: dict[str, list[str]] = {"sao": [], "grpo": []}
+    for item in args.set:
+        arm, _, override = item.partition(":")
+        if arm not in extra or "=" not in override:
+            raise ValueError(f"--set: ARM:KEY=VALUE with ARM sao or grpo, got {item!r}")
+        extra[arm].append(override)
+    return arms, fractions, extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.trl_child is not None:
+        return trl_child(args.trl_child, args.child_seed, args.child_t0)
+    try:
+        arms, fractions, extra = check_args(args)
+    except ValueError as e:
+        print(f"bench_tta: {e}", file=sys.stderr)
+        return 2
+    if "trl" in arms:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            print("bench_tta: TRL is not installed, so the trl arm is skipped (pip install -c "
+                  "constraints-cpu.txt -e '.[bench-trl]' to run it)", file=sys.stderr)
+            arms.remove("trl")
+        if not arms:
+            return 2
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    from saorl.models.tokenizer import load_tokenizer
+
+    model = prepare_model(args.model, out)
+    chat = bench_trl.is_chat(load_tokenizer(str(model)))
+    train, test = tta_task.problems(args.train_n, args.test_n)
+    s = Setup(model=str(model), chat=chat,
+              train_file=str(tta_task.write_tasks(train, out / "train.jsonl", chat)),
+              test_file=str(tta_task.write_tasks(test, out / "test.jsonl", chat)), budget_s=args.budget_s,
+              fractions=fractions, lr=args.lr, batch=args.batch, group=args.group, max_new=args.max_new,
+              trl_threads=args.trl_threads)
+    (out / "setup.json").write_text(json.dumps(asdict(s), indent=1) + "\n", encoding="utf-8")
+    runs = []
+    for seed in range(args.seeds):
+        order = arms[seed % len(arms):] + arms[:seed % len(arms)]
+        for arm in order:
+            print(f"[bench-tta] seed {seed}: {arm} for {s.budget_s:.0f}s (load {load_average():.1f})",
+                  flush=True)
+            run = run_arm(arm, s, seed, out / f"seed{seed}" / arm, extra.get(arm, []))
+            print("[bench-tta]   snapshots at " + ", ".join(f"{r['elapsed_s']:.0f}s ({r['steps']} steps)"
+                                                      for r in run["snapshots"]), flush=True)
+            runs.append(run)
+    base, rows = evaluate_all(s, out, runs, test, keep=args.keep_checkpoints)
+    meta = {**asdict(s), "model": args.model, "model_dir": s.model, "cores": os.cpu_count(),
+            "test_n": len(test), "train_n": len(train), "argv": sys.argv if argv is None else argv}
+    print(tta_eval.report(out, rows, [{k: v for k, v in r.items() if k != "snapshots"} for r in runs], base,
+                          meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
