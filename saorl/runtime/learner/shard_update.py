@@ -13,7 +13,7 @@ becomes under ``trainer.shard=fsdp2`` (RL's critic and policy updates, SFT, valu
   busiest (:class:`~saorl.data.packing.IdleMicroBatch`: a loss of exactly 0 through the whole
   model), and every rank runs every backward, even of a non-finite loss;
 - **one decision**: a non-finite loss or gradient norm on any rank, or an update that leaves a
-  parameter shard non-finite on any rank, skips (rolls back) the step on every rank, so the ranks
+  parameter shard non-finite on any rank (tried first, not taken), skips the step on every rank, so the ranks
   never diverge.
 """
 

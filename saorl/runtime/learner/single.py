@@ -36,15 +36,15 @@ of the batch (all of it here), fills one :class:`~saorl.runtime.learner.step_rec
 per-token values they produced, gathers it (the identity here) and computes every metric with
 one function (:func:`~saorl.runtime.learner.step_record.step_metrics`). Every optimizer step goes through
 the routine SFT and value pretraining use too (:func:`saorl.runtime.learner.optimize.update`: accumulate
-over the micro-batches, one finite step with rollback). What crosses ranks is the
+over the micro-batches, then a step taken only if it stays finite). What crosses ranks is the
 :class:`~saorl.runtime.learner.optimize.Updater`'s business: the sharded learner
 (:mod:`saorl.runtime.learner.sharded`) runs this very step on each rank's share with the sharded updater
 (global counts, idle passes, a skip decided on every rank, the gather of the records to rank 0)
 and overrides only the share split.
 
-A loss, gradient or updated parameter that is not finite skips (rolls back) that optimizer step
-(counted in ``train/nonfinite_skips``): it never reaches the weights. The policy version advances
-only when the policy weights change.
+A loss, gradient or updated parameter that is not finite skips that optimizer step (tried on
+copies, never taken; ``train/nonfinite_skips``). The policy version advances only when the policy
+weights change.
 
 **Routing replay** (``routing_replay``, MoE policies): the policy's forward routes every token to
 the experts the engine recorded for it (``Trajectory.routes``; ``saorl.models.routing``), so an
@@ -52,7 +52,7 @@ engine that routed differently (other numerics, a perturbation) is scored as it 
 
 **LoRA** (``model.lora``; :mod:`saorl.models.lora`): a peft-wrapped policy trains its adapter
 alone: only the adapter's parameters have ``requires_grad``, so the optimizer, the clipping and
-the non-finite rollback hold them and nothing else; :meth:`Learner.publish` publishes the adapter
+the non-finite guard hold them and nothing else; :meth:`Learner.publish` publishes the adapter
 alone (``WeightNames.adapter``) and a checkpoint holds the adapter and its optimizer
 state, never the base. A LoRA critic (``model.lora.critic``) trains its adapter and value head
 (:meth:`~saorl.models.critic.Critic.set_frozen_attention`); its checkpoint is the whole critic.
