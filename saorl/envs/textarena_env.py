@@ -20,8 +20,9 @@ reset for one player with the task's seed; its rules, messages, rewards and end 
   ``turn_count``, and ``rewarded_wrong``, 1 for a lost game the game still rewarded: its shaping,
   e.g. GuessTheNumber's closeness of the last guess). ``reward: win`` gives 1 for a success and 0
   otherwise instead, for games whose shaping can be gamed. At ``max_turns`` model turns (default:
-  the game's own turn limit, else 30) without an end the episode stops unsuccessful, with no
-  reward.
+  what the game's own turn limit allows, a retry after each refused move included: the limit
+  plus one, times one plus the game's error allowance, else 30) without an end the episode stops
+  unsuccessful, with no reward.
 - demonstrations (for the SFT warm start): the moves of a scripted player, for the games that
   have one (GuessTheNumber, FrozenLake, TowerOfHanoi: :mod:`saorl.envs.textarena_players`).
 
@@ -104,8 +105,11 @@ def _render(messages: list[tuple[Any, str, Any]], role_mapping: dict[int, str]) 
 
 @functools.cache
 def _probe(game: str) -> int | None:
-    """The game's own turn limit, once it is made and started for one player (once per process:
-    an env is made per episode); ValueError saying why a game cannot be played here."""
+    """The model turns the game's own limit allows, once it is made and started for one player
+    (once per process: an env is made per episode): its turn limit plus one (checked before the
+    move is counted) times one plus its error allowance (each turn may be a refused move and its
+    retry: the game counts the valid ones), so the game ends its own games; None when it has no
+    limit; ValueError saying why a game cannot be played here."""
     try:
         probe = _make(game)[0]
     except LookupError as e:  # NLTK data the game's module tried to download at import
@@ -126,7 +130,13 @@ def _probe(game: str) -> int | None:
     if not isinstance(probe.state, SinglePlayerState):
         raise ValueError(f"game {game!r} is a {type(probe.state).__name__} game; saorl plays "
                          "single-player TextArena games only")
-    return getattr(probe, "max_turns", None)
+    limit = getattr(probe, "max_turns", None)
+    if not isinstance(limit, int) or limit < 1:
+        return None
+    # the games check the limit before they count the move (GuessTheNumber's 10 plays 11 guesses),
+    # and a move refused with a warning and another try is not counted at all
+    retries = getattr(probe.state, "error_allowance", 0)
+    return (limit + 1) * (1 + (retries if isinstance(retries, int) and retries > 0 else 0))
 
 @functools.cache
 def _draws_randomness(game: str) -> bool:
@@ -170,7 +180,8 @@ class TextArenaEnv(Env):
     def __init__(self, game: str | None = None, max_turns: int | None = None, success_threshold: float = 1.0,
                  stop: list[str] | None = None, reward: str = "game", **options: Any) -> None:
         """Options: ``game`` (required: a single-player TextArena id), ``max_turns`` (model turns
-        before the episode stops; default the game's turn limit, else 30), ``success_threshold``
+        before the episode stops; default what the game's turn limit allows, its retries of
+        refused moves included, else 30), ``success_threshold``
         (1.0: success is the game's reward ≥ it), ``stop`` (strings that end a turn, e.g. ``["]"]``;
         default none: eos or ``rollout.max_new_tokens``), ``reward`` (``game``: the game's own
         reward, its shaping of a lost game included; ``win``: 1 for a success, else 0)."""
@@ -195,8 +206,7 @@ class TextArenaEnv(Env):
         game_limit = _probe(game)
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
-        self.max_turns = max_turns or (game_limit if isinstance(game_limit, int) and game_limit > 0
-                                       else DEFAULT_MAX_TURNS)
+        self.max_turns = max_turns or game_limit or DEFAULT_MAX_TURNS
         self._game: Any = None
         self._rng: _Randomness | None = None
         self._actions: list[Any] = []

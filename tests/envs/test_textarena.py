@@ -35,7 +35,9 @@ def test_tower_of_hanoi_solved_over_seven_turns_earns_the_games_reward():
     assert [r.reward for r in results] == [0.0] * 6 + [1.0]
     assert results[-1].info["success"]
     assert results[-1].info["metrics"] == {"invalid_move": 0.0, "turn_count": 7.0, "rewarded_wrong": 0.0}
-    assert env.max_turns == 14  # the game's own turn limit
+    # the game's turn limit (14) is checked before a move counts, and a refused move (one retry
+    # allowed) does not count: (14 + 1) x 2 model turns, so the game ends its own games
+    assert env.max_turns == 30
 
 
 def test_an_invalid_move_is_what_the_game_makes_of_it():
@@ -45,6 +47,24 @@ def test_an_invalid_move_is_what_the_game_makes_of_it():
     assert not first.done and "You attempted an invalid move" in first.observation
     assert second.done and second.reward == 0.0 and not second.info["success"]
     assert second.info["metrics"]["invalid_move"] == 1.0 and second.info["reason"].startswith("Invalid Move")
+
+
+def test_refused_moves_and_their_retries_fit_in_the_default_turn_budget():
+    # GuessTheNumber-v0: a limit of 10 turns, checked before a guess counts (11 guesses); a refused
+    # move gets a warning and a retry the game does not count: 11 guesses each after a refused move
+    # are 22 model turns, and the game, not the turn budget, ends the episode
+    env = _factory("GuessTheNumber-v0")()
+    assert env.max_turns == 22
+    task = env.generate_tasks("train", 1, seed=0)[0]
+    env.reset(task)
+    target = env._game.state.game_state["game_number"]
+    wrong = [n for n in range(1, 21) if n != target][:11]
+    results = play(_factory("GuessTheNumber-v0")(), task, [m for n in wrong for m in ("hello", f"[{n}]")])
+    assert len(results) == 22 and [r.done for r in results] == [False] * 21 + [True]
+    assert "resubmit a valid move" in results[0].observation
+    assert results[-1].info["metrics"]["turn_count"] == 11.0 and not results[-1].info["success"]
+    assert "turn limit" in results[-1].info["reason"]
+    assert _factory("GuessTheNumber-v0", max_turns=10)().max_turns == 10  # a budget of the config's own
 
 
 def test_a_game_whose_reward_is_not_a_number_is_named_as_the_games_bug():
