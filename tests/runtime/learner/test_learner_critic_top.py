@@ -1,13 +1,12 @@
 """The learner with ``algo.critic_train_layers``: what a step moves, the frozen lower blocks run
 once per micro-batch, and N = all layers giving the default step to the bit."""
 
-import random
 
 import pytest
 import torch
+from test_learner import _trajs as learner_trajs
 
 from saorl.algo.registry import get_preset
-from saorl.data.trajectory import Episode, Trajectory
 from saorl.models.critic import Critic
 from saorl.models.tiny import build_tiny
 from saorl.runtime.learner.single import Learner, OptimConfig
@@ -16,19 +15,8 @@ PAD = 1
 LOWER = "critic lower blocks (no grad, once)"
 
 
-def _trajs(n=6, seed=0):
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        p, a1, o, a2 = rng.randint(3, 6), rng.randint(2, 5), rng.randint(2, 4), rng.randint(2, 5)
-        ids = [rng.randint(2, 1000) for _ in range(p + a1 + o + a2)]
-        mask = [0] * p + [1] * a1 + [0] * o + [1] * a2
-        rewards = [0.0] * len(ids)
-        rewards[-1] = float(i % 2 == 0)
-        out.append(Trajectory(ids, mask, [-2.0 if m else 0.0 for m in mask], rewards,
-                              [0 if m else -1 for m in mask], p, task_id=f"t{i}",
-                              episode=Episode(success=rewards[-1] > 0)))
-    return out
+def _trajs(seed=0):
+    return learner_trajs(6, seed)
 
 
 def _learner(kind="tiny-dense", max_tokens=4096, **over):
