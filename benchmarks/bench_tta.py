@@ -17,7 +17,10 @@ optimizer step (``--batch``) and completion cap (``--max-new``):
 Both saorl arms: ``sft.enabled=false`` (TRL has no warm start), ``run.eval_tasks=0`` and
 ``run.estimate=false`` (the run's own evaluations and start-up estimate would cost it wall clock
 the evaluator here replaces), no checkpoints by steps or time. ``--set ARM:key=value`` adds an
-override to a saorl arm (a lever to measure).
+override to a saorl arm (a lever to measure); ``--variant NAME=BASE`` adds an arm NAME that runs
+as the saorl arm BASE with its own ``--set NAME:key=value`` overrides, so a lever runs beside the
+defaults in the same interleaved seeds (``--variant sao_top4=sao --set
+sao_top4:algo.critic_train_layers=4 --arms trl,sao,sao_top4,grpo``).
 
 Task (``--task arith``, :mod:`tta_task`): two-digit ``+``/``-`` and one-digit ``*`` problems as a
 chat user message (the text for a model without a chat template); reward 0.5 × (the reply is a
@@ -39,7 +42,10 @@ Then one evaluator (:mod:`tta_eval`), independent of both trainers, scores the b
 every snapshot the same way: greedy decoding with transformers on the held-out problems. Output
 in ``--out``: ``results.jsonl`` (a row per arm, seed and fraction: accuracy, elapsed_s, steps,
 load, the checkpoint and its generations), ``results.json``, ``summary.md`` (the table) and
-``tta.png`` (held-out accuracy against wall clock, one line per arm).
+``tta.png`` (held-out accuracy against wall clock, one line per arm). The summary pairs the arms by
+seed (every arm against TRL, the others against saorl's GRPO: the mean difference at each fraction
+with its 95% t-interval) and says when each arm's mean first reaches TRL's accuracy at the budget's
+end. ``--report OUT`` rebuilds ``summary.md`` and ``tta.png`` from ``OUT/results.json``.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -115,6 +122,7 @@ def prepare_model(name: str, out: Path) -> Path:
 
 # ------------------------------------------------------------------------------------ saorl arms
 def saorl_command(arm: str, s: Setup, seed: int, run_dir: Path, extra: list[str]) -> list[str]:
+    """``saorl train`` for the arm ``arm`` (``sao`` or ``grpo``: a variant passes its base's name)."""
     big = 10**9
     algo = (["algo.name=sao", "runtime.mode=async"] if arm == "sao"
             else ["algo.name=grpo", f"algo.group_size={s.group}", "runtime.mode=sync"])
@@ -251,8 +259,9 @@ def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
     proc.wait()
 
 
-def run_arm(arm: str, s: Setup, seed: int, arm_dir: Path, extra: list[str]) -> dict:
-    """One arm for the budget; its snapshot rows (``snapshots.jsonl``) and what the run was."""
+def run_arm(arm: str, s: Setup, seed: int, arm_dir: Path, extra: list[str], base: str | None = None) -> dict:
+    """One arm for the budget; its snapshot rows (``snapshots.jsonl``) and what the run was. ``base``:
+    the saorl arm a variant runs as (``sao`` or ``grpo``), with its own overrides ``extra``."""
     arm_dir.mkdir(parents=True)
     run_dir = arm_dir / "run"
     load0, t0 = load_average(), time.time()
@@ -260,7 +269,7 @@ def run_arm(arm: str, s: Setup, seed: int, arm_dir: Path, extra: list[str]) -> d
         cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", str(arm_dir), "--child-seed",
                str(seed), "--child-t0", repr(t0)]
     else:
-        cmd = saorl_command(arm, s, seed, run_dir, extra)
+        cmd = saorl_command(base or arm, s, seed, run_dir, extra)
     with open(arm_dir / "log.txt", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=arm_dir,
                                 start_new_session=True)
@@ -368,8 +377,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-new", type=int, default=24,
                     help="completion cap in tokens, every arm and the evaluator")
     ap.add_argument("--trl-threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE",
+                    help="a further arm NAME run as the saorl arm BASE (sao or grpo) with its own --set "
+                         "overrides, for a lever measured beside the defaults; repeatable, name it in --arms")
     ap.add_argument("--set", action="append", default=[], metavar="ARM:KEY=VALUE",
-                    help="an extra override for the saorl arm ARM (sao or grpo); repeatable")
+                    help="an extra override for the saorl arm ARM (sao, grpo or a --variant); repeatable")
+    ap.add_argument("--report", type=Path, metavar="OUT",
+                    help="only rebuild OUT's summary.md and tta.png from its results.json")
     ap.add_argument("--keep-checkpoints", action="store_true",
                     help="keep every snapshot's model (default: only those at the budget's end)")
     ap.add_argument("--out", type=Path, default=Path("bench-tta"))
@@ -379,11 +393,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def check_args(args: argparse.Namespace) -> tuple[list[str], list[float], dict[str, list[str]]]:
-    """The arms, fractions and per-arm overrides, or ValueError naming the bad option."""
+def check_variants(items: list[str]) -> dict[str, str]:
+    """``--variant NAME=BASE`` items as ``{name: base}``, or ValueError naming the bad one."""
+    variants: dict[str, str] = {}
+    for item in items:
+        name, _, base = item.partition("=")
+        if (not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name in ARMS or name in variants
+                or base not in ("sao", "grpo")):
+            raise ValueError("--variant: NAME=BASE with a new lower-case NAME and BASE sao or grpo, "
+                             f"got {item!r}")
+        variants[name] = base
+    return variants
+
+
+def check_args(args: argparse.Namespace
+               ) -> tuple[list[str], list[float], dict[str, list[str]], dict[str, str]]:
+    """The arms, fractions, per-arm overrides and variants, or ValueError naming the bad option."""
+    variants = check_variants(args.variant)
+    names = (*ARMS, *variants)
     arms = [a for a in args.arms.split(",") if a]
-    if not arms or any(a not in ARMS for a in arms) or len(set(arms)) != len(arms):
-        raise ValueError(f"--arms: distinct names of {', '.join(ARMS)}, got {args.arms!r}")
+    if not arms or any(a not in names for a in arms) or len(set(arms)) != len(arms):
+        raise ValueError(f"--arms: distinct names of {', '.join(names)}, got {args.arms!r}")
     try:
         fractions = sorted(float(f) for f in args.fractions.split(","))
     except ValueError:
@@ -394,21 +424,33 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[float], dict[s
         raise ValueError("need --budget-s > 0, --seeds >= 1, --max-new >= 1, --trl-threads >= 1 and --lr > 0")
     if args.batch < 1 or args.group < 1 or args.batch % args.group:
         raise ValueError(f"--batch ({args.batch}) must be a positive multiple of --group ({args.group})")
-    extra: dict[str, list[str]] = {"sao": [], "grpo": []}
+    extra: dict[str, list[str]] = {name: [] for name in ("sao", "grpo", *variants)}
     for item in args.set:
         arm, _, override = item.partition(":")
         if arm not in extra or "=" not in override:
-            raise ValueError(f"--set: ARM:KEY=VALUE with ARM sao or grpo, got {item!r}")
+            raise ValueError(f"--set: ARM:KEY=VALUE with ARM one of {', '.join(extra)}, got {item!r}")
         extra[arm].append(override)
-    return arms, fractions, extra
+    return arms, fractions, extra, variants
+
+
+def rebuild_report(out: Path) -> str:
+    """``summary.md`` and ``tta.png`` of a finished benchmark, again from its ``results.json``."""
+    res = json.loads((out / "results.json").read_text())
+    return tta_eval.report(out, res["rows"], res["arms"], res["base"], res["meta"])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.trl_child is not None:
         return trl_child(args.trl_child, args.child_seed, args.child_t0)
+    if args.report is not None:
+        if not (args.report / "results.json").is_file():
+            print(f"bench_tta: --report: {args.report / 'results.json'} does not exist", file=sys.stderr)
+            return 2
+        print(rebuild_report(args.report))
+        return 0
     try:
-        arms, fractions, extra = check_args(args)
+        arms, fractions, extra, variants = check_args(args)
     except ValueError as e:
         print(f"bench_tta: {e}", file=sys.stderr)
         return 2
@@ -443,12 +485,13 @@ def main(argv: list[str] | None = None) -> int:
         for arm in order:
             print(f"[bench-tta] seed {seed}: {arm} for {s.budget_s:.0f}s (load {load_average():.1f})",
                   flush=True)
-            run = run_arm(arm, s, seed, out / f"seed{seed}" / arm, extra.get(arm, []))
+            run = run_arm(arm, s, seed, out / f"seed{seed}" / arm, extra.get(arm, []), variants.get(arm))
             print("[bench-tta]   snapshots at " + ", ".join(f"{r['elapsed_s']:.0f}s ({r['steps']} steps)"
                                                       for r in run["snapshots"]), flush=True)
             runs.append(run)
     base, rows = evaluate_all(s, out, runs, test, keep=args.keep_checkpoints)
     meta = {**asdict(s), "model": args.model, "model_dir": s.model, "cores": os.cpu_count(),
+            "variants": variants, "overrides": {arm: extra[arm] for arm in arms if extra.get(arm)},
             "test_n": len(test), "train_n": len(train), "argv": sys.argv if argv is None else argv}
     print(tta_eval.report(out, rows, [{k: v for k, v in r.items() if k != "snapshots"} for r in runs], base,
                           meta))

@@ -48,10 +48,81 @@ def test_rewards_by_hand(reply, answer, bare, correct):
     (["--fractions", "0.5,1.5"], "--fractions"),
     (["--fractions", "x"], "--fractions"), (["--batch", "12"], "multiple of --group"),
     (["--set", "trl:seed=1"], "--set"), (["--set", "sao:seed"], "--set"), (["--budget-s", "0"], "--budget-s"),
+    (["--variant", "sao=grpo"], "--variant"), (["--variant", "top4=trl"], "--variant"),
+    (["--variant", "Top4=sao"], "--variant"), (["--variant", "v=sao", "--variant", "v=grpo"], "--variant"),
+    (["--arms", "sao,top4"], "--arms"), (["--set", "top4:algo.critic_train_layers=4"], "--set"),
+    (["--report", "/nonexistent/never-made"], "results.json"),
 ])
 def test_bad_options_are_named(argv, match, capsys):
     assert tta.main([*argv, "--out", "/nonexistent/never-made"]) == 2
     assert match in capsys.readouterr().err
+
+
+def _rows(acc: dict[str, list[list[float]]]) -> list[dict]:
+    """Rows of arms x seeds x fractions (0.5, 1) from ``{arm: [[seed0 at 0.5, at 1], [seed1 ...], ...]}``."""
+    return [{"arm": arm, "seed": seed, "fraction": f, "accuracy": a, "elapsed_s": 100.0 * f + seed,
+             "steps": 1}
+            for arm, seeds in acc.items() for seed, accs in enumerate(seeds)
+            for f, a in zip((0.5, 1.0), accs)]
+
+
+def test_paired_table_and_time_to_trl_by_hand():
+    rows = _rows({"trl": [[0.1, 0.3], [0.2, 0.4], [0.0, 0.2]],
+                  "sao": [[0.3, 0.4], [0.3, 0.5], [0.4, 0.3]],
+                  "grpo": [[0.1, 0.2], [0.2, 0.2], [0.1, 0.1]]})
+    assert tta_eval.pairs(["trl", "sao", "grpo"]) == [("sao", "trl"), ("grpo", "trl"), ("sao", "grpo")]
+    assert tta_eval.pairs(["sao", "grpo"]) == [("sao", "grpo")]
+    text = tta_eval.paired_table(rows, ["trl", "sao", "grpo"], [0.5, 1.0], 100.0)
+    line = next(x for x in text.splitlines() if x.startswith("| sao − trl |"))
+    # at 0.5: differences +0.2, +0.1, +0.4: mean 0.2333, sd 0.1528, t(0.975, 2) = 4.3027 -> half 0.3795
+    assert "+0.233 [-0.146, +0.613] (+0.200, +0.100, +0.400)" in line
+    # at 1: +0.1, +0.1, +0.1: no spread
+    assert "+0.100 [+0.100, +0.100] (+0.100, +0.100, +0.100)" in line
+    grpo = next(x for x in text.splitlines() if x.startswith("| sao − grpo |"))
+    assert "(+0.200, +0.100, +0.300)" in grpo  # 0.5: 0.3-0.1, 0.3-0.2, 0.4-0.1
+    said = tta_eval.time_to(rows, ["trl", "sao", "grpo"])
+    # TRL's mean at the end: 0.3; sao's mean at 0.5 is 0.333 (reached at the mean elapsed 51 s); grpo's never
+    assert "is 0.300" in said and "sao: 51 s (0.5 of the budget)" in said
+    assert "grpo: not within the budget" in said and "trl: 101 s (1 of the budget)" in said
+    assert tta_eval.time_to(rows, ["sao", "grpo"]) == ""
+
+
+def test_variant_arms_and_report_rebuild(tmp_path: Path, monkeypatch):
+    """A --variant runs as its base arm with its own overrides, rotated with the others; --report
+    rebuilds the summary from results.json."""
+    calls = []
+
+    def fake_run(arm, s, seed, arm_dir, extra, base=None):
+        calls.append((arm, seed, list(extra), base))
+        return {"arm": arm, "seed": seed, "dir": str(arm_dir), "load_start": 0.5, "load_end": 0.7,
+                "exit_s": 10.0, "returncode": 0,
+                "snapshots": [{"fraction": 1.0, "elapsed_s": 10.0, "steps": 2, "weights": None, "load": 0.6}]}
+
+    def fake_eval(s, out, runs, test, keep=False):
+        rows = [{"arm": r["arm"], "seed": r["seed"], "fraction": 1.0, "steps": 2, "elapsed_s": 10.0,
+                 "accuracy": 0.25 if r["arm"] == "top4" else 0.5, "bare_frac": 0.0} for r in runs]
+        return {"accuracy": 0.1, "bare_frac": 0.0, "generations": ""}, rows
+
+    monkeypatch.setattr(tta, "run_arm", fake_run)
+    monkeypatch.setattr(tta, "evaluate_all", fake_eval)
+    out = tmp_path / "tta"
+    assert tta.main(["--model", "tiny-dense", "--arms", "sao,top4,grpo", "--variant", "top4=sao",
+                     "--set", "top4:algo.critic_train_layers=4", "--set", "sao:value_pretrain.steps=2",
+                     "--seeds", "2", "--fractions", "1", "--train-n", "40", "--test-n", "4",
+                     "--out", str(out)]) == 0
+    top4, sao = ["algo.critic_train_layers=4"], ["value_pretrain.steps=2"]
+    assert calls == [("sao", 0, sao, None), ("top4", 0, top4, "sao"), ("grpo", 0, [], None),
+                     ("top4", 1, top4, "sao"), ("grpo", 1, [], None), ("sao", 1, sao, None)]
+    summary = (out / "summary.md").read_text()
+    assert "| top4 − grpo | -0.250 [-0.250, -0.250]" in summary
+    assert "top4 (sao): algo.critic_train_layers=4" in summary
+    setup = tta.Setup(**json.loads((out / "setup.json").read_text()))
+    cmd = tta.saorl_command("sao", setup, 0, tmp_path / "r", top4)
+    assert "algo.name=sao" in cmd and cmd[-3] == "algo.critic_train_layers=4"
+    (out / "summary.md").unlink()
+    (out / "tta.png").unlink()
+    assert tta.main(["--report", str(out)]) == 0
+    assert (out / "summary.md").read_text() == summary and (out / "tta.png").stat().st_size > 1000
 
 
 def run_bench(tmp_path: Path, monkeypatch, arms: str, budget: float, extra: list[str]) -> tuple[Path, list]:
