@@ -343,6 +343,10 @@ class EnvConfig(Section):
     """Training tasks drawn from the env's generator or the file (cycled when exhausted)."""
     num_test_tasks: int = Field(128, ge=1)
     """Held-out test tasks: drawn from the env's generator, or held out of ``tasks_file``."""
+    test_seed: int | None = None
+    """The seed the env's generator draws the held-out tasks with; null: the run's ``seed``. Set it
+    to evaluate every seed of a recipe on the same held-out tasks (the splits stay disjoint: a
+    generated task's split is decided by its content). Tasks from files do not depend on it."""
     overlong_prompts: Literal["filter", "error", "truncate"] = "filter"
     """What a task whose prompt is longer than ``rollout.max_total_tokens − rollout.max_new_tokens``
     tokens (the chat template and special tokens counted) does, decided once when the run starts:

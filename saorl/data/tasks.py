@@ -231,6 +231,11 @@ def env_sources(env_cfg: Any) -> tuple[Source | None, Source | None]:
     return train, test
 
 
+def held_out_seed(cfg: Any) -> int:
+    """The seed a run's held-out tasks are drawn with: ``env.test_seed``, else the run's ``seed``."""
+    return cfg.seed if cfg.env.test_seed is None else cfg.env.test_seed
+
+
 def load_split(env: TaskGenerator, env_cfg: Any, split: Split, n: int | None, seed: int) -> list[Task]:
     """:func:`load_tasks` with the sources and hold-out of a run's ``env`` config section
     (``dataset`` or ``tasks_file`` / ``test_tasks_file``, ``num_test_tasks``, ``id_column``):

@@ -18,7 +18,7 @@ from saorl.config import SaorlConfig
 from saorl.config.engines import LocalEngineConfig
 from saorl.config.sections import LORA_TARGETS
 from saorl.data.task import Task
-from saorl.data.tasks import check_disjoint, load_split
+from saorl.data.tasks import check_disjoint, held_out_seed, load_split
 from saorl.engines.base import SamplingParams
 from saorl.engines.clients.routes import RouteLayout
 from saorl.engines.kinds import ClientOptions, server_kind, updated_in_place
@@ -62,7 +62,7 @@ def build_tasks(cfg: SaorlConfig, env_factory, tokenizer=None) -> tuple[list[Tas
     stops the start) per ``env.overlong_prompts`` (:mod:`saorl.agent.prompts`)."""
     env = env_factory()
     train = load_split(env, cfg.env, "train", cfg.env.num_train_tasks, cfg.seed)
-    test = load_split(env, cfg.env, "test", cfg.env.num_test_tasks, cfg.seed)
+    test = load_split(env, cfg.env, "test", cfg.env.num_test_tasks, held_out_seed(cfg))
     if not train:
         raise ValueError(f"env {cfg.env.type!r} produced no training tasks")
     check_disjoint(train, test, "train split", "test split")

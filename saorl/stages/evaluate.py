@@ -26,7 +26,7 @@ from saorl.agent.prompts import fitting_tasks
 from saorl.config import SaorlConfig
 from saorl.config.engines import LocalEngineConfig
 from saorl.data.task import Task
-from saorl.data.tasks import load_split
+from saorl.data.tasks import held_out_seed, load_split
 from saorl.data.trajectory import Trajectory, env_metric_means
 from saorl.engines.base import SamplingParams
 from saorl.envs.base import Progress
@@ -124,7 +124,7 @@ def eval_tasks(cfg: SaorlConfig, env_factory, split: str, n: int, tokenizer=None
     if split == "train":
         tasks = load_split(env, cfg.env, "train", n, cfg.seed)
     else:
-        tasks = load_split(env, cfg.env, "test", max(n, cfg.env.num_test_tasks), cfg.seed)
+        tasks = load_split(env, cfg.env, "test", max(n, cfg.env.num_test_tasks), held_out_seed(cfg))
     if tokenizer is not None:
         r = cfg.rollout
         tasks = fitting_tasks(tasks, env_factory, tokenizer, max_total_tokens=r.max_total_tokens,

@@ -187,3 +187,29 @@ def test_a_test_file_without_a_train_file_fails_at_load():
 
     with pytest.raises(ConfigError, match=r"env.test_tasks_file: needs env.tasks_file"):
         load_config(None, ["env.test_tasks_file=x.jsonl"])
+
+
+def test_env_test_seed_fixes_the_held_out_tasks_across_run_seeds():
+    """By default each run seed draws its own held-out tasks; with ``env.test_seed`` every seed is
+    evaluated on the same ones, its train tasks still its own and disjoint from them."""
+    from saorl.config import load_config
+    from saorl.envs.registry import make_env_factory
+    from saorl.runtime.parts import build_tasks
+    from saorl.stages.evaluate import eval_tasks
+
+    def splits(*overrides):
+        cfg = load_config(None, ["env.type=math_tool", "env.num_train_tasks=40", "env.num_test_tasks=16",
+                                 *overrides])
+        factory = make_env_factory(cfg.env.type, cfg.env.options)
+        train, test = build_tasks(cfg, factory)
+        assert [t.id for t in eval_tasks(cfg, factory, "test", 16)] == [t.id for t in test]
+        return [t.id for t in train], [t.id for t in test]
+
+    train0, test0 = splits("seed=0")
+    train1, test1 = splits("seed=1")
+    assert test0 != test1 and train0 != train1
+    fixed0 = splits("seed=0", "env.test_seed=7")
+    fixed1 = splits("seed=1", "env.test_seed=7")
+    assert fixed0[1] == fixed1[1] == splits("seed=7")[1]
+    assert fixed0[0] == train0 and fixed1[0] == train1  # the train tasks follow the run's seed
+    assert not set(fixed1[1]) & set(train1)
