@@ -50,7 +50,7 @@ from transformers import DynamicCache
 from saorl.config.engines import LocalEngineConfig
 from saorl.engines import kv
 from saorl.engines.base import EngineError, GenerationResult, SamplingParams
-from saorl.engines.packed import PackedLinears, packing_available
+from saorl.engines.packed import PackedLinears, held_state, packing_available
 from saorl.engines.prefix import FEED_MAX_TOKENS, Prefix, PrefixStore, new_token_inputs, prefill_groups
 from saorl.engines.request import Deliver, OnToken, Request, fed_routes, finish_reason, validate_request
 from saorl.engines.sampling import sample_rows, top_alternatives
@@ -93,6 +93,7 @@ class LocalEngine:
         prefix_after_update: str = _DEFAULTS.prefix_after_update,
         record_routes: bool = False,
         pack_weights: bool = _DEFAULTS.pack_weights,
+        release_weights: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -103,7 +104,9 @@ class LocalEngine:
         self._prefixes = PrefixStore(prefix_cache_tokens)
         self.model = model.to(device).eval()
         # float32 linear layers on oneDNN-packed copies, repacked after each update (engines/packed.py)
-        self._packed = PackedLinears(self.model) if pack_weights and packing_available(self.model) else None
+        # (release_weights: the packed copies replace the layers' own weights: a rollout worker's engine)
+        self._packed = (PackedLinears(self.model, release=release_weights)
+                        if pack_weights and packing_available(self.model) else None)
         self._packing = self._packed.active if self._packed is not None else contextlib.nullcontext
         self._record = record_routes
         if record_routes and not routing.num_moe_layers(self.model):
@@ -203,7 +206,7 @@ class LocalEngine:
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
         """Load weights between decode steps; blocks until applied. ``weights``: a state dict, a file,
         a Hugging Face or a LoRA adapter directory (:func:`saorl.engines.updates.update_state`)."""
-        weights = update_state(self.model, weights, self._adapter)
+        weights = update_state(self.model, weights, self._adapter, own=held_state(self.model, self._packed))
         done = threading.Event()
         with self._cond:
             if self._closed:
@@ -306,9 +309,13 @@ class LocalEngine:
 
     def _apply_update(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()
+        released = self._packed.released if self._packed is not None else {}
         with torch.no_grad():
             for name, t in weights.items():
-                own[name].copy_(t.to(own[name].device, own[name].dtype))
+                if name in released:
+                    self._packed.set_weight(name, t)
+                else:
+                    own[name].copy_(t.to(own[name].device, own[name].dtype))
         if self._packed is not None:
             self._packed.repack()
         self._version = version
@@ -521,3 +528,4 @@ class LocalEngine:
     def _deliver(self, r: Request) -> None:
         self._stats["requests_finished"] += 1
         r.deliver(r.result())
+

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -93,13 +94,15 @@ class AdapterMerger:
         self._base: dict[str, Tensor] = {}
         self._lock = threading.Lock()
 
-    def merged(self, model: torch.nn.Module, path: str | Path) -> dict[str, Tensor]:
+    def merged(self, model: torch.nn.Module, path: str | Path,
+               own: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
         """The new weights (the model's names and dtypes) of the modules the adapter at ``path``
-        targets: base + ``s·B·A``, summed in float32."""
+        targets: base + ``s·B·A``, summed in float32. ``own``: the model's weights as its engine
+        holds them (default its state dict)."""
         config, tensors = read_adapter(path)
         deltas = adapter_deltas(config, tensors)
         with self._lock:
-            own = model.state_dict()
+            own = model.state_dict() if own is None else own
             unknown = sorted(set(deltas) - set(own))
             if unknown:
                 raise ValueError(f"adapter {str(path)!r} targets weights the model does not have: "

@@ -158,7 +158,8 @@ def build_engine(spec: WorkerSpec, tokenizer) -> InferenceEngine:
         from saorl.models.routing import perturb_routing
 
         perturb_routing(model, top_k=e.moe_top_k, noise_std=e.router_noise, seed=spec.seed)
-    return LocalEngine.from_config(e, model, tokenizer, device=spec.device, record_routes=spec.record_routes)
+    return LocalEngine.from_config(e, model, tokenizer, device=spec.device, record_routes=spec.record_routes,
+                                   release_weights=e.pack_in_place)
 
 
 @dataclass
