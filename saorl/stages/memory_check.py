@@ -19,7 +19,8 @@ The parts, in MiB (``N`` the policy's parameters, ``b`` bytes a parameter in the
   (activation checkpointing keeps a layer's input only; chunked scoring one chunk's logits);
 - each rollout worker (``runtime.backend: local``, engine ``local``; in the trainer with
   ``inprocess``): :data:`BASE_MIB`, the engine's model, its oneDNN-packed copy (float32 on a CPU,
-  ``pack_weights``), the largest tensor of an update (read one at a time:
+  ``pack_weights``; with ``pack_in_place`` the model's own linear weights are freed, a tied
+  vocabulary projection's kept), the largest tensor of an update (read one at a time:
   :class:`~saorl.models.hf_format.FileWeights`), and the KV cache of its slots;
 - :data:`SLACK` on top: the allocator's free memory it keeps between steps.
 
@@ -105,8 +106,10 @@ def _shape(spec: str) -> dict:
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     linear = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
+    tied = head.weight.numel() if head is not None and cfg.tie_word_embeddings else 0
     largest = max(p.numel() for p in params.values())
     return {"params": total, "trunk": total - head_own, "mlp": mlp, "linear": linear, "largest": largest,
+            "released": linear - tied,  # what a worker's engine packs in place (not the tied head)
             "layers": layers,
             "hidden": hidden,
             "vocab": cfg.vocab_size, "kv_per_token": 2 * layers * kv_heads * head_dim}
@@ -149,6 +152,8 @@ def estimate_memory(cfg: SaorlConfig) -> MemoryEstimate | None:
                   "KV cache": engine.slots * r.max_total_tokens * s["kv_per_token"] * eb / MIB}
         if engine.pack_weights and eb == 4:  # every nn.Linear, the (tied) vocabulary projection too
             worker["packed copy"] = s["linear"] * eb / MIB
+            if engine.pack_in_place:  # the model's own linear weights freed, but a tied head's
+                worker["engine's model"] -= s["released"] * eb / MIB
         if cfg.runtime.backend == "inprocess":
             for k, v in worker.items():
                 if k != "base":
@@ -188,7 +193,9 @@ def lowering(cfg: SaorlConfig, est: MemoryEstimate) -> list[str]:
     if min(t.batch_size * r.max_total_tokens, t.max_tokens_per_microbatch) > 1024:
         out.append("trainer.max_tokens_per_microbatch=1024 (fewer tokens in one pass)")
     if "packed copy" in est.worker:
-        out.append(f"rollout.engine.pack_weights=false ({size(SLACK * est.worker['packed copy'])} a worker, "
+        engine, s = r.engine, _shape(cfg.model.policy)
+        packed = est.worker["packed copy"] - (s["released"] * 4 / MIB if engine.pack_in_place else 0.0)
+        out.append(f"rollout.engine.pack_weights=false ({size(SLACK * packed)} a worker, "
                    "for slower decoding)")
     if est.workers > 1:
         out.append(f"rollout.num_workers=1 ({size((est.workers - 1) * est.worker_mib)})")

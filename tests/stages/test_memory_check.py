@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from saorl.config import load_config
 from saorl.errors import StartupError
@@ -37,8 +38,16 @@ def test_the_parts_are_the_parameter_count_times_bytes():
     assert est.trainer["policy gradients"] == pytest.approx(n * 4 / MIB)
     critic = est.trainer["critic AdamW moments and gradients"]
     assert 0 < critic < 3 * est.trainer["critic"]  # frozen attention: the MLP projections train
-    assert est.workers == 1 and est.worker["engine's model"] == pytest.approx(n * 4 / MIB)
-    assert est.worker["packed copy"] > 0
+    # the worker packs its linear weights in place (rollout.engine.pack_in_place): the model keeps
+    # the rest, the tied vocabulary projection included
+    model = meta_policy("tiny-dense")
+    linear = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
+    released = linear - model.get_output_embeddings().weight.numel()
+    assert est.workers == 1 and est.worker["engine's model"] == pytest.approx((n - released) * 4 / MIB)
+    assert est.worker["packed copy"] == pytest.approx(linear * 4 / MIB)
+    beside = estimate_memory(_cfg("rollout.engine.pack_in_place=false"))
+    assert beside.worker["engine's model"] == pytest.approx(n * 4 / MIB)
+    assert beside.worker["packed copy"] == est.worker["packed copy"]
     assert est.trainer_mib == pytest.approx(SLACK * sum(est.trainer.values()))
     assert est.total_mib == pytest.approx(est.trainer_mib + est.worker_mib)
 
@@ -120,7 +129,8 @@ def test_the_estimate_is_near_what_the_sums_recipe_measured(tmp_path):
     # rollout worker 2,144 MiB, the run in all 6,767 MiB
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
     recipe = Path(__file__).resolve().parents[2] / "configs" / "recipes" / "smollm2_135m_sums.yaml"
-    cfg = load_config(recipe, [f"model.policy={tmp_path}"])
+    # (measured before rollout.engine.pack_in_place, so with it off)
+    cfg = load_config(recipe, [f"model.policy={tmp_path}", "rollout.engine.pack_in_place=false"])
     est = estimate_memory(cfg)
     assert est.trainer["policy"] == pytest.approx(134_515_008 * 4 / MIB)  # its parameters, float32
     assert 0.9 * 4794 <= est.trainer_mib <= 1.25 * 4794
