@@ -206,7 +206,7 @@ class LocalEngine:
     def update_weights(self, weights: dict[str, torch.Tensor] | str, version: int) -> None:
         """Load weights between decode steps; blocks until applied. ``weights``: a state dict, a file,
         a Hugging Face or a LoRA adapter directory (:func:`saorl.engines.updates.update_state`)."""
-        weights = update_state(self.model, weights, self._adapter, own=held_state(self.model, self._packed))
+        weights = update_state(self.model, weights, self._adapter, base=held_state(self.model, self._packed))
         done = threading.Event()
         with self._cond:
             if self._closed:
