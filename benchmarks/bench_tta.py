@@ -26,7 +26,10 @@ Task (``--task arith``, :mod:`tta_task`): two-digit ``+``/``-`` and one-digit ``
 chat user message (the text for a model without a chat template); reward 0.5 × (the reply is a
 bare integer) + 1.0 × (its last integer is correct), the same two functions for every arm
 (saorl's ``prompt_reward`` env and TRL's ``reward_funcs``); accuracy = the last integer is
-correct; ``--train-n`` train and ``--test-n`` held-out problems, disjoint.
+correct; ``--train-n`` train and ``--test-n`` held-out problems, disjoint. ``--task calc``
+(:mod:`tta_calc`): a product the model works out with a calculator it calls as a tool, up to three
+turns (TRL: ``tools=[add, multiply]``; saorl: ``env.tools``; the same tokens in every arm), from a
+model that learned the call format (``--model``: an SFT model; docs/performance.md).
 
 Clock: each arm is a child process given ``--budget-s`` of wall clock from the moment it is
 started (model loading, value pretraining and worker start-up count). At each fraction f of
@@ -38,7 +41,8 @@ callback holds across each optimizer step, copies the weights and saves them
 last snapshot; anything left is killed). Seeds are interleaved, the arms' order rotated per
 seed; the 1-minute load average is recorded at each arm's start and end and at each snapshot.
 
-Then one evaluator (:mod:`tta_eval`), independent of both trainers, scores the base model and
+Then one evaluator (:mod:`tta_eval`; calc's plays the turns itself: :func:`tta_calc.evaluate`),
+independent of both trainers, scores the base model and
 every snapshot the same way: greedy decoding with transformers on the held-out problems. Output
 in ``--out``: ``results.jsonl`` (a row per arm, seed and fraction: accuracy, elapsed_s, steps,
 load, the checkpoint and its generations), ``results.json``, ``summary.md`` (the table) and
@@ -58,7 +62,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,10 +70,13 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))  # the sibling modules (benchmarks/ is not a package)
 
 import bench_trl  # noqa: E402
+import tta_calc  # noqa: E402
 import tta_eval  # noqa: E402
 import tta_task  # noqa: E402
 
 ARMS = ("trl", "sao", "grpo")
+TASKS = {"arith": tta_task, "calc": tta_calc}
+"""``--task``: the module of each (its problems, tasks file, the arms' settings, evaluator)."""
 ROOT = BENCH.parent
 
 
@@ -80,6 +86,7 @@ class Setup:
 
     model: str
     chat: bool
+    task: str
     train_file: str
     test_file: str
     budget_s: float
@@ -98,7 +105,8 @@ def load_average() -> float:
 def child_env() -> dict[str, str]:
     """The children import saorl from this checkout and ``tta_task`` (the reward functions) from here."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), str(tta_calc.TOOLS_DIR),
+                                                    env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -129,10 +137,8 @@ def saorl_command(arm: str, s: Setup, seed: int, run_dir: Path, extra: list[str]
     return [sys.executable, "-c", "import sys; from saorl.cli import main; sys.exit(main(sys.argv[1:]))",
             "train", f"model.policy={s.model}", f"model.tokenizer={s.model}", "env.type=prompt_reward",
             f"env.tasks_file={s.train_file}", f"env.test_tasks_file={s.test_file}",
-            f"env.options.reward_fn=[{', '.join(f'tta_task:{f}' for f in tta_task.REWARD_FUNCS)}]",
-            f"env.options.reward_weights=[{', '.join(map(str, tta_task.REWARD_WEIGHTS))}]",
+            *TASKS[s.task].saorl_overrides(s.max_new),
             "sft.enabled=false", f"seed={seed}", f"trainer.policy_lr={s.lr}", f"trainer.batch_size={s.batch}",
-            f"rollout.max_new_tokens={s.max_new}", f"rollout.max_total_tokens={s.max_new + 192}",
             "run.eval_tasks=0", "run.estimate=false", "run.progress=false", f"trainer.steps={big}",
             f"trainer.max_wall_s={s.budget_s}", f"run.checkpoint_every={big}", "run.checkpoint_every_s=null",
             *algo, *extra, "--run-dir", str(run_dir)]
@@ -156,89 +162,6 @@ def saorl_snapshot(run_dir: Path, arm_dir: Path, fraction: float, t0: float) -> 
     except OSError:  # another file system: a copy (the version stays on disk for several steps)
         shutil.copyfile(src, dst)
     return row | {"steps": int(latest["version"]), "weights": dst.name}
-
-
-# -------------------------------------------------------------------------------------- TRL arm
-class TrlSnapshots:
-    """The TRL child's snapshots: :meth:`run` (a thread, started before TRL is even imported) sleeps
-    until each fraction of the budget, takes the lock the callback holds across every optimizer step
-    and copies the weights, then saves them (the base model, unsaved, while training has not begun);
-    after the last fraction it exits the process."""
-
-    def __init__(self, s: Setup, arm_dir: Path, t0: float) -> None:
-        self.s, self.arm_dir, self.t0 = s, arm_dir, t0
-        self.lock, self.updates, self.model, self.tok = threading.Lock(), 0, None, None
-
-    def run(self) -> None:
-        for f in self.s.fractions:
-            time.sleep(max(0.0, self.t0 + f * self.s.budget_s - time.time()))
-            with self.lock:  # a copy in memory (tied tensors stay tied); written after the lock
-                row = {"fraction": f, "elapsed_s": time.time() - self.t0, "steps": self.updates,
-                       "weights": None, "load": load_average()}
-                state = None if self.model is None else self._copy()
-            if state is not None:
-                tmp, dst = self.arm_dir / f".ckpt-{f:g}", self.arm_dir / f"ckpt-{f:g}"
-                self.model.save_pretrained(tmp, state_dict=state)
-                self.tok.save_pretrained(tmp)
-                os.replace(tmp, dst)
-                row["weights"] = dst.name
-            with open(self.arm_dir / "snapshots.jsonl", "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row) + "\n")
-        os._exit(0)  # the budget is spent: the arm's process ends here
-
-    def _copy(self) -> dict:
-        copies: dict = {}  # by storage: a tied head stays one tensor
-        for v in self.model.state_dict().values():
-            if v.data_ptr() not in copies:
-                copies[v.data_ptr()] = v.detach().clone()
-        return {k: copies[v.data_ptr()] for k, v in self.model.state_dict().items()}
-
-    def callback(self):
-        from transformers import TrainerCallback
-
-        snaps = self
-
-        class Hold(TrainerCallback):
-            def on_train_begin(self, args, state, control, model=None, **kw):
-                snaps.model = model
-
-            def on_pre_optimizer_step(self, args, state, control, **kw):
-                snaps.lock.acquire()
-
-            def on_optimizer_step(self, args, state, control, **kw):
-                snaps.updates += 1
-                snaps.lock.release()
-
-        return Hold()
-
-
-def trl_child(arm_dir: Path, seed: int, t0: float) -> int:
-    """The TRL arm (in its own process): trains until the last snapshot is written, then exits."""
-    s = Setup(**json.loads((arm_dir.parent.parent / "setup.json").read_text()))
-    snaps = TrlSnapshots(s, arm_dir, t0)
-    threading.Thread(target=snaps.run, daemon=True).start()
-    import torch
-    from datasets import Dataset
-    from transformers.utils import logging as hf_logging
-    from trl import GRPOTrainer
-
-    from saorl.models.loading import load_policy
-    from saorl.models.tokenizer import load_tokenizer
-
-    hf_logging.disable_progress_bar()
-    torch.set_num_threads(s.trl_threads)
-    tok = load_tokenizer(s.model)
-    tok.padding_side = "left"
-    snaps.tok = tok
-    data = Dataset.from_list([json.loads(line) for line in open(s.train_file, encoding="utf-8")])
-    cfg = bench_trl.grpo_config(arm_dir / "trl", batch=s.batch, group=s.group, max_new=s.max_new, lr=s.lr,
-                                seed=seed, reward_weights=list(tta_task.REWARD_WEIGHTS))
-    trainer = GRPOTrainer(model=load_policy(s.model), args=cfg, train_dataset=data, processing_class=tok,
-                          reward_funcs=[getattr(tta_task, f) for f in tta_task.REWARD_FUNCS],
-                          callbacks=[snaps.callback()])
-    trainer.train()  # (a run that ends before the budget: the thread still writes the rest, then exits)
-    time.sleep(max(0.0, t0 + s.budget_s + 600 - time.time()))
-    return 1
 
 
 # ------------------------------------------------------------------------------------ one arm run
@@ -332,14 +255,17 @@ def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict],
     gen_dir = out / "generations"
     gen_dir.mkdir(exist_ok=True)
 
+    task = TASKS[s.task]
+    flag = f"{task.FLAG}_frac"
+
     def score(ckpt: Path, name: str) -> tuple[float, float, str]:
-        gens = tta_eval.evaluate(ckpt, test_rows, s.chat, s.max_new)
+        gens = task.evaluate(ckpt, test_rows, s.chat, s.max_new)
         path = gen_dir / f"{name}.jsonl"
         path.write_text("".join(json.dumps(g) + "\n" for g in gens), encoding="utf-8")
-        return tta_eval.accuracy(gens), sum(g["bare"] for g in gens) / len(gens), str(path)
+        return task.accuracy(gens), sum(g[task.FLAG] for g in gens) / len(gens), str(path)
 
     acc, bare, gens = score(Path(s.model), "base")
-    base = {"accuracy": acc, "bare_frac": bare, "generations": gens}
+    base = {"accuracy": acc, flag: bare, "generations": gens}
     rows = []
     with open(out / "results.jsonl", "w", encoding="utf-8") as fh:
         for run in runs:
@@ -348,7 +274,7 @@ def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict],
                 acc, bare, gens = score(ckpt, f"{run['arm']}-s{run['seed']}-f{snap['fraction']:g}")
                 row = {"arm": run["arm"], "seed": run["seed"], "fraction": snap["fraction"], "accuracy": acc,
                        "elapsed_s": snap["elapsed_s"], "steps": snap["steps"], "load": snap.get("load"),
-                       "bare_frac": bare, "checkpoint": str(ckpt), "generations": gens}
+                       flag: bare, "checkpoint": str(ckpt), "generations": gens}
                 if not keep and snap["fraction"] < 1 and ckpt.is_relative_to(run["dir"]):
                     shutil.rmtree(ckpt)
                     row["checkpoint"] = None
@@ -364,7 +290,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="a tiny kind (tiny-dense, tiny-moe), a directory, a .gguf or a short name")
-    ap.add_argument("--task", choices=["arith"], default="arith")
+    ap.add_argument("--task", choices=list(TASKS), default="arith",
+                    help="arith: single-turn arithmetic; calc: a calculator called as a tool, several turns "
+                         "(needs --model with the call format learned: docs/performance.md)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1, interleaved")
     ap.add_argument("--budget-s", type=float, default=600.0, help="wall clock per arm, process start to stop")
@@ -374,8 +302,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-5, help="the policy's learning rate, every arm")
     ap.add_argument("--batch", type=int, default=16, help="completions per optimizer step, every arm")
     ap.add_argument("--group", type=int, default=8, help="group size of trl and grpo")
-    ap.add_argument("--max-new", type=int, default=24,
-                    help="completion cap in tokens, every arm and the evaluator")
+    ap.add_argument("--max-new", type=int, default=None,
+                    help="completion cap in tokens (calc: a turn's), every arm and the evaluator; "
+                         "default 24 (arith), 48 (calc)")
     ap.add_argument("--trl-threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE",
                     help="a further arm NAME run as the saorl arm BASE (sao or grpo) with its own --set "
@@ -420,6 +349,8 @@ def check_args(args: argparse.Namespace
         fractions = []
     if not fractions or not all(0 < f <= 1 for f in fractions) or len(set(fractions)) != len(fractions):
         raise ValueError(f"--fractions: distinct numbers in (0, 1], got {args.fractions!r}")
+    if args.max_new is None:
+        args.max_new = TASKS[args.task].MAX_NEW
     if args.budget_s <= 0 or args.seeds < 1 or args.max_new < 1 or args.trl_threads < 1 or args.lr <= 0:
         raise ValueError("need --budget-s > 0, --seeds >= 1, --max-new >= 1, --trl-threads >= 1 and --lr > 0")
     if args.batch < 1 or args.group < 1 or args.batch % args.group:
@@ -442,7 +373,10 @@ def rebuild_report(out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.trl_child is not None:
-        return trl_child(args.trl_child, args.child_seed, args.child_t0)
+        import tta_trl
+
+        s = Setup(**json.loads((args.trl_child.parent.parent / "setup.json").read_text()))
+        return tta_trl.trl_child(s, TASKS[s.task], args.trl_child, args.child_seed, args.child_t0)
     if args.report is not None:
         if not (args.report / "results.json").is_file():
             print(f"bench_tta: --report: {args.report / 'results.json'} does not exist", file=sys.stderr)
@@ -472,10 +406,16 @@ def main(argv: list[str] | None = None) -> int:
 
     model = prepare_model(args.model, out)
     chat = bench_trl.is_chat(load_tokenizer(str(model)))
-    train, test = tta_task.problems(args.train_n, args.test_n)
-    s = Setup(model=str(model), chat=chat,
-              train_file=str(tta_task.write_tasks(train, out / "train.jsonl", chat)),
-              test_file=str(tta_task.write_tasks(test, out / "test.jsonl", chat)), budget_s=args.budget_s,
+    task = TASKS[args.task]
+    train, test = task.problems(args.train_n, args.test_n)
+    try:
+        files = [str(task.write_tasks(rows, out / f"{name}.jsonl", chat)) for name, rows in
+                 (("train", train), ("test", test))]
+    except ValueError as e:
+        print(f"bench_tta: --task {args.task}: {e}", file=sys.stderr)
+        return 2
+    s = Setup(model=str(model), chat=chat, task=args.task, train_file=files[0], test_file=files[1],
+              budget_s=args.budget_s,
               fractions=fractions, lr=args.lr, batch=args.batch, group=args.group, max_new=args.max_new,
               trl_threads=args.trl_threads)
     (out / "setup.json").write_text(json.dumps(asdict(s), indent=1) + "\n", encoding="utf-8")

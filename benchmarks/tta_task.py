@@ -25,6 +25,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+FLAG = "bare"
+"""The share of replies the summary reports beside accuracy: bare integers (the loophole)."""
+MAX_NEW = 24
+"""The completion cap (``--max-new``) unless given."""
 REWARD_FUNCS = ("bare_integer", "last_integer_correct")
 REWARD_WEIGHTS = (0.5, 1.0)
 _INT = re.compile(r"-?\d+")
@@ -93,3 +97,30 @@ def last_integer_correct(completions: list, answer: list, **kw: Any) -> list[flo
 def reward(reply: str, answer: int) -> float:
     """The weighted sum both trainers compute, for one reply."""
     return REWARD_WEIGHTS[0] * is_bare_integer(reply) + REWARD_WEIGHTS[1] * is_correct(reply, answer)
+
+
+def saorl_overrides(max_new: int) -> list[str]:
+    """The saorl arms' env and rollout settings for this task."""
+    return [f"env.options.reward_fn=[{', '.join(f'tta_task:{f}' for f in REWARD_FUNCS)}]",
+            f"env.options.reward_weights=[{', '.join(map(str, REWARD_WEIGHTS))}]",
+            f"rollout.max_new_tokens={max_new}", f"rollout.max_total_tokens={max_new + 192}"]
+
+
+def trl_arm(rows: list[dict], tok, max_new: int) -> dict[str, Any]:
+    """What TRL's ``GRPOTrainer`` is given (``rows``: the tasks file's)."""
+    return {"rows": rows, "tools": None, "reward_funcs": [globals()[f] for f in REWARD_FUNCS],
+            "reward_weights": list(REWARD_WEIGHTS), "config": {"max_completion_length": max_new}}
+
+
+def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int) -> list[dict]:
+    """Greedy replies, scored (:func:`tta_eval.evaluate`)."""
+    import tta_eval
+
+    return tta_eval.evaluate(ckpt, rows, chat, max_new)
+
+
+def accuracy(generations: list[dict]) -> float:
+    """The fraction of replies whose last integer is the answer (recomputed from the replies)."""
+    import statistics
+
+    return statistics.fmean(is_correct(g["reply"], g["answer"]) for g in generations)
