@@ -18,7 +18,9 @@ them and ``tools=[add, multiply]``, with the tokenizer's ``response_template`` s
 uses for this ChatML call format (``trl.chat_template_utils.qwen3_template``: TRL knows no
 SmolLM2 template). The evaluator (:func:`evaluate`) plays the turns itself with transformers'
 ``generate``: its own call parser (the first ``<tool_call>`` JSON of a turn), the calculator's
-functions, the ``tool`` turn rendered by the tokenizer's template.
+functions, the ``tool`` turn rendered by the tokenizer's template. One difference stays, TRL's
+design: it caps the whole conversation after the prompt (``max_completion_length``, here
+``TURNS · max_new + 64`` tokens, tool turns included), saorl and the evaluator each turn.
 
 SmolLM2-135M-Instruct as it is never makes a well-formed call (docs/agents.md), so every arm starts
 from an SFT model that learned the call format: ``--model`` names it (``saorl sft`` of
