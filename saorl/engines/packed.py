@@ -51,11 +51,13 @@ class PackedLinears:
 
     ``release=True`` (a rollout worker's engine, whose model nothing else reads): each layer's own
     weight is freed once packed, so the weights are held once instead of twice (SmolLM2-135M: 0.4 GB
-    less). Such a weight stays a parameter of its shape whose storage is a single zero (a stride-0
-    view); the layer's forward outside :meth:`active` raises instead of computing with it; an update
-    packs the new tensor directly (:meth:`set_weight`); :meth:`dense` and :meth:`remove` give the
-    weight back exactly (a packed copy unpacks bit for bit). A weight shared with another module (a
-    vocabulary projection tied to the embedding, which the lookup reads) is never released."""
+    less), and the model's other tensors are copied out of the memory map of the file they were
+    loaded from, so that the map goes too. Such a weight stays a parameter of its shape whose
+    storage is a single zero (a stride-0 view); the layer's forward outside :meth:`active` raises
+    instead of computing with it; an update packs the new tensor directly (:meth:`set_weight`);
+    :meth:`dense` and :meth:`remove` give the weight back exactly (a packed copy unpacks bit for
+    bit). A weight shared with another module (a vocabulary projection tied to the embedding, which
+    the lookup reads) is never released."""
 
     def __init__(self, model: torch.nn.Module, release: bool = False) -> None:
         named = [(name, m) for name, m in model.named_modules() if _packable(m)]
@@ -73,6 +75,12 @@ class PackedLinears:
                 if m.weight.untyped_storage().data_ptr() not in shared:
                     self.released[f"{name}.weight" if name else "weight"] = i
                     m.weight.data = torch.zeros((), dtype=m.weight.dtype).expand(m.weight.shape)
+            # the rest copied out of what they were loaded into: transformers loads a float32
+            # safetensors file as views of one memory map, which any kept view would keep whole
+            with torch.no_grad():
+                for t in (*model.parameters(), *model.buffers()):
+                    if t.stride() != (0,) * t.dim() or t.dim() == 0:
+                        t.data = t.data.clone()
 
     def _forward_of(self, layer: torch.nn.Linear, i: int):
         def forward(x: torch.Tensor) -> torch.Tensor:

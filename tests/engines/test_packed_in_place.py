@@ -137,3 +137,29 @@ def test_a_worker_engine_packs_in_place_unless_told_not_to(tok):
             assert bool(eng._packed.released) == in_place
         finally:
             eng.close()
+
+
+def test_a_model_loaded_from_a_file_lets_go_of_the_files_memory_map(tok, tmp_path):
+    """transformers loads a float32 safetensors file as views of one memory map: with the weights
+    released, the engine copies the rest out so that the map (the whole file) is unmapped."""
+    import gc
+
+    from transformers import AutoModelForCausalLM
+
+    build_tiny("tiny-dense", seed=0, tie_word_embeddings=True).save_pretrained(tmp_path / "m")
+    path = str(tmp_path / "m" / "model.safetensors")
+
+    def mapped() -> bool:
+        gc.collect()
+        return path in open("/proc/self/maps").read()
+
+    for release, stays in ((False, True), (True, False)):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)
+        if not mapped():
+            pytest.skip("this transformers copies the file's tensors (no memory map to let go of)")
+        eng = LocalEngine(model, tok, max_batch_size=2, release_weights=release)
+        assert mapped() == stays
+        out = eng.generate([tok.encode("a")], SAMPLED)
+        assert len(out[0].token_ids) == SAMPLED.max_new_tokens
+        eng.close()
+        del model, eng
