@@ -58,11 +58,12 @@ class LocalEngineConfig(Section):
     weights, repacked after each update: 1.2-1.8× the decode tokens/s of plain ``nn.Linear`` on
     SmolLM2-135M (docs/performance.md); results equal up to float32 rounding. ``false``: plain."""
     pack_in_place: bool = True
-    """In a rollout worker (whose model nothing but its engine reads), the packed copies replace the
-    layers' own weights instead of sitting beside them: the worker holds the weights once (0.4 GB
-    less on SmolLM2-135M; a vocabulary projection tied to the embedding keeps its own). Sampling is
-    the same bit for bit. Needs ``pack_weights``; engines in the trainer's process (evaluations,
-    value pretraining) and ``saorl serve`` always keep both."""
+    """In a rollout worker's engine (and the ``inprocess`` backend's, which loads a model of its
+    own), whose model nothing else reads, the packed copies replace the layers' own weights instead
+    of sitting beside them: the weights are held once (0.4 GB less on SmolLM2-135M; a vocabulary
+    projection tied to the embedding keeps its own). Sampling is the same bit for bit. Needs
+    ``pack_weights``; evaluations and value pretraining (on the trainer's policy) and ``saorl serve``
+    always keep both."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """The local engine's own parameter dtype (None: ``model.dtype``); the trainer keeps
     ``model.dtype``. An engine in lower precision than the trainer is the engine/trainer mismatch of
