@@ -96,13 +96,32 @@ def messages(prompt: list[dict[str, str]]) -> list[dict[str, str]]:
     return with_tool_system_prompt(prompt, schemas(), "json", "hermes")
 
 
+_CONTENT = "+ message['content'] + '<|im_end|>' + '\n'}}"
+_CONTENT_AND_CALLS = ("+ (message['content'] or '')}}{% for tc in message.tool_calls or [] %}"
+                      "{{ '<tool_call>' + (tc.function | tojson) + '</tool_call>' }}{% endfor %}"
+                      "{{ '<|im_end|>' + '\n' }}")
+
+
+def with_tool_calls(template: str) -> str:
+    """A ChatML template of SmolLM2's form that also writes an assistant message's ``tool_calls`` (as
+    ``<tool_call>{...}</tool_call>`` after its content), which TRL requires of a template before it
+    takes tools; every other message renders as before. ValueError for a template of another form."""
+    if _CONTENT not in template:
+        raise ValueError("--task calc: the model's chat template does not write tool calls and is not of "
+                         "SmolLM2's ChatML form, which this benchmark knows how to extend")
+    return template.replace(_CONTENT, _CONTENT_AND_CALLS)
+
+
 def trl_arm(rows: list[dict], tok, max_new: int) -> dict[str, Any]:
     """What TRL's ``GRPOTrainer`` is given: the rows with the system message in their prompts, the
-    tools, the reward; ``tok`` gets the response template TRL parses calls with."""
-    from trl.chat_template_utils import qwen3_template
+    tools, the reward; ``tok`` gets the response template TRL parses calls with and, when its chat
+    template drops tool calls (SmolLM2's), one that writes them (:func:`with_tool_calls`)."""
+    from trl.chat_template_utils import qwen3_template, supports_tool_calling
 
     if getattr(tok, "response_template", None) is None and getattr(tok, "response_schema", None) is None:
         tok.response_template = qwen3_template
+    if not supports_tool_calling(tok):
+        tok.chat_template = with_tool_calls(tok.chat_template)
     return {"rows": [{"prompt": messages(r["prompt"]), "answer": r["answer"]} for r in rows],
             "tools": [getattr(calculator, t) for t in TOOLS], "reward_funcs": [calculator.correct_answer],
             "reward_weights": [1.0],

@@ -42,6 +42,11 @@ def test_parse_call(text, call):
     assert calc.parse_call(text) == call
 
 
+def test_a_template_of_another_form_is_not_extended():
+    with pytest.raises(ValueError, match="SmolLM2's ChatML form"):
+        calc.with_tool_calls(CHATML)
+
+
 def test_a_tools_bad_arguments_come_back_as_an_error_text():
     assert calc.run_call("multiply", {"a": 66, "b": 194}) == "12804"
     assert "TypeError" in json.loads(calc.run_call("multiply", {"a": 1}))["error"]

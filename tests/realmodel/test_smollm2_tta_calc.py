@@ -42,3 +42,25 @@ def test_the_evaluators_turns_are_the_saorl_episodes_tokens(smollm2):
     assert traj.token_ids == prompt + turn + calc.after_call(hf, turn, result) + answer
     tool_turn = f"\n<|im_start|>tool\n{a * b}<|im_end|>\n<|im_start|>assistant\n"
     assert hf.decode(calc.after_call(hf, turn, result)) == tool_turn
+
+
+def test_the_trl_arms_template_writes_tool_calls_and_renders_the_rest_as_smollm2s(smollm2):
+    """TRL takes tools only with a template that writes tool calls, which SmolLM2's does not: the
+    TRL arm's template adds them, every other message rendered as SmolLM2's own renders it."""
+    from transformers import AutoTokenizer
+
+    calc = load_benchmark("bench_tta").tta_calc
+    hf = AutoTokenizer.from_pretrained(str(smollm2))
+    _, rows = calc.problems(1, 3, seed=1)
+    user = {"role": "user", "content": "Q"}
+    turns = [user, {"role": "assistant", "content": "A"}, {"role": "tool", "content": "5"}]
+    convs = [*(calc.messages(r["prompt"]) for r in rows), turns]
+    before = [hf.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in convs]
+    hf.chat_template = calc.with_tool_calls(hf.chat_template)
+    assert [hf.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in convs] == before
+    call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}
+    text = hf.apply_chat_template([user, {"role": "assistant", "content": "", "tool_calls": [call]}],
+                                  tokenize=False)
+    assert text.endswith('<|im_start|>assistant\n<tool_call>{"name": "multiply", '
+                         '"arguments": {"a": 3, "b": 4}}</tool_call><|im_end|>\n')
+    assert calc.parse_call(text) == ("multiply", {"a": 3, "b": 4})
