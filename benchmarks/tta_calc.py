@@ -79,7 +79,7 @@ def saorl_overrides(max_new: int) -> list[str]:
     return [f"env.tools=[{', '.join(f'calculator:{t}' for t in TOOLS)}]", "env.tool_prompt=json",
             "env.tool_stop=false", f"env.tool_max_turns={TURNS}", "env.observation_role=tool",
             "env.options.reward_fn=calculator:correct_answer", "env.options.success_threshold=1.0",
-            f"rollout.max_new_tokens={max_new}", f"rollout.max_total_tokens={512 + TURNS * max_new}"]
+            f"rollout.max_new_tokens={max_new}", f"rollout.max_total_tokens={768 + TURNS * max_new}"]
 
 
 def schemas() -> list[dict[str, Any]]:
