@@ -528,4 +528,3 @@ class LocalEngine:
     def _deliver(self, r: Request) -> None:
         self._stats["requests_finished"] += 1
         r.deliver(r.result())
-

@@ -69,6 +69,9 @@ class MemoryEstimate:
     trainer: dict[str, float] = field(default_factory=dict)
     worker: dict[str, float] = field(default_factory=dict)
     workers: int = 0
+    packing_mib: float = 0.0
+    """What a worker's packed copies add to its model's own weights (what ``pack_weights=false``
+    saves, before :data:`SLACK`): the whole copy, or with ``pack_in_place`` the tied head's alone."""
 
     @property
     def trainer_mib(self) -> float:
@@ -152,8 +155,10 @@ def estimate_memory(cfg: SaorlConfig) -> MemoryEstimate | None:
                   "KV cache": engine.slots * r.max_total_tokens * s["kv_per_token"] * eb / MIB}
         if engine.pack_weights and eb == 4:  # every nn.Linear, the (tied) vocabulary projection too
             worker["packed copy"] = s["linear"] * eb / MIB
+            est.packing_mib = worker["packed copy"]
             if engine.pack_in_place:  # the model's own linear weights freed, but a tied head's
                 worker["engine's model"] -= s["released"] * eb / MIB
+                est.packing_mib -= s["released"] * eb / MIB
         if cfg.runtime.backend == "inprocess":
             for k, v in worker.items():
                 if k != "base":
@@ -193,9 +198,7 @@ def lowering(cfg: SaorlConfig, est: MemoryEstimate) -> list[str]:
     if min(t.batch_size * r.max_total_tokens, t.max_tokens_per_microbatch) > 1024:
         out.append("trainer.max_tokens_per_microbatch=1024 (fewer tokens in one pass)")
     if "packed copy" in est.worker:
-        engine, s = r.engine, _shape(cfg.model.policy)
-        packed = est.worker["packed copy"] - (s["released"] * 4 / MIB if engine.pack_in_place else 0.0)
-        out.append(f"rollout.engine.pack_weights=false ({size(SLACK * packed)} a worker, "
+        out.append(f"rollout.engine.pack_weights=false ({size(SLACK * est.packing_mib)} a worker, "
                    "for slower decoding)")
     if est.workers > 1:
         out.append(f"rollout.num_workers=1 ({size((est.workers - 1) * est.worker_mib)})")
