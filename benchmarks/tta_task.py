@@ -120,7 +120,7 @@ def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int) -> list[dic
 
 
 def accuracy(generations: list[dict]) -> float:
-    """The fraction of replies whose last integer is the answer (recomputed from the replies)."""
-    import statistics
+    """The fraction of replies whose last integer is the answer (:func:`tta_eval.accuracy`)."""
+    import tta_eval
 
-    return statistics.fmean(is_correct(g["reply"], g["answer"]) for g in generations)
+    return tta_eval.accuracy(generations)
