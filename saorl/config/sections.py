@@ -304,8 +304,9 @@ class MixEntry(Section):
 class EnvConfig(Section):
     type: str = "math_tool"
     """Environment: a built-in name (``math_tool``, ``math_levels``, ``noisy_lookup``,
-    ``code_repair``, ``style_shift``, ``synthetic``, ``prompt_reward``, ``reasoning_gym``,
-    ``textarena``, ``openenv``) or ``module.path:ClassName``; ``mix`` with ``env.mix`` (set by it)."""
+    ``code_repair``, ``style_shift``, ``synthetic``, ``prompt_reward``, ``openai_agent``,
+    ``reasoning_gym``, ``textarena``, ``openenv``, ``bfcl``) or ``module.path:ClassName``; ``mix``
+    with ``env.mix`` (set by it)."""
     mix: list[MixEntry] | None = None
     """Several environments in one run (``[{type: math_tool, weight: 2}, {type: reasoning_gym,
     options: {dataset: chain_sum}}]``): each training task is drawn from one of them by weight and

@@ -180,3 +180,23 @@ def test_plot_recipes_draws_a_panel_per_group_and_refuses_a_group_without_runs(t
     bad = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "q.png"),
                           str(tmp_path / "empty")], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no run directories" in bad.stderr and not (tmp_path / "q.png").exists()
+
+
+def test_plot_recipes_draws_a_panel_per_mix_part_from_its_own_metrics(tmp_path):
+    run = tmp_path / "mix" / "s0"
+    run.mkdir(parents=True)
+    rows = [{"step": 0, "eval/accuracy": 0.5, "eval/arith/accuracy": 0.25, "eval/guess/accuracy": 0.75},
+            {"step": 1, "reward/mean": 0.5, "env/arith/reward": 0.125, "env/guess/reward": 1.0},
+            {"step": 2, "eval/accuracy": 0.6, "eval/arith/accuracy": 0.375, "eval/guess/accuracy": 0.8125}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "p.png"),
+                          str(tmp_path / "mix"), "--parts", "arith", "guess"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mix: arith s0 step 0: 0.250 step 2: 0.375" in out.stdout
+    assert "mix: guess s0 step 0: 0.750 step 2: 0.812" in out.stdout
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, str(EXAMPLE / "plot_recipes.py"), str(tmp_path / "q.png"),
+                          str(tmp_path / "mix"), "--parts", "lake"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "eval/lake/accuracy" in bad.stderr and not (tmp_path / "q.png").exists()
