@@ -95,3 +95,53 @@ def test_every_recipe_makes_its_own_data_from_a_fresh_clone(tmp_path, monkeypatc
     prepare_tasks(cfg, log=said.append)
     assert missing_task_files(cfg) == []
     assert said[-1] == "wrote 176 train and 64 test rows to data/smollm2_sums"
+
+
+def test_smollm2_mix_recipe_plays_the_two_community_recipes_tasks_half_and_half():
+    """The mixed recipe's parts are the reasoning-gym and TextArena recipes' envs (same options), its
+    held-out tasks half of each, and each part's demonstration wins its own task."""
+    import random
+
+    from tests.envs.community import need
+
+    need("reasoning_gym")
+    need("textarena")
+    cfg = load_config(RECIPES / "smollm2_135m_mix.yaml")
+    assert cfg.env.type == "mix" and [m.name for m in cfg.env.mix] == ["arith", "guess"]
+    for part, alone in zip(cfg.env.mix, ("smollm2_135m_reasoning_gym.yaml", "smollm2_135m_textarena.yaml")):
+        solo = load_config(RECIPES / alone).env
+        assert (part.type, part.options) == (solo.type, solo.options), alone
+    assert (cfg.env.observation_format, cfg.env.observation_role) == ("chat", "user")
+    assert (cfg.run.eval_temperature, cfg.run.eval_tasks, cfg.env.num_test_tasks) == (0.0, 128, 128)
+    env = make_env_factory(cfg.env.type, cfg.env.env_options)()
+    test = env.generate_tasks("test", cfg.env.num_test_tasks, cfg.seed)
+    assert [t.id.split("/")[0] for t in test[:4]] == ["arith", "guess", "arith", "guess"]
+    assert sum(t.id.startswith("arith/") for t in test) == 64
+    for task in test[:2]:
+        env.reset(task)
+        for move in env.demonstration(task, random.Random(0)):
+            out = env.step(move)
+        assert out.done and out.info["metrics"][f"{task.id.split('/')[0]}/success"] == 1.0
+
+
+def test_smollm2_openenv_recipe_serves_the_textarena_recipes_game_from_its_warm_start():
+    """The OpenEnv recipe plays the TextArena recipe's game (its server module is in the checkout and
+    serves that game by default), starts from the directory the header's `saorl sft` command writes,
+    and keeps the TextArena recipe's turn limit, stop strings and chat turns."""
+    import re
+
+    cfg = load_config(RECIPES / "smollm2_135m_openenv.yaml")
+    solo = load_config(RECIPES / "smollm2_135m_textarena.yaml")
+    opts = cfg.env.options
+    assert cfg.env.type == "openenv" and not cfg.sft.enabled
+    module, _, attr = opts["module"].partition(":")
+    server = RECIPES.parents[1] / (module.replace(".", "/") + ".py")
+    assert attr == "app" and server.is_file()
+    assert f'"{solo.env.options["game"]}"' in server.read_text()
+    for key in ("max_turns", "stop", "success_threshold"):
+        assert opts[key] == solo.env.options[key], key
+    assert (cfg.env.observation_format, cfg.env.observation_role) == ("chat", "user")
+    header = (RECIPES / "smollm2_135m_openenv.yaml").read_text()
+    made = re.search(r"saorl sft --out (\S+) (\S+)", header)
+    assert made and made.group(1) == cfg.model.policy
+    assert made.group(2) == "configs/recipes/smollm2_135m_textarena.yaml"

@@ -20,9 +20,9 @@ as ``rollout.concurrent_episodes``).
 - The model's text is the action: the action's field ``action_field`` (default: the one required
   text field of the server's action schema, ``GET /schema``) holds it. The observation the server
   returns is the next turn's text: its ``observation_field`` (default: the observation's one text
-  field; the observation as JSON when it has several), on lines of its own after the action; the
-  first one (reset's) is the prompt. The server's ``reward`` (None: 0) is the step's reward and its
-  ``done`` ends the episode; ``info["success"]``: the episode's total reward ≥
+  field; the observation as JSON when it has several), on lines of its own after the action (an
+  empty text adds nothing); the first one (reset's) is the prompt. The server's ``reward`` (None:
+  0) is the step's reward and its ``done`` ends the episode; ``info["success"]``: the episode's total reward ≥
   ``success_threshold`` (1.0). At ``max_turns`` (8) the episode stops unsuccessful.
 - A server that cannot be reached, dies, stays silent past ``timeout_s`` (30 s) per message, answers
   an error or something that is not an OpenEnv result fails the episode with one message naming the
@@ -167,13 +167,14 @@ class OpenEnvEnv(Env):
         result = self._call("step", {self.action_field: action})
         observation, reward, done = self._check(result, "step")
         self._total, self._turns = self._total + reward, self._turns + 1
+        observation = f"\n{observation}\n" if observation else ""  # on lines of its own; none: nothing
         if not done:
             if self._turns >= self.max_turns:  # the episode stops here: free the server's environment now
                 self.close()
-            return StepResult(f"\n{observation}\n", reward, False)
+            return StepResult(observation, reward, False)
         self.close()
         success = self._total >= self.success_threshold
-        return StepResult(f"\n{observation}\n", reward, True, {"success": success})
+        return StepResult(observation, reward, True, {"success": success})
 
     def _check(self, result: dict[str, Any], what: str) -> tuple[str, float, bool]:
         """The observation's text, the reward and done of a result; garbage is an error naming it."""
