@@ -22,8 +22,8 @@ as ``rollout.concurrent_episodes``).
   returns is the next turn's text: its ``observation_field`` (default: the observation's one text
   field; the observation as JSON when it has several), on lines of its own after the action (an
   empty text adds nothing); the first one (reset's) is the prompt. The server's ``reward`` (None:
-  0) is the step's reward and its ``done`` ends the episode; ``info["success"]``: the episode's total reward ≥
-  ``success_threshold`` (1.0). At ``max_turns`` (8) the episode stops unsuccessful.
+  0) is the step's reward and its ``done`` ends the episode; ``info["success"]``: the episode's
+  total reward ≥ ``success_threshold`` (1.0). At ``max_turns`` (8) the episode stops unsuccessful.
 - A server that cannot be reached, dies, stays silent past ``timeout_s`` (30 s) per message, answers
   an error or something that is not an OpenEnv result fails the episode with one message naming the
   server, the call and the task (:class:`OpenEnvServerError`): a training rollout is tried again
