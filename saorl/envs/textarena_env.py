@@ -58,11 +58,20 @@ _RANDOM_LOCK = threading.Lock()
 """Serialises calls into games: they draw from the process-global random generators."""
 
 
-def game_ids() -> list[str]:
-    """Every id TextArena registers (single- and multi-player), sorted."""
+def _registry() -> dict[str, Any]:
+    """TextArena's registry of games, filled. The package's import fills it game by game after the
+    registry's module is imported, so reading that module alone while another thread imports the
+    package sees it half filled (games "not a TextArena id" when envs are made in threads, as an
+    OpenEnv server does); importing the package first waits for that import to finish."""
+    import textarena  # noqa: F401
     from textarena.envs.registration import ENV_REGISTRY
 
-    return sorted(ENV_REGISTRY)
+    return ENV_REGISTRY
+
+
+def game_ids() -> list[str]:
+    """Every id TextArena registers (single- and multi-player), sorted."""
+    return sorted(_registry())
 
 
 class _Randomness:
@@ -152,9 +161,8 @@ def _make(game: str) -> tuple[Any, list[Any]]:
     """The game of ``game`` as its registration makes it, without wrappers, and the id's action
     wrappers."""
     from textarena.core import ActionWrapper
-    from textarena.envs.registration import ENV_REGISTRY
 
-    spec = ENV_REGISTRY[game]
+    spec = _registry()[game]
     entry = spec.entry_point
     if isinstance(entry, str):
         module, _, attr = entry.partition(":")

@@ -174,3 +174,26 @@ def test_the_sft_warm_start_is_keyed_without_the_reward_option():
 def _secret(env, task):
     env.reset(task)
     return env._game.state.game_state["game_number"]
+
+
+def test_envs_made_in_threads_of_a_fresh_process_all_know_their_game():
+    """TextArena fills its registry game by game while the package imports: envs made at once in
+    threads (an OpenEnv server makes each session's in a thread of its own) each waited for it."""
+    import subprocess
+    import sys
+
+    code = ("import threading\n"
+            "from saorl.envs.textarena_env import TextArenaEnv\n"
+            "errors = []\n"
+            "def make():\n"
+            "    try:\n"
+            "        TextArenaEnv(game='GuessTheNumber-v0-hardcore')\n"
+            "    except Exception as e:\n"
+            "        errors.append(repr(e))\n"
+            "threads = [threading.Thread(target=make) for _ in range(8)]\n"
+            "[t.start() for t in threads]\n"
+            "[t.join() for t in threads]\n"
+            "print(len(errors), errors[:1])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "0 []"
