@@ -103,6 +103,7 @@ def test_smollm2_mix_recipe_plays_the_two_community_recipes_tasks_half_and_half(
     import random
 
     from tests.envs.community import need
+    from tests.envs.episodes import play
 
     need("reasoning_gym")
     need("textarena")
@@ -118,9 +119,7 @@ def test_smollm2_mix_recipe_plays_the_two_community_recipes_tasks_half_and_half(
     assert [t.id.split("/")[0] for t in test[:4]] == ["arith", "guess", "arith", "guess"]
     assert sum(t.id.startswith("arith/") for t in test) == 64
     for task in test[:2]:
-        env.reset(task)
-        for move in env.demonstration(task, random.Random(0)):
-            out = env.step(move)
+        out = play(env, task, env.demonstration(task, random.Random(0)))[-1]
         assert out.done and out.info["metrics"][f"{task.id.split('/')[0]}/success"] == 1.0
 
 
