@@ -69,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     if not args.report:
         try:
+            from saorl.errors import StartupError
+            from saorl.stages.env_check import prepare_tasks
+            try:
+                prepare_tasks(cfg)  # a recipe's generated task files (env.prepare), before any run
+            except StartupError as e:
+                print(f"saorl experiment: {e}", file=sys.stderr)
+                return 2
             runner.run()
         except ExperimentInterrupted as e:
             print(f"saorl experiment: {e}", file=sys.stderr)

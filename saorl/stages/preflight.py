@@ -30,6 +30,10 @@ naming the setting, what is wrong and the fix. In order, cheapest first:
    messages to a tokenizer without a chat template stops the start here);
 5. with ``sft.enabled``, the env has demonstrations: one is played on the first training task.
 
+Between 1 and 2, a recipe's task files that ``env.prepare`` makes are made when missing
+(:func:`saorl.stages.env_check.prepare_tasks`), so ``saorl sft`` and ``saorl value_pretrain`` find
+them as ``saorl train`` does.
+
 :func:`check_servers` (called by :func:`saorl.training.train` after these, before the warm start:
 SFT and value pretraining do not need the servers) checks that with ``rollout.engine: vllm`` every
 server answers and none is one the run could not train on
@@ -56,7 +60,7 @@ from saorl.envs.registry import EnvFactory
 from saorl.errors import StartupError
 from saorl.models.codec import RunTokenizer, run_tokenizer
 from saorl.runtime.trackers import TrackerUnavailable, check_trackers
-from saorl.stages.env_check import check_env
+from saorl.stages.env_check import check_env, prepare_tasks
 
 TASK_CHECK_BUDGET_S = 10.0
 """Seconds the task check may spend resetting the env on file tasks (the first of each split is
@@ -73,6 +77,7 @@ def check_run(cfg: SaorlConfig, *, demonstrations: bool | None = None,
     except TrackerUnavailable as e:
         raise StartupError(str(e)) from None
     factory = check_env(cfg)
+    prepare_tasks(cfg)  # a recipe's generated task files, made on first use (env.prepare)
     check_models(cfg.model, use_critic=cfg.algo.preset.use_critic, log=log)
     check_learning_rates(cfg, log)
     check_device(cfg.model.device)

@@ -74,3 +74,21 @@ def test_under_torchrun_only_rank_0_runs_it_the_others_wait_for_its_files(tmp_pa
     prepare_tasks(cfg, log=said.append)  # returns once rank 0's files are there
     timer.join()
     assert not (tmp_path / "ran").exists() and said == []
+
+
+def test_the_start_up_checks_make_them_too_so_sft_and_value_pretraining_find_them(tmp_path, monkeypatch):
+    """``saorl sft`` and ``saorl value_pretrain`` start with :func:`check_run`, not with ``saorl
+    train``'s own call: the checks make the files before reading the tasks."""
+    from saorl.stages.preflight import check_run
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "make_data.py").write_text(MAKE.replace('"1+1=", "answer": 2', 'name, "answer": 2'))
+    cfg = _cfg("python make_data.py data/sums")  # a row per split, told apart by the prompt
+    cfg.sft.enabled = False
+    said = []
+    check_run(cfg, demonstrations=False, log=said.append)
+    assert (tmp_path / "data/sums/train.jsonl").exists() and (tmp_path / "data/sums/test.jsonl").exists()
+    cfg.env.prepare = None  # without the command the missing file is named, as before
+    (tmp_path / "data/sums/train.jsonl").unlink()
+    with pytest.raises(StartupError, match=r"train\.jsonl: task file not found"):
+        check_run(cfg, demonstrations=False, log=said.append)
