@@ -333,7 +333,8 @@ class EnvConfig(Section):
     when one of them is missing, e.g. ``python examples/smollm2/make_data.py data/smollm2_sums``:
     run once, in the current directory, before the start-up checks (``python`` as its first word is
     the Python saorl runs on; no shell), so a recipe whose data is generated runs from a fresh clone
-    with ``saorl train RECIPE`` alone. A command that fails, or leaves a file missing, stops the
+    with ``saorl train RECIPE`` alone (``saorl sft``, ``value_pretrain``, ``eval`` and ``experiment``
+    run it too). A command that fails, or leaves a file missing, stops the
     start in one paragraph naming it (exit status 2). Under torchrun only rank 0 runs it; the other
     ranks wait for its files. null: nothing is run; a missing file is an error."""
     id_column: str | None = None

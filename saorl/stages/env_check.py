@@ -2,7 +2,8 @@
 resolves and its options are ones the env takes (``saorl config`` and ``saorl train`` both run
 it, so a typo in ``env.options`` costs a fraction of a second in either). And the making of a
 recipe's task files by its ``env.prepare`` command when they are missing
-(:func:`prepare_tasks`, which ``saorl train`` and ``saorl eval`` run, ``saorl config`` not)."""
+(:func:`prepare_tasks`, which ``saorl train``, ``sft``, ``value_pretrain``, ``eval`` and
+``experiment`` run, ``saorl config`` not)."""
 
 from __future__ import annotations
 
