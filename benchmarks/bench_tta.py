@@ -125,7 +125,8 @@ def prepare_model(name: str, out: Path) -> Path:
         return path
     from saorl.models.loading import policy_source
 
-    return Path(policy_source(name))
+    path = Path(policy_source(name))  # absolute: the arms run in their own directories
+    return path.resolve() if path.exists() else path
 
 
 # ------------------------------------------------------------------------------------ saorl arms

@@ -227,3 +227,16 @@ def test_trl_arm_is_skipped_without_trl(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_trl)
     assert tta.main(["--arms", "trl", "--out", str(tmp_path / "o")]) == 2
     assert "TRL is not installed, so the trl arm is skipped" in capsys.readouterr().err
+
+
+def test_a_model_directory_given_relative_is_passed_on_absolute(tmp_path: Path, monkeypatch):
+    """The arms run in their own directories: ``--model runs/sft`` given from the repository's root
+    reached TRL's child as a path it could not find."""
+    from saorl.models.tiny import build_tiny
+    from saorl.models.tokenizer import load_tokenizer
+
+    build_tiny("tiny-dense").save_pretrained(tmp_path / "runs" / "sft")
+    load_tokenizer().save_pretrained(tmp_path / "runs" / "sft")
+    monkeypatch.chdir(tmp_path)
+    path = tta.prepare_model("runs/sft", tmp_path / "out")
+    assert path.is_absolute() and path == (tmp_path / "runs" / "sft").resolve()
