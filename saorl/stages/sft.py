@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -166,15 +167,42 @@ def sft_key(cfg: SaorlConfig) -> str:
 
 def _env_key(cfg: SaorlConfig) -> dict:
     """The env's settings less the options that change only its reward (``Env.reward_only_options``):
-    the demonstrations do not depend on them."""
+    the demonstrations do not depend on them; and less the options written out at the value the
+    env's class takes by default, so ``env.options.X=<its default>`` keys the same SFT as leaving
+    it out (as ``exclude_defaults`` does for the env's own fields)."""
     from saorl.envs.registry import resolve_env
 
     env = cfg.env.model_dump(exclude_defaults=True)
     options = env.get("options")
     if cfg.env.type and isinstance(options, dict):
-        drop = set(resolve_env(cfg.env.type).reward_only_options)
-        env["options"] = {k: v for k, v in options.items() if k not in drop}
+        cls = resolve_env(cfg.env.type)
+        drop = set(cls.reward_only_options)
+        defaults = _option_defaults(cls)
+        env["options"] = {k: v for k, v in options.items()
+                          if k not in drop and not (k in defaults and _same(defaults[k], v))}
+        if not env["options"]:
+            del env["options"]
     return env
+
+
+def _option_defaults(cls: type) -> dict:
+    """The keyword defaults of the env class's ``__init__`` (its options)."""
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params
+            if p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _same(default, value) -> bool:
+    """Whether a written option equals its default as the key would see it (a tuple default and a
+    list from YAML are the same setting; a default that is not plain data never matches)."""
+    default, value = (list(x) if isinstance(x, tuple) else x for x in (default, value))
+    try:
+        return type(default) is type(value) and bool(default == value)
+    except Exception:  # an object whose == is not a plain comparison
+        return False
 
 
 def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print,

@@ -74,6 +74,23 @@ def test_sft_seed_decouples_the_warm_start_from_the_run_seed():
     assert sft_key(user) != chat
 
 
+
+def test_an_option_written_at_its_default_keys_the_same_warm_start():
+    """``env.options.max_turns=4`` (math_tool's default) is the run without it: the same cached SFT
+    model; another value, or the same number as another type, is another key."""
+    from saorl.config import load_config
+    from saorl.stages.sft import sft_key
+
+    def key(*over):
+        return sft_key(load_config(None, ["env.type=math_tool", "sft.seed=0", *over]))
+
+    plain = key()
+    assert key("env.options.max_turns=4") == plain
+    assert key("env.options.max_turns=4", "env.options.hint=false", "env.options.system=null") == plain
+    assert key("env.options.max_turns=3") != plain
+    assert key("env.options.demo_error_rate=0.25") != plain
+    assert key("env.options.tool_timeout_s=5") != plain  # an int where the default is a float: not assumed
+
 def test_an_env_version_bump_rebuilds_the_cached_warm_start(monkeypatch):
     """A change to an env's prompts (its ``version``) must not reuse an SFT model trained on the old
     ones; version 1 adds nothing to the key, so caches built before versions existed stay valid."""
