@@ -43,6 +43,7 @@ if str(TOOLS_DIR) not in sys.path:
 
 import calculator  # noqa: E402
 import make_data  # noqa: E402
+import tta_eval  # noqa: E402
 
 FLAG = "called"
 """The share of episodes the summary reports beside accuracy: those that called a tool."""
@@ -166,9 +167,11 @@ def after_call(tok, turn: list[int], result: str) -> list[int]:
     return suffix[1:] if turn and turn[-1] == eos and suffix and suffix[0] == eos else suffix
 
 
-def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int = 32) -> list[dict]:
+def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int = 32,
+             temperature: float = 0.0, seed: int = 0) -> list[dict]:
     """Greedy episodes of the model in ``ckpt`` on ``rows`` (module docstring), batched by turn:
-    ``{"question", "answer", "reply", "turns", "calls", "correct"}`` per row."""
+    ``{"question", "answer", "reply", "turns", "calls", "correct"}`` per row. ``temperature`` > 0:
+    sampled from the whole distribution instead (no top-k or top-p), torch seeded with ``seed``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -177,6 +180,7 @@ def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int 
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
     pad, eos = (tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id), tok.eos_token_id
+    decoding = tta_eval.sampling(temperature, seed)
     state = []
     for r in rows:
         ids = tok.apply_chat_template(messages(r["prompt"]), add_generation_prompt=True, tokenize=True)
@@ -190,7 +194,7 @@ def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int 
             ids = torch.tensor([[pad] * (width - len(s["ids"])) + s["ids"] for s in part])
             mask = torch.tensor([[0] * (width - len(s["ids"])) + [1] * len(s["ids"]) for s in part])
             with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                out = model.generate(input_ids=ids, attention_mask=mask, **decoding,
                                      max_new_tokens=max_new, pad_token_id=pad, eos_token_id=eos,
                                      use_cache=True)
             for s, seq in zip(part, out[:, width:].tolist()):

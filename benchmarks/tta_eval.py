@@ -22,6 +22,16 @@ import torch
 import tta_task
 
 
+def sampling(temperature: float, seed: int) -> dict:
+    """``generate``'s decoding arguments: greedy at ``temperature`` 0, else sampling from the whole
+    distribution (a checkpoint's own ``generation_config`` top-k / top-p overridden); torch is seeded
+    with ``seed`` here, once per evaluation, so a sampled evaluation repeats."""
+    if temperature <= 0:
+        return {"do_sample": False}
+    torch.manual_seed(seed)
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+
+
 def _prompt_ids(tok, question: str, chat: bool) -> list[int]:
     if chat:
         ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
@@ -30,9 +40,11 @@ def _prompt_ids(tok, question: str, chat: bool) -> list[int]:
     return tok.encode(question)
 
 
-def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int = 32) -> list[dict]:
+def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int = 32,
+             temperature: float = 0.0, seed: int = 0) -> list[dict]:
     """Greedy replies of the model in ``ckpt`` to ``rows`` (``{"question", "answer"}``), scored:
-    ``{"question", "answer", "reply", "correct", "bare"}`` per row, in order."""
+    ``{"question", "answer", "reply", "correct", "bare"}`` per row, in order. ``temperature`` > 0:
+    sampled from the whole distribution instead (no top-k or top-p), torch seeded with ``seed``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -40,6 +52,7 @@ def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int 
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    decoding = sampling(temperature, seed)
     out = []
     for i in range(0, len(rows), batch):
         part = rows[i:i + batch]
@@ -50,7 +63,8 @@ def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, batch: int 
         with torch.no_grad():
             # use_cache: a checkpoint TRL saved says false (its training config), which would recompute
             # every prefix at each token (the same replies, many times slower)
-            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
+            gen = model.generate(input_ids=ids, attention_mask=mask, **decoding,
+                                 max_new_tokens=max_new,
                                  pad_token_id=pad, eos_token_id=tok.eos_token_id, use_cache=True)
         for r, seq in zip(part, gen[:, width:]):
             reply = tok.decode(seq, skip_special_tokens=True)

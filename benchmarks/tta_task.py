@@ -112,11 +112,12 @@ def trl_arm(rows: list[dict], tok, max_new: int) -> dict[str, Any]:
             "reward_weights": list(REWARD_WEIGHTS), "config": {"max_completion_length": max_new}}
 
 
-def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int) -> list[dict]:
-    """Greedy replies, scored (:func:`tta_eval.evaluate`)."""
+def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, temperature: float = 0.0,
+             seed: int = 0) -> list[dict]:
+    """Greedy replies (sampled at ``temperature`` > 0), scored (:func:`tta_eval.evaluate`)."""
     import tta_eval
 
-    return tta_eval.evaluate(ckpt, rows, chat, max_new)
+    return tta_eval.evaluate(ckpt, rows, chat, max_new, temperature=temperature, seed=seed)
 
 
 def accuracy(generations: list[dict]) -> float:
