@@ -130,9 +130,10 @@ def run_bench(tmp_path: Path, monkeypatch, arms: str, budget: float, extra: list
     evaluated = []
     real = tta_eval.evaluate
 
-    def spy(ckpt, rows, chat, max_new, batch=32):
+    def spy(ckpt, rows, chat, max_new, batch=32, **decoding):
         evaluated.append(Path(ckpt))
-        return real(ckpt, rows, chat, max_new, batch)
+        assert decoding == {"temperature": 0.0, "seed": 0}  # the benchmark's own evaluation: greedy
+        return real(ckpt, rows, chat, max_new, batch, **decoding)
 
     monkeypatch.setattr(tta_eval, "evaluate", spy)
     out = tmp_path / "tta"
