@@ -25,11 +25,8 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-import tta_calc  # noqa: E402
 import tta_eval  # noqa: E402
-import tta_task  # noqa: E402
-
-TASKS = {"arith": tta_task, "calc": tta_calc}
+from bench_tta import TASKS  # noqa: E402
 
 
 def score(task, ckpt: Path, test: list[dict], chat: bool, max_new: int, temperature: float,

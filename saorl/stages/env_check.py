@@ -66,9 +66,14 @@ def check_env(cfg: SaorlConfig) -> EnvFactory:
     return factory
 
 
+def option_params(cls: type) -> list[inspect.Parameter]:
+    """The env class's options: the named parameters of its ``__init__`` (``self`` left out)."""
+    return [p for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def _accepted_options(cls: type) -> str:
-    params = [p for p in inspect.signature(cls.__init__).parameters.values()
-              if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    params = option_params(cls)
     if not params:
         return f"{cls.__name__} takes no options: remove env.options"
     names = ", ".join(p.name if p.default is p.empty else f"{p.name} (default {p.default!r})" for p in params)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -186,13 +185,14 @@ def _env_key(cfg: SaorlConfig) -> dict:
 
 
 def _option_defaults(cls: type) -> dict:
-    """The keyword defaults of the env class's ``__init__`` (its options)."""
+    """The defaults of the env class's options (:func:`~saorl.stages.env_check.option_params`)."""
+    from saorl.stages.env_check import option_params
+
     try:
-        params = inspect.signature(cls.__init__).parameters.values()
-    except (TypeError, ValueError):
+        params = option_params(cls)
+    except (TypeError, ValueError):  # no signature to read
         return {}
-    return {p.name: p.default for p in params
-            if p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {p.name: p.default for p in params if p.default is not p.empty}
 
 
 def _same(default, value) -> bool:
