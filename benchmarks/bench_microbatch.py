@@ -12,6 +12,12 @@ activations, gradients and AdamW moments are in it) are printed as a markdown ta
 against the first. The batch of a multi-turn task whose prompts are long (the calculator of
 ``bench_tta.py --task calc``: 16 trajectories of about 380 tokens, a tenth of them the action) is
 the case this was written for: the whole batch fits one or two passes at the default 4096.
+
+``--shared-prompt N`` makes the first N prompt tokens the same in every trajectory (that task's
+tools system message is 299 tokens) and ``--shared-prefix both`` runs each budget without, then
+with, ``trainer.shared_prefix`` (the common prefix held once per packed row):
+
+    python benchmarks/bench_microbatch.py MODEL --caps 4096 --shared-prompt 299 --shared-prefix both
 """
 
 from __future__ import annotations
@@ -36,18 +42,19 @@ def child(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     policy = load_policy(args.model)
-    trajs = trajectories(policy, args.batch, args.tokens, args.action_frac)
+    trajs = trajectories(policy, args.batch, args.tokens, args.action_frac, shared=args.shared_prompt)
     preset = get_preset("sao").with_overrides(critic_train_layers=args.critic_layers)
     critic = Critic.from_policy(policy, seed=0)
     learner = Learner(policy, critic, preset, OptimConfig(policy_lr=1e-6, critic_lr=5e-6),
-                      pad_id=policy.config.pad_token_id or 0, max_tokens_per_microbatch=args.cap)
+                      pad_id=policy.config.pad_token_id or 0, max_tokens_per_microbatch=args.cap,
+                      shared_prefix=args.share == "on")
     best = None
     for _ in range(args.steps):
         t = time.perf_counter()
         learner.step(trajs)
         wall = time.perf_counter() - t
         best = wall if best is None else min(best, wall)
-    return {"cap": args.cap, "step_s": best,
+    return {"cap": args.cap, "share": args.share, "step_s": best,
             "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -62,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="critic_train_layers (default: every block)")
     p.add_argument("--steps", type=int, default=1, help="steps per setting (the best counts)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--shared-prompt", type=int, default=0,
+                   help="the first N prompt tokens the same in every trajectory (a system message)")
+    p.add_argument("--shared-prefix", default="on", choices=["on", "off", "both"],
+                   help="trainer.shared_prefix for each budget (both: off, then on)")
     p.add_argument("--cap", type=int, help=argparse.SUPPRESS)  # a child's one setting
+    p.add_argument("--share", default="on", choices=["on", "off"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.cap is not None:
         print(json.dumps(child(args)), flush=True)
@@ -71,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         caps = [int(c) for c in args.caps.split(",") if c.strip()]
     except ValueError:
         p.error(f"--caps: comma-separated integers, got {args.caps!r}")
-    if not caps or min(caps) < 1 or args.batch < 1 or args.tokens < 2 or args.steps < 1:
-        p.error("--caps, --batch, --steps must be >= 1 and --tokens >= 2")
+    if not caps or min(caps) < 1 or args.batch < 1 or args.tokens < 2 or args.steps < 1 \
+            or args.shared_prompt < 0:
+        p.error("--caps, --batch, --steps must be >= 1, --tokens >= 2 and --shared-prompt >= 0")
+    shares = ["off", "on"] if args.shared_prefix == "both" else [args.shared_prefix]
     rows = []
-    for cap in caps:
+    for cap, share in ((c, s) for c in caps for s in shares):
         cmd = [sys.executable, __file__, args.model, "--cap", str(cap), "--batch", str(args.batch),
                "--tokens", str(args.tokens), "--action-frac", str(args.action_frac), "--steps",
-               str(args.steps), "--threads", str(args.threads)]
+               str(args.steps), "--threads", str(args.threads), "--shared-prompt", str(args.shared_prompt),
+               "--share", share]
         if args.critic_layers is not None:
             cmd += ["--critic-layers", str(args.critic_layers)]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -85,14 +100,16 @@ def main(argv: list[str] | None = None) -> int:
             print(done.stderr[-2000:], file=sys.stderr)
             return 1
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(f"cap {cap}: step {rows[-1]['step_s']:.1f} s, peak {rows[-1]['peak_mib']:.0f} MiB", flush=True)
+        print(f"cap {cap}, shared prefix {share}: step {rows[-1]['step_s']:.1f} s, "
+              f"peak {rows[-1]['peak_mib']:.0f} MiB", flush=True)
     first = rows[0]
-    print(f"\n{args.model}: {args.batch} × {args.tokens} tokens ({args.action_frac:.0%} action), sao, "
-          f"critic_train_layers {args.critic_layers}, {args.threads} thread(s), best of {args.steps}\n")
-    print("| max_tokens_per_microbatch | SAO step | peak RSS | step / first | peak / first |")
-    print("|---:|---:|---:|---:|---:|")
+    print(f"\n{args.model}: {args.batch} × {args.tokens} tokens ({args.action_frac:.0%} action, the first "
+          f"{args.shared_prompt} the same in all), sao, critic_train_layers {args.critic_layers}, "
+          f"{args.threads} thread(s), best of {args.steps}\n")
+    print("| max_tokens_per_microbatch | shared prefix | SAO step | peak RSS | step / first | peak / first |")
+    print("|---:|:-:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['cap']} | {r['step_s']:.2f} s | {r['peak_mib']:,.0f} MiB | "
+        print(f"| {r['cap']} | {r['share']} | {r['step_s']:.2f} s | {r['peak_mib']:,.0f} MiB | "
               f"{r['step_s'] / first['step_s']:.2f} | {r['peak_mib'] / first['peak_mib']:.2f} |")
     return 0
 

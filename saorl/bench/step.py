@@ -81,15 +81,18 @@ def matmul_peak(dtype: torch.dtype, device: str = "cpu", n: int = 1024, reps: in
     return 2 * n**3 / best
 
 
-def trajectories(policy, batch: int, tokens: int, action_frac: float, seed: int = 0) -> list[Trajectory]:
+def trajectories(policy, batch: int, tokens: int, action_frac: float, seed: int = 0,
+                 shared: int = 0) -> list[Trajectory]:
     """``batch`` random trajectories of ``tokens`` tokens, the last ``action_frac`` the action,
-    their rollout log-probs the policy's own (every DIS ratio 1), reward 1 on every other one."""
+    their rollout log-probs the policy's own (every DIS ratio 1), reward 1 on every other one;
+    the first ``shared`` tokens (at most the prompt) the same in all (a system message)."""
     rng = random.Random(seed)
     vocab = policy.config.vocab_size
     prompt = max(1, min(tokens - 1, round(tokens * (1 - action_frac))))
+    system = [rng.randrange(2, vocab) for _ in range(min(shared, prompt))]
     out = []
     for i in range(batch):
-        ids = [rng.randrange(2, vocab) for _ in range(tokens)]
+        ids = system + [rng.randrange(2, vocab) for _ in range(tokens - len(system))]
         mask = [0] * prompt + [1] * (tokens - prompt)
         x = torch.tensor([ids], device=policy.device)
         with torch.no_grad():

@@ -230,6 +230,12 @@ class TrainerConfig(Section):
     boundaries through per-sequence position ids; every HF causal LM with sdpa, eager or
     flash-attention honours them). False: right-padded micro-batches of similar lengths, for a
     model whose attention ignores restarting position ids."""
+    shared_prefix: bool = True
+    """With packing: a packed row holds the opening tokens every trajectory of the batch shares (a
+    tools system message, a few-shot preamble) once, each trajectory continuing from it (exact:
+    the same log-probs, values and gradients from fewer positions). Policy, critic, SFT and value
+    pretraining; used only where the model's attention is ``sdpa`` (switched to saorl's
+    ``sdpa_varlen``) and never with ``algo.routing_replay``."""
     max_nonfinite_skips: int = Field(3, ge=1)
     """Stop the run (non-zero exit, after a checkpoint of the last finite weights) when this many
     trainer steps in a row had an update skipped because its loss, gradient or updated

@@ -13,6 +13,10 @@ micro-batch's results are scattered back into ``[B, T]``. A micro-batch is:
   budget — the layout before packing, kept for models whose attention ignores restarting
   position ids.
 
+With ``shared_prefix``, a packed row holds the batch's common prefix (a system message every
+trajectory opens with) once, followed by each trajectory from there on (:mod:`saorl.models.packed`,
+"Shared prefix"): the budget then counts the prefix once per row.
+
 A trajectory longer than the budget gets a micro-batch of its own (nothing is ever truncated).
 Either way micro-batch position ``(i, j)`` is token ``col[i, j]`` of trajectory ``row[i, j]``:
 :meth:`MicroBatch.gather` reads a ``[B, T]`` tensor in the micro-batch's layout and
@@ -133,11 +137,33 @@ def plan_padded(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return blocks
 
 
-def _packed(batch: Batch, rows: list[int], lengths: Sequence[int]) -> MicroBatch:
+def shared_prefix_len(batch: Batch) -> int:
+    """The longest prefix every row of ``batch`` may share in a packed row: tokens equal in every
+    row, ending at least one token before any row's response (so every scored position — an
+    action's log-prob, a response token's value — reads a hidden state of its own row's suffix)."""
+    if batch.input_ids.shape[0] < 2:
+        return 0
+    ids, real = batch.input_ids, batch.attention_mask.bool()
+    same = ((ids == ids[:1]) & real).all(dim=0).long().cumprod(0)
+    common = int(same.sum())
+    response = (batch.response_mask > 0) | (batch.action_mask > 0) | ~real
+    first_each = torch.where(response.any(dim=1), response.long().argmax(dim=1), response.shape[1])
+    first = int(first_each.min())  # the earliest response token of any row
+    return max(0, min(common, first - 1))
+
+
+def _packed(batch: Batch, rows: list[int], lengths: Sequence[int], prefix: int = 0) -> MicroBatch:
+    """``rows`` end to end; with ``prefix``, the first row's first ``prefix`` tokens once, then each
+    row from ``prefix`` on (see "Shared prefix" in :mod:`saorl.models.packed`)."""
     dev = batch.input_ids.device
-    row_index = torch.cat([torch.full((lengths[r],), r, dtype=torch.long) for r in rows]).to(dev)
-    col_index = torch.cat([torch.arange(lengths[r]) for r in rows]).to(dev)
-    cu = torch.tensor([0, *(lengths[r] for r in rows)], dtype=torch.int64).cumsum(0).to(torch.int32)
+    if len(rows) < 2:
+        prefix = 0
+    spans = [(r, prefix, lengths[r]) for r in rows]
+    if prefix:
+        spans.insert(0, (rows[0], 0, prefix))
+    row_index = torch.cat([torch.full((e - s,), r, dtype=torch.long) for r, s, e in spans]).to(dev)
+    col_index = torch.cat([torch.arange(s, e) for r, s, e in spans]).to(dev)
+    cu = torch.tensor([0, *(e - s for r, s, e in spans)], dtype=torch.int64).cumsum(0).to(torch.int32)
     return MicroBatch(rows=rows, input_ids=batch.input_ids[row_index, col_index][None], attention_mask=None,
                       position_ids=col_index[None], cu_seqlens=cu.to(dev), row_index=row_index[None],
                       col_index=col_index[None])
@@ -154,11 +180,23 @@ def _padded(batch: Batch, rows: list[int], lengths: Sequence[int]) -> MicroBatch
                       row_index=row_index, col_index=col_index)
 
 
-def microbatches(batch: Batch, max_tokens: int, packed: bool = True) -> list[MicroBatch]:
-    """Cut ``batch`` into micro-batches of at most ``max_tokens`` positions (see the module docstring)."""
+MIN_SHARED_PREFIX = 16
+"""A common prefix shorter than this is not shared (the masked attention it needs costs more than
+the few positions it saves)."""
+
+
+def microbatches(batch: Batch, max_tokens: int, packed: bool = True,
+                 shared_prefix: bool = False) -> list[MicroBatch]:
+    """Cut ``batch`` into micro-batches of at most ``max_tokens`` positions (see the module
+    docstring); ``shared_prefix`` (packed only): each packed row holds the batch's common prefix
+    (:func:`shared_prefix_len`, when at least :data:`MIN_SHARED_PREFIX` tokens) once."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise BatchError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
     lengths = batch.attention_mask.sum(dim=1).tolist()
+    prefix = shared_prefix_len(batch) if packed and shared_prefix else 0
+    if MIN_SHARED_PREFIX <= prefix < max_tokens:
+        plan = plan_packed([n - prefix for n in lengths], max_tokens - prefix)
+        return [_packed(batch, rows, lengths, prefix) for rows in plan]
     plan = (plan_packed if packed else plan_padded)(lengths, max_tokens)
     make = _packed if packed else _padded
     return [make(batch, rows, lengths) for rows in plan]

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from saorl.models.loading import ensure_cpu_experts, load_policy, resolve_dtype
-from saorl.models.packed import model_inputs
+from saorl.models.packed import model_inputs, require_shared_prefix_support
 
 # Parameters that stay trainable under frozen attention: fused MoE experts, dense (or shared
 # expert) MLP projections. `mlp.gate.weight` (the router) deliberately does not match.
@@ -144,6 +144,7 @@ class Critic(nn.Module):
         :meth:`frozen_hidden` calls: a call of the module itself, so hooks around it run).
         """
         kwargs, scored = model_inputs(input_ids, attention_mask, position_ids, cu_seqlens)
+        require_shared_prefix_support(self.trunk, kwargs)
         if self.train_layers is None:
             if lower is not None or lower_only:
                 raise ValueError("a critic whose every block trains has no frozen lower part "

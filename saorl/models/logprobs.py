@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from saorl.models.packed import model_inputs
+from saorl.models.packed import model_inputs, require_shared_prefix_support
 from saorl.models.truncation import filtered_logprobs
 
 LOGPROB_FLOOR = -1e4
@@ -79,6 +79,7 @@ def token_logprobs(
         token). Gradients flow to the model.
     """
     kwargs, keep = model_inputs(input_ids, attention_mask, position_ids, cu_seqlens)
+    require_shared_prefix_support(model, kwargs)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     temperature = 1.0 if temperature == 0 else float(temperature)

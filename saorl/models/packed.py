@@ -22,6 +22,18 @@ no cache offset, no extra mask function, no sliding window); the attention then 
 itself. :func:`use_varlen_attention` switches a model that uses ``sdpa`` to it (nothing is written
 to the model's saved config: ``_attn_implementation`` is not serialised).
 
+**Shared prefix.** Trajectories of one batch often open with the same tokens (a tools system
+message, a few-shot preamble): on a multi-turn tool task of SmolLM2-135M, 299 of a prompt's 329
+tokens. A packed row may hold that prefix once: ``[prefix | suffix₁ | suffix₂ | …]``, where each
+suffix is a trajectory from position ``P`` (the prefix's length) on, its position ids ``P, P+1, …``
+(so RoPE sees each trajectory whole). ``sdpa_varlen`` runs the prefix's causal attention once and
+each suffix's queries against the prefix's keys and values followed by its own, causally. Each
+trajectory's hidden states are then exactly those of the trajectory alone, and since the prefix
+feeds every suffix in one graph, its gradient is the sum the copies would have received: the same
+update from fewer positions. Only ``sdpa_varlen`` reads the layout; :func:`model_inputs` detects it
+(suffixes start at a position > 0) and :func:`require_shared_prefix_support` refuses it for any
+other attention (flash-attention would read the suffixes as separate sequences).
+
 :func:`model_inputs` builds the keyword arguments of a model call for either layout (padded
 ``[B, T]`` with an attention mask, or packed ``[1, N]``) and the matching *scored* mask: position
 t can be scored (a log-prob of x_t, a value V(s_t) from hidden state t-1) only where token t-1
@@ -42,6 +54,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 VARLEN = "sdpa_varlen"
 """The name ``sdpa_varlen`` is registered under in ``transformers``' attention registries."""
+SHARED_PREFIX = "shared_prefix_len"
+"""The model-call keyword that tells ``sdpa_varlen`` a packed row starts with a shared prefix."""
 
 
 def _segments(kwargs: dict, length: int) -> list[int] | None:
@@ -69,19 +83,36 @@ def _take(x: Tensor, idx: Tensor, count: int, n: int) -> Tensor:
 
 
 def _varlen(q: Tensor, k: Tensor, v: Tensor, bounds: list[int], scale: float | None,
-            dropout: float) -> Tensor:
+            dropout: float, prefix: int = 0) -> Tensor:
     """Causal attention within each ``[bounds[i], bounds[i+1])`` of a ``[1, H, N, D]`` row; sequences
-    of one length share one ``sdpa`` call. Returns ``[1, N, H, D]``."""
+    of one length share one ``sdpa`` call. With ``prefix`` (= ``bounds[1]``, a shared prefix: see
+    "Shared prefix" in the module docstring) every sequence after the first also attends to all of
+    the first. Returns ``[1, N, H, D]``."""
     by_len: dict[int, list[int]] = defaultdict(list)
-    for s, e in itertools.pairwise(bounds):
+    for s, e in itertools.pairwise(bounds[1:] if prefix else bounds):
         by_len[e - s].append(s)
     gqa = q.shape[1] != k.shape[1]
     pieces, order = [], []
+    if prefix:
+        idx = torch.arange(prefix, device=q.device)
+        o = F.scaled_dot_product_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix],
+                                           is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=gqa)
+        pieces.append(o.transpose(1, 2).flatten(0, 1))
+        order.append(idx)
     for n, starts in by_len.items():
         idx = (torch.tensor(starts, device=q.device)[:, None] + torch.arange(n, device=q.device)).flatten()
         c = len(starts)
-        o = F.scaled_dot_product_attention(_take(q, idx, c, n), _take(k, idx, c, n), _take(v, idx, c, n),
-                                           is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=gqa)
+        qs, ks, vs = _take(q, idx, c, n), _take(k, idx, c, n), _take(v, idx, c, n)
+        if prefix:  # keys: the prefix's, then the sequence's own up to the query (bottom-right causal)
+            ks = torch.cat([k[:, :, :prefix].expand(c, -1, -1, -1), ks], dim=2)
+            vs = torch.cat([v[:, :, :prefix].expand(c, -1, -1, -1), vs], dim=2)
+            keys = torch.arange(prefix + n, device=q.device)
+            mask = keys[None] <= torch.arange(n, device=q.device)[:, None] + prefix
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, dropout_p=dropout,
+                                               enable_gqa=gqa)
+        else:
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, dropout_p=dropout,
+                                               enable_gqa=gqa)
         pieces.append(o.transpose(1, 2).flatten(0, 1))  # [S·n, H, D]
         order.append(idx)
     out = torch.cat(pieces)
@@ -97,10 +128,14 @@ def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
     bounds = None
     if attention_mask is None and query.shape[0] == 1 and query.shape[2] == key.shape[2] > 1:
         bounds = _segments(kwargs, query.shape[2])
+    prefix = int(kwargs.pop(SHARED_PREFIX, 0) or 0)
+    if prefix and (bounds is None or bounds[1] != prefix or kwargs.get("sliding_window") is not None):
+        raise ValueError(f"a shared prefix of {prefix} tokens needs a packed row whose first sequence is "
+                         f"that prefix and no sliding window (sequence bounds {bounds})")
     if bounds is None or kwargs.get("sliding_window") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    return _varlen(query, key, value, bounds, scaling, dropout), None
+    return _varlen(query, key, value, bounds, scaling, dropout, prefix), None
 
 
 def varlen_mask(*, batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
@@ -131,6 +166,11 @@ def use_varlen_attention(model: torch.nn.Module) -> bool:
     return True
 
 
+def honours_shared_prefix(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s attention is ``sdpa_varlen``, the one that reads a shared-prefix row."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == VARLEN
+
+
 def model_inputs(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None = None,
                  cu_seqlens: Tensor | None = None) -> tuple[dict, Tensor]:
     """Keyword arguments of a causal-LM (or trunk) call, and the ``[B, T]`` bool *scored* mask.
@@ -138,8 +178,10 @@ def model_inputs(input_ids: Tensor, attention_mask: Tensor | None, position_ids:
     Padded: ``input_ids`` / ``attention_mask`` ``[B, T]`` (right or left padding; no holes);
     position ids come from the mask; t is scored where tokens t and t-1 are both real.
     Packed: ``input_ids`` / ``position_ids`` ``[1, N]`` with ``attention_mask=None`` and
-    ``cu_seqlens`` ``[S + 1]`` (0, end of sequence 1, ..., N); t is scored where
-    ``position_ids[t] > 0`` (t-1 belongs to the same sequence).
+    ``cu_seqlens`` ``[S + 1]`` (0, end of sequence 1, ..., N); t is scored unless it starts a
+    sequence (t-1 belongs to the same sequence). A row with a shared prefix (its sequences after the
+    first start at position ``P`` = the first's length, see "Shared prefix") adds the keyword
+    :data:`SHARED_PREFIX` for ``sdpa_varlen``; its sequences' first tokens are not scored either.
     """
     check_batch(input_ids, attention_mask, position_ids, cu_seqlens)
     if attention_mask is not None:
@@ -150,7 +192,35 @@ def model_inputs(input_ids: Tensor, attention_mask: Tensor | None, position_ids:
     cu = cu_seqlens.to(device=input_ids.device, dtype=torch.int32)
     kw = dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
               cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
-    return kw, position_ids > 0
+    scored = torch.ones_like(position_ids, dtype=torch.bool)
+    scored[0, cu_seqlens[:-1].long()] = False  # each sequence's first token: t-1 is not its own
+    prefix = shared_prefix(position_ids, cu_seqlens)
+    if prefix:
+        kw[SHARED_PREFIX] = prefix
+    return kw, scored
+
+
+def shared_prefix(position_ids: Tensor, cu_seqlens: Tensor) -> int:
+    """The shared prefix of a packed row (0: none): the first sequence's length ``P`` when the
+    sequences after it start at position ``P`` (they continue it; see "Shared prefix"), checked."""
+    starts = position_ids[0, cu_seqlens[:-1].long()].tolist()
+    if not any(starts[1:]):
+        return 0
+    prefix = int(cu_seqlens[1])
+    if starts[0] != 0 or any(s != prefix for s in starts[1:]):
+        raise ValueError(f"a packed row's sequences start at positions {starts}: each must start at 0, or "
+                         f"every one after the first at {prefix} (continuing a shared prefix of that length)")
+    return prefix
+
+
+def require_shared_prefix_support(model: torch.nn.Module, kwargs: dict) -> None:
+    """Refuse a shared-prefix row for a model whose attention would not read it (any but
+    ``sdpa_varlen``)."""
+    if SHARED_PREFIX in kwargs:
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        if impl != VARLEN:
+            raise ValueError(f"a packed row with a shared prefix needs the {VARLEN!r} attention, but the "
+                             f"model uses {impl!r} (micro-batches with trainer.shared_prefix=false)")
 
 
 def check_batch(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None = None,

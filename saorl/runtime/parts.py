@@ -127,11 +127,12 @@ def build_learner(cfg: SaorlConfig, preset: AlgoPreset, policy, critic: Critic |
                               checkpoint_format=t.shard_checkpoint,
                               activation_checkpointing=t.activation_checkpointing,
                               max_tokens_per_microbatch=t.max_tokens_per_microbatch, packing=t.packing,
-                              **sampler)
+                              shared_prefix=t.shared_prefix, **sampler)
     if t.activation_checkpointing:
         checkpoint_activations(policy, critic.trunk if critic is not None else None)
     return Learner(policy, critic, preset, optim, pad_id=pad_id, device=cfg.model.device,
-                   max_tokens_per_microbatch=t.max_tokens_per_microbatch, packing=t.packing, **sampler)
+                   max_tokens_per_microbatch=t.max_tokens_per_microbatch, packing=t.packing,
+                   shared_prefix=t.shared_prefix, **sampler)
 
 
 def worker_spec(cfg: SaorlConfig, run_dir: Path, policy_spec: str, tokenizer: RunTokenizer, *,

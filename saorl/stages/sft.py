@@ -37,7 +37,7 @@ from saorl.envs.registry import env_factory_for, env_version_key
 from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.loading import checkpoint_activations, train_dtype
 from saorl.models.logprobs import token_logprobs
-from saorl.models.packed import use_varlen_attention
+from saorl.models.packed import honours_shared_prefix, use_varlen_attention
 from saorl.models.serialize import export_policy
 from saorl.models.shelf import PolicyShelf
 from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
@@ -88,12 +88,13 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
         lr: float, seed: int, warmup_steps: int = WARMUP_STEPS, grad_clip: float = 1.0,
         on_step: Callable[[int, dict], None] | None = None, max_tokens_per_microbatch: int = 4096,
         packing: bool = True, updater: Updater | None = None,
-        activation_checkpointing: bool = False) -> dict[str, float]:
+        activation_checkpointing: bool = False, shared_prefix: bool = True) -> dict[str, float]:
     """Train ``policy`` in place on ``demos`` for ``steps`` AdamW steps; return the last step's metrics.
 
     Minibatches of ``batch_size`` demonstrations, reshuffled (seeded) every epoch. Each step is the
     trainer's optimizer routine (:func:`saorl.runtime.learner.optimize.update`): token-budget micro-batches
-    (``max_tokens_per_microbatch``, ``packing``, as RL's), gradients accumulated to the minibatch's
+    (``max_tokens_per_microbatch``, ``packing``, ``shared_prefix``, as RL's), gradients accumulated
+    to the minibatch's
     token mean, and a step whose loss, gradient or updated weights would not be finite skipped
     (counted in ``sft/nonfinite_skips``). With the sharded trainer's ``updater`` every rank trains
     its share of each minibatch (every rank holds ``demos``). ``activation_checkpointing``
@@ -106,6 +107,7 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
     device = next(policy.parameters()).device
     if packing:
         use_varlen_attention(policy)
+    shared_prefix = shared_prefix and packing and honours_shared_prefix(policy)
     gen = random.Random(seed)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -123,7 +125,8 @@ def sft(policy: torch.nn.Module, demos: list[Trajectory], pad_id: int, *, steps:
             order += more
         idx, order = order[:batch_size], order[batch_size:]
         mine = updater.share([demos[i] for i in idx], [len(demos[i]) for i in idx])
-        share = prepare_share(updater, mine, pad_id, device, max_tokens_per_microbatch, packing)
+        share = prepare_share(updater, mine, pad_id, device, max_tokens_per_microbatch, packing,
+                              shared_prefix)
         batch = share.batch
         whole = updater.token_total(batch.action_mask)
 
@@ -239,7 +242,8 @@ def run_sft(cfg: SaorlConfig, out_dir: Path, log: Callable[[str], None] = print,
 
     # a bar on a terminal; the lines above are the progress otherwise
     kwargs = dict(steps=s.steps, batch_size=s.batch_size, lr=s.lr, seed=seed, packing=cfg.trainer.packing,
-                  max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch)
+                  max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch,
+                  shared_prefix=cfg.trainer.shared_prefix)
     with CountProgress("sft", enabled=cfg.run.progress, every_s=math.inf) as bar:
         if sharded_here(cfg):  # on every rank, sharded as the learner is
             from saorl.runtime.learner.shard_stages import run_sharded

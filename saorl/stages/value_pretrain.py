@@ -63,7 +63,7 @@ from saorl.models.codec import check_vocab, prompt_format_key, run_tokenizer
 from saorl.models.critic import Critic
 from saorl.models.loading import checkpoint_activations, load_policy, train_dtype
 from saorl.models.lora import lora_critic
-from saorl.models.packed import use_varlen_attention
+from saorl.models.packed import honours_shared_prefix, use_varlen_attention
 from saorl.models.serialize import save_critic
 from saorl.models.shelf import PolicyShelf
 from saorl.runtime.backends.messages import RolloutRequest
@@ -230,7 +230,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
                batch_size: int, lr: float, grad_clip: float, pad_id: int, seed: int,
                device: str = "cpu", max_tokens_per_microbatch: int = 4096, packing: bool = True,
                updater: Updater | None = None, progress: Callable[[int, int], None] | None = None,
-               activation_checkpointing: bool = False) -> dict[str, float]:
+               activation_checkpointing: bool = False, shared_prefix: bool = True) -> dict[str, float]:
     """Train ``critic`` in place on ``trajs`` for ``steps`` minibatch steps; last step's metrics.
 
     Frozen attention per ``preset.freeze_critic_attention`` and only the top
@@ -252,6 +252,7 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
     critic.set_frozen_attention(preset.freeze_critic_attention, preset.critic_train_layers)
     if packing:
         use_varlen_attention(critic.trunk)
+    shared_prefix = shared_prefix and packing and honours_shared_prefix(critic.trunk)
     params = critic.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = random.Random(seed)
@@ -269,7 +270,8 @@ def fit_critic(critic: Critic, trajs: Sequence[Trajectory], preset: AlgoPreset, 
         idx, order = order[:size], order[size:]
         mine = updater.share([trajs[i] for i in idx], [len(trajs[i]) for i in idx])
         device = next(critic.parameters()).device
-        share = prepare_share(updater, mine, pad_id, device, max_tokens_per_microbatch, packing)
+        share = prepare_share(updater, mine, pad_id, device, max_tokens_per_microbatch, packing,
+                              shared_prefix)
         returns, mask = chain_targets(share.batch, preset)
         whole = updater.token_total(mask)
 
@@ -340,7 +342,7 @@ def _pretrain(cfg: SaorlConfig, policy_spec: str, out_dir: Path, log: Callable[[
     sizes = sorted({max(1, round(f * len(train))) for f in (FRACTIONS if vp.curve else (1.0,))})
     critic = None
     fit_kw = dict(steps=vp.steps, batch_size=vp.batch_size, lr=vp.lr, grad_clip=cfg.trainer.grad_clip,
-                  seed=cfg.seed, packing=cfg.trainer.packing,
+                  seed=cfg.seed, packing=cfg.trainer.packing, shared_prefix=cfg.trainer.shared_prefix,
                   max_tokens_per_microbatch=cfg.trainer.max_tokens_per_microbatch, **kw)
     for n in sizes:
         critic = fresh()

@@ -124,12 +124,13 @@ class Share:
 
 
 def prepare_share(updater: Updater, items: list[Trajectory], pad_id: int, device: str | torch.device,
-                  max_tokens: int, packing: bool) -> Share:
+                  max_tokens: int, packing: bool, shared_prefix: bool = False) -> Share:
     """``items`` (this process's share, maybe empty) collated on ``device``, cut into micro-batches of
-    at most ``max_tokens`` positions (``packing``: packed without padding) and padded with idle
-    passes by ``updater``: what the learner, SFT and value pretraining all run their passes on."""
+    at most ``max_tokens`` positions (``packing``: packed without padding; ``shared_prefix``: the
+    common prefix once per packed row) and padded with idle passes by ``updater``: what the
+    learner, SFT and value pretraining all run their passes on."""
     batch = collate(items or [no_actions(pad_id)], pad_id).to(device)
-    micro = microbatches(batch, max_tokens, packing) if items else []
+    micro = microbatches(batch, max_tokens, packing, shared_prefix) if items else []
     return Share(batch, micro, updater.passes(micro, pad_id, device, packing))
 
 

@@ -122,7 +122,7 @@ class ShardedLearner(Learner):
                  group: sg.ShardGroup, pad_id: int | None, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, bucket_mb: float = 512.0, checkpoint_format: str = "sharded",
                  activation_checkpointing: bool = False, max_tokens_per_microbatch: int = 4096,
-                 packing: bool = True) -> None:
+                 packing: bool = True, shared_prefix: bool = True) -> None:
         self.group, self.checkpoint_format = group, checkpoint_format
         self.bucket_bytes = int(bucket_mb * 2**20)
         desc = group.broadcast(sg.describe(policy, critic, pad_id) if group.rank == 0 else None)
@@ -146,7 +146,7 @@ class ShardedLearner(Learner):
         super().__init__(policy, critic, preset, optim, pad_id=desc["pad_id"], temperature=temperature,
                          top_k=top_k, top_p=top_p, device=str(group.device),
                          max_tokens_per_microbatch=max_tokens_per_microbatch, packing=packing,
-                         updater=ShardedUpdater(group))
+                         updater=ShardedUpdater(group), shared_prefix=shared_prefix)
         self.counters.baseline = GlobalBaseline(preset.baseline_momentum, group)
 
     # ------------------------------------------------------------ rank 0 calls

@@ -90,7 +90,7 @@ from saorl.data.packing import MicroBatch
 from saorl.data.trajectory import Trajectory, training_rows
 from saorl.models.logprobs import token_logprobs
 from saorl.models.lora import adapter_config, adapter_state, is_lora, load_adapter_state
-from saorl.models.packed import use_varlen_attention
+from saorl.models.packed import honours_shared_prefix, use_varlen_attention
 from saorl.models.routing import num_moe_layers, replay_routes
 from saorl.runtime.learner.optimize import Updater, prepare_share, share_of, update
 from saorl.runtime.learner.state_files import load_learner_files, save_learner_files
@@ -144,7 +144,7 @@ class Learner:
     def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module | None, preset: AlgoPreset,
                  optim: OptimConfig, *, pad_id: int, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, device: str = "cpu", max_tokens_per_microbatch: int = 4096,
-                 packing: bool = True, updater: Updater | None = None) -> None:
+                 packing: bool = True, updater: Updater | None = None, shared_prefix: bool = True) -> None:
         self.policy, self.critic, self.preset, self.optim = policy, critic, preset, optim
         self.updater = updater if updater is not None else Updater()
         self.pad_id, self.device = pad_id, device
@@ -173,6 +173,11 @@ class Learner:
             self.critic_opt = torch.optim.AdamW(self.critic_params, lr=optim.critic_lr,
                                                 weight_decay=optim.weight_decay)
         self.counters = LearnerCounters(RunningMeanBaseline(preset.baseline_momentum))
+        models = [policy] + ([critic.trunk] if preset.use_critic else [])
+        self.shared_prefix = (shared_prefix and packing and not preset.routing_replay
+                              and all(honours_shared_prefix(m) for m in models))
+        """Packed rows hold the batch's common prefix once (``trainer.shared_prefix``; only with
+        ``sdpa_varlen`` attention, never with routing replay, whose routes are per row)."""
 
     # the counters (checkpointed as one record: :class:`~saorl.runtime.learner.step_record.LearnerCounters`)
     @property
@@ -427,7 +432,7 @@ class Learner:
         p = self.preset
         with self.timings.span("collate"):
             share = prepare_share(self.updater, trajs, self.pad_id, self.device, self.max_tokens,
-                                  self.packing)
+                                  self.packing, self.shared_prefix)
         batch, micro, passes = share.batch, share.micro, share.passes
         act = batch.action_mask
         staleness = self.version - batch.versions  # before the update
