@@ -74,3 +74,30 @@ def test_the_learner_shares_only_where_the_attention_reads_it():
     eager = build_tiny("tiny-dense")
     eager.set_attn_implementation("eager")  # saorl leaves eager alone: it would not read the layout
     assert not Learner(eager, None, get_preset("grpo"), OptimConfig(), pad_id=1).shared_prefix
+
+
+def test_the_critics_top_layers_read_the_shared_row_too():
+    """``algo.critic_train_layers``: the frozen lower blocks' output, computed once on the shared row,
+    feeds the trained top blocks: the same values, losses and weights as without sharing."""
+    trajs = _with_system(_ragged(6, seed=9), seed=4)
+    out = {}
+    for share in (False, True):
+        policy = build_tiny("tiny-dense", seed=0)
+        lrn = Learner(policy, Critic.from_policy(policy, seed=0),
+                      get_preset("sao").with_overrides(critic_train_layers=2),
+                      OptimConfig(policy_lr=1e-3, critic_lr=1e-3), pad_id=1, max_tokens_per_microbatch=160,
+                      shared_prefix=share)
+        m = lrn.step(trajs)
+        out[share] = m, {n: p.detach().clone() for n, p in lrn.critic.named_parameters()}
+    (m0, w0), (m1, w1) = out[False], out[True]
+    assert m1["throughput/positions_per_action_token"] < 0.8 * m0["throughput/positions_per_action_token"]
+    for key in ("critic/value_loss", "critic/value_loss_after", "policy/loss"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5, rel=1e-5), key
+    for n, w in w0.items():
+        torch.testing.assert_close(w1[n], w, atol=1e-5, rtol=1e-5, msg=n)
+
+
+def test_routing_replay_rows_are_never_shared():
+    moe = build_tiny("tiny-moe", seed=0)
+    preset = get_preset("grpo").with_overrides(routing_replay=True)
+    assert not Learner(moe, None, preset, OptimConfig(), pad_id=1).shared_prefix
