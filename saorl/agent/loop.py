@@ -66,7 +66,8 @@ Decisions that the trainer and the env authors rely on:
   (the ids, and so the trajectory, are unaffected).
 - **Prefix reuse.** Every request of an episode carries one ``SamplingParams.session`` (unique per
   episode), and each turn's context extends the previous one's tokens, so an engine that keeps a
-  session's KV cache (the local engine) prefills only the new observation tokens.
+  session's KV cache (the local engine) prefills only the new observation tokens. When the
+  episode ends, however it ends, the loop ends the session (the engine frees its last row).
 - **Seeds.** With ``sampling.seed`` set, each request gets a seed derived from it, the task id,
   ``sample_index`` and the turn number: reproducible, yet episodes and turns do not replay one
   random stream. :func:`run_episodes` / :func:`stream_episodes` pass a task's position as
@@ -106,6 +107,7 @@ from saorl.agent.tool_turns import ToolTurns
 from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, GenerationResult, InferenceEngine, SamplingParams
+from saorl.engines.prefix import end_session
 from saorl.envs.base import Env, Progress, Prompt, StepResult
 from saorl.envs.hosted import CallTimeout
 from saorl.models.chat_turns import ChatTurns, TemplateSplitError
@@ -317,30 +319,33 @@ async def run_episode(engine: InferenceEngine, env: Env, task: Task, tokenizer: 
     truncation: str | None = None
     out = StepResult("", 0.0, False)
     session = f"{task.id}/{sample_index}/{uuid.uuid4().hex}"  # this episode's turns share a KV prefix
-    while True:
-        params = _turn_params(sampling, env, codec.eos_token_id, max_total_tokens - len(b.token_ids),
-                              seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}", session=session,
-                              extra_stop=() if tools is None else tools.stop_strings)
-        t0 = time.perf_counter()
-        res = await _generate(engine, b.token_ids, params, task)
-        gen_s += time.perf_counter() - t0
-        b.add_action(res)
-        t0 = time.perf_counter()
-        action = _action_text(codec, b.token_ids, b.turn_spans[-1][0])
-        env.note_action_ids(list(res.token_ids))
-        out = await _step(env, action, tools, kw)
-        env_s += time.perf_counter() - t0
-        b.add_reward(out.reward)
-        if out.done:
-            break
-        if len(b.turn_spans) >= max_turns:
-            truncation = "turns"
-            break
-        obs_ids = observations.ids(b.token_ids, action, out.observation)
-        if len(b.token_ids) + len(obs_ids) + 1 > max_total_tokens:
-            truncation = "tokens"
-            break
-        b.add_context(obs_ids)
+    try:
+        while True:
+            params = _turn_params(sampling, env, codec.eos_token_id, max_total_tokens - len(b.token_ids),
+                                  seed_key=f"{task.id}/{sample_index}/{len(b.turn_spans)}", session=session,
+                                  extra_stop=() if tools is None else tools.stop_strings)
+            t0 = time.perf_counter()
+            res = await _generate(engine, b.token_ids, params, task)
+            gen_s += time.perf_counter() - t0
+            b.add_action(res)
+            t0 = time.perf_counter()
+            action = _action_text(codec, b.token_ids, b.turn_spans[-1][0])
+            env.note_action_ids(list(res.token_ids))
+            out = await _step(env, action, tools, kw)
+            env_s += time.perf_counter() - t0
+            b.add_reward(out.reward)
+            if out.done:
+                break
+            if len(b.turn_spans) >= max_turns:
+                truncation = "turns"
+                break
+            obs_ids = observations.ids(b.token_ids, action, out.observation)
+            if len(b.token_ids) + len(obs_ids) + 1 > max_total_tokens:
+                truncation = "tokens"
+                break
+            b.add_context(obs_ids)
+    finally:
+        end_session(engine, session)  # its last turn's KV row is of no further use
     episode = Episode(
         env=env.name, turns=len(b.turn_spans), success=bool(out.info.get("success", False)),
         final_reward=float(out.reward), turn_rewards=b.turn_rewards, turn_spans=b.turn_spans,

@@ -49,6 +49,7 @@ from saorl.agent.openai_proxy import open_episode
 from saorl.data.task import Task
 from saorl.data.trajectory import Episode, Trajectory
 from saorl.engines.base import EngineError, InferenceEngine, SamplingParams
+from saorl.engines.prefix import end_session
 from saorl.envs.openai_agent import OpenAIAgentEnv, agent_result
 from saorl.models.codec import as_run_tokenizer
 
@@ -140,6 +141,7 @@ async def play_agent_episode(engine: InferenceEngine, env: OpenAIAgentEnv, task:
     finally:
         proxy.close(token, why)
         runner.stop()
+        end_session(engine, ep.session)  # the last call's KV row is of no further use
     seconds = time.perf_counter() - t0
     if ep.error is not None:
         raise EngineError(f"task {task.id!r}: {ep.error}") from ep.error

@@ -45,7 +45,9 @@ class LocalEngineConfig(Section):
     """Sequences the local engine decodes together (its batch size)."""
     prefix_cache_tokens: int = Field(65536, ge=0)
     """Tokens of KV cache the local engine keeps between the turns of its episodes, so a turn
-    prefills only the new observation tokens (0 = off: every turn re-prefills its context)."""
+    prefills only the new observation tokens (0 = off: every turn re-prefills its context). An
+    episode's row is freed when the episode ends; the budget bounds the rows of episodes between
+    turns (the oldest goes first)."""
     prefix_after_update: Literal["recompute", "keep"] = "keep"
     """What a weight update does to the kept KV: ``keep`` lets the next turn continue on KV
     computed by older weights, as a sequence in flight during an update does (each token's

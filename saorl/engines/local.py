@@ -215,6 +215,12 @@ class LocalEngine:
             self._cond.notify()
         done.wait()
 
+    def end_session(self, session: str) -> None:
+        """``session``'s episode is over: drop the KV row its last request left behind (a saorl
+        extension, :func:`saorl.engines.prefix.end_session`; a later request of the session is
+        prefilled in full)."""
+        self._prefixes.drop(session)
+
     def abort_all(self) -> int:
         """Finish every waiting and running request with ``finish_reason="abort"`` after its next
         token, delivering what it has sampled (SGLang's abort semantics); returns how many."""
@@ -235,11 +241,13 @@ class LocalEngine:
         ``prefill_tokens`` counts the prompt tokens run through the model (in prefill forwards,
         or ``fed_tokens`` of them fed by decode steps, whose share of the decode forwards is
         ``fed_s``, part of ``decode_forward_s``), ``prefix_hits`` the requests that extended a
-        stored session prefix, ``prefix_tokens_reused`` the prompt tokens those did not recompute."""
+        stored session prefix, ``prefix_tokens_reused`` the prompt tokens those did not recompute;
+        ``prefix_sessions_held`` and ``prefix_tokens_held`` are the store's size now."""
         s: dict[str, float] = dict(self._stats)
         total = s["decode_steps"] * self.max_batch_size
         s["utilisation"] = s["busy_slot_steps"] / total if total else 0.0
         s["version"] = self._version
+        s["prefix_sessions_held"], s["prefix_tokens_held"] = len(self._prefixes), self._prefixes.held
         return s
 
     def close(self) -> None:

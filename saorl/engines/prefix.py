@@ -28,11 +28,15 @@ with the tokens it covers and the weights version that computed it. The session'
 takes it back if its prompt strictly extends those tokens and the weights have not changed since;
 otherwise the row is dropped and the request is prefilled in full (the engine may waive the
 version check: ``prefix_after_update="keep"``). Rows are held in LRU order up to a budget in
-tokens (the oldest session's row goes first).
+tokens (the oldest session's row goes first). The last turn of an episode leaves a row that no
+request will take: the agent loops end their sessions (:func:`end_session`), which drops it at
+once. Without that, every finished episode's last row would stay until evicted, and the store
+would sit at its budget (65,536 tokens of SmolLM2-135M's float32 keys and values are 3 GB).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -92,14 +96,25 @@ class Prefix:
     """``[len(tokens), layers, k]`` MoE routes of those tokens, when the engine records them."""
 
 
+def end_session(engine: Any, session: str) -> None:
+    """Tell ``engine`` that ``session``'s episode is over, so it frees what it keeps for the
+    session's next turn; engines that keep nothing (remote ones) have no ``end_session``."""
+    end = getattr(engine, "end_session", None)
+    if end is not None:
+        end(session)
+
+
 class PrefixStore:
-    """Session id → :class:`Prefix`, LRU, at most ``budget_tokens`` tokens held (0 = off)."""
+    """Session id → :class:`Prefix`, LRU, at most ``budget_tokens`` tokens held (0 = off).
+
+    Thread-safe: the engine's thread takes and keeps rows, an agent loop's drops them."""
 
     def __init__(self, budget_tokens: int) -> None:
         if budget_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {budget_tokens}")
         self.budget = budget_tokens
         self._rows: OrderedDict[str, Prefix] = OrderedDict()
+        self._lock = threading.Lock()
         self.held = 0
 
     def __len__(self) -> int:
@@ -114,7 +129,8 @@ class PrefixStore:
     def take(self, session: str | None, prompt: list[int], version: int | None) -> Prefix | None:
         """The session's row if ``prompt`` strictly extends its tokens and ``version`` computed it
         (None: any version); the row leaves the store either way."""
-        entry = None if session is None else self._pop(session)
+        with self._lock:
+            entry = None if session is None else self._pop(session)
         if entry is None:
             return None
         n = len(entry.tokens)
@@ -129,13 +145,20 @@ class PrefixStore:
 
     def keep(self, session: str, entry: Prefix) -> None:
         """Store ``entry`` for ``session`` (replacing its row), evicting the oldest over budget."""
-        self._pop(session)
-        self._rows[session] = entry
-        self.held += len(entry.tokens)
-        while self.held > self.budget:
-            _, dropped = self._rows.popitem(last=False)
-            self.held -= len(dropped.tokens)
+        with self._lock:
+            self._pop(session)
+            self._rows[session] = entry
+            self.held += len(entry.tokens)
+            while self.held > self.budget:
+                _, dropped = self._rows.popitem(last=False)
+                self.held -= len(dropped.tokens)
+
+    def drop(self, session: str) -> bool:
+        """Forget ``session``'s row (its episode is over); whether there was one."""
+        with self._lock:
+            return self._pop(session) is not None
 
     def clear(self) -> None:
-        self._rows.clear()
-        self.held = 0
+        with self._lock:
+            self._rows.clear()
+            self.held = 0

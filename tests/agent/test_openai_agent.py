@@ -88,7 +88,14 @@ async def two_turns(task, client):
 
 
 def test_an_agent_sending_its_conversation_back_is_one_token_exact_trajectory(tok):
-    traj, model = _play(tok, two_turns)
+    engine = local.LocalEngine(build_tiny("tiny-dense", seed=0), tok, max_batch_size=4, version=0)
+    try:
+        traj, model = _play(tok, two_turns, engine=engine)
+        stats = engine.stats()
+    finally:
+        engine.close()
+    # the second call extended the first's KV row; the episode's end freed the row the second left
+    assert stats["prefix_hits"] == 1 and stats["prefix_sessions_held"] == stats["prefix_tokens_held"] == 0
     first, chunks = SEEN["two_turns"]
     assert traj.segments == [] and traj.episode.env_metrics == {
         "turns": 2.0, "segments_per_episode": 1.0, "calls_per_episode": 2.0}

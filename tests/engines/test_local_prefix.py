@@ -169,11 +169,30 @@ def test_agent_loop_episodes_reuse_prefixes_and_match_full_prefill():
             eng.close()
     turns = sum(t.episode.turns for t in out[0])
     assert turns > len(tasks) and stats[1]["prefix_hits"] == 0
+    assert stats[0]["prefix_sessions_held"] == stats[0]["prefix_tokens_held"] == 0  # every episode ended
     assert stats[0]["prefix_hits"] == turns - len(tasks)  # every turn after the first
     assert stats[0]["prefill_tokens"] < stats[1]["prefill_tokens"] / 2
     for a, b in zip(*out):
         assert a.token_ids == b.token_ids and a.action_mask == b.action_mask
         assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a.rollout_logprobs, b.rollout_logprobs))
+
+
+def test_an_ended_session_frees_its_row_and_its_next_request_is_prefilled_in_full():
+    eng = LocalEngine(build_tiny("tiny-dense", seed=0), _tok(), max_batch_size=2, stop_on_eos=False)
+    try:
+        sp = SamplingParams(max_new_tokens=4, seed=0, session="ep")
+        first = eng.generate([[5, 6, 7]], sp)[0]
+        kept = eng.stats()
+        assert kept["prefix_sessions_held"] == 1 and kept["prefix_tokens_held"] == 3 + 4 - 1
+        eng.end_session("ep")
+        eng.end_session("ep")  # twice, and a session never seen: nothing to drop, no error
+        eng.end_session("other")
+        assert eng.stats()["prefix_sessions_held"] == eng.stats()["prefix_tokens_held"] == 0
+        eng.generate([[5, 6, 7, *first.token_ids, 9]], sp)
+        after = eng.stats()
+        assert after["prefix_hits"] == 0 and after["prefill_tokens"] == 3 + (3 + 4 + 1)
+    finally:
+        eng.close()
 
 
 def test_prefix_store_lru_budget_version_and_match():
@@ -191,6 +210,8 @@ def test_prefix_store_lru_budget_version_and_match():
     assert store.take("d", [1, 2, 3], 0).tokens == [1, 2] and store.held == 0
     assert not store.wants("e", 11) and not store.wants(None, 3) and store.wants("e", 10)
     assert not PrefixStore(0).wants("e", 1)
+    store.keep("f", Prefix([1, 2, 3], kv, 0))
+    assert store.drop("f") and not store.drop("f") and store.held == 0 and len(store) == 0
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         PrefixStore(-1)
 
