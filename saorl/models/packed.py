@@ -69,6 +69,11 @@ def _segments(kwargs: dict, length: int) -> list[int] | None:
         if pos is None or pos.shape[0] != 1 or pos.shape[-1] != length:
             return None
         starts = (torch.diff(pos[0], prepend=pos[0, :1] - 1) != 1).nonzero().flatten().tolist()
+        if any(int(pos[0, s]) != 0 for s in starts):  # a shared-prefix row whose kwargs were dropped
+            at = pos[0, starts].tolist()
+            raise ValueError(f"a packed row's sequences restart at positions {at}, not 0: "
+                             f"a shared-prefix row needs {SHARED_PREFIX!r} and cu_seq_lens_q passed down to "
+                             "the attention (a model that drops them: trainer.shared_prefix=false)")
         bounds = [*starts, length] if starts and starts[0] == 0 else [0, *starts, length]
     if len(bounds) <= 2:
         return None
@@ -167,8 +172,22 @@ def use_varlen_attention(model: torch.nn.Module) -> bool:
 
 
 def honours_shared_prefix(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s attention is ``sdpa_varlen``, the one that reads a shared-prefix row."""
-    return getattr(getattr(model, "config", None), "_attn_implementation", None) == VARLEN
+    """Whether ``model``'s attention reads a shared-prefix row: ``sdpa_varlen``, and no layer with a
+    sliding window (such a layer takes the stock ``sdpa`` path, whose mask knows no shared prefix)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == VARLEN and not _windowed(model)
+
+
+def _windowed(model: torch.nn.Module) -> bool:
+    """Whether any attention layer of ``model`` has a sliding window: a layer's own setting (Gemma 2
+    and 3, Qwen2's windowed layers), or a config that gives every layer one (Mistral's, which has no
+    ``layer_types``)."""
+    if any(getattr(m, "sliding_window", None) for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    return getattr(config, "sliding_window", None) is not None and not getattr(config, "layer_types", None)
 
 
 def model_inputs(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None = None,

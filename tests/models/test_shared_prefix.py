@@ -12,7 +12,7 @@ from saorl.data.packing import MIN_SHARED_PREFIX, microbatches, shared_prefix_le
 from saorl.data.trajectory import Trajectory
 from saorl.models.critic import Critic
 from saorl.models.logprobs import token_logprobs
-from saorl.models.packed import VARLEN, model_inputs, use_varlen_attention
+from saorl.models.packed import VARLEN, model_inputs, use_varlen_attention, varlen_attention
 from saorl.models.tiny import build_tiny
 
 P = 20
@@ -113,6 +113,15 @@ def test_layouts_and_attentions_that_cannot_share_are_refused():
             Critic.from_policy(model)(ids, None, position_ids=pos, cu_seqlens=cu)
     model.set_attn_implementation(VARLEN)
     assert token_logprobs(model, ids, None, position_ids=pos, cu_seqlens=cu).shape == ids.shape
+    # a model that drops the kwargs: the attention sees only position ids, whose later suffixes
+    # start at P; read as sequences of their own, they would not see the prefix: refused
+    q = torch.randn(1, 2, ids.shape[1], 8)
+    with pytest.raises(ValueError, match=f"restart at positions \\[{P}, {P}"):
+        varlen_attention(model, q, q, q, None, position_ids=pos)
+    plain_ids, plain_pos, _ = _plain(seqs)  # a plain packed row restarts at 0: read by position ids
+    q = torch.randn(1, 2, plain_ids.shape[1], 8)
+    out, _ = varlen_attention(model, q, q, q, None, position_ids=plain_pos)
+    assert out.shape == (1, plain_ids.shape[1], 2, 8)
 
 
 def _traj(ids, prompt_len):

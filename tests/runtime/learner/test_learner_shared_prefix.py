@@ -101,3 +101,30 @@ def test_routing_replay_rows_are_never_shared():
     moe = build_tiny("tiny-moe", seed=0)
     preset = get_preset("grpo").with_overrides(routing_replay=True)
     assert not Learner(moe, None, preset, OptimConfig(), pad_id=1).shared_prefix
+
+
+def _windowed_models():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+
+    small = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    gemma = Gemma3ForCausalLM(Gemma3TextConfig(**small, head_dim=32, sliding_window=16,
+                                               layer_types=["sliding_attention", "full_attention"]))
+    mistral = MistralForCausalLM(MistralConfig(**small, sliding_window=16))  # every layer windowed
+    plain = MistralForCausalLM(MistralConfig(**small, sliding_window=None))
+    for m in (gemma, mistral, plain):
+        m.config._attn_implementation = "sdpa"
+    return gemma, mistral, plain
+
+
+def test_models_with_sliding_window_layers_train_without_sharing():
+    """A windowed layer takes the stock ``sdpa`` path, which cannot read a shared-prefix row: such a
+    model packs its rows whole (the step runs, on rows as long as without sharing)."""
+    gemma, mistral, plain = _windowed_models()
+    preset = get_preset("sao")
+    assert not Learner(mistral, None, get_preset("grpo"), OptimConfig(), pad_id=1).shared_prefix
+    assert Learner(plain, None, get_preset("grpo"), OptimConfig(), pad_id=1).shared_prefix
+    lrn = Learner(gemma, Critic.from_policy(gemma, seed=0), preset, OptimConfig(), pad_id=1)
+    assert not lrn.shared_prefix
+    m = lrn.step(_with_system(_ragged(4, seed=2), seed=1))  # 40 shared tokens: would be shared
+    assert m["throughput/positions_per_action_token"] > 0 and torch.isfinite(torch.tensor(m["policy/loss"]))
