@@ -85,6 +85,10 @@ def prefill_groups(pairs: list[tuple[Any, Prefix | None]], window: int | None
     return list(groups.values())
 
 
+ENDED_KEPT = 4096
+"""Ended sessions a :class:`PrefixStore` remembers, so that a late row of one is not kept."""
+
+
 @dataclass
 class Prefix:
     """One session's KV row: ``kv`` covers exactly ``tokens``, computed by weights ``version``."""
@@ -114,6 +118,9 @@ class PrefixStore:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {budget_tokens}")
         self.budget = budget_tokens
         self._rows: OrderedDict[str, Prefix] = OrderedDict()
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        """The last :data:`ENDED_KEPT` sessions dropped: a request of one still running when its
+        episode ended (an agent past its deadline, a cancelled episode) leaves no row behind."""
         self._lock = threading.Lock()
         self.held = 0
 
@@ -147,6 +154,8 @@ class PrefixStore:
         """Store ``entry`` for ``session`` (replacing its row), evicting the oldest over budget."""
         with self._lock:
             self._pop(session)
+            if session in self._ended:
+                return
             self._rows[session] = entry
             self.held += len(entry.tokens)
             while self.held > self.budget:
@@ -154,8 +163,12 @@ class PrefixStore:
                 self.held -= len(dropped.tokens)
 
     def drop(self, session: str) -> bool:
-        """Forget ``session``'s row (its episode is over); whether there was one."""
+        """Forget ``session``'s row (its episode is over), and keep none for it later; whether
+        there was one."""
         with self._lock:
+            self._ended[session] = None
+            if len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
             return self._pop(session) is not None
 
     def clear(self) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from saorl.agent.loop import run_episodes
 from saorl.engines import LocalEngine, SamplingParams
-from saorl.engines.prefix import Prefix, PrefixStore
+from saorl.engines.prefix import ENDED_KEPT, Prefix, PrefixStore
 from saorl.envs.synthetic import SyntheticLengthEnv
 from saorl.models.tiny import build_tiny
 
@@ -212,6 +212,12 @@ def test_prefix_store_lru_budget_version_and_match():
     assert not PrefixStore(0).wants("e", 1)
     store.keep("f", Prefix([1, 2, 3], kv, 0))
     assert store.drop("f") and not store.drop("f") and store.held == 0 and len(store) == 0
+    store.keep("f", Prefix([1, 2, 3], kv, 0))  # a request still running when its episode ended
+    assert store.held == 0 and len(store) == 0
+    for i in range(ENDED_KEPT):  # the ended sessions remembered are bounded: the oldest is forgotten
+        store.drop(f"old{i}")
+    store.keep("f", Prefix([1, 2, 3], kv, 0))
+    assert store.held == 3
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         PrefixStore(-1)
 
