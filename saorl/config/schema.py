@@ -235,7 +235,7 @@ class TrainerConfig(Section):
     tools system message, a few-shot preamble) once, each trajectory continuing from it (exact:
     the same log-probs, values and gradients from fewer positions). Policy, critic, SFT and value
     pretraining; used only where the model's attention is ``sdpa`` (switched to saorl's
-    ``sdpa_varlen``) and never with ``algo.routing_replay``."""
+    ``sdpa_varlen``) with no sliding-window layer, and never with ``algo.routing_replay``."""
     max_nonfinite_skips: int = Field(3, ge=1)
     """Stop the run (non-zero exit, after a checkpoint of the last finite weights) when this many
     trainer steps in a row had an update skipped because its loss, gradient or updated
