@@ -31,18 +31,11 @@ from pathlib import Path
 ARMS = ("ended", "open")
 
 
-def _kv_bytes_per_token(model) -> int:
-    """Bytes of keys and values one token's row holds, in the engine's dtype."""
-    c = model.config
-    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return 2 * c.num_hidden_layers * heads * head_dim * next(model.parameters()).element_size()
-
-
 def play(config: str, overrides: list[str], arm: str, episodes: int, concurrency: int) -> list[dict]:
     """One arm in this process: a list of rows, one a round."""
     from saorl.agent.loop import run_episodes
     from saorl.config.loading import load_config
+    from saorl.engines.kv import kv_per_token
     from saorl.models.codec import run_tokenizer
     from saorl.runtime.backends.worker import build_worker
     from saorl.runtime.memory import status_mib
@@ -57,7 +50,7 @@ def play(config: str, overrides: list[str], arm: str, episodes: int, concurrency
         if arm == "open":
             engine.end_session = lambda session: None
         train, _ = build_tasks(cfg, stack.env_factory, tokenizer)
-        per_token = _kv_bytes_per_token(engine.model)
+        per_token = kv_per_token(engine.model.config) * next(engine.model.parameters()).element_size()
         rows, played, t0 = [], 0, time.perf_counter()
         try:
             while played < episodes:

@@ -49,6 +49,15 @@ def new_cache(config) -> DynamicCache:
     return cache
 
 
+def kv_per_token(config) -> int:
+    """Keys and values one token's KV row holds across the model's layers (elements, not bytes)."""
+    text = config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim
+
+
 def sliding_window(config) -> int | None:
     """The model's sliding window (tokens), if any of its layers has one."""
     text = config.get_text_config(decoder=True)

@@ -94,6 +94,7 @@ def _bytes(dtype: str | torch.dtype) -> int:
 
 def _shape(spec: str) -> dict:
     """Parameter counts and sizes of the policy ``spec`` from its config (meta device, no weights)."""
+    from saorl.engines.kv import kv_per_token
     from saorl.models.critic import _MLP_TRAINABLE
     from saorl.models.loading import meta_policy
 
@@ -105,9 +106,6 @@ def _shape(spec: str) -> dict:
     head_own = 0 if head is None or cfg.tie_word_embeddings else head.weight.numel()
     mlp = sum(p.numel() for n, p in params.items() if _MLP_TRAINABLE.search(n))
     layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     linear = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
     tied = head.weight.numel() if head is not None and cfg.tie_word_embeddings else 0
     largest = max(p.numel() for p in params.values())
@@ -115,7 +113,7 @@ def _shape(spec: str) -> dict:
             "released": linear - tied,  # what a worker's engine packs in place (not the tied head)
             "layers": layers,
             "hidden": hidden,
-            "vocab": cfg.vocab_size, "kv_per_token": 2 * layers * kv_heads * head_dim}
+            "vocab": cfg.vocab_size, "kv_per_token": kv_per_token(cfg)}
 
 
 def estimate_memory(cfg: SaorlConfig) -> MemoryEstimate | None:
