@@ -96,6 +96,8 @@ class Setup:
     group: int
     max_new: int
     trl_threads: int
+    eval_temperature: float = 0.0
+    """The evaluator's: 0 greedy; > 0 one episode a problem sampled at it (seed 0, every model alike)."""
 
 
 def load_average() -> float:
@@ -236,11 +238,13 @@ def checkpoint_dir(s: Setup, arm_dir: Path, snap: dict) -> Path:
     path = arm_dir / snap["weights"]
     if path.is_dir():
         return path
+    ckpt = arm_dir / f"ckpt-{snap['fraction']:g}"
+    if ckpt.is_dir() and not path.exists():  # converted by an earlier evaluation (--evaluate)
+        return ckpt
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ckpt = arm_dir / f"ckpt-{snap['fraction']:g}"
     model = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
     model.load_state_dict(load_file(str(path)), strict=True)
     model.save_pretrained(ckpt)
@@ -260,7 +264,7 @@ def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict],
     flag = f"{task.FLAG}_frac"
 
     def score(ckpt: Path, name: str) -> tuple[float, float, str]:
-        gens = task.evaluate(ckpt, test_rows, s.chat, s.max_new)
+        gens = task.evaluate(ckpt, test_rows, s.chat, s.max_new, temperature=s.eval_temperature, seed=0)
         path = gen_dir / f"{name}.jsonl"
         path.write_text("".join(json.dumps(g) + "\n" for g in gens), encoding="utf-8")
         return task.accuracy(gens), sum(g[task.FLAG] for g in gens) / len(gens), str(path)
@@ -314,6 +318,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="an extra override for the saorl arm ARM (sao, grpo or a --variant); repeatable")
     ap.add_argument("--report", type=Path, metavar="OUT",
                     help="only rebuild OUT's summary.md and tta.png from its results.json")
+    ap.add_argument("--eval-temperature", type=float, default=None, metavar="T",
+                    help="the evaluator's decoding: 0 greedy (default); > 0 sampled at T, one episode a "
+                         "problem, seeded alike for every model (where greedy sits at its ceiling)")
+    ap.add_argument("--evaluate", type=Path, metavar="OUT",
+                    help="only (re)run the evaluation and report of OUT's arms (OUT/arms.json), e.g. after "
+                         "an interrupted evaluation or at another --eval-temperature")
     ap.add_argument("--keep-checkpoints", action="store_true",
                     help="keep every snapshot's model (default: only those at the budget's end)")
     ap.add_argument("--out", type=Path, default=Path("bench-tta"))
@@ -354,6 +364,10 @@ def check_args(args: argparse.Namespace
         args.max_new = TASKS[args.task].MAX_NEW
     if args.budget_s <= 0 or args.seeds < 1 or args.max_new < 1 or args.trl_threads < 1 or args.lr <= 0:
         raise ValueError("need --budget-s > 0, --seeds >= 1, --max-new >= 1, --trl-threads >= 1 and --lr > 0")
+    if args.eval_temperature is None:
+        args.eval_temperature = 0.0
+    if not 0 <= args.eval_temperature <= 10:
+        raise ValueError(f"--eval-temperature must be in [0, 10] (0: greedy), got {args.eval_temperature:g}")
     if args.batch < 1 or args.group < 1 or args.batch % args.group:
         raise ValueError(f"--batch ({args.batch}) must be a positive multiple of --group ({args.group})")
     extra: dict[str, list[str]] = {name: [] for name in ("sao", "grpo", *variants)}
@@ -383,6 +397,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_tta: --report: {args.report / 'results.json'} does not exist", file=sys.stderr)
             return 2
         print(rebuild_report(args.report))
+        return 0
+    if args.evaluate is not None:
+        try:
+            temperature = args.eval_temperature
+            if temperature is not None and not 0 <= temperature <= 10:
+                raise ValueError(f"--eval-temperature must be in [0, 10] (0: greedy), got {temperature:g}")
+            print(evaluate_again(args.evaluate.resolve(), temperature, args.keep_checkpoints))
+        except ValueError as e:
+            print(f"bench_tta: --evaluate: {e}", file=sys.stderr)
+            return 2
         return 0
     try:
         arms, fractions, extra, variants = check_args(args)
@@ -418,8 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     s = Setup(model=str(model), chat=chat, task=args.task, train_file=files[0], test_file=files[1],
               budget_s=args.budget_s,
               fractions=fractions, lr=args.lr, batch=args.batch, group=args.group, max_new=args.max_new,
-              trl_threads=args.trl_threads)
+              trl_threads=args.trl_threads, eval_temperature=args.eval_temperature)
     (out / "setup.json").write_text(json.dumps(asdict(s), indent=1) + "\n", encoding="utf-8")
+    meta = {**asdict(s), "model": args.model, "model_dir": s.model, "cores": os.cpu_count(),
+            "variants": variants, "overrides": {arm: extra[arm] for arm in arms if extra.get(arm)},
+            "test_n": len(test), "train_n": len(train), "argv": sys.argv if argv is None else argv}
     runs = []
     for seed in range(args.seeds):
         order = arms[seed % len(arms):] + arms[:seed % len(arms)]
@@ -430,14 +457,41 @@ def main(argv: list[str] | None = None) -> int:
             print("[bench-tta]   snapshots at " + ", ".join(f"{r['elapsed_s']:.0f}s ({r['steps']} steps)"
                                                       for r in run["snapshots"]), flush=True)
             runs.append(run)
-    base, rows = evaluate_all(s, out, runs, test, keep=args.keep_checkpoints)
-    meta = {**asdict(s), "model": args.model, "model_dir": s.model, "cores": os.cpu_count(),
-            "variants": variants, "overrides": {arm: extra[arm] for arm in arms if extra.get(arm)},
-            "test_n": len(test), "train_n": len(train), "argv": sys.argv if argv is None else argv}
-    print(tta_eval.report(out, rows, [{k: v for k, v in r.items() if k != "snapshots"} for r in runs], base,
-                          meta))
+            (out / "arms.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n",
+                                           encoding="utf-8")
+    print(evaluate_and_report(out, s, meta, runs, test, args.keep_checkpoints))
     return 0
 
+
+def evaluate_and_report(out: Path, s: Setup, meta: dict, runs: list[dict], test: list[dict],
+                        keep: bool) -> str:
+    """Score the base model and every snapshot of ``runs``, then write the report; its text."""
+    base, rows = evaluate_all(s, out, runs, test, keep=keep)
+    return tta_eval.report(out, rows, [{k: v for k, v in r.items() if k != "snapshots"} for r in runs], base,
+                           {**meta, "eval_temperature": s.eval_temperature})
+
+
+def evaluate_again(out: Path, temperature: float | None, keep: bool) -> str:
+    """``--evaluate OUT``: the evaluation and report of the arms ``OUT/arms.json`` records (every arm
+    that finished), at ``temperature`` when given, else at the one the benchmark was started with.
+    ValueError names a snapshot whose model is gone (scored and removed earlier, without
+    ``--keep-checkpoints``)."""
+    path = out / "arms.json"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: is {out} a bench_tta.py --out directory whose arms ran?")
+    recorded = json.loads(path.read_text())
+    meta, runs = recorded["meta"], recorded["runs"]
+    fields = {k: meta[k] for k in Setup.__dataclass_fields__ if k in meta}
+    s = Setup(**{**fields, "eval_temperature": fields.get("eval_temperature", 0.0) if temperature is None
+                 else temperature})
+    gone = [f"{r['arm']} seed {r['seed']} at {snap['fraction']:g}" for r in runs for snap in r["snapshots"]
+            if snap["weights"] is not None and not (Path(r["dir"]) / snap["weights"]).exists()
+            and not (Path(r["dir"]) / f"ckpt-{snap['fraction']:g}").is_dir()]
+    if gone:
+        raise ValueError(f"the models of {', '.join(gone)} are gone (scored and removed by an earlier "
+                         "evaluation: run the benchmark with --keep-checkpoints to evaluate them again)")
+    _, test = TASKS[s.task].problems(meta["train_n"], meta["test_n"])
+    return evaluate_and_report(out, s, meta, runs, test, keep)
 
 if __name__ == "__main__":
     sys.exit(main())

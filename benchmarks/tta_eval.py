@@ -165,7 +165,7 @@ def plot(rows: list[dict], arms: list[str], base: float, path: Path, title: str 
         ax.scatter([r["elapsed_s"] for r in mine], [r["accuracy"] for r in mine], s=12, alpha=0.35,
                    color=line.get_color())
     ax.set_xlabel("wall clock since the arm's process started (s)")
-    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylabel("held-out accuracy")
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -176,12 +176,19 @@ def plot(rows: list[dict], arms: list[str], base: float, path: Path, title: str 
     return path
 
 
+def decoding(meta: dict) -> str:
+    """How the evaluator decoded, in words (a report from before ``eval_temperature`` was greedy)."""
+    t = meta.get("eval_temperature") or 0.0
+    return "greedy" if t <= 0 else f"sampled at temperature {t:g}, one episode a problem"
+
+
 def report(out: Path, rows: list[dict], arms_run: list[dict], base: dict, meta: dict) -> str:
     """``summary.md``, ``results.json`` and ``tta.png`` in ``out``; returns the summary's text."""
     arms = list(dict.fromkeys(r["arm"] for r in arms_run))
     fractions = sorted({r["fraction"] for r in rows})
     lines = [f"# Time to accuracy: {', '.join(arms)} ({meta['model']}, {meta['cores']} cores)", "",
-             f"Held-out accuracy (greedy, {meta['test_n']} problems; base model {base['accuracy']:.3f}) "
+             f"Held-out accuracy ({decoding(meta)}, {meta['test_n']} problems; "
+             f"base model {base['accuracy']:.3f}) "
              f"at fractions of a {meta['budget_s']:.0f} s budget per arm (process start to the snapshot), "
              "mean over seeds (each seed; policy updates by then):", "",
              table(rows, arms, fractions, meta["budget_s"]), ""]
@@ -205,5 +212,5 @@ def report(out: Path, rows: list[dict], arms_run: list[dict], base: dict, meta: 
     seeds = len({r["seed"] for r in rows})
     plot(rows, arms, base["accuracy"], out / "tta.png",
          f"{meta['model']}: {meta['budget_s']:.0f} s per arm, {seeds} seed(s), "
-         f"{meta['test_n']} held-out problems")
+         f"{meta['test_n']} held-out problems ({decoding(meta).split(',')[0]})")
     return text

@@ -241,3 +241,57 @@ def test_a_model_directory_given_relative_is_passed_on_absolute(tmp_path: Path, 
     monkeypatch.chdir(tmp_path)
     path = tta.prepare_model("runs/sft", tmp_path / "out")
     assert path.is_absolute() and path == (tmp_path / "runs" / "sft").resolve()
+
+
+def test_sampled_evaluation_and_evaluate_again(tmp_path: Path, monkeypatch, capsys):
+    """``--eval-temperature`` reaches the evaluator (the same seed for every model) and the report
+    says how it decoded; ``arms.json`` is written as arms finish, so ``--evaluate OUT`` scores them
+    again at another temperature; a snapshot whose model is gone is named, not skipped."""
+    decodings = []
+
+    def fake_run(arm, s, seed, arm_dir, extra, base=None):
+        arm_dir.mkdir(parents=True, exist_ok=True)
+        recorded = json.loads((arm_dir.parents[1] / "arms.json").read_text())["runs"] if seed else []
+        assert len(recorded) == seed  # the arms before this one are on disk already
+        return {"arm": arm, "seed": seed, "dir": str(arm_dir), "load_start": 0.5, "load_end": 0.7,
+                "exit_s": 10.0, "returncode": 0,
+                "snapshots": [{"fraction": 1.0, "elapsed_s": 10.0, "steps": 0, "weights": None, "load": 0.6}]}
+
+    def fake_evaluate(ckpt, rows, chat, max_new, batch=32, temperature=0.0, seed=0):
+        decodings.append((temperature, seed))
+        right = temperature > 0  # sampled: every reply right; greedy: none
+        return [{"question": r["question"], "answer": r["answer"], "reply": str(r["answer"] if right else 0),
+                 "correct": right, "bare": True} for r in rows]
+
+    monkeypatch.setattr(tta, "run_arm", fake_run)
+    monkeypatch.setattr(tta_eval, "evaluate", fake_evaluate)
+    out = tmp_path / "tta"
+    common = ["--model", "tiny-dense", "--arms", "sao", "--fractions", "1", "--train-n", "40",
+              "--test-n", "4"]
+    assert tta.main([*common, "--seeds", "2", "--eval-temperature", "1", "--out", str(out)]) == 0
+    assert decodings == [(1.0, 0)] * 3  # the base model, then each seed's snapshot, seeded alike
+    results = json.loads((out / "results.json").read_text())
+    assert results["meta"]["eval_temperature"] == 1.0 and {r["accuracy"] for r in results["rows"]} == {1.0}
+    assert "sampled at temperature 1, one episode a problem" in (out / "summary.md").read_text()
+    assert len(json.loads((out / "arms.json").read_text())["runs"]) == 2
+
+    decodings.clear()
+    assert tta.main(["--evaluate", str(out), "--eval-temperature", "0"]) == 0
+    assert decodings == [(0.0, 0)] * 3
+    results = json.loads((out / "results.json").read_text())
+    assert results["meta"]["eval_temperature"] == 0.0 and {r["accuracy"] for r in results["rows"]} == {0.0}
+    assert "Held-out accuracy (greedy, 4 problems" in (out / "summary.md").read_text()
+    decodings.clear()
+    assert tta.main(["--evaluate", str(out)]) == 0  # no temperature given: the one it started with
+    assert decodings == [(1.0, 0)] * 3
+
+    recorded = json.loads((out / "arms.json").read_text())
+    recorded["runs"][1]["snapshots"][0]["weights"] = "weights-v3.safetensors"  # never converted, gone
+    (out / "arms.json").write_text(json.dumps(recorded))
+    capsys.readouterr()
+    assert tta.main(["--evaluate", str(out)]) == 2
+    assert "the models of sao seed 1 at 1 are gone" in capsys.readouterr().err
+    assert tta.main(["--evaluate", str(tmp_path / "nothing")]) == 2
+    assert "arms.json does not exist" in capsys.readouterr().err
+    assert tta.main([*common, "--eval-temperature", "-1", "--out", str(out)]) == 2
+    assert "--eval-temperature must be in [0, 10]" in capsys.readouterr().err
