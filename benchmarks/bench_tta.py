@@ -43,13 +43,17 @@ seed; the 1-minute load average is recorded at each arm's start and end and at e
 
 Then one evaluator (:mod:`tta_eval`; calc's plays the turns itself: :func:`tta_calc.evaluate`),
 independent of both trainers, scores the base model and
-every snapshot the same way: greedy decoding with transformers on the held-out problems. Output
+every snapshot the same way: greedy decoding with transformers on the held-out problems
+(``--eval-temperature T``: one episode a problem sampled at T, seeded alike for every model, for a
+task where greedy sits at its ceiling), the snapshots at the budget's end first. Output
 in ``--out``: ``results.jsonl`` (a row per arm, seed and fraction: accuracy, elapsed_s, steps,
 load, the checkpoint and its generations), ``results.json``, ``summary.md`` (the table) and
 ``tta.png`` (held-out accuracy against wall clock, one line per arm). The summary pairs the arms by
 seed (every arm against TRL, the others against saorl's GRPO: the mean difference at each fraction
 with its 95% t-interval) and says when each arm's mean first reaches TRL's accuracy at the budget's
-end. ``--report OUT`` rebuilds ``summary.md`` and ``tta.png`` from ``OUT/results.json``.
+end. ``--report OUT`` rebuilds ``summary.md`` and ``tta.png`` from ``OUT/results.json`` (of an
+evaluation cut short: from the rows it wrote, marked partial); ``OUT/arms.json``, written as each
+arm ends, lets ``--evaluate OUT [--eval-temperature T]`` run the evaluation again.
 """
 
 from __future__ import annotations
@@ -271,22 +275,26 @@ def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict],
 
     acc, bare, gens = score(Path(s.model), "base")
     base = {"accuracy": acc, flag: bare, "generations": gens}
+    (out / "base.json").write_text(json.dumps(base) + "\n", encoding="utf-8")
     rows = []
     with open(out / "results.jsonl", "w", encoding="utf-8") as fh:
-        for run in runs:
-            for snap in run["snapshots"]:
-                ckpt = checkpoint_dir(s, Path(run["dir"]), snap)
-                acc, bare, gens = score(ckpt, f"{run['arm']}-s{run['seed']}-f{snap['fraction']:g}")
-                row = {"arm": run["arm"], "seed": run["seed"], "fraction": snap["fraction"], "accuracy": acc,
-                       "elapsed_s": snap["elapsed_s"], "steps": snap["steps"], "load": snap.get("load"),
-                       flag: bare, "checkpoint": str(ckpt), "generations": gens}
-                if not keep and snap["fraction"] < 1 and ckpt.is_relative_to(run["dir"]):
-                    shutil.rmtree(ckpt)
-                    row["checkpoint"] = None
-                rows.append(row)
-                fh.write(json.dumps(row) + "\n")
-                print(f"[bench-tta] eval {run['arm']} seed {run['seed']} at {snap['elapsed_s']:.0f}s "
-                      f"({snap['steps']} steps): {acc:.3f}", flush=True)
+        # the budget's end first (every arm and seed), then the earlier fractions, latest first: an
+        # evaluation cut short has scored the comparison at the end
+        order = sorted(((run, snap) for run in runs for snap in run["snapshots"]),
+                       key=lambda pair: -pair[1]["fraction"])
+        for run, snap in order:
+            ckpt = checkpoint_dir(s, Path(run["dir"]), snap)
+            acc, bare, gens = score(ckpt, f"{run['arm']}-s{run['seed']}-f{snap['fraction']:g}")
+            row = {"arm": run["arm"], "seed": run["seed"], "fraction": snap["fraction"], "accuracy": acc,
+                   "elapsed_s": snap["elapsed_s"], "steps": snap["steps"], "load": snap.get("load"),
+                   flag: bare, "checkpoint": str(ckpt), "generations": gens}
+            if not keep and snap["fraction"] < 1 and ckpt.is_relative_to(run["dir"]):
+                shutil.rmtree(ckpt)
+                row["checkpoint"] = None
+            rows.append(row)
+            fh.write(json.dumps(row) + "\n")
+            print(f"[bench-tta] eval {run['arm']} seed {run['seed']} at {snap['elapsed_s']:.0f}s "
+                  f"({snap['steps']} steps): {acc:.3f}", flush=True)
     return base, rows
 
 
@@ -380,9 +388,24 @@ def check_args(args: argparse.Namespace
 
 
 def rebuild_report(out: Path) -> str:
-    """``summary.md`` and ``tta.png`` of a finished benchmark, again from its ``results.json``."""
-    res = json.loads((out / "results.json").read_text())
-    return tta_eval.report(out, res["rows"], res["arms"], res["base"], res["meta"])
+    """``summary.md`` and ``tta.png`` of a finished benchmark, again from its ``results.json``; of an
+    evaluation cut short, from the rows it wrote (``results.jsonl``, ``base.json``, ``arms.json``),
+    its summary saying how many snapshots it covers. ValueError when neither is there."""
+    if (out / "results.json").is_file():
+        res = json.loads((out / "results.json").read_text())
+        return tta_eval.report(out, res["rows"], res["arms"], res["base"], res["meta"])
+    parts = [out / name for name in ("arms.json", "base.json", "results.jsonl")]
+    if not all(p.is_file() for p in parts):
+        raise ValueError(f"{out / 'results.json'} does not exist, nor an evaluation's rows to report "
+                         f"({', '.join(p.name for p in parts)})")
+    recorded = json.loads(parts[0].read_text())
+    rows = [json.loads(line) for line in parts[2].read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{parts[2]} holds no scored snapshot yet")
+    total = sum(len(r["snapshots"]) for r in recorded["runs"])
+    runs = [{k: v for k, v in r.items() if k != "snapshots"} for r in recorded["runs"]]
+    meta = {**recorded["meta"], "partial": f"{len(rows)} of {total} snapshots scored"}
+    return tta_eval.report(out, rows, runs, json.loads(parts[1].read_text()), meta)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,10 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         s = Setup(**json.loads((args.trl_child.parent.parent / "setup.json").read_text()))
         return tta_trl.trl_child(s, TASKS[s.task], args.trl_child, args.child_seed, args.child_t0)
     if args.report is not None:
-        if not (args.report / "results.json").is_file():
-            print(f"bench_tta: --report: {args.report / 'results.json'} does not exist", file=sys.stderr)
+        try:
+            print(rebuild_report(args.report))
+        except ValueError as e:
+            print(f"bench_tta: --report: {e}", file=sys.stderr)
             return 2
-        print(rebuild_report(args.report))
         return 0
     if args.evaluate is not None:
         try:

@@ -130,7 +130,7 @@ def paired_table(rows: list[dict], arms: list[str], fractions: list[float], budg
 def time_to(rows: list[dict], arms: list[str], ref: str = "trl") -> str:
     """When each arm's mean held-out accuracy first reaches ``ref``'s at the budget's end (the issue's
     "TRL's accuracy at 10 minutes in half the wall clock"), from the snapshots; "" without ``ref``."""
-    if ref not in arms:
+    if ref not in arms or not any(r["arm"] == ref for r in rows):
         return ""
     last = max(r["fraction"] for r in rows if r["arm"] == ref)
     target = statistics.fmean(per_seed(rows, ref, last).values())
@@ -192,6 +192,8 @@ def report(out: Path, rows: list[dict], arms_run: list[dict], base: dict, meta: 
              f"at fractions of a {meta['budget_s']:.0f} s budget per arm (process start to the snapshot), "
              "mean over seeds (each seed; policy updates by then):", "",
              table(rows, arms, fractions, meta["budget_s"]), ""]
+    if meta.get("partial"):
+        lines[2:2] = [f"**Partial: the evaluation was cut short ({meta['partial']}).**", ""]
     if len({r["seed"] for r in rows}) > 1 and pairs(arms):
         lines += ["Paired by seed: the mean difference in held-out accuracy, its 95% t-interval over "
                   "seeds and each seed's difference:", "",
@@ -207,8 +209,9 @@ def report(out: Path, rows: list[dict], arms_run: list[dict], base: dict, meta: 
               f"{a['exit_s']:.1f} | {a['returncode']} |" for a in arms_run]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text, encoding="utf-8")
-    (out / "results.json").write_text(json.dumps({"meta": meta, "base": base, "arms": arms_run, "rows": rows},
-                                                 indent=1) + "\n", encoding="utf-8")
+    if not meta.get("partial"):  # a partial report leaves results.json to the finished evaluation
+        (out / "results.json").write_text(json.dumps({"meta": meta, "base": base, "arms": arms_run,
+                                                      "rows": rows}, indent=1) + "\n", encoding="utf-8")
     seeds = len({r["seed"] for r in rows})
     plot(rows, arms, base["accuracy"], out / "tta.png",
          f"{meta['model']}: {meta['budget_s']:.0f} s per arm, {seeds} seed(s), "

@@ -285,6 +285,19 @@ def test_sampled_evaluation_and_evaluate_again(tmp_path: Path, monkeypatch, caps
     assert tta.main(["--evaluate", str(out)]) == 0  # no temperature given: the one it started with
     assert decodings == [(1.0, 0)] * 3
 
+    # an evaluation cut short: --report rebuilds the summary from the rows it wrote, and says so
+    (out / "results.json").unlink()
+    first = (out / "results.jsonl").read_text().splitlines()[0]
+    (out / "results.jsonl").write_text(first + "\n")
+    assert tta.main(["--report", str(out)]) == 0
+    summary = (out / "summary.md").read_text()
+    assert "Partial: the evaluation was cut short (1 of 2 snapshots scored)" in summary
+    assert "| sao | **1.000** (1.000; steps 0) |" in summary and not (out / "results.json").exists()
+    (out / "results.jsonl").write_text("")
+    capsys.readouterr()
+    assert tta.main(["--report", str(out)]) == 2
+    assert "holds no scored snapshot yet" in capsys.readouterr().err
+
     recorded = json.loads((out / "arms.json").read_text())
     recorded["runs"][1]["snapshots"][0]["weights"] = "weights-v3.safetensors"  # never converted, gone
     (out / "arms.json").write_text(json.dumps(recorded))
