@@ -209,8 +209,9 @@ def test_trl_arm_end_to_end(tmp_path: Path, monkeypatch):
     pytest.importorskip("trl")
     out, evaluated = run_bench(tmp_path, monkeypatch, "trl", 40.0, [])  # TRL's imports alone take ~10 s
     rows = check_rows(out, evaluated, ["trl"], 40.0)
-    assert rows[1]["checkpoint"] == str(out / "seed0" / "trl" / "ckpt-1")  # the final snapshot is kept
-    assert rows[0]["checkpoint"] is None or rows[0]["steps"] == 0  # the other deleted (unless the base)
+    assert [r["fraction"] for r in rows] == [1.0, 0.5]  # the budget's end scored first
+    assert rows[0]["checkpoint"] == str(out / "seed0" / "trl" / "ckpt-1")  # the final snapshot is kept
+    assert rows[1]["checkpoint"] is None or rows[1]["steps"] == 0  # the other deleted (unless the base)
     assert rows[-1]["steps"] > 0  # TRL made optimizer steps inside the budget
     assert json.loads((out / "results.json").read_text())["arms"][0]["returncode"] == 0  # it exited itself
 
