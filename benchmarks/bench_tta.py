@@ -67,7 +67,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -75,33 +75,13 @@ sys.path.insert(0, str(BENCH))  # the sibling modules (benchmarks/ is not a pack
 
 import bench_trl  # noqa: E402
 import tta_calc  # noqa: E402
-import tta_eval  # noqa: E402
-import tta_task  # noqa: E402
+import tta_eval  # noqa: E402, F401  (the tests reach the evaluator through this module)
+import tta_task  # noqa: E402, F401
+from tta_scoring import evaluate_again, evaluate_and_report, rebuild_report  # noqa: E402
+from tta_setup import TASKS, Setup, task_options  # noqa: E402
 
 ARMS = ("trl", "sao", "grpo")
-TASKS = {"arith": tta_task, "calc": tta_calc}
-"""``--task``: the module of each (its problems, tasks file, the arms' settings, evaluator)."""
 ROOT = BENCH.parent
-
-
-@dataclass
-class Setup:
-    """What every arm is given (written as ``setup.json``; the TRL child reads it)."""
-
-    model: str
-    chat: bool
-    task: str
-    train_file: str
-    test_file: str
-    budget_s: float
-    fractions: list[float]
-    lr: float
-    batch: int
-    group: int
-    max_new: int
-    trl_threads: int
-    eval_temperature: float = 0.0
-    """The evaluator's: 0 greedy; > 0 one episode a problem sampled at it (seed 0, every model alike)."""
 
 
 def load_average() -> float:
@@ -144,7 +124,7 @@ def saorl_command(arm: str, s: Setup, seed: int, run_dir: Path, extra: list[str]
     return [sys.executable, "-c", "import sys; from saorl.cli import main; sys.exit(main(sys.argv[1:]))",
             "train", f"model.policy={s.model}", f"model.tokenizer={s.model}", "env.type=prompt_reward",
             f"env.tasks_file={s.train_file}", f"env.test_tasks_file={s.test_file}",
-            *TASKS[s.task].saorl_overrides(s.max_new),
+            *TASKS[s.task].saorl_overrides(s.max_new, **task_options(s)),
             "sft.enabled=false", f"seed={seed}", f"trainer.policy_lr={s.lr}", f"trainer.batch_size={s.batch}",
             "run.eval_tasks=0", "run.estimate=false", "run.progress=false", f"trainer.steps={big}",
             f"trainer.max_wall_s={s.budget_s}", f"run.checkpoint_every={big}", "run.checkpoint_every_s=null",
@@ -234,70 +214,6 @@ def run_arm(arm: str, s: Setup, seed: int, arm_dir: Path, extra: list[str], base
             "exit_s": exit_s, "returncode": proc.returncode, "snapshots": snaps}
 
 
-def checkpoint_dir(s: Setup, arm_dir: Path, snap: dict) -> Path:
-    """The snapshot as a transformers model directory (saorl's published state dict over the base
-    model's config; TRL's is one already); the base model itself when no weights were produced yet."""
-    if snap["weights"] is None:
-        return Path(s.model)
-    path = arm_dir / snap["weights"]
-    if path.is_dir():
-        return path
-    ckpt = arm_dir / f"ckpt-{snap['fraction']:g}"
-    if ckpt.is_dir() and not path.exists():  # converted by an earlier evaluation (--evaluate)
-        return ckpt
-    import torch
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(s.model, dtype=torch.float32)
-    model.load_state_dict(load_file(str(path)), strict=True)
-    model.save_pretrained(ckpt)
-    AutoTokenizer.from_pretrained(s.model).save_pretrained(ckpt)
-    path.unlink()
-    return ckpt
-
-
-def evaluate_all(s: Setup, out: Path, runs: list[dict], test_rows: list[dict],
-                 keep: bool = False) -> tuple[dict, list[dict]]:
-    """The base model and every snapshot through :func:`tta_eval.evaluate`; rows into results.jsonl.
-    A snapshot before the budget's end is deleted once scored, unless ``keep`` (SmolLM2: 540 MB each)."""
-    gen_dir = out / "generations"
-    gen_dir.mkdir(exist_ok=True)
-
-    task = TASKS[s.task]
-    flag = f"{task.FLAG}_frac"
-
-    def score(ckpt: Path, name: str) -> tuple[float, float, str]:
-        gens = task.evaluate(ckpt, test_rows, s.chat, s.max_new, temperature=s.eval_temperature, seed=0)
-        path = gen_dir / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(g) + "\n" for g in gens), encoding="utf-8")
-        return task.accuracy(gens), sum(g[task.FLAG] for g in gens) / len(gens), str(path)
-
-    acc, bare, gens = score(Path(s.model), "base")
-    base = {"accuracy": acc, flag: bare, "generations": gens}
-    (out / "base.json").write_text(json.dumps(base) + "\n", encoding="utf-8")
-    rows = []
-    with open(out / "results.jsonl", "w", encoding="utf-8") as fh:
-        # the budget's end first (every arm and seed), then the earlier fractions, latest first: an
-        # evaluation cut short has scored the comparison at the end
-        order = sorted(((run, snap) for run in runs for snap in run["snapshots"]),
-                       key=lambda pair: -pair[1]["fraction"])
-        for run, snap in order:
-            ckpt = checkpoint_dir(s, Path(run["dir"]), snap)
-            acc, bare, gens = score(ckpt, f"{run['arm']}-s{run['seed']}-f{snap['fraction']:g}")
-            row = {"arm": run["arm"], "seed": run["seed"], "fraction": snap["fraction"], "accuracy": acc,
-                   "elapsed_s": snap["elapsed_s"], "steps": snap["steps"], "load": snap.get("load"),
-                   flag: bare, "checkpoint": str(ckpt), "generations": gens}
-            if not keep and snap["fraction"] < 1 and ckpt.is_relative_to(run["dir"]):
-                shutil.rmtree(ckpt)
-                row["checkpoint"] = None
-            rows.append(row)
-            fh.write(json.dumps(row) + "\n")
-            print(f"[bench-tta] eval {run['arm']} seed {run['seed']} at {snap['elapsed_s']:.0f}s "
-                  f"({snap['steps']} steps): {acc:.3f}", flush=True)
-    return base, rows
-
-
 # ----------------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -319,6 +235,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="completion cap in tokens (calc: a turn's), every arm and the evaluator; "
                          "default 24 (arith), 48 (calc)")
     ap.add_argument("--trl-threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--format-reward", type=float, default=None, metavar="W",
+                    help="--task arith: the weight of the bare-integer reward term, every arm (default "
+                         "0.5; 0 leaves it out: the reward is the accuracy, no format loophole)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE",
                     help="a further arm NAME run as the saorl arm BASE (sao or grpo) with its own --set "
                          "overrides, for a lever measured beside the defaults; repeatable, name it in --arms")
@@ -372,6 +291,9 @@ def check_args(args: argparse.Namespace
         args.max_new = TASKS[args.task].MAX_NEW
     if args.budget_s <= 0 or args.seeds < 1 or args.max_new < 1 or args.trl_threads < 1 or args.lr <= 0:
         raise ValueError("need --budget-s > 0, --seeds >= 1, --max-new >= 1, --trl-threads >= 1 and --lr > 0")
+    if args.format_reward is not None and (args.task != "arith" or not 0 <= args.format_reward <= 10):
+        raise ValueError(f"--format-reward applies to --task arith, in [0, 10], got {args.format_reward:g} "
+                         f"with --task {args.task}")
     if args.eval_temperature is None:
         args.eval_temperature = 0.0
     if not 0 <= args.eval_temperature <= 10:
@@ -385,27 +307,6 @@ def check_args(args: argparse.Namespace
             raise ValueError(f"--set: ARM:KEY=VALUE with ARM one of {', '.join(extra)}, got {item!r}")
         extra[arm].append(override)
     return arms, fractions, extra, variants
-
-
-def rebuild_report(out: Path) -> str:
-    """``summary.md`` and ``tta.png`` of a finished benchmark, again from its ``results.json``; of an
-    evaluation cut short, from the rows it wrote (``results.jsonl``, ``base.json``, ``arms.json``),
-    its summary saying how many snapshots it covers. ValueError when neither is there."""
-    if (out / "results.json").is_file():
-        res = json.loads((out / "results.json").read_text())
-        return tta_eval.report(out, res["rows"], res["arms"], res["base"], res["meta"])
-    parts = [out / name for name in ("arms.json", "base.json", "results.jsonl")]
-    if not all(p.is_file() for p in parts):
-        raise ValueError(f"{out / 'results.json'} does not exist, nor an evaluation's rows to report "
-                         f"({', '.join(p.name for p in parts)})")
-    recorded = json.loads(parts[0].read_text())
-    rows = [json.loads(line) for line in parts[2].read_text().splitlines() if line.strip()]
-    if not rows:
-        raise ValueError(f"{parts[2]} holds no scored snapshot yet")
-    total = sum(len(r["snapshots"]) for r in recorded["runs"])
-    runs = [{k: v for k, v in r.items() if k != "snapshots"} for r in recorded["runs"]]
-    meta = {**recorded["meta"], "partial": f"{len(rows)} of {total} snapshots scored"}
-    return tta_eval.report(out, rows, runs, json.loads(parts[1].read_text()), meta)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     s = Setup(model=str(model), chat=chat, task=args.task, train_file=files[0], test_file=files[1],
               budget_s=args.budget_s,
               fractions=fractions, lr=args.lr, batch=args.batch, group=args.group, max_new=args.max_new,
-              trl_threads=args.trl_threads, eval_temperature=args.eval_temperature)
+              trl_threads=args.trl_threads, format_reward=args.format_reward,
+              eval_temperature=args.eval_temperature)
     (out / "setup.json").write_text(json.dumps(asdict(s), indent=1) + "\n", encoding="utf-8")
     meta = {**asdict(s), "model": args.model, "model_dir": s.model, "cores": os.cpu_count(),
             "variants": variants, "overrides": {arm: extra[arm] for arm in arms if extra.get(arm)},
@@ -487,35 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def evaluate_and_report(out: Path, s: Setup, meta: dict, runs: list[dict], test: list[dict],
-                        keep: bool) -> str:
-    """Score the base model and every snapshot of ``runs``, then write the report; its text."""
-    base, rows = evaluate_all(s, out, runs, test, keep=keep)
-    return tta_eval.report(out, rows, [{k: v for k, v in r.items() if k != "snapshots"} for r in runs], base,
-                           {**meta, "eval_temperature": s.eval_temperature})
 
-
-def evaluate_again(out: Path, temperature: float | None, keep: bool) -> str:
-    """``--evaluate OUT``: the evaluation and report of the arms ``OUT/arms.json`` records (every arm
-    that finished), at ``temperature`` when given, else at the one the benchmark was started with.
-    ValueError names a snapshot whose model is gone (scored and removed earlier, without
-    ``--keep-checkpoints``)."""
-    path = out / "arms.json"
-    if not path.is_file():
-        raise ValueError(f"{path} does not exist: is {out} a bench_tta.py --out directory whose arms ran?")
-    recorded = json.loads(path.read_text())
-    meta, runs = recorded["meta"], recorded["runs"]
-    fields = {k: meta[k] for k in Setup.__dataclass_fields__ if k in meta}
-    s = Setup(**{**fields, "eval_temperature": fields.get("eval_temperature", 0.0) if temperature is None
-                 else temperature})
-    gone = [f"{r['arm']} seed {r['seed']} at {snap['fraction']:g}" for r in runs for snap in r["snapshots"]
-            if snap["weights"] is not None and not (Path(r["dir"]) / snap["weights"]).exists()
-            and not (Path(r["dir"]) / f"ckpt-{snap['fraction']:g}").is_dir()]
-    if gone:
-        raise ValueError(f"the models of {', '.join(gone)} are gone (scored and removed by an earlier "
-                         "evaluation: run the benchmark with --keep-checkpoints to evaluate them again)")
-    _, test = TASKS[s.task].problems(meta["train_n"], meta["test_n"])
-    return evaluate_and_report(out, s, meta, runs, test, keep)
 
 if __name__ == "__main__":
     sys.exit(main())

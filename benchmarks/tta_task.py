@@ -11,7 +11,8 @@ Reward (the same functions for every arm: saorl's ``prompt_reward`` env names th
 but an optionally signed run of digits, spaces around it allowed) + 1.0 when the last integer in
 the reply is the answer. Accuracy (what the evaluator reports): the last integer in the reply is
 the answer. The format term is a loophole a policy can fall into (bare wrong integers earn 0.5),
-which the issue this benchmark answers saw two arms do.
+which the issue this benchmark answers saw two arms do; ``--format-reward W`` weights it W instead
+(0: left out, the reward is the accuracy).
 
 The functions take TRL's batched form, ``fn(completions=[...], answer=[...], **kw)``, where a
 completion is a text or, for a conversation, ``[{"role": "assistant", "content": text}]``.
@@ -99,17 +100,27 @@ def reward(reply: str, answer: int) -> float:
     return REWARD_WEIGHTS[0] * is_bare_integer(reply) + REWARD_WEIGHTS[1] * is_correct(reply, answer)
 
 
-def saorl_overrides(max_new: int) -> list[str]:
+def reward_terms(format_reward: float = REWARD_WEIGHTS[0]) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """The reward functions and weights every arm is given: the bare-integer term weighted
+    ``format_reward`` (``--format-reward``; 0 leaves it out: accuracy alone, no loophole)."""
+    if format_reward == 0:
+        return REWARD_FUNCS[1:], REWARD_WEIGHTS[1:]
+    return REWARD_FUNCS, (format_reward, REWARD_WEIGHTS[1])
+
+
+def saorl_overrides(max_new: int, format_reward: float = REWARD_WEIGHTS[0]) -> list[str]:
     """The saorl arms' env and rollout settings for this task."""
-    return [f"env.options.reward_fn=[{', '.join(f'tta_task:{f}' for f in REWARD_FUNCS)}]",
-            f"env.options.reward_weights=[{', '.join(map(str, REWARD_WEIGHTS))}]",
+    funcs, weights = reward_terms(format_reward)
+    return [f"env.options.reward_fn=[{', '.join(f'tta_task:{f}' for f in funcs)}]",
+            f"env.options.reward_weights=[{', '.join(map(str, weights))}]",
             f"rollout.max_new_tokens={max_new}", f"rollout.max_total_tokens={max_new + 192}"]
 
 
-def trl_arm(rows: list[dict], tok, max_new: int) -> dict[str, Any]:
+def trl_arm(rows: list[dict], tok, max_new: int, format_reward: float = REWARD_WEIGHTS[0]) -> dict[str, Any]:
     """What TRL's ``GRPOTrainer`` is given (``rows``: the tasks file's)."""
-    return {"rows": rows, "tools": None, "reward_funcs": [globals()[f] for f in REWARD_FUNCS],
-            "reward_weights": list(REWARD_WEIGHTS), "config": {"max_completion_length": max_new}}
+    funcs, weights = reward_terms(format_reward)
+    return {"rows": rows, "tools": None, "reward_funcs": [globals()[f] for f in funcs],
+            "reward_weights": list(weights), "config": {"max_completion_length": max_new}}
 
 
 def evaluate(ckpt: Path, rows: list[dict], chat: bool, max_new: int, temperature: float = 0.0,

@@ -11,6 +11,7 @@ from bench_scripts import load_benchmark
 
 tta = load_benchmark("bench_tta")
 task, tta_eval = tta.tta_task, tta.tta_eval
+import tta_scoring  # noqa: E402  (benchmarks/ is on sys.path once bench_tta is loaded)
 
 
 def test_problems_are_disjoint_and_answered_right():
@@ -52,10 +53,40 @@ def test_rewards_by_hand(reply, answer, bare, correct):
     (["--variant", "Top4=sao"], "--variant"), (["--variant", "v=sao", "--variant", "v=grpo"], "--variant"),
     (["--arms", "sao,top4"], "--arms"), (["--set", "top4:algo.critic_train_layers=4"], "--set"),
     (["--report", "/nonexistent/never-made"], "results.json"),
+    (["--task", "calc", "--format-reward", "0"], "--format-reward applies to --task arith"),
+    (["--format-reward", "-1"], "--format-reward"), (["--eval-temperature", "-0.5"], "--eval-temperature"),
 ])
 def test_bad_options_are_named(argv, match, capsys):
     assert tta.main([*argv, "--out", "/nonexistent/never-made"]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_format_reward_reaches_every_arm_alike():
+    """``--format-reward W``: the bare-integer term's weight for saorl's env and TRL's reward_funcs;
+    0 leaves the term out, so the reward is the accuracy."""
+    import tta_setup
+
+    def saorl_reward(s):
+        cmd = tta.saorl_command("sao", s, 0, Path("/r"), [])
+        return ([c for c in cmd if c.startswith("env.options.reward_fn=")],
+                [c for c in cmd if c.startswith("env.options.reward_weights=")])
+
+    common = dict(model="m", chat=True, task="arith", train_file="a", test_file="b", budget_s=1.0,
+                  fractions=[1.0], lr=1e-5, batch=4, group=2, max_new=8, trl_threads=1)
+    default = tta_setup.Setup(**common)
+    both = "env.options.reward_fn=[tta_task:bare_integer, tta_task:last_integer_correct]"
+    assert saorl_reward(default) == ([both], ["env.options.reward_weights=[0.5, 1.0]"])
+    off = tta_setup.Setup(**common, format_reward=0.0)
+    assert saorl_reward(off) == (["env.options.reward_fn=[tta_task:last_integer_correct]"],
+                                 ["env.options.reward_weights=[1.0]"])
+    quarter = tta_setup.Setup(**common, format_reward=0.25)
+    assert saorl_reward(quarter)[1] == ["env.options.reward_weights=[0.25, 1.0]"]
+    trl = task.trl_arm([], None, 8, format_reward=0.0)
+    assert [f.__name__ for f in trl["reward_funcs"]] == ["last_integer_correct"]
+    assert trl["reward_weights"] == [1.0]
+    trl = task.trl_arm([], None, 8)
+    assert [f.__name__ for f in trl["reward_funcs"]] == ["bare_integer", "last_integer_correct"]
+    assert trl["reward_weights"] == [0.5, 1.0]
 
 
 def _rows(acc: dict[str, list[list[float]]]) -> list[dict]:
@@ -104,7 +135,7 @@ def test_variant_arms_and_report_rebuild(tmp_path: Path, monkeypatch):
         return {"accuracy": 0.1, "bare_frac": 0.0, "generations": ""}, rows
 
     monkeypatch.setattr(tta, "run_arm", fake_run)
-    monkeypatch.setattr(tta, "evaluate_all", fake_eval)
+    monkeypatch.setattr(tta_scoring, "evaluate_all", fake_eval)
     out = tmp_path / "tta"
     assert tta.main(["--model", "tiny-dense", "--arms", "sao,top4,grpo", "--variant", "top4=sao",
                      "--set", "top4:algo.critic_train_layers=4", "--set", "sao:value_pretrain.steps=2",
