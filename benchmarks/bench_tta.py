@@ -249,8 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the evaluator's decoding: 0 greedy (default); > 0 sampled at T, one episode a "
                          "problem, seeded alike for every model (where greedy sits at its ceiling)")
     ap.add_argument("--evaluate", type=Path, metavar="OUT",
-                    help="only (re)run the evaluation and report of OUT's arms (OUT/arms.json), e.g. after "
-                         "an interrupted evaluation or at another --eval-temperature")
+                    help="only the evaluation and report of OUT's arms (OUT/arms.json): an evaluation cut "
+                         "short goes on where it stopped; another --eval-temperature scores all again "
+                         "(the earlier fractions' models are kept only with --keep-checkpoints)")
     ap.add_argument("--keep-checkpoints", action="store_true",
                     help="keep every snapshot's model (default: only those at the budget's end)")
     ap.add_argument("--out", type=Path, default=Path("bench-tta"))

@@ -198,7 +198,7 @@ def report(out: Path, rows: list[dict], arms_run: list[dict], base: dict, meta: 
         lines += ["Paired by seed: the mean difference in held-out accuracy, its 95% t-interval over "
                   "seeds and each seed's difference:", "",
                   paired_table(rows, arms, fractions, meta["budget_s"]), ""]
-    if time_to(rows, arms):
+    if time_to(rows, arms) and not meta.get("partial"):  # partial: earlier snapshots may be unscored
         lines += [time_to(rows, arms), ""]
     if meta.get("overrides"):
         lines += ["Overrides: " + "; ".join(f"{arm} ({(meta.get('variants') or {}).get(arm, arm)}): "

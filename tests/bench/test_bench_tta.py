@@ -129,7 +129,7 @@ def test_variant_arms_and_report_rebuild(tmp_path: Path, monkeypatch):
                 "exit_s": 10.0, "returncode": 0,
                 "snapshots": [{"fraction": 1.0, "elapsed_s": 10.0, "steps": 2, "weights": None, "load": 0.6}]}
 
-    def fake_eval(s, out, runs, test, keep=False):
+    def fake_eval(s, out, runs, test, keep=False, resume=False):
         rows = [{"arm": r["arm"], "seed": r["seed"], "fraction": 1.0, "steps": 2, "elapsed_s": 10.0,
                  "accuracy": 0.25 if r["arm"] == "top4" else 0.5, "bare_frac": 0.0} for r in runs]
         return {"accuracy": 0.1, "bare_frac": 0.0, "generations": ""}, rows
@@ -289,8 +289,11 @@ def test_sampled_evaluation_and_evaluate_again(tmp_path: Path, monkeypatch, caps
                 "exit_s": 10.0, "returncode": 0,
                 "snapshots": [{"fraction": 1.0, "elapsed_s": 10.0, "steps": 0, "weights": None, "load": 0.6}]}
 
+    models = []
+
     def fake_evaluate(ckpt, rows, chat, max_new, batch=32, temperature=0.0, seed=0):
         decodings.append((temperature, seed))
+        models.append(Path(ckpt))
         right = temperature > 0  # sampled: every reply right; greedy: none
         return [{"question": r["question"], "answer": r["answer"], "reply": str(r["answer"] if right else 0),
                  "correct": right, "bare": True} for r in rows]
@@ -314,8 +317,18 @@ def test_sampled_evaluation_and_evaluate_again(tmp_path: Path, monkeypatch, caps
     assert results["meta"]["eval_temperature"] == 0.0 and {r["accuracy"] for r in results["rows"]} == {0.0}
     assert "Held-out accuracy (greedy, 4 problems" in (out / "summary.md").read_text()
     decodings.clear()
+    models.clear()
     assert tta.main(["--evaluate", str(out)]) == 0  # no temperature given: the one it started with
     assert decodings == [(1.0, 0)] * 3
+    model_dir = Path(json.loads((out / "arms.json").read_text())["meta"]["model_dir"])
+    assert models == [model_dir] * 3 and (model_dir / "config.json").is_file()  # not the name as given
+    # an evaluation cut short after one snapshot goes on where it stopped, at the same temperature
+    first = (out / "results.jsonl").read_text().splitlines()[0]
+    (out / "results.jsonl").write_text(first + "\n")
+    decodings.clear()
+    assert tta.main(["--evaluate", str(out)]) == 0
+    assert decodings == [(1.0, 0)]  # the other seed's snapshot alone: the base and the first kept
+    assert len(json.loads((out / "results.json").read_text())["rows"]) == 2
 
     # an evaluation cut short: --report rebuilds the summary from the rows it wrote, and says so
     (out / "results.json").unlink()
@@ -324,6 +337,7 @@ def test_sampled_evaluation_and_evaluate_again(tmp_path: Path, monkeypatch, caps
     assert tta.main(["--report", str(out)]) == 0
     summary = (out / "summary.md").read_text()
     assert "Partial: the evaluation was cut short (1 of 2 snapshots scored)" in summary
+    assert "sampled at temperature 1" in summary  # the decoding of the evaluation the rows are from
     assert "| sao | **1.000** (1.000; steps 0) |" in summary and not (out / "results.json").exists()
     (out / "results.jsonl").write_text("")
     capsys.readouterr()
