@@ -44,6 +44,15 @@ def _key(arm: str, seed: int, fraction: float) -> tuple[str, int, float]:
     return arm, int(seed), float(fraction)
 
 
+def _started_at(out: Path) -> float:
+    """The evaluator's temperature the benchmark in ``out`` was started with (for rows written before
+    ``base.json`` said its own)."""
+    path = out / "arms.json"
+    if not path.is_file():
+        return 0.0
+    return float(json.loads(path.read_text())["meta"].get("eval_temperature") or 0.0)
+
+
 def scored_before(out: Path, temperature: float) -> tuple[dict | None, dict[tuple, dict]]:
     """The base row and snapshot rows an earlier evaluation of ``out`` at ``temperature`` wrote
     (``base.json``, ``results.jsonl``), to be kept rather than scored again; none at another
@@ -52,7 +61,7 @@ def scored_before(out: Path, temperature: float) -> tuple[dict | None, dict[tupl
     if not base_path.is_file():
         return None, {}
     base = json.loads(base_path.read_text())
-    if float(base.get("eval_temperature", 0.0)) != float(temperature):
+    if float(base.get("eval_temperature", _started_at(out))) != float(temperature):
         return None, {}
     rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()] \
         if rows_path.is_file() else []
@@ -131,7 +140,7 @@ def rebuild_report(out: Path) -> str:
         raise ValueError(f"{parts[2]} holds no scored snapshot yet")
     total = sum(len(r["snapshots"]) for r in recorded["runs"])
     runs = [{k: v for k, v in r.items() if k != "snapshots"} for r in recorded["runs"]]
-    meta = {**recorded["meta"], "eval_temperature": base.get("eval_temperature", 0.0),
+    meta = {**recorded["meta"], "eval_temperature": base.get("eval_temperature", _started_at(out)),
             "partial": f"{len(rows)} of {total} snapshots scored"}
     return tta_eval.report(out, rows, runs, base, meta)
 
