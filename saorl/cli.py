@@ -110,6 +110,8 @@ def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("SAORL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
+    if debug:  # a command's own saorl processes (saorl experiment --jobs' runs) print tracebacks too
+        os.environ["SAORL_DEBUG"] = "1"
     # transformers' weight loading / saving progress bars ("Loading weights", "Writing model shards")
     # print several times per run, here and in the rollout workers (which inherit the environment).
     # The switch is the Hub's, so its download bars go too (the start-up checks say when a Hub model

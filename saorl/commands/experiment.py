@@ -1,6 +1,7 @@
-"""``saorl experiment NAME|PATH [--quick] [--out DIR] [--seeds N] [--arms a,b] [key=value ...]``.
+"""``saorl experiment NAME|PATH [--quick] [--out DIR] [--seeds N] [--arms a,b] [--jobs N] [key=value ...]``.
 
-Runs every arm × seed of an experiment spec (``configs/experiments/NAME.yaml``) one after another,
+Runs every arm × seed of an experiment spec (``configs/experiments/NAME.yaml``) one after another
+(``--jobs N``: N at a time, each in a process of its own, :mod:`saorl.experiments.parallel`),
 then writes ``OUT/report.md`` (the comparison table and plots) and ``OUT/plots/*.png``. Runs that
 finished earlier in ``OUT`` are skipped, so an interrupted experiment resumes where it stopped;
 ``--report`` only redraws the report from what is there. ``key=value`` overrides apply to every arm
@@ -11,6 +12,8 @@ wall-clock budget per run (plus the SFT warm start and value pretraining, both c
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, metavar="N", help="run the first N seeds (default: the spec's)")
     p.add_argument("--arms", metavar="A,B", help="comma-separated arms to run (default: all)")
     p.add_argument("--report", action="store_true", help="only write the report from existing runs")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="runs at once, each in a process of its own (default 1: one after another); with "
+                        "N > 1 give each run its share of the cores, e.g. runtime.trainer_threads=1")
+    p.add_argument("--run", metavar="ARM:SEED", help=argparse.SUPPRESS)  # one run: a --jobs child
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
         sel = Selection(selected_arms(spec, args.quick, names), selected_seeds(spec, args.quick, args.seeds),
                         args.quick, list(args.overrides))
         out = args.out or Path("runs") / "experiments" / (spec.name + ("-quick" if args.quick else ""))
+        if args.jobs < 1:
+            raise SpecError(f"--jobs must be >= 1, got {args.jobs}")
         runner = ExperimentRunner(spec, path, out, sel)
+        if args.run is not None:
+            return run_child(runner, args.run)
         trained = [a for a in sel.arms if a != spec.start_arm] or [next(iter(spec.arms))]
         cfgs = {a: runner.config(a, sel.seeds[0]) for a in trained}
         cfg = cfgs[trained[0]]
@@ -76,10 +87,17 @@ def run(args: argparse.Namespace) -> int:
             except StartupError as e:
                 print(f"saorl experiment: {e}", file=sys.stderr)
                 return 2
-            runner.run()
+            if args.jobs > 1:
+                from saorl.experiments.parallel import run_parallel
+
+                run_parallel(runner, str(path.absolute()), args.jobs)
+            else:
+                runner.run()
         except ExperimentInterrupted as e:
+            from saorl.experiments.parallel import ExperimentFailed
+
             print(f"saorl experiment: {e}", file=sys.stderr)
-            status = 130
+            status = 1 if isinstance(e, ExperimentFailed) else 130
         except (SpecError, ConfigError) as e:
             print(f"saorl experiment: {e}", file=sys.stderr)
             return 2
@@ -112,6 +130,30 @@ def run(args: argparse.Namespace) -> int:
     print(report.read_text(encoding="utf-8").split("\n\n![", 1)[0])
     print(f"\nreport: {report}")
     return status
+
+
+def run_child(runner, which: str) -> int:
+    """``--run ARM:SEED`` (a ``--jobs`` child, :mod:`saorl.experiments.parallel`): that run alone,
+    dying with the parent that started it."""
+    from saorl.experiments.parallel import PARENT_ENV
+    from saorl.experiments.runner import ExperimentInterrupted
+    from saorl.parent_death import die_with_parent
+
+    trained = [a for a in runner.spec.arms if a != runner.spec.start_arm]
+    got = re.fullmatch(r"(.+):(\d+)", which, re.ASCII)
+    if got is None or got[1] not in trained:
+        print(f"saorl experiment: --run ARM:SEED with a trained arm of {runner.spec.name!r} "
+              f"({', '.join(trained)}) and a seed >= 0, got {which!r}", file=sys.stderr)
+        return 2
+    arm, seed = got[1], got[2]
+    parent = os.environ.get(PARENT_ENV, "")
+    die_with_parent(int(parent) if parent.isdigit() else os.getppid(), kernel_signal=True)
+    try:
+        runner.run_one(arm, int(seed))
+    except ExperimentInterrupted as e:
+        print(f"saorl experiment: {e}", file=sys.stderr)
+        return 130
+    return 0
 
 
 def weak_start(spec, path: Path, arm: str, sel, quick_cfg) -> str | None:

@@ -132,9 +132,18 @@ class ExperimentRunner:
         (self.out / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
     # ------------------------------------------------------------------------- trained arms
-    def run_one(self, arm: str, seed: int) -> RunResult:
+    def prepare(self, arm: str, seed: int) -> SaorlConfig:
+        """The run's config, its SFT warm start and value-pretrained critic made (both cached, so
+        ``train`` reuses them)."""
         from saorl.stages.sft import reuse_cached_sft, warm_start
         from saorl.stages.value_pretrain import initial_critic
+
+        cfg = self.config(arm, seed)
+        reuse_cached_sft(cfg, self.train_cache, self.log)  # the same SFT from `saorl train`: not again
+        initial_critic(cfg, warm_start(cfg, self.log), self.log)
+        return cfg
+
+    def run_one(self, arm: str, seed: int) -> RunResult:
         from saorl.training import train
 
         run_dir = run_dir_for(self.out, arm, seed)
@@ -142,9 +151,7 @@ class ExperimentRunner:
             done = json.loads((run_dir / DONE_FILE).read_text())
             self.log(f"[{arm} seed {seed}] finished earlier ({done['steps']} steps): skipped")
             return RunResult(arm, seed, str(run_dir), "skipped", done["steps"], done["wall_s"])
-        cfg = self.config(arm, seed)
-        reuse_cached_sft(cfg, self.train_cache, self.log)  # the same SFT from `saorl train`: not again
-        initial_critic(cfg, warm_start(cfg, self.log), self.log)  # cached: train() reuses them
+        cfg = self.prepare(arm, seed)
         start_row = self._start_row(seed, exclude=arm) if cfg.run.eval_tasks else None
         if start_row is not None:  # the same policy, tasks and sampling seed: evaluated once per seed
             cfg.run.eval_at_start = False
