@@ -110,8 +110,6 @@ def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("SAORL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
-    if debug:  # a command's own saorl processes (saorl experiment --jobs' runs) print tracebacks too
-        os.environ["SAORL_DEBUG"] = "1"
     # transformers' weight loading / saving progress bars ("Loading weights", "Writing model shards")
     # print several times per run, here and in the rollout workers (which inherit the environment).
     # The switch is the Hub's, so its download bars go too (the start-up checks say when a Hub model
@@ -124,6 +122,7 @@ def _main(argv: list[str] | None) -> int:
         os.environ.setdefault("TQDM_DISABLE", "1")
     parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parse(parser, argv)
+    args.debug = debug  # for a command that starts saorl processes of its own (saorl experiment --jobs)
     if args.version:
         from saorl import __version__
 

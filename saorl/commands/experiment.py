@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             if args.jobs > 1:
                 from saorl.experiments.parallel import run_parallel
 
-                run_parallel(runner, str(path.absolute()), args.jobs)
+                run_parallel(runner, str(path.absolute()), args.jobs, debug=getattr(args, "debug", False))
             else:
                 runner.run()
         except ExperimentInterrupted as e:

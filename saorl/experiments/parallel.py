@@ -76,7 +76,7 @@ def _print(message: str) -> None:
 
 
 def run_parallel(runner: ExperimentRunner, spec_ref: str, jobs: int,
-                 log: Callable[[str], None] = _print) -> list[RunResult]:
+                 log: Callable[[str], None] = _print, debug: bool = False) -> list[RunResult]:
     """Every selected trained run of ``runner`` not finished yet, ``jobs`` at a time (module
     docstring), then the start arm's rows of every seed whose trained runs all finished (also when
     the experiment stops early, as the serial runner leaves them); the results in the serial
@@ -118,7 +118,8 @@ def run_parallel(runner: ExperimentRunner, spec_ref: str, jobs: int,
                     proc = subprocess.Popen(
                         child_command(spec_ref, out, arm, seed, runner.sel.quick, list(runner.sel.extra)),
                         stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                        env={**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"})
+                        env={**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1",
+                             **({"SAORL_DEBUG": "1"} if debug else {})})
                 running[arm, seed] = (proc, time.monotonic())
                 log(f"[{arm} seed {seed}] started (pid {proc.pid})")
             time.sleep(POLL_S)
