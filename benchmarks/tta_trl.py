@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_trl
+from tta_setup import task_options
 
 
 class TrlSnapshots:
@@ -85,8 +86,7 @@ def trl_child(s: Any, task: Any, arm_dir: Path, seed: int, t0: float) -> int:
     tok.padding_side = "left"
     snaps.tok = tok
     rows = [json.loads(line) for line in open(s.train_file, encoding="utf-8")]
-    arm = task.trl_arm(rows, tok, s.max_new, **({} if s.format_reward is None
-                                                 else {"format_reward": s.format_reward}))
+    arm = task.trl_arm(rows, tok, s.max_new, **task_options(s))
     cfg = bench_trl.grpo_config(arm_dir / "trl", batch=s.batch, group=s.group, max_new=s.max_new, lr=s.lr,
                                 seed=seed, reward_weights=arm["reward_weights"], **arm["config"])
     trainer = GRPOTrainer(model=load_policy(s.model), args=cfg, train_dataset=Dataset.from_list(arm["rows"]),
