@@ -83,7 +83,7 @@ def run_parallel(runner: ExperimentRunner, spec_ref: str, jobs: int,
     runner's order."""
     out = runner.out
     out.mkdir(parents=True, exist_ok=True)
-    runner._save_spec()
+    runner.save_spec()
     runner.check_same_start()
     order = [(arm, seed) for seed in runner.sel.seeds for arm in runner.trained_arms()]
     results: dict[tuple[str, int], RunResult] = {}

@@ -117,7 +117,7 @@ class ExperimentRunner:
 
     def run(self) -> list[RunResult]:
         self.out.mkdir(parents=True, exist_ok=True)
-        self._save_spec()
+        self.save_spec()
         self.check_same_start()
         results = []
         for seed in self.sel.seeds:
@@ -127,7 +127,8 @@ class ExperimentRunner:
                 results.append(self.run_start_arm(seed))
         return results
 
-    def _save_spec(self) -> None:
+    def save_spec(self) -> None:
+        """The experiment's spec and this selection, as ``spec.yaml`` in the output folder."""
         data = self.spec.model_dump() | {"selection": {**asdict(self.sel), "extra": list(self.sel.extra)}}
         (self.out / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
