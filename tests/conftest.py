@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-# Two cores on CI; keep torch from oversubscribing when tests spawn processes.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Two cores on CI; keep torch from oversubscribing when tests spawn processes (and, under
+# pytest-xdist, when another worker runs beside this one).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
+
+_WHOLE_DIRS = ("vllm", "realmodel")
+"""Test folders that run whole on one pytest-xdist worker: they share session fixtures that are
+costly to make twice (a vLLM server, a converted real model) and each test needs several GB."""
 
 _VLLM_PREP: subprocess.Popen | None = None
 """The background making of the vLLM environment (:func:`pytest_collection_finish`), if started."""
@@ -20,6 +26,21 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Under ``pytest -n N --dist loadgroup`` (the README's test command), a test module runs whole on
+    one worker, so its module- and session-scoped fixtures (servers, converted models) are made once;
+    tests/vllm and tests/realmodel run whole on one worker each. A test marked with its own
+    ``xdist_group`` keeps it."""
+    root = Path(__file__).parent
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        rel = Path(str(item.fspath)).relative_to(root)
+        group = rel.parts[0] if rel.parts[0] in _WHOLE_DIRS else rel.as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_finish(session):
     """When a collected test needs the real vLLM (the ``vllm_python`` fixture) and its environment is
     not made yet, start making it now, in the background (``python tests/vllm/server.py``, its own
@@ -28,7 +49,8 @@ def pytest_collection_finish(session):
     global _VLLM_PREP
     off = ("off", "0", "false")
     if (os.environ.get("SAORL_VLLM", "").lower() in off or os.environ.get("SAORL_VLLM_PREFETCH", "") in off
-            or session.config.option.collectonly):
+            or session.config.option.collectonly
+            or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0"):  # one worker starts it
         return
     if not any("vllm_python" in getattr(item, "fixturenames", ()) for item in session.items):
         return

@@ -174,7 +174,7 @@ def test_readme_lists_exactly_the_cli_commands_and_links_resolve():
 QUICK_START = [  # CI runs the second verbatim: the README shows exactly these
     "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints-cpu.txt -e . && saorl train",
     "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints-cpu.txt "
-    '-e ".[dev,ray,envs]" && ruff check . && pytest',
+    '-e ".[dev,ray,envs]" && ruff check . && pytest -n 2',
 ]
 
 
