@@ -14,8 +14,8 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 
 _WHOLE_DIRS = ("vllm", "realmodel")
-"""Test folders that run whole on one pytest-xdist worker: they share session fixtures that are
-costly to make twice (a vLLM server, a converted real model) and each test needs several GB."""
+"""Test folders that run whole on one pytest-xdist worker each: they share session fixtures that
+are costly to make twice (a vLLM server, a converted real model) and a test needs several GB."""
 
 _VLLM_PREP: subprocess.Popen | None = None
 """The background making of the vLLM environment (:func:`pytest_collection_finish`), if started."""
@@ -26,19 +26,16 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """Under ``pytest -n N --dist loadgroup`` (the README's test command), a test module runs whole on
-    one worker, so its module- and session-scoped fixtures (servers, converted models) are made once;
-    tests/vllm and tests/realmodel run whole on one worker each. A test marked with its own
-    ``xdist_group`` keeps it."""
+    """Under ``pytest -n N`` (the README's test command: pytest-xdist, ``--dist loadgroup``),
+    tests/vllm and tests/realmodel each run whole on one worker, so their servers and converted
+    model are made once and two of their multi-GB tests never run at once; xdist starts the largest
+    groups first. Every other test goes to whichever worker is free."""
     root = Path(__file__).parent
     for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        rel = Path(str(item.fspath)).relative_to(root)
-        group = rel.parts[0] if rel.parts[0] in _WHOLE_DIRS else rel.as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+        top = Path(str(item.fspath)).relative_to(root).parts[0]
+        if top in _WHOLE_DIRS and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(top))
 
 
 def pytest_collection_finish(session):
