@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from saorl.models.adapter import AdapterMerger, is_adapter_dir
+from saorl.models.adapter import AdapterMerger, MergedWeights, is_adapter_dir
 from saorl.models.hf_format import FileWeights, read_weights
 
 
@@ -30,7 +30,8 @@ def update_state(model: torch.nn.Module, weights: Mapping[str, torch.Tensor] | s
     if unknown:
         raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
     for name in weights:
-        shape = weights.shape(name) if isinstance(weights, FileWeights) else tuple(weights[name].shape)
+        lazy = isinstance(weights, (FileWeights, MergedWeights))  # read as applied: not here
+        shape = weights.shape(name) if lazy else tuple(weights[name].shape)
         if shape != tuple(own[name].shape):
             raise ValueError(
                 f"update_weights: {name} has shape {shape}, expected {tuple(own[name].shape)}"

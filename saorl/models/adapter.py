@@ -61,13 +61,13 @@ def adapter_scale(config: dict) -> float:
     return alpha / r ** 0.5 if config.get("use_rslora") else alpha / r
 
 
-def adapter_deltas(config: dict, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``{"<module>.weight": s·B·A}`` (float32) in the plain model's own names."""
+def adapter_factors(config: dict, tensors: dict[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
+    """``{"<module>.weight": (B, A)}`` in the plain model's own names, the adapter checked to be plain
+    LoRA (:data:`_PLAIN`); the update of each weight is ``s·B·A`` (:func:`adapter_scale`)."""
     for key, plain in _PLAIN.items():
         if config.get(key, plain) not in (plain, None, {}, [], False):
             raise ValueError(f"adapter has {key}={config[key]!r}; only plain LoRA adapters can be merged")
-    scale = adapter_scale(config)
-    out: dict[str, Tensor] = {}
+    out: dict[str, tuple[Tensor, Tensor]] = {}
     for name, a in tensors.items():
         if not name.endswith(".lora_A.weight"):
             if not name.endswith(".lora_B.weight"):
@@ -78,8 +78,47 @@ def adapter_deltas(config: dict, tensors: dict[str, Tensor]) -> dict[str, Tensor
         if b is None:
             raise ValueError(f"adapter has {name!r} but no {module}.lora_B.weight")
         own = module[len(_PREFIX):] if module.startswith(_PREFIX) else module
-        out[own + ".weight"] = (b.float() @ a.float()) * scale
+        out[own + ".weight"] = (b, a)
     return out
+
+
+def _delta(b: Tensor, a: Tensor, scale: float) -> Tensor:
+    return (b.float() @ a.float()) * scale
+
+
+def adapter_deltas(config: dict, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``{"<module>.weight": s·B·A}`` (float32) in the plain model's own names."""
+    scale = adapter_scale(config)
+    return {name: _delta(b, a, scale) for name, (b, a) in adapter_factors(config, tensors).items()}
+
+
+class MergedWeights(Mapping[str, Tensor]):
+    """The weights :meth:`AdapterMerger.merged` gives, each computed as it is read: base + ``s·B·A``
+    summed in float32, or the base for a weight this adapter does not target. An engine that applies
+    them a tensor at a time holds one merged weight and one update at a time, not all of both (on
+    SmolLM2-135M, two more copies of the targeted weights otherwise)."""
+
+    def __init__(self, base: Mapping[str, Tensor], factors: Mapping[str, tuple[Tensor, Tensor]],
+                 scale: float) -> None:
+        self._base, self._factors, self._scale = base, factors, scale
+        self._names = list(factors) + [n for n in base if n not in factors]
+
+    def __getitem__(self, name: str) -> Tensor:
+        base = self._base[name]
+        if name not in self._factors:
+            return base
+        b, a = self._factors[name]
+        return (base.float() + _delta(b, a, self._scale).to(base.device)).to(base.dtype)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The weight's shape, without computing it."""
+        return tuple(self._base[name].shape)
 
 
 class AdapterMerger:
@@ -95,27 +134,25 @@ class AdapterMerger:
         self._lock = threading.Lock()
 
     def merged(self, model: torch.nn.Module, path: str | Path,
-               own: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+               own: Mapping[str, Tensor] | None = None) -> MergedWeights:
         """The new weights (the model's names and dtypes) of the modules the adapter at ``path``
-        targets: base + ``s·B·A``, summed in float32. ``own``: the model's weights as its engine
-        holds them (default its state dict)."""
+        targets and of those an earlier adapter targeted (back to their base), computed as they are
+        read (:class:`MergedWeights`). ``own``: the model's weights as its engine holds them (default
+        its state dict)."""
         config, tensors = read_adapter(path)
-        deltas = adapter_deltas(config, tensors)
+        factors = adapter_factors(config, tensors)
+        scale = adapter_scale(config)
         with self._lock:
             own = model.state_dict() if own is None else own
-            unknown = sorted(set(deltas) - set(own))
+            unknown = sorted(set(factors) - set(own))
             if unknown:
                 raise ValueError(f"adapter {str(path)!r} targets weights the model does not have: "
                                  f"{unknown[:5]}")
-            out = {}
-            for name, delta in deltas.items():
+            for name, (b, a) in factors.items():
                 if name not in self._base:
                     self._base[name] = own[name].detach().clone()
-                base = self._base[name]
-                if tuple(delta.shape) != tuple(base.shape):
+                shape, base = (b.shape[0], a.shape[1]), tuple(self._base[name].shape)
+                if shape != base:
                     raise ValueError(f"adapter {str(path)!r}: the update of {name} has shape "
-                                     f"{tuple(delta.shape)}, the model's weight {tuple(base.shape)}")
-                out[name] = (base.float() + delta.to(base.device)).to(base.dtype)
-            # a module an earlier adapter targeted and this one does not goes back to its base
-            out |= {name: base for name, base in self._base.items() if name not in out}
-            return out
+                                     f"{shape}, the model's weight {base}")
+            return MergedWeights(dict(self._base), factors, scale)

@@ -89,6 +89,31 @@ def test_the_engines_merge_equals_peft_and_follows_each_adapter_from_the_base(ki
                        base["model.layers.0.self_attn.o_proj.weight"])
 
 
+def test_the_merged_weights_are_computed_as_read_and_equal_the_eager_sum_bit_for_bit(tmp_path):
+    """AdapterMerger.merged gives a mapping that computes each weight when it is read (an engine
+    applies them one at a time): each equals base + s·B·A summed in float32 exactly, its shape is
+    known without computing it, and a weight the previous adapter targeted and this one does not
+    reads as its base."""
+    plain = build_tiny("tiny-dense")
+    base = {k: v.clone() for k, v in plain.state_dict().items()}
+    merger = AdapterMerger()
+    first = write_adapter_dir(adapter_state(_lora()), adapter_config(_lora()), tmp_path / "a")
+    lora = _lora(targets=("q_proj",), b_std=0.2)
+    second = write_adapter_dir(adapter_state(lora), adapter_config(lora), tmp_path / "b")
+    assert merger.merged(plain, first)  # the base of every default target is kept now
+    merged = merger.merged(plain, second)
+    config, tensors = read_adapter(second)
+    deltas = adapter_deltas(config, tensors)
+    assert set(deltas) < set(merged) and len(merged) == len(list(merged))
+    for name in merged:
+        assert merged.shape(name) == tuple(base[name].shape)
+        want = (base[name].float() + deltas[name]).to(base[name].dtype) if name in deltas else base[name]
+        assert torch.equal(merged[name], want), name
+    assert any(name not in deltas for name in merged)  # the first adapter's other targets: the base
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert merged[q] is not merged[q]  # made as read, not held
+
+
 def test_an_adapter_that_is_not_plain_lora_is_refused(tmp_path):
     lora = _lora()
     config, tensors = adapter_config(lora), adapter_state(lora)
