@@ -21,7 +21,9 @@ The parts, in MiB (``N`` the policy's parameters, ``b`` bytes a parameter in the
   ``inprocess``): :data:`BASE_MIB`, the engine's model, its oneDNN-packed copy (float32 on a CPU,
   ``pack_weights``; with ``pack_in_place`` the model's own linear weights are freed, a tied
   vocabulary projection's kept), the largest tensor of an update (read one at a time:
-  :class:`~saorl.models.hf_format.FileWeights`), and the KV cache of its slots;
+  :class:`~saorl.models.hf_format.FileWeights`; an adapter's merged weights too:
+  :class:`~saorl.models.adapter.MergedWeights`), with LoRA a copy of the adapted weights (the base
+  each adapter is merged into), and the KV cache of its slots;
 - :data:`SLACK` on top: the allocator's free memory it keeps between steps.
 
 Measured on SmolLM2-135M-Instruct, the sums recipe (``docs/performance.md``, "Memory"): the constants
@@ -107,10 +109,15 @@ def _shape(spec: str) -> dict:
     mlp = sum(p.numel() for n, p in params.items() if _MLP_TRAINABLE.search(n))
     layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
     linear = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
+    by_name: dict[str, int] = {}  # each linear module's own name (q_proj, ...): its weights in all
+    for name, m in model.named_modules():
+        if type(m) is torch.nn.Linear:
+            by_name[name.rpartition(".")[2]] = by_name.get(name.rpartition(".")[2], 0) + m.weight.numel()
     tied = head.weight.numel() if head is not None and cfg.tie_word_embeddings else 0
     largest = max(p.numel() for p in params.values())
     return {"params": total, "trunk": total - head_own, "mlp": mlp, "linear": linear, "largest": largest,
             "released": linear - tied,  # what a worker's engine packs in place (not the tied head)
+            "linear_by_name": by_name,
             "layers": layers,
             "hidden": hidden,
             "vocab": cfg.vocab_size, "kv_per_token": kv_per_token(cfg)}
@@ -157,6 +164,9 @@ def estimate_memory(cfg: SaorlConfig) -> MemoryEstimate | None:
             if engine.pack_in_place:  # the model's own linear weights freed, but a tied head's
                 worker["engine's model"] -= s["released"] * eb / MIB
                 est.packing_mib -= s["released"] * eb / MIB
+        if lora:  # the base the adapters are merged into (saorl.models.adapter.AdapterMerger)
+            adapted = sum(s["linear_by_name"].get(n, 0) for n in set(cfg.model.lora.target_modules))
+            worker["the adapted weights' base (LoRA)"] = adapted * eb / MIB
         if cfg.runtime.backend == "inprocess":
             for k, v in worker.items():
                 if k != "base":

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from saorl.config import load_config
+from saorl.config.sections import LORA_TARGETS
 from saorl.errors import StartupError
 from saorl.models.loading import meta_policy
+from saorl.models.tiny import build_tiny
 from saorl.stages.memory_check import (
     BASE_MIB,
     MIB,
@@ -56,6 +58,14 @@ def test_each_setting_changes_the_part_it_should():
     base = estimate_memory(_cfg())
     lora = estimate_memory(_cfg("model.lora.rank=8"))
     assert lora.trainer["policy AdamW moments"] == 0 == lora.trainer["policy gradients"]
+    # a LoRA worker keeps the base of the adapted weights: the attention and MLP projections by default
+    key = "the adapted weights' base (LoRA)"
+    assert key not in base.worker
+    adapted = sum(m.weight.numel() for n, m in build_tiny("tiny-dense").named_modules()
+                  if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in LORA_TARGETS)
+    assert lora.worker[key] == pytest.approx(adapted * 4 / MIB)
+    q_only = estimate_memory(_cfg("model.lora.rank=8", "model.lora.target_modules=[q_proj]"))
+    assert 0 < q_only.worker[key] < lora.worker[key]
     grpo = estimate_memory(_cfg("algo.name=grpo", "trainer.batch_size=8"))
     assert "critic" not in grpo.trainer and grpo.trainer["policy"] == base.trainer["policy"]
     ckpt = estimate_memory(_cfg("trainer.activation_checkpointing=true"))
