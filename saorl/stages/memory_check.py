@@ -112,7 +112,8 @@ def _shape(spec: str) -> dict:
     by_name: dict[str, int] = {}  # each linear module's own name (q_proj, ...): its weights in all
     for name, m in model.named_modules():
         if type(m) is torch.nn.Linear:
-            by_name[name.rpartition(".")[2]] = by_name.get(name.rpartition(".")[2], 0) + m.weight.numel()
+            own = name.rpartition(".")[2]
+            by_name[own] = by_name.get(own, 0) + m.weight.numel()
     tied = head.weight.numel() if head is not None and cfg.tie_word_embeddings else 0
     largest = max(p.numel() for p in params.values())
     return {"params": total, "trunk": total - head_own, "mlp": mlp, "linear": linear, "largest": largest,
