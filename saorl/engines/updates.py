@@ -29,8 +29,8 @@ def update_state(model: torch.nn.Module, weights: Mapping[str, torch.Tensor] | s
     unknown = sorted(set(weights) - set(own))
     if unknown:
         raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
+    lazy = isinstance(weights, (FileWeights, MergedWeights))  # read as applied: not here
     for name in weights:
-        lazy = isinstance(weights, (FileWeights, MergedWeights))  # read as applied: not here
         shape = weights.shape(name) if lazy else tuple(weights[name].shape)
         if shape != tuple(own[name].shape):
             raise ValueError(

@@ -108,12 +108,12 @@ def _shape(spec: str) -> dict:
     head_own = 0 if head is None or cfg.tie_word_embeddings else head.weight.numel()
     mlp = sum(p.numel() for n, p in params.items() if _MLP_TRAINABLE.search(n))
     layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
-    linear = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
     by_name: dict[str, int] = {}  # each linear module's own name (q_proj, ...): its weights in all
     for name, m in model.named_modules():
         if type(m) is torch.nn.Linear:
             own = name.rpartition(".")[2]
             by_name[own] = by_name.get(own, 0) + m.weight.numel()
+    linear = sum(by_name.values())
     tied = head.weight.numel() if head is not None and cfg.tie_word_embeddings else 0
     largest = max(p.numel() for p in params.values())
     return {"params": total, "trunk": total - head_own, "mlp": mlp, "linear": linear, "largest": largest,
